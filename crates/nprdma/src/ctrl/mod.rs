@@ -1,0 +1,338 @@
+//! Control-channel wire format: the 64-byte command slots exchanged over the
+//! small pinned control QP that pairs each data QP (key sync, two-sided fault
+//! handling, inline data, atomics, send rendezvous, write-with-imm notices).
+//!
+//! Layout (all integers little-endian, the byte order of the host memory the
+//! command queue lives in). A *message* is `nslots` consecutive 64-byte slots;
+//! it is described by the 12-byte header in its first slot, and its body and
+//! inline payload continue straight into the following *continuation slots*
+//! (which carry no header of their own):
+//!
+//! ```text
+//!  0       1       2       3       4       6       7       8          12
+//!  +-------+-------+-------+-------+-------+-------+-------+----------+----- body
+//!  |version|opcode |nslots | flags |  len  |status | kind  |  req_id  | ...
+//!  +-------+-------+-------+-------+-------+-------+-------+----------+-----
+//! ```
+//!
+//! `len` is the inline-data length (or the key-mapping entry count for
+//! [`Opcode::KeySync`]). `nslots` must be exactly the minimum number of slots
+//! that holds the message (only [`Opcode::Pad`] may span any number of slots:
+//! a sender uses it to skip the tail of a ring). The per-opcode body layout is
+//! in [`layout`].
+//!
+//! A receiver that owns one 64-byte receive buffer per slot reads the first
+//! slot, learns the message size with [`message_len`], gathers the remaining
+//! slots (a sender posts all slots of one message as one WR chain on the RC
+//! control QP, so they arrive consecutively), then views the bytes with
+//! [`Packet::new_checked`] and decodes them with [`Repr::parse`].
+//!
+//! As in smoltcp, [`Packet`] is a typed view over a byte buffer (checked
+//! constructor, field accessors) and [`Repr`] is the decoded form with
+//! `parse`/`emit`. Malformed input never panics: it yields a [`CtrlError`].
+
+mod packet;
+mod repr;
+
+pub use packet::{message_len, Packet};
+pub use repr::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, KeyMapping, Repr};
+
+/// Size of one command slot in bytes.
+pub const SLOT: usize = 64;
+/// Wire-format version carried in byte 0 of every message.
+pub const VERSION: u8 = 1;
+/// Hard upper bound on the slots of one message (`nslots` is a `u8`).
+pub const MAX_SLOTS: usize = 255;
+/// Default maximum inline payload (the paper: inline is worth it up to 1 KB).
+pub const DEFAULT_MAX_INLINE: usize = 1024;
+
+/// Control-channel configuration shared by both peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtrlConfig {
+    /// Largest inline payload (WRITE/READ/SEND data) accepted or emitted.
+    pub max_inline: usize,
+}
+
+impl Default for CtrlConfig {
+    fn default() -> Self {
+        CtrlConfig {
+            max_inline: DEFAULT_MAX_INLINE,
+        }
+    }
+}
+
+impl CtrlConfig {
+    /// A configuration with the given inline limit, checked against the hard
+    /// slot limit.
+    pub fn with_max_inline(max_inline: usize) -> Result<Self, CtrlError> {
+        let cfg = CtrlConfig { max_inline };
+        if cfg.max_message_slots() > MAX_SLOTS {
+            return Err(CtrlError::InlineTooLong {
+                len: max_inline,
+                max: (MAX_SLOTS * SLOT) - layout::WRITE_INLINE_DATA,
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// Slots of the largest message this configuration allows: the size of
+    /// the reassembly buffer a receiver needs.
+    pub fn max_message_slots(&self) -> usize {
+        slots_for(layout::WRITE_INLINE_DATA + self.max_inline)
+    }
+
+    /// Most key-mapping entries that fit in one [`Repr::KeySync`] message.
+    pub fn max_key_entries(&self) -> usize {
+        (self.max_message_slots() * SLOT - layout::KEY_ENTRIES) / layout::KEY_ENTRY_LEN
+    }
+}
+
+/// Number of slots needed for a message of `bytes` bytes (at least one).
+pub fn slots_for(bytes: usize) -> usize {
+    bytes.div_ceil(SLOT).max(1)
+}
+
+/// Message opcodes (byte 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Ask the peer for its key mappings (one rkey, or all).
+    KeyQuery = 1,
+    /// Key mappings (app rkey → write rkey, version rkey, region).
+    KeySync = 2,
+    /// An application MR was deregistered: forget its mapping.
+    KeyRevoke = 3,
+    /// Two-sided fault handling request for a READ or WRITE.
+    FaultRequest = 4,
+    /// WRITE whose data travels inline.
+    WriteInline = 5,
+    /// READ whose data should come back inline.
+    ReadInline = 6,
+    /// Inline data answering [`Opcode::ReadInline`].
+    ReadInlineResp = 7,
+    /// Completion of a request {request id, status}.
+    Completion = 8,
+    /// Retry mode: target pinned the pages; initiator may retry one-sided.
+    ReceiverReady = 9,
+    /// Retry mode: initiator is done; target may unpin.
+    Release = 10,
+    /// Atomic executed by the target CPU.
+    AtomicRequest = 11,
+    /// Result of an atomic (original value).
+    AtomicResp = 12,
+    /// SEND by rendezvous: the receiver reverse-READs the sender's buffer.
+    SendRendezvous = 13,
+    /// SEND whose data travels inline.
+    SendInline = 14,
+    /// Notice that a WRITE-with-immediate landed; receiver checks magic words.
+    WriteImmNotify = 15,
+    /// Padding: skip `nslots` slots (ring wrap).
+    Pad = 16,
+}
+
+impl TryFrom<u8> for Opcode {
+    type Error = CtrlError;
+    fn try_from(v: u8) -> Result<Self, CtrlError> {
+        use Opcode::*;
+        Ok(match v {
+            1 => KeyQuery,
+            2 => KeySync,
+            3 => KeyRevoke,
+            4 => FaultRequest,
+            5 => WriteInline,
+            6 => ReadInline,
+            7 => ReadInlineResp,
+            8 => Completion,
+            9 => ReceiverReady,
+            10 => Release,
+            11 => AtomicRequest,
+            12 => AtomicResp,
+            13 => SendRendezvous,
+            14 => SendInline,
+            15 => WriteImmNotify,
+            16 => Pad,
+            other => return Err(CtrlError::UnknownOpcode(other)),
+        })
+    }
+}
+
+/// Status carried by responses (byte 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Status {
+    /// Done.
+    Ok = 0,
+    /// Unknown key, out of bounds, or missing access right.
+    RemoteAccess = 1,
+    /// Malformed or unsupported request.
+    RemoteInvalid = 2,
+    /// The target could not get resources (pin failed, swap full, ...).
+    NoResources = 3,
+    /// Suspected fault: redo the operation through the two-sided path.
+    Retry = 4,
+    /// No receive buffer posted (SEND / WRITE-with-imm).
+    RnrNoRecv = 5,
+    /// The target QP was torn down / flushed.
+    Flushed = 6,
+    /// The target hit an operational error executing the request.
+    RemoteOp = 7,
+}
+
+impl TryFrom<u8> for Status {
+    type Error = CtrlError;
+    fn try_from(v: u8) -> Result<Self, CtrlError> {
+        Ok(match v {
+            0 => Status::Ok,
+            1 => Status::RemoteAccess,
+            2 => Status::RemoteInvalid,
+            3 => Status::NoResources,
+            4 => Status::Retry,
+            5 => Status::RnrNoRecv,
+            6 => Status::Flushed,
+            7 => Status::RemoteOp,
+            other => return Err(CtrlError::UnknownStatus(other)),
+        })
+    }
+}
+
+/// Message flag bits (byte 3); which ones are legal depends on the opcode.
+pub mod flags {
+    /// KeyQuery: send every mapping (the rkey field is ignored).
+    pub const ALL: u8 = 0x01;
+    /// KeySync: more KeySync messages follow for the same request.
+    pub const MORE: u8 = 0x01;
+    /// FaultRequest: the target may answer a READ inline / a WRITE by
+    /// ReadInline instead of the reverse one-sided operation.
+    pub const INLINE_OK: u8 = 0x01;
+    /// FaultRequest: retry mode — answer ReceiverReady after pinning instead
+    /// of doing the reverse operation.
+    pub const RETRY_MODE: u8 = 0x02;
+    /// Send*: an immediate value is present.
+    pub const HAS_IMM: u8 = 0x01;
+    /// Send* / WriteImmNotify: solicited event.
+    pub const SOLICITED: u8 = 0x02;
+}
+
+/// Per-opcode field offsets (absolute, from the start of the message).
+pub mod layout {
+    use core::ops::Range;
+    /// A byte range within the message.
+    pub type Field = Range<usize>;
+
+    pub const VERSION: usize = 0;
+    pub const OPCODE: usize = 1;
+    pub const NSLOTS: usize = 2;
+    pub const FLAGS: usize = 3;
+    pub const LEN: Field = 4..6;
+    pub const STATUS: usize = 6;
+    pub const KIND: usize = 7;
+    pub const REQ_ID: Field = 8..12;
+    /// End of the common header.
+    pub const HEADER_LEN: usize = 12;
+
+    // KeyQuery / KeyRevoke
+    pub const KEY_RKEY: Field = 12..16;
+
+    // KeySync: `len` entries of KEY_ENTRY_LEN bytes from KEY_ENTRIES.
+    pub const KEY_ENTRIES: usize = 16;
+    pub const KEY_ENTRY_LEN: usize = 40;
+    /// Offsets inside one key entry.
+    pub const KE_APP_RKEY: Field = 0..4;
+    pub const KE_WRITE_RKEY: Field = 4..8;
+    pub const KE_VERSION_RKEY: Field = 8..12;
+    pub const KE_PAGE_COUNT: Field = 12..16;
+    pub const KE_REGION_VA: Field = 16..24;
+    pub const KE_REGION_LEN: Field = 24..32;
+    pub const KE_VERSION_VA: Field = 32..40;
+
+    // FaultRequest (kind = READ/WRITE)
+    pub const FAULT_LEN: Field = 12..16;
+    pub const FAULT_LADDR: Field = 16..24;
+    pub const FAULT_LKEY: Field = 24..28;
+    pub const FAULT_RKEY: Field = 28..32;
+    pub const FAULT_RADDR: Field = 32..40;
+    pub const FAULT_END: usize = 40;
+
+    // WriteInline
+    pub const WRITE_INLINE_RKEY: Field = 12..16;
+    pub const WRITE_INLINE_RADDR: Field = 16..24;
+    pub const WRITE_INLINE_DATA: usize = 24;
+
+    // ReadInline
+    pub const READ_INLINE_LEN: Field = 12..16;
+    pub const READ_INLINE_RADDR: Field = 16..24;
+    pub const READ_INLINE_RKEY: Field = 24..28;
+    pub const READ_INLINE_END: usize = 28;
+
+    // ReadInlineResp
+    pub const READ_RESP_DATA: usize = 12;
+
+    // Completion
+    pub const COMP_BYTE_LEN: Field = 12..16;
+
+    // AtomicRequest (kind = CMP_SWP/FETCH_ADD)
+    pub const ATOMIC_RKEY: Field = 12..16;
+    pub const ATOMIC_RADDR: Field = 16..24;
+    pub const ATOMIC_COMPARE_ADD: Field = 24..32;
+    pub const ATOMIC_SWAP: Field = 32..40;
+    pub const ATOMIC_END: usize = 40;
+
+    // AtomicResp
+    pub const ATOMIC_ORIG: Field = 16..24;
+
+    // SendRendezvous
+    pub const RDV_LEN: Field = 12..16;
+    pub const RDV_ADDR: Field = 16..24;
+    pub const RDV_KEY: Field = 24..28;
+    pub const RDV_IMM: Field = 28..32;
+    pub const RDV_END: usize = 32;
+
+    // SendInline
+    pub const SEND_INLINE_IMM: Field = 12..16;
+    pub const SEND_INLINE_DATA: usize = 16;
+
+    // WriteImmNotify
+    pub const WIMM_LEN: Field = 12..16;
+    pub const WIMM_ADDR: Field = 16..24;
+    pub const WIMM_RKEY: Field = 24..28;
+    pub const WIMM_IMM: Field = 28..32;
+    pub const WIMM_END: usize = 32;
+}
+
+/// Errors from decoding or encoding control messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CtrlError {
+    /// The buffer is shorter than the message claims (or than one slot).
+    #[error("truncated control message: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    /// Byte 0 is not [`VERSION`].
+    #[error("unsupported control message version {0}")]
+    BadVersion(u8),
+    /// Unknown opcode byte.
+    #[error("unknown control opcode {0}")]
+    UnknownOpcode(u8),
+    /// Unknown status byte.
+    #[error("unknown control status {0}")]
+    UnknownStatus(u8),
+    /// `nslots` is zero or not the size the content needs.
+    #[error("bad slot count {nslots} (content needs {need})")]
+    BadSlotCount { nslots: usize, need: usize },
+    /// Inline data or key entries run past the message's slots.
+    #[error("bad length: content ends at byte {end}, message has {cap}")]
+    BadLength { end: usize, cap: usize },
+    /// Inline length above the configured maximum.
+    #[error("inline length {len} exceeds the maximum {max}")]
+    InlineTooLong { len: usize, max: usize },
+    /// Too many key entries for one message.
+    #[error("{count} key entries exceed the per-message maximum {max}")]
+    TooManyEntries { count: usize, max: usize },
+    /// An enumerated or flag field holds an undefined value.
+    #[error("invalid value {value:#x} in field {field}")]
+    BadField { field: &'static str, value: u64 },
+    /// The output buffer is too small for the message.
+    #[error("output buffer too small: need {need} bytes, have {have}")]
+    BufferTooSmall { need: usize, have: usize },
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,5 @@
+//! NP-RDMA layer (groundwork). The full design overview is written below the
+//! module list once all modules exist.
+#![forbid(unsafe_code)]
+
+pub mod ctrl;
