@@ -1,0 +1,406 @@
+//! Unit tests and a model-based property test of the ordering table.
+
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn r(a: u64, l: u64) -> Range {
+    Range::new(a, l)
+}
+
+fn issued<T>(a: Admit<T>) -> Ticket {
+    match a {
+        Admit::Issue(t, _) => t,
+        Admit::Parked(t) => panic!("expected issue, got parked {t:?}"),
+    }
+}
+
+fn parked<T>(a: Admit<T>) -> Ticket {
+    match a {
+        Admit::Parked(t) => t,
+        Admit::Issue(t, _) => panic!("expected parked, got issue {t:?}"),
+    }
+}
+
+#[test]
+fn reads_of_the_same_remote_memory_run_together() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    issued(t.submit(OpDesc::read(r(0, 64), r(1000, 64)), ()).unwrap());
+    issued(t.submit(OpDesc::read(r(64, 64), r(1000, 64)), ()).unwrap());
+    assert_eq!(t.inflight_len(), 2);
+}
+
+#[test]
+fn overlap_parks_the_op_and_everything_behind_it() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let w = issued(
+        t.submit(OpDesc::write(r(0, 100), r(1000, 100)), 'w')
+            .unwrap(),
+    );
+    // READ of remote bytes the WRITE is writing: must wait.
+    let rd = parked(
+        t.submit(OpDesc::read(r(500, 10), r(1099, 10)), 'r')
+            .unwrap(),
+    );
+    // Unrelated op behind it waits too (FIFO within the QP).
+    let other = parked(t.submit(OpDesc::write(r(800, 8), r(5000, 8)), 'o').unwrap());
+    assert_eq!(t.parked_len(), 2);
+    let rel = t.complete(w).unwrap();
+    assert_eq!(rel, vec![(rd, 'r'), (other, 'o')]);
+    assert!(t.is_inflight(rd) && t.is_inflight(other));
+    t.complete(rd).unwrap();
+    t.complete(other).unwrap();
+    assert!(t.is_idle());
+}
+
+#[test]
+fn adjacent_ranges_do_not_conflict_but_local_overlap_does() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    issued(
+        t.submit(OpDesc::write(r(0, 100), r(1000, 100)), ())
+            .unwrap(),
+    );
+    issued(
+        t.submit(OpDesc::write(r(100, 100), r(1100, 100)), ())
+            .unwrap(),
+    );
+    // READ landing in a buffer an in-flight WRITE is still sending from.
+    parked(t.submit(OpDesc::read(r(150, 10), r(9000, 10)), ()).unwrap());
+}
+
+#[test]
+fn zero_length_ops_never_conflict() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    issued(
+        t.submit(OpDesc::write(r(0, 100), r(1000, 100)), ())
+            .unwrap(),
+    );
+    issued(t.submit(OpDesc::write(r(10, 0), r(1010, 0)), ()).unwrap());
+}
+
+#[test]
+fn order_before_waits_for_everything() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let a = issued(t.submit(OpDesc::read(r(0, 8), r(0, 8)), ()).unwrap());
+    let b = issued(t.submit(OpDesc::read(r(8, 8), r(8, 8)), ()).unwrap());
+    let c = parked(
+        t.submit(OpDesc::read(r(16, 8), r(16, 8)).order_before(true), ())
+            .unwrap(),
+    );
+    assert!(t.complete(a).unwrap().is_empty());
+    assert_eq!(t.complete(b).unwrap(), vec![(c, ())]);
+}
+
+#[test]
+fn order_after_blocks_what_follows_until_it_completes() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let a = issued(
+        t.submit(OpDesc::write(r(0, 8), r(0, 8)).order_after(true), 1)
+            .unwrap(),
+    );
+    let b = parked(t.submit(OpDesc::read(r(8, 8), r(64, 8)), 2).unwrap());
+    let c = parked(t.submit(OpDesc::read(r(16, 8), r(72, 8)), 3).unwrap());
+    assert_eq!(t.complete(a).unwrap(), vec![(b, 2), (c, 3)]);
+}
+
+#[test]
+fn strict_mode_keeps_one_in_flight() {
+    let mut t = OrderTable::new(OrderConfig {
+        mode: Mode::Strict,
+        ..OrderConfig::default()
+    });
+    let a = issued(t.submit(OpDesc::read(r(0, 8), r(0, 8)), ()).unwrap());
+    let b = parked(t.submit(OpDesc::read(r(8, 8), r(8, 8)), ()).unwrap());
+    let c = parked(t.submit(OpDesc::read(r(16, 8), r(16, 8)), ()).unwrap());
+    assert_eq!(t.complete(a).unwrap(), vec![(b, ())]);
+    assert_eq!(t.complete(b).unwrap(), vec![(c, ())]);
+}
+
+#[test]
+fn messages_are_ordered_and_fence_remote_writes() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let w = issued(t.submit(OpDesc::write(r(0, 8), r(0, 8)), ()).unwrap());
+    let s = parked(t.submit(OpDesc::send(r(100, 8)), ()).unwrap());
+    assert_eq!(t.complete(w).unwrap(), vec![(s, ())]);
+    // Two sends never overlap in flight.
+    parked(t.submit(OpDesc::send(r(200, 8)), ()).unwrap());
+
+    let mut t = OrderTable::new(OrderConfig {
+        messages_fence_writes: false,
+        ..OrderConfig::default()
+    });
+    issued(t.submit(OpDesc::write(r(0, 8), r(0, 8)), ()).unwrap());
+    issued(t.submit(OpDesc::send(r(100, 8)), ()).unwrap());
+    parked(
+        t.submit(OpDesc::write_imm(r(300, 8), r(64, 8)), ())
+            .unwrap(),
+    );
+}
+
+#[test]
+fn loopback_compares_local_with_remote() {
+    let ops = || {
+        (
+            OpDesc::write(r(0, 8), r(4096, 8)),
+            OpDesc::read(r(4096, 8), r(9000, 8)),
+        )
+    };
+    let mut t = OrderTable::new(OrderConfig::default());
+    let (a, b) = ops();
+    issued(t.submit(a, ()).unwrap());
+    issued(t.submit(b, ()).unwrap());
+    let mut t = OrderTable::new(OrderConfig {
+        loopback: true,
+        ..OrderConfig::default()
+    });
+    let (a, b) = ops();
+    issued(t.submit(a, ()).unwrap());
+    parked(t.submit(b, ()).unwrap());
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    assert!(matches!(
+        t.submit(OpDesc::read(r(u64::MAX - 3, 8), r(0, 8)), ()),
+        Err(OrderError::InvalidRange { .. })
+    ));
+    assert_eq!(
+        t.complete(Ticket(7)),
+        Err(OrderError::NotInFlight(Ticket(7)))
+    );
+    let a = issued(t.submit(OpDesc::read(r(0, 8), r(0, 8)), ()).unwrap());
+    t.complete(a).unwrap();
+    assert_eq!(t.complete(a), Err(OrderError::NotInFlight(a)));
+}
+
+#[test]
+fn drain_returns_parked_in_order() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    issued(
+        t.submit(OpDesc::write(r(0, 8), r(0, 8)).order_after(true), 0)
+            .unwrap(),
+    );
+    for i in 1..5 {
+        parked(t.submit(OpDesc::read(r(0, 8), r(0, 8)), i).unwrap());
+    }
+    let d: Vec<_> = t.drain_parked().into_iter().map(|(_, p)| p).collect();
+    assert_eq!(d, vec![1, 2, 3, 4]);
+    assert_eq!(t.parked_len(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Model-based property test. The model represents each op by the *sets of
+// byte addresses* it reads and writes (in a small address space so overlaps
+// are frequent) and re-derives every rule from those sets.
+
+#[derive(Debug, Clone)]
+struct ModelOp {
+    desc: OpDesc,
+    lr: HashSet<u64>,
+    lw: HashSet<u64>,
+    rr: HashSet<u64>,
+    rw: HashSet<u64>,
+}
+
+fn bytes(s: &[Span], acc: Access) -> HashSet<u64> {
+    s.iter()
+        .filter(|x| x.access == acc)
+        .flat_map(|x| x.range.addr..x.range.addr + x.range.len)
+        .collect()
+}
+
+impl ModelOp {
+    fn new(desc: OpDesc) -> Self {
+        ModelOp {
+            lr: bytes(&desc.local, Access::Read),
+            lw: bytes(&desc.local, Access::Write),
+            rr: bytes(&desc.remote, Access::Read),
+            rw: bytes(&desc.remote, Access::Write),
+            desc,
+        }
+    }
+}
+
+fn model_conflict(cfg: &OrderConfig, a: &ModelOp, b: &ModelOp) -> bool {
+    let hit = |x: &HashSet<u64>, y: &HashSet<u64>| !x.is_disjoint(y);
+    let side = |ar: &HashSet<u64>, aw: &HashSet<u64>, br: &HashSet<u64>, bw: &HashSet<u64>| {
+        hit(aw, bw) || hit(aw, br) || hit(ar, bw)
+    };
+    if a.desc.message && b.desc.message {
+        return true;
+    }
+    if cfg.messages_fence_writes
+        && ((a.desc.message && !b.rw.is_empty()) || (b.desc.message && !a.rw.is_empty()))
+    {
+        return true;
+    }
+    side(&a.lr, &a.lw, &b.lr, &b.lw)
+        || side(&a.rr, &a.rw, &b.rr, &b.rw)
+        || (cfg.loopback && (side(&a.lr, &a.lw, &b.rr, &b.rw) || side(&a.rr, &a.rw, &b.lr, &b.lw)))
+}
+
+fn model_may_issue(cfg: &OrderConfig, op: &ModelOp, inflight: &[(Ticket, ModelOp)]) -> bool {
+    inflight.is_empty()
+        || (!op.desc.order_before
+            && cfg.mode == Mode::Relaxed
+            && inflight
+                .iter()
+                .all(|(_, f)| !f.desc.order_after && !model_conflict(cfg, op, f)))
+}
+
+fn arb_range() -> impl Strategy<Value = Range> {
+    (0u64..48, 0u64..12).prop_map(|(a, l)| Range::new(a, l))
+}
+
+fn arb_op() -> impl Strategy<Value = OpDesc> {
+    (
+        0u8..6,
+        arb_range(),
+        arb_range(),
+        proptest::option::of(arb_range()),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(k, l, rm, extra, ob, oa)| {
+            let d = match k {
+                0 | 1 => OpDesc::read(l, rm),
+                2 | 3 => OpDesc::write(l, rm),
+                4 => OpDesc::atomic(l.addr, rm.addr & !7),
+                _ if rm.len % 2 == 0 => OpDesc::send(l),
+                _ => OpDesc::write_imm(l, rm),
+            };
+            let d = match extra {
+                Some(e) => d.with_local(
+                    e,
+                    if k % 2 == 0 {
+                        Access::Read
+                    } else {
+                        Access::Write
+                    },
+                ),
+                None => d,
+            };
+            d.order_before(ob).order_after(oa)
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Submit(OpDesc),
+    Complete(usize),
+}
+
+fn arb_action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        3 => arb_op().prop_map(Action::Submit),
+        2 => any::<usize>().prop_map(Action::Complete),
+    ]
+}
+
+fn arb_cfg() -> impl Strategy<Value = OrderConfig> {
+    (prop::bool::weighted(0.15), any::<bool>(), any::<bool>()).prop_map(|(strict, lb, fence)| {
+        OrderConfig {
+            mode: if strict { Mode::Strict } else { Mode::Relaxed },
+            loopback: lb,
+            messages_fence_writes: fence,
+        }
+    })
+}
+
+/// Checks one issue against the model state and records it.
+fn on_issue(
+    cfg: &OrderConfig,
+    t: Ticket,
+    op: ModelOp,
+    inflight: &mut Vec<(Ticket, ModelOp)>,
+    issue_log: &mut Vec<Ticket>,
+) -> Result<(), TestCaseError> {
+    // Issue order equals post order.
+    if let Some(last) = issue_log.last() {
+        prop_assert!(t > *last, "issued {t:?} after {last:?}");
+    }
+    // No conflicting op in flight; bits and strict mode respected.
+    prop_assert!(
+        model_may_issue(cfg, &op, inflight),
+        "op {t:?} issued while blocked: {op:?} vs {inflight:?}"
+    );
+    issue_log.push(t);
+    inflight.push((t, op));
+    if cfg.mode == Mode::Strict {
+        prop_assert!(inflight.len() <= 1);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn table_matches_model(cfg in arb_cfg(), actions in prop::collection::vec(arb_action(), 1..80)) {
+        let mut table: OrderTable<u64> = OrderTable::new(cfg);
+        let mut inflight: Vec<(Ticket, ModelOp)> = Vec::new();
+        let mut parked: std::collections::VecDeque<(Ticket, ModelOp)> = Default::default();
+        let mut issue_log = Vec::new();
+        let mut submitted = 0u64;
+
+        let complete = |idx: usize,
+                            table: &mut OrderTable<u64>,
+                            inflight: &mut Vec<(Ticket, ModelOp)>,
+                            parked: &mut std::collections::VecDeque<(Ticket, ModelOp)>,
+                            issue_log: &mut Vec<Ticket>|
+         -> Result<(), TestCaseError> {
+            let (t, _) = inflight.remove(idx % inflight.len());
+            let released = table.complete(t).unwrap();
+            for (rt, payload) in released {
+                prop_assert_eq!(rt.0, payload, "payload travels with its ticket");
+                let (mt, mop) = parked.pop_front().expect("released op was parked in the model");
+                prop_assert_eq!(mt, rt, "release in post order");
+                on_issue(&cfg, rt, mop, inflight, issue_log)?;
+            }
+            // Maximality: the head of the parked queue really is blocked.
+            if let Some((_, head)) = parked.front() {
+                prop_assert!(!model_may_issue(&cfg, head, inflight), "missed wake-up");
+            }
+            Ok(())
+        };
+
+        for a in actions {
+            match a {
+                Action::Submit(desc) => {
+                    let mop = ModelOp::new(desc.clone());
+                    let expect_issue = parked.is_empty() && model_may_issue(&cfg, &mop, &inflight);
+                    match table.submit(desc, submitted).unwrap() {
+                        Admit::Issue(t, p) => {
+                            prop_assert!(expect_issue, "issued but the model blocks it");
+                            prop_assert_eq!(t.0, p);
+                            on_issue(&cfg, t, mop, &mut inflight, &mut issue_log)?;
+                        }
+                        Admit::Parked(t) => {
+                            prop_assert!(!expect_issue, "parked although nothing blocks it");
+                            parked.push_back((t, mop));
+                        }
+                    }
+                    submitted += 1;
+                }
+                Action::Complete(i) if !inflight.is_empty() => {
+                    complete(i, &mut table, &mut inflight, &mut parked, &mut issue_log)?;
+                }
+                Action::Complete(_) => {}
+            }
+            prop_assert_eq!(table.inflight_len(), inflight.len());
+            prop_assert_eq!(table.parked_len(), parked.len());
+        }
+        // No starvation: completing what is in flight eventually issues all.
+        let mut steps = 0;
+        while !inflight.is_empty() {
+            complete(steps, &mut table, &mut inflight, &mut parked, &mut issue_log)?;
+            steps += 1;
+            prop_assert!(steps <= submitted as usize + 1);
+        }
+        prop_assert!(parked.is_empty() && table.is_idle());
+        prop_assert_eq!(issue_log.len() as u64, submitted, "every op issued exactly once");
+    }
+}
