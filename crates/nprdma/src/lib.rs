@@ -2,5 +2,6 @@
 //! module list once all modules exist.
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod ctrl;
 pub mod ordering;
