@@ -4,4 +4,5 @@
 
 pub mod check;
 pub mod ctrl;
+pub mod keymap;
 pub mod ordering;
