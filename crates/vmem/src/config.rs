@@ -1,0 +1,45 @@
+//! Pager configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How a [`crate::Pager`] is set up. `Default` gives a 1 GiB unlinked temp swap
+/// file, no budget, buffered I/O, a 50 µs spin window and a background evictor.
+#[derive(Clone, Debug)]
+pub struct PagerConfig {
+    /// Swap file path; `None` = a file in the temp dir.
+    pub swap_path: Option<PathBuf>,
+    /// Swap file size in bytes (whole pages; sparse).
+    pub swap_size: u64,
+    /// Resident-page budget (the cgroup-limit role); `None` = unlimited.
+    pub budget_pages: Option<usize>,
+    /// Open the swap file with O_DIRECT.
+    pub o_direct: bool,
+    /// Leave the swap file on disk (otherwise it is unlinked at creation).
+    pub keep_swap_file: bool,
+    /// Call `SwapListener::after_swap_in` whenever the pager brings a page in
+    /// (beyond Linux/the paper, which only notify swap-outs).
+    pub eager_swap_in_notify: bool,
+    /// How long the fault thread keeps polling without blocking after a fault.
+    pub spin: Duration,
+    /// Pages per eviction batch (also the staging-area size).
+    pub evict_batch: usize,
+    /// Run a background evictor thread that enforces the budget.
+    pub background_evictor: bool,
+}
+
+impl Default for PagerConfig {
+    fn default() -> Self {
+        PagerConfig {
+            swap_path: None,
+            swap_size: 1 << 30,
+            budget_pages: None,
+            o_direct: false,
+            keep_swap_file: false,
+            eager_swap_in_notify: false,
+            spin: Duration::from_micros(50),
+            evict_batch: 64,
+            background_evictor: true,
+        }
+    }
+}

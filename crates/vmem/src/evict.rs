@@ -1,0 +1,350 @@
+//! Eviction: choosing victims (CLOCK over all managed pages, or an explicit
+//! range), notifying listeners, moving pages atomically out of the
+//! application's mapping (UFFDIO_MOVE into a staging area), batched write-out
+//! to swap, and the background evictor thread that enforces the budget.
+//!
+//! Race-freedom: a victim is first marked EVICTING (a pin arriving now aborts
+//! it), listeners run, then it is locked BUSY (pins wait) and moved out with
+//! UFFDIO_MOVE, which unmaps it atomically: a concurrent application write
+//! either lands before the move (and is captured) or faults and waits on BUSY
+//! until the page is in swap, then is served from swap.
+
+use crate::core::Inner;
+use crate::error::{Error, Result};
+use crate::state::{self, PageArray, BUSY, EVICTING, REF, RESIDENT, SWAPPED, UNTOUCHED};
+use crate::stats::inc;
+use crate::swap::Slot;
+use crate::sys::{self, PAGE, PAGE_SHIFT};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The evictor's private resources (serialised by `Inner::evict`).
+pub struct EvictState {
+    /// Staging area (`cap` pages, registered with our uffd, normally empty).
+    pub staging: usize,
+    pub cap: usize,
+    /// CLOCK hand (page number).
+    hand: usize,
+}
+
+impl EvictState {
+    pub fn new(staging: usize, cap: usize) -> EvictState {
+        EvictState {
+            staging,
+            cap,
+            hand: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    Moved,
+    Hole,
+    Failed,
+}
+
+type Victim = (Arc<PageArray>, usize);
+
+/// Marks a resident, unpinned, idle page EVICTING; `clock` gives referenced
+/// pages a second chance. Returns whether it became a victim.
+fn try_mark(arr: &PageArray, p: usize, clock: bool) -> bool {
+    let w = arr.word(p);
+    let v = w.load(Acquire);
+    if state::kind(v) != RESIDENT || v & (BUSY | EVICTING) != 0 || state::pins(v) != 0 {
+        return false;
+    }
+    if clock && v & REF != 0 {
+        let _ = w.compare_exchange(v, v & !REF, AcqRel, Acquire);
+        return false;
+    }
+    w.compare_exchange(v, v | EVICTING, AcqRel, Acquire).is_ok()
+}
+
+fn clear_evicting(arr: &PageArray, p: usize) {
+    arr.word(p).fetch_and(!EVICTING, Release);
+}
+
+impl Inner {
+    /// Evicts the resident, unpinned pages of `[p0, p1)`; returns how many went
+    /// to swap.
+    pub fn swap_out_range(&self, p0: usize, p1: usize) -> Result<usize> {
+        let segs = self.segments_for(p0, p1)?;
+        let mut st = self.evict.lock();
+        let cap = st.cap;
+        let mut total = 0;
+        let mut batch: Vec<Victim> = Vec::with_capacity(cap);
+        for s in segs.iter().filter(|s| !s.arr.external) {
+            for p in s.start.max(p0)..s.end.min(p1) {
+                if try_mark(&s.arr, p, false) {
+                    batch.push((s.arr.clone(), p));
+                    if batch.len() == cap {
+                        total += self.evict_batch(&mut st, &mut batch)?;
+                    }
+                }
+            }
+        }
+        total += self.evict_batch(&mut st, &mut batch)?;
+        Ok(total)
+    }
+
+    /// CLOCK reclaim of up to `want` pages; returns how many were swapped out.
+    pub fn reclaim(&self, want: usize) -> Result<usize> {
+        let segs: Vec<_> = self
+            .space
+            .read()
+            .all()
+            .filter(|s| !s.arr.external)
+            .cloned()
+            .collect();
+        let total_pages: usize = segs.iter().map(|s| s.end - s.start).sum();
+        if segs.is_empty() || want == 0 {
+            return Ok(0);
+        }
+        let mut st = self.evict.lock();
+        let cap = st.cap;
+        let mut done = 0;
+        let mut batch: Vec<Victim> = Vec::with_capacity(cap);
+        // Start at the segment holding the hand (or the next one).
+        let mut si = segs.iter().position(|s| s.end > st.hand).unwrap_or(0);
+        let mut p = st.hand.max(segs[si].start);
+        let mut scanned = 0;
+        while scanned < 2 * total_pages && done + batch.len() < want {
+            if p >= segs[si].end {
+                si = (si + 1) % segs.len();
+                p = segs[si].start;
+            }
+            if try_mark(&segs[si].arr, p, true) {
+                batch.push((segs[si].arr.clone(), p));
+                if batch.len() == cap || done + batch.len() >= want {
+                    st.hand = p + 1;
+                    done += self.evict_batch(&mut st, &mut batch)?;
+                }
+            }
+            p += 1;
+            scanned += 1;
+        }
+        st.hand = p;
+        done += self.evict_batch(&mut st, &mut batch)?;
+        inc(&self.stats.c.evict_runs);
+        Ok(done)
+    }
+
+    /// Evicts the EVICTING-marked victims in `batch` (address order), emptying
+    /// it. Returns how many pages went to swap.
+    fn evict_batch(&self, st: &mut EvictState, batch: &mut Vec<Victim>) -> Result<usize> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let victims = std::mem::take(batch);
+        // 1. Listeners (MMU-notifier role), with no lock the fault path needs.
+        let addrs: Vec<usize> = victims.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
+        self.listeners.before_swap_out(&addrs);
+        // 2. Lock: EVICTING -> BUSY unless a pin (or unmap) got there first.
+        let mut locked: Vec<Victim> = Vec::with_capacity(victims.len());
+        let mut aborted = Vec::new();
+        for (arr, p) in victims {
+            let w = arr.word(p);
+            loop {
+                let v = state::wait_not_busy(w);
+                if state::kind(v) != RESIDENT || state::pins(v) > 0 || v & EVICTING == 0 {
+                    clear_evicting(&arr, p);
+                    inc(&self.stats.c.evict_aborts);
+                    if state::kind(v) == RESIDENT {
+                        aborted.push(p << PAGE_SHIFT);
+                    }
+                    break;
+                }
+                if w.compare_exchange(v, (v & !EVICTING) | BUSY, AcqRel, Acquire)
+                    .is_ok()
+                {
+                    locked.push((arr.clone(), p));
+                    break;
+                }
+            }
+        }
+        if self.cfg.eager_swap_in_notify {
+            self.listeners.after_swap_in(&aborted);
+        }
+        if locked.is_empty() {
+            return Ok(0);
+        }
+        let n = locked.len();
+        // 3. Swap slots (all or nothing: swap full leaves every page resident).
+        let mut slots: Vec<Slot> = Vec::with_capacity(n);
+        if let Err(e) = self.swap.alloc(n, &mut slots) {
+            for (arr, p) in &locked {
+                arr.word(*p).fetch_and(!BUSY, Release);
+            }
+            tracing::warn!(pages = n, "swap full; pages stay resident");
+            return Err(e);
+        }
+        // 4. Atomically move the pages out of the application's mapping.
+        let mut out = vec![Out::Failed; n];
+        let mut i = 0;
+        while i < n {
+            let mut j = i + 1;
+            while j < n
+                && locked[j].1 == locked[j - 1].1 + 1
+                && Arc::ptr_eq(&locked[j].0, &locked[i].0)
+            {
+                j += 1;
+            }
+            self.move_run(st, &locked, i, j, &mut out);
+            i = j;
+        }
+        // 5. Write the staged pages to their slots (runs of consecutive slots).
+        let mut i = 0;
+        while i < n {
+            if out[i] != Out::Moved {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n && out[j] == Out::Moved && slots[j] == slots[j - 1] + 1 {
+                j += 1;
+            }
+            // SAFETY: staging pages i..j hold pages we just moved in; only the
+            // evictor (serialised by the evict lock) touches the staging area.
+            let data = unsafe {
+                std::slice::from_raw_parts((st.staging + i * PAGE) as *const u8, (j - i) * PAGE)
+            };
+            if let Err(e) = self.swap.write(slots[i], data) {
+                tracing::error!(%e, "swap write failed; pages stay resident");
+                for k in i..j {
+                    let addr = locked[k].1 << PAGE_SHIFT;
+                    match self.uffd.mv(addr, st.staging + k * PAGE, PAGE, true) {
+                        Ok(()) => out[k] = Out::Failed,
+                        Err(e) => tracing::error!(addr, err = %e.err, "could not move page back"),
+                    }
+                }
+            }
+            i = j;
+        }
+        // 6. Publish the new states.
+        let mut moved = 0;
+        for (k, (arr, p)) in locked.iter().enumerate() {
+            let w = arr.word(*p);
+            match out[k] {
+                Out::Moved => {
+                    let s = Some(slots[k]);
+                    let _ = state::update(w, |cur| {
+                        Some(state::with_slot(state::with_kind(cur, SWAPPED), s) & !(BUSY | REF))
+                    });
+                    moved += 1;
+                }
+                Out::Hole => {
+                    self.swap.free(slots[k]);
+                    let _ = state::update(w, |cur| {
+                        Some(state::with_kind(cur, UNTOUCHED) & !(BUSY | REF))
+                    });
+                }
+                Out::Failed => {
+                    self.swap.free(slots[k]);
+                    inc(&self.stats.c.evict_failures);
+                    w.fetch_and(!BUSY, Release);
+                }
+            }
+        }
+        let left = out.iter().filter(|o| **o != Out::Failed).count();
+        self.resident.fetch_sub(left, Relaxed);
+        self.stats.c.swap_outs.fetch_add(moved as u64, Relaxed);
+        // 7. Empty the staging area for the next batch.
+        // SAFETY: the staging area is ours; its contents are now in swap.
+        if let Err(e) = unsafe { sys::madvise(st.staging, n * PAGE, libc::MADV_DONTNEED) } {
+            tracing::error!(%e, "madvise(staging) failed");
+        }
+        Ok(moved)
+    }
+
+    /// Moves locked pages `i..j` (consecutive addresses) to staging `i..j`.
+    fn move_run(&self, st: &EvictState, locked: &[Victim], i: usize, j: usize, out: &mut [Out]) {
+        let mut k = i;
+        let mut single = false;
+        while k < j {
+            let len = if single { 1 } else { j - k };
+            let src = locked[k].1 << PAGE_SHIFT;
+            match self.uffd.mv(st.staging + k * PAGE, src, len * PAGE, false) {
+                Ok(()) => {
+                    out[k..k + len].fill(Out::Moved);
+                    k += len;
+                    single = false;
+                }
+                Err(e) => {
+                    let d = (e.done as usize) / PAGE;
+                    out[k..k + d].fill(Out::Moved);
+                    k += d;
+                    if !single && len - d > 1 {
+                        // Retry the failing page alone (e.g. runs spanning VMAs).
+                        single = true;
+                        continue;
+                    }
+                    out[k] = match e.err.raw_os_error() {
+                        // No page there: the application dropped it (or unmapped it).
+                        Some(libc::ENOENT) => Out::Hole,
+                        _ => {
+                            tracing::debug!(addr = src + d * PAGE, err = %e.err, "UFFDIO_MOVE refused");
+                            Out::Failed
+                        }
+                    };
+                    k += 1;
+                    single = false;
+                }
+            }
+        }
+    }
+
+    /// Body of the background evictor thread.
+    pub fn evictor_loop(self: &Arc<Self>) {
+        loop {
+            {
+                let mut k = self.kick.lock();
+                while !*k && !self.shutdown.load(Acquire) {
+                    self.evictor_idle.store(true, Release);
+                    if self.resident.load(Relaxed) > self.budget.load(Relaxed) {
+                        break;
+                    }
+                    self.kick_cv.wait_for(&mut k, Duration::from_millis(200));
+                }
+                *k = false;
+                self.evictor_idle.store(false, Release);
+            }
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            self.enforce_budget();
+        }
+    }
+
+    /// Reclaims until resident <= budget - slack (or nothing is evictable).
+    pub fn enforce_budget(&self) {
+        loop {
+            let budget = self.budget.load(Relaxed);
+            let r = self.resident.load(Relaxed);
+            if r <= budget {
+                return;
+            }
+            let slack = (budget / 32).clamp(1, self.cfg.evict_batch);
+            match self.reclaim(r - budget + slack) {
+                Ok(0) => {
+                    // Everything is pinned or busy: retry shortly rather than spin.
+                    std::thread::sleep(Duration::from_millis(1));
+                    if self.shutdown.load(Acquire) {
+                        return;
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(Error::SwapFull(_)) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(%e, "reclaim failed");
+                    return;
+                }
+            }
+        }
+    }
+}

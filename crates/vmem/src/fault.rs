@@ -1,0 +1,107 @@
+//! The fault-handler thread: reads userfaultfd messages, resolves missing
+//! faults (zero page or swap read + UFFDIO_COPY) and follows the application's
+//! munmap/mremap. It spins on non-blocking reads for `PagerConfig::spin` after
+//! the last message, then blocks in poll(2).
+
+use crate::core::{Brought, Inner, Why};
+use crate::error::Error;
+use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
+use crate::uffd::{self, Msg};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
+    let mut msgs = [Msg::default(); 32];
+    let mut buf = PageBuf::new(1);
+    let spin = inner.cfg.spin;
+    let mut last = Instant::now();
+    loop {
+        match inner.uffd.read_msgs(&mut msgs) {
+            Ok(n) => {
+                for m in &msgs[..n] {
+                    handle(&inner, m, &mut buf);
+                }
+                last = Instant::now();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if inner.shutdown.load(Acquire) {
+                    return;
+                }
+                if last.elapsed() < spin {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let mut fds = [
+                    libc::pollfd {
+                        fd: inner.uffd.raw(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: stop_fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: fds is a valid array of two pollfd structs.
+                let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(err = %io::Error::last_os_error(), "poll on userfaultfd failed");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if fds[1].revents != 0 || inner.shutdown.load(Acquire) {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!(%e, "reading userfaultfd failed");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
+    match m.event {
+        uffd::EVENT_PAGEFAULT => fault(inner, m, buf),
+        uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
+        uffd::EVENT_REMOVE => {}
+        uffd::EVENT_REMAP => {
+            let (from, to, len) = (m.a0 as usize, m.a1 as usize, m.a2 as usize);
+            inner.forget(from, from + len);
+            // The moved VMA carries our registration; we do not manage it.
+            let _ = inner.uffd.unregister(to, len);
+        }
+        ev => tracing::warn!(ev, "unexpected userfaultfd event"),
+    }
+}
+
+fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
+    let t0 = Instant::now();
+    let addr = m.pf_address() as usize & !(PAGE - 1);
+    let p = addr >> PAGE_SHIFT;
+    let write = m.pf_flags() & uffd::PAGEFAULT_FLAG_WRITE != 0;
+    let seg = inner.space.read().lookup(p).map(|s| s.arr.clone());
+    let Some(arr) = seg else {
+        // A range being unregistered right now: UFFDIO_UNREGISTER wakes the
+        // faulting thread, which then faults normally.
+        tracing::debug!(addr, "fault outside any registered segment");
+        return;
+    };
+    match inner.bring_in(&arr, p, Why::Fault { write }, buf) {
+        Ok(b) => {
+            if matches!(b, Brought::Swap | Brought::Zero | Brought::Hole) {
+                if b == Brought::Swap && inner.cfg.eager_swap_in_notify {
+                    inner.listeners.after_swap_in(&[addr]);
+                }
+                inner.stats.record_fault_ns(t0.elapsed().as_nanos() as u64);
+            }
+        }
+        Err(Error::Unmapped(_)) => tracing::debug!(addr, "fault on unmapped page"),
+        Err(e) => tracing::error!(addr, %e, "could not resolve fault"),
+    }
+}

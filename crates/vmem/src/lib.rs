@@ -1,0 +1,530 @@
+//! `vmem` — the user-space pager of nprdma.
+//!
+//! It plays the operating system's virtual-memory role for non-pinned RDMA
+//! memory, on real process memory with real page faults (userfaultfd):
+//!
+//! * **Regions**: [`Pager::alloc`] maps and registers fresh anonymous memory;
+//!   [`Pager::register`] takes any private anonymous range the application
+//!   already has (malloc'd or mmapped; unaligned ranges are covered by whole
+//!   pages; overlapping registrations share page state and are reference
+//!   counted). Dropping a [`Region`] unregisters it: swapped-out pages of
+//!   foreign memory are restored first, swap slots are freed, the pager's own
+//!   mappings are unmapped.
+//! * **Page states**: never-touched (first access = minor fault, served with a
+//!   zero page), resident, swapped-out (access = major fault, served from the
+//!   swap file with `UFFDIO_COPY`). Kept in one atomic word per page, so
+//!   [`Pager::is_resident`] / [`Pager::resident_bitmap`] are memory reads.
+//! * **Swap device**: a swap file (path, size, O_DIRECT optional; unlinked at
+//!   creation unless `keep_swap_file`), next-fit slot allocation, batched
+//!   write-out. Swap full is [`Error::SwapFull`] and the pages stay resident.
+//! * **Eviction**: a resident-page budget enforced by a background CLOCK
+//!   evictor; explicit [`Pager::swap_out`] / [`Pager::prefetch`]. A victim is
+//!   moved out of the application's mapping atomically with `UFFDIO_MOVE`
+//!   into a staging area before it is written to swap, so a concurrent write
+//!   is never lost: it either lands before the move, or faults and waits.
+//! * **Listeners** ([`SwapListener`]): called synchronously on the evicting
+//!   thread with the batch of pages about to leave, before they leave (the
+//!   MMU-notifier role). Optional eager swap-in notification. For memory the
+//!   application manages itself: [`Pager::register_external`] plus
+//!   [`Pager::notify_swapped_out`] / [`Pager::notify_swapped_in`].
+//! * **Pins** ([`Pager::pin`] / [`Pager::unpin`]): reference counts in the page
+//!   word; a pinned page is resident and never evicted; pinning a
+//!   non-resident page resolves it *in the calling thread* (ioctl, no fault, no
+//!   hand-off); a pin racing an eviction aborts it or waits for it and swaps
+//!   the page back in.
+//! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
+//!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
+//!
+//! Threads: one fault-handler thread per pager (blocks in poll when idle,
+//! spins for `PagerConfig::spin` after a fault) and one evictor thread (blocks
+//! on a condition variable; woken only when the budget is exceeded).
+//!
+//! Limits: regions must be private anonymous memory; pages the kernel refuses
+//! to move (shared with a forked child, KSM, mlocked) stay resident and count
+//! in `evict_failures`. `swap_out` must not be called from a listener.
+//!
+//! ```no_run
+//! let pager = vmem::Pager::new(vmem::PagerConfig::default()).unwrap();
+//! let mut r = pager.alloc(1 << 20).unwrap();
+//! r.as_mut_slice()[0] = 7; // minor fault
+//! pager.swap_out(r.addr(), r.len()).unwrap();
+//! assert!(!pager.is_resident(r.addr()));
+//! assert_eq!(r.as_slice()[0], 7); // major fault
+//! ```
+
+mod config;
+mod core;
+mod error;
+mod evict;
+mod fault;
+mod listener;
+mod space;
+mod state;
+mod stats;
+mod swap;
+mod sys;
+mod uffd;
+
+pub use config::PagerConfig;
+pub use error::{Error, Result};
+pub use listener::{ListenerId, SwapListener};
+pub use space::RegionId;
+pub use stats::{LatencySummary, PagerStats};
+pub use sys::PAGE as PAGE_SIZE;
+
+use crate::core::{page_range, Inner};
+use crate::evict::EvictState;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+struct Handle {
+    inner: Arc<Inner>,
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    stop: OwnedFd,
+}
+
+/// The pager. Cheap to clone (shared handle); the threads stop when the last
+/// clone and the last [`Region`] are dropped.
+#[derive(Clone)]
+pub struct Pager {
+    h: Arc<Handle>,
+}
+
+impl Pager {
+    /// Opens a userfaultfd (with UFFDIO_MOVE and unmap/remap events), creates the
+    /// swap file and starts the fault-handler and evictor threads.
+    pub fn new(cfg: PagerConfig) -> Result<Pager> {
+        if sys::kernel_page_size() != sys::PAGE {
+            return Err(Error::Config(format!(
+                "page size {} unsupported",
+                sys::kernel_page_size()
+            )));
+        }
+        if cfg.evict_batch == 0 || cfg.evict_batch > 4096 {
+            return Err(Error::Config("evict_batch must be 1..=4096".into()));
+        }
+        let uffd = uffd::Uffd::open(
+            uffd::FEATURE_MOVE | uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMAP,
+        )
+        .map_err(Error::Userfaultfd)?;
+        if uffd.features & uffd::FEATURE_MOVE == 0 {
+            return Err(Error::Userfaultfd(std::io::Error::from_raw_os_error(
+                libc::ENOSYS,
+            )));
+        }
+        let swap = swap::SwapDevice::create(
+            cfg.swap_path.as_deref(),
+            cfg.swap_size,
+            cfg.o_direct,
+            cfg.keep_swap_file,
+        )?;
+        let cap = cfg.evict_batch;
+        let staging = sys::mmap_anon(cap * sys::PAGE).map_err(|e| Error::Kernel {
+            op: "mmap",
+            addr: 0,
+            err: e,
+        })?;
+        // SAFETY: the staging area is our own fresh mapping.
+        let _ = unsafe { sys::madvise(staging, cap * sys::PAGE, libc::MADV_NOHUGEPAGE) };
+        if let Err(e) = uffd.register(staging, cap * sys::PAGE) {
+            // SAFETY: just mapped above, unused.
+            let _ = unsafe { sys::munmap(staging, cap * sys::PAGE) };
+            return Err(Error::Kernel {
+                op: "UFFDIO_REGISTER",
+                addr: staging,
+                err: e,
+            });
+        }
+        // SAFETY: plain eventfd creation.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(Error::Kernel {
+                op: "eventfd",
+                addr: 0,
+                err: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: efd was just created and is owned by nobody else.
+        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
+        let inner = Arc::new(Inner::new(cfg, uffd, swap, EvictState::new(staging, cap)));
+        let mut threads = Vec::new();
+        let (i2, sfd) = (inner.clone(), stop.as_raw_fd());
+        threads.push(
+            std::thread::Builder::new()
+                .name("vmem-fault".into())
+                .spawn(move || fault::run(i2, sfd))
+                .map_err(|e| Error::Kernel {
+                    op: "spawn",
+                    addr: 0,
+                    err: e,
+                })?,
+        );
+        if inner.cfg.background_evictor {
+            let i3 = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("vmem-evict".into())
+                    .spawn(move || i3.evictor_loop())
+                    .map_err(|e| Error::Kernel {
+                        op: "spawn",
+                        addr: 0,
+                        err: e,
+                    })?,
+            );
+        }
+        tracing::info!(swap = ?inner.swap.path(), slots = inner.swap.slots(), "pager started");
+        Ok(Pager {
+            h: Arc::new(Handle {
+                inner,
+                threads: parking_lot::Mutex::new(threads),
+                stop,
+            }),
+        })
+    }
+
+    fn inner(&self) -> &Inner {
+        &self.h.inner
+    }
+
+    /// Maps `len` bytes (rounded up to pages) of fresh anonymous memory and
+    /// registers it; the region owns the mapping.
+    pub fn alloc(&self, len: usize) -> Result<Region> {
+        if len == 0 {
+            return Err(Error::InvalidRange {
+                addr: 0,
+                len,
+                why: "empty",
+            });
+        }
+        let len = len.div_ceil(sys::PAGE) * sys::PAGE;
+        let addr = sys::mmap_anon(len).map_err(|e| Error::Kernel {
+            op: "mmap",
+            addr: 0,
+            err: e,
+        })?;
+        // SAFETY: our own fresh mapping; THP would only be split by eviction.
+        let _ = unsafe { sys::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
+        match self.inner().register(addr, len, true, false, false) {
+            Ok(id) => Ok(Region {
+                pager: self.clone(),
+                id,
+                addr,
+                len,
+                live: true,
+            }),
+            Err(e) => {
+                // SAFETY: registration failed; nobody else knows this mapping.
+                let _ = unsafe { sys::munmap(addr, len) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers existing private anonymous memory `[addr, addr+len)` (whole
+    /// pages covering it). Its current residency is read with mincore.
+    ///
+    /// # Safety
+    /// The range must stay mapped while registered, or be unmapped with munmap
+    /// (the pager follows munmap/mremap events). Its contents are preserved but
+    /// pages may be moved to swap and back at any time.
+    pub unsafe fn register(&self, addr: usize, len: usize) -> Result<Region> {
+        let id = self.inner().register(addr, len, false, false, true)?;
+        let (p0, p1) = page_range(addr, len)?;
+        Ok(Region {
+            pager: self.clone(),
+            id,
+            addr: p0 * sys::PAGE,
+            len: (p1 - p0) * sys::PAGE,
+            live: true,
+        })
+    }
+
+    /// Registration without a handle (for C shims): undo with
+    /// [`Pager::unregister`].
+    ///
+    /// # Safety
+    /// As [`Pager::register`].
+    pub unsafe fn register_raw(&self, addr: usize, len: usize) -> Result<RegionId> {
+        self.inner().register(addr, len, false, false, true)
+    }
+
+    /// Undoes a registration; a second call returns [`Error::AlreadyUnregistered`].
+    pub fn unregister(&self, id: RegionId) -> Result<()> {
+        self.inner().unregister(id)
+    }
+
+    /// Tracks memory the application pages itself: all pages start resident;
+    /// report changes with [`Pager::notify_swapped_out`] / [`Pager::notify_swapped_in`].
+    pub fn register_external(&self, addr: usize, len: usize) -> Result<Region> {
+        let id = self.inner().register(addr, len, false, true, false)?;
+        let (p0, p1) = page_range(addr, len)?;
+        Ok(Region {
+            pager: self.clone(),
+            id,
+            addr: p0 * sys::PAGE,
+            len: (p1 - p0) * sys::PAGE,
+            live: true,
+        })
+    }
+
+    /// External API: the application is about to reclaim these pages. Calls
+    /// every listener's `before_swap_out` (in this thread) and records them
+    /// absent. Fails with [`Error::Pinned`] if any page is pinned.
+    pub fn notify_swapped_out(&self, addr: usize, len: usize) -> Result<()> {
+        self.inner().notify_swapped_out(addr, len)
+    }
+
+    /// External API: the application brought these pages back. Records them
+    /// resident and calls every listener's `after_swap_in`.
+    pub fn notify_swapped_in(&self, addr: usize, len: usize) -> Result<()> {
+        self.inner().notify_swapped_in(addr, len)
+    }
+
+    pub fn add_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
+        self.inner().listeners.add(l)
+    }
+
+    /// Returns whether a listener was removed.
+    pub fn remove_listener(&self, id: ListenerId) -> bool {
+        self.inner().listeners.remove(id)
+    }
+
+    /// Sets (or clears) the resident-page budget; the evictor acts at once.
+    pub fn set_budget(&self, pages: Option<usize>) {
+        self.inner()
+            .budget
+            .store(pages.unwrap_or(usize::MAX), Relaxed);
+        if pages.is_some() && self.inner().cfg.background_evictor {
+            self.inner().kick_evictor();
+        }
+    }
+
+    pub fn budget(&self) -> Option<usize> {
+        Some(self.inner().budget.load(Relaxed)).filter(|&b| b != usize::MAX)
+    }
+
+    /// Reclaims synchronously, in this thread, until within budget.
+    pub fn enforce_budget(&self) {
+        self.inner().enforce_budget();
+    }
+
+    /// Pins every page of the range: brings non-resident pages in (in this
+    /// thread) and keeps them from eviction until unpinned. All or nothing.
+    pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
+        self.inner().pin(addr, len)
+    }
+
+    /// Drops one pin from every page of the range. All or nothing:
+    /// [`Error::NotPinned`] if any page has no pin.
+    pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
+        self.inner().unpin(addr, len)
+    }
+
+    /// Whether the page holding `addr` is resident (false if not registered).
+    pub fn is_resident(&self, addr: usize) -> bool {
+        self.inner().is_resident(addr)
+    }
+
+    /// Residency bitmap of the pages covering the range (bit i = page i).
+    pub fn resident_bitmap(&self, addr: usize, len: usize) -> Result<Vec<u64>> {
+        self.inner().resident_bitmap(addr, len)
+    }
+
+    /// Residency of the pages covering the range, one bool per page.
+    pub fn resident(&self, addr: usize, len: usize) -> Result<Vec<bool>> {
+        let (p0, p1) = page_range(addr, len)?;
+        let bits = self.resident_bitmap(addr, len)?;
+        Ok((0..p1 - p0)
+            .map(|i| bits[i / 64] & (1 << (i % 64)) != 0)
+            .collect())
+    }
+
+    /// Number of resident pages covering the range.
+    pub fn resident_count(&self, addr: usize, len: usize) -> Result<usize> {
+        Ok(self
+            .resident_bitmap(addr, len)?
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum())
+    }
+
+    /// Swaps out the resident, unpinned pages of the range (listeners first);
+    /// returns how many went to swap.
+    pub fn swap_out(&self, addr: usize, len: usize) -> Result<usize> {
+        let (p0, p1) = page_range(addr, len)?;
+        self.inner().swap_out_range(p0, p1)
+    }
+
+    /// Brings every page of the range in (in this thread); returns how many
+    /// were not resident.
+    pub fn prefetch(&self, addr: usize, len: usize) -> Result<usize> {
+        self.inner().prefetch(addr, len)
+    }
+
+    pub fn stats(&self) -> PagerStats {
+        let i = self.inner();
+        let c = &i.stats.c;
+        let swap_ins = c.swap_ins.load(Relaxed);
+        let swap_outs = c.swap_outs.load(Relaxed);
+        PagerStats {
+            resident_pages: i.resident.load(Relaxed),
+            registered_pages: i.registered.load(Relaxed),
+            swap_slots_used: i.swap.used(),
+            swap_slots_total: i.swap.slots(),
+            budget_pages: self.budget(),
+            minor_faults: c.minor_faults.load(Relaxed),
+            major_faults: c.major_faults.load(Relaxed),
+            spurious_faults: c.spurious_faults.load(Relaxed),
+            swap_ins,
+            swap_outs,
+            zero_fills: c.zero_fills.load(Relaxed),
+            pin_swap_ins: c.pin_swap_ins.load(Relaxed),
+            evict_aborts: c.evict_aborts.load(Relaxed),
+            evict_failures: c.evict_failures.load(Relaxed),
+            bytes_swapped_in: swap_ins * sys::PAGE as u64,
+            bytes_swapped_out: swap_outs * sys::PAGE as u64,
+            fault_service: i.stats.latency(),
+        }
+    }
+
+    /// Clears the fault-service histogram (benchmarks).
+    pub fn reset_fault_histogram(&self) {
+        self.inner().stats.hist.lock().reset();
+    }
+
+    /// Path of the swap file (unlinked unless `keep_swap_file`).
+    pub fn swap_path(&self) -> &Path {
+        self.inner().swap.path()
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let ids: Vec<RegionId> = self.inner.space.read().regs.keys().copied().collect();
+        for id in ids {
+            let _ = self.inner.unregister(id);
+        }
+        self.inner.shutdown.store(true, Release);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        let _ = unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        {
+            let _k = self.inner.kick.lock();
+            self.inner.kick_cv.notify_all();
+        }
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        let st = self.inner.evict.lock();
+        let _ = self.inner.uffd.unregister(st.staging, st.cap * sys::PAGE);
+        // SAFETY: the staging area is ours and no thread uses it any more.
+        let _ = unsafe { sys::munmap(st.staging, st.cap * sys::PAGE) };
+        tracing::info!("pager stopped");
+    }
+}
+
+/// A registered range. Dropping it unregisters it (see [`Pager::register`]).
+pub struct Region {
+    pager: Pager,
+    id: RegionId,
+    addr: usize,
+    len: usize,
+    live: bool,
+}
+
+impl Region {
+    /// Page-aligned start.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+    /// Length in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+    pub fn pager(&self) -> &Pager {
+        &self.pager
+    }
+    pub fn as_ptr(&self) -> *const u8 {
+        self.addr as *const u8
+    }
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+    /// The region's bytes (accessing them may fault pages in).
+    pub fn as_slice(&self) -> &[u8] {
+        assert!(self.live, "region unregistered");
+        // SAFETY: the range is mapped while the region is live; moving pages
+        // to swap and back preserves their contents.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(self.live, "region unregistered");
+        // SAFETY: as above, and `&mut self` makes this the only safe view.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
+    }
+    pub fn pin(&self, off: usize, len: usize) -> Result<()> {
+        self.check(off, len)?;
+        self.pager.pin(self.addr + off, len)
+    }
+    pub fn unpin(&self, off: usize, len: usize) -> Result<()> {
+        self.check(off, len)?;
+        self.pager.unpin(self.addr + off, len)
+    }
+    /// Swaps out the whole region; returns pages written.
+    pub fn swap_out(&self) -> Result<usize> {
+        self.pager.swap_out(self.addr, self.len)
+    }
+    pub fn prefetch(&self) -> Result<usize> {
+        self.pager.prefetch(self.addr, self.len)
+    }
+    pub fn resident(&self) -> Result<Vec<bool>> {
+        self.pager.resident(self.addr, self.len)
+    }
+    pub fn resident_count(&self) -> Result<usize> {
+        self.pager.resident_count(self.addr, self.len)
+    }
+    fn check(&self, off: usize, len: usize) -> Result<()> {
+        if !self.live || !off.checked_add(len).is_some_and(|e| e <= self.len) || len == 0 {
+            return Err(Error::InvalidRange {
+                addr: self.addr.wrapping_add(off),
+                len,
+                why: "outside the region",
+            });
+        }
+        Ok(())
+    }
+    /// Unregisters now; a second call returns [`Error::AlreadyUnregistered`].
+    pub fn unregister(&mut self) -> Result<()> {
+        if !self.live {
+            return Err(Error::AlreadyUnregistered(self.addr));
+        }
+        self.live = false;
+        self.pager.unregister(self.id)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.live {
+            let _ = self.unregister();
+        }
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}

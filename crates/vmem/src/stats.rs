@@ -1,0 +1,107 @@
+//! Pager statistics: counters and the fault-service-time histogram.
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default)]
+pub struct Counters {
+    pub minor_faults: AtomicU64,
+    pub major_faults: AtomicU64,
+    pub spurious_faults: AtomicU64,
+    pub swap_ins: AtomicU64,
+    pub swap_outs: AtomicU64,
+    pub zero_fills: AtomicU64,
+    pub pin_swap_ins: AtomicU64,
+    pub evict_aborts: AtomicU64,
+    pub evict_failures: AtomicU64,
+    pub evict_runs: AtomicU64,
+}
+
+pub struct Stats {
+    pub c: Counters,
+    pub hist: Mutex<Histogram<u64>>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            c: Counters::default(),
+            hist: Mutex::new(
+                Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds"),
+            ),
+        }
+    }
+}
+
+impl Stats {
+    pub fn record_fault_ns(&self, ns: u64) {
+        let _ = self.hist.lock().record(ns.max(1));
+    }
+}
+
+#[inline]
+pub fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+/// Percentiles of the fault-service time (from reading the fault message to
+/// the resolving ioctl's return), in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean_ns: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+/// A snapshot of the pager's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PagerStats {
+    /// Pager-managed pages resident now.
+    pub resident_pages: usize,
+    /// Pages in registered (managed) regions.
+    pub registered_pages: usize,
+    /// Swap slots in use.
+    pub swap_slots_used: usize,
+    pub swap_slots_total: usize,
+    pub budget_pages: Option<usize>,
+    /// First touches served with zeroes (by the fault handler).
+    pub minor_faults: u64,
+    /// Faults served from swap.
+    pub major_faults: u64,
+    /// Fault messages for pages already present.
+    pub spurious_faults: u64,
+    /// Pages read back from swap (faults, pins, prefetch).
+    pub swap_ins: u64,
+    /// Pages written to swap and reclaimed.
+    pub swap_outs: u64,
+    /// Pages brought in as zeroes by pin/prefetch.
+    pub zero_fills: u64,
+    /// Swap-ins done by `pin` in the calling thread.
+    pub pin_swap_ins: u64,
+    /// Evictions aborted by a racing pin.
+    pub evict_aborts: u64,
+    /// Pages the kernel refused to move out (stayed resident).
+    pub evict_failures: u64,
+    pub bytes_swapped_in: u64,
+    pub bytes_swapped_out: u64,
+    pub fault_service: LatencySummary,
+}
+
+impl Stats {
+    pub fn latency(&self) -> LatencySummary {
+        let h = self.hist.lock();
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        LatencySummary {
+            count: h.len(),
+            mean_ns: h.mean(),
+            p50_ns: h.value_at_quantile(0.5),
+            p99_ns: h.value_at_quantile(0.99),
+            max_ns: h.max(),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Thin memory syscalls (mmap, munmap, madvise, mincore) and a page-aligned
+//! bounce buffer: the memory-management edge of the crate.
+
+use std::io;
+
+/// The page size this crate works with (checked against the kernel at start).
+pub const PAGE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+
+pub fn kernel_page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// Maps `len` bytes of private anonymous read-write memory (not populated).
+pub fn mmap_anon(len: usize) -> io::Result<usize> {
+    // SAFETY: a fresh anonymous mapping chosen by the kernel aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as usize)
+}
+
+/// Unmaps a mapping this crate created with [`mmap_anon`].
+///
+/// # Safety
+/// Nobody may use `[addr, addr+len)` afterwards.
+pub unsafe fn munmap(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller.
+    if unsafe { libc::munmap(addr as *mut _, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `madvise(addr, len, advice)`.
+///
+/// # Safety
+/// For destructive advice (`MADV_DONTNEED`) the caller owns the contents.
+pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller.
+    if unsafe { libc::madvise(addr as *mut _, len, advice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `mincore` over page-aligned `[addr, addr+len)`: one byte per page, bit 0 =
+/// resident.
+pub fn mincore(addr: usize, len: usize, out: &mut [u8]) -> io::Result<()> {
+    let pages = len.div_ceil(PAGE);
+    assert!(out.len() >= pages);
+    // SAFETY: `out` holds at least one byte per page of the range; mincore only
+    // inspects page tables and fails with ENOMEM for unmapped ranges.
+    if unsafe { libc::mincore(addr as *mut _, len, out.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A page-aligned heap buffer of whole pages (usable with O_DIRECT).
+pub struct PageBuf {
+    ptr: *mut u8,
+    pages: usize,
+}
+
+// SAFETY: PageBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for PageBuf {}
+// SAFETY: shared access only reads (`as_slice`); mutation needs `&mut self`.
+unsafe impl Sync for PageBuf {}
+
+impl PageBuf {
+    pub fn new(pages: usize) -> PageBuf {
+        let layout = Self::layout(pages);
+        // SAFETY: layout has non-zero size (pages >= 1 enforced by layout()).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        PageBuf { ptr, pages }
+    }
+    fn layout(pages: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(pages.max(1) * PAGE, PAGE).expect("layout")
+    }
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for pages*PAGE bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.pages * PAGE) }
+    }
+    #[cfg(test)]
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for pages*PAGE bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.pages * PAGE) }
+    }
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.pages)) }
+    }
+}
+
+/// Reads one byte of every page in `[addr, addr+len)` so the kernel populates
+/// anything it holds itself (e.g. a page it swapped out on its own).
+///
+/// # Safety
+/// The range must be mapped readable.
+pub unsafe fn touch_read(addr: usize, len: usize) {
+    let mut a = addr;
+    while a < addr + len {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::ptr::read_volatile(a as *const u8) };
+        a += PAGE;
+    }
+}

@@ -1,0 +1,536 @@
+//! Region lifecycle, faults, swap, pins, listeners, residency and bad input.
+
+mod common;
+use common::*;
+use std::sync::{Arc, Mutex};
+use vmem::{Error, Pager, PagerConfig, SwapListener, PAGE_SIZE as PG};
+
+#[test]
+fn minor_major_roundtrip() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(16 * PG).unwrap();
+        assert_eq!(r.resident_count().unwrap(), 0);
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = pat(1, i);
+        }
+        let s = p.stats();
+        assert_eq!(s.minor_faults, 16);
+        assert_eq!(s.resident_pages, 16);
+        assert_eq!(r.swap_out().unwrap(), 16);
+        assert_eq!(r.resident_count().unwrap(), 0);
+        assert_eq!(p.stats().swap_slots_used, 16);
+        for (i, b) in r.as_slice().iter().enumerate() {
+            assert_eq!(*b, pat(1, i), "byte {i}");
+        }
+        let s = p.stats();
+        assert_eq!(s.major_faults, 16);
+        assert_eq!(s.swap_ins, 16);
+        assert_eq!(s.swap_outs, 16);
+        assert_eq!(s.swap_slots_used, 0, "slots freed on swap-in");
+        assert_eq!(s.bytes_swapped_out, 16 * PG as u64);
+        assert!(s.fault_service.count >= 32 && s.fault_service.p50_ns > 0);
+        assert_eq!(r.resident_count().unwrap(), 16);
+    });
+}
+
+#[test]
+fn read_fault_then_write() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(4 * PG).unwrap();
+        assert!(r.as_slice().iter().all(|&b| b == 0));
+        r.as_mut_slice()[PG + 5] = 9;
+        assert_eq!(r.swap_out().unwrap(), 4);
+        assert_eq!(r.as_slice()[PG + 5], 9);
+        assert_eq!(r.as_slice()[5], 0);
+    });
+}
+
+#[test]
+fn foreign_memory_register_scan_and_restore() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut v: Vec<u8> = vec![0; 64 * PG + 123];
+        for (i, b) in v.iter_mut().enumerate() {
+            *b = pat(2, i);
+        }
+        let (a, l) = (v.as_ptr() as usize + 77, v.len() - 200);
+        // SAFETY: `v` outlives the region and is not reallocated.
+        let r = unsafe { p.register(a, l) }.unwrap();
+        assert_eq!(r.addr() % PG, 0);
+        assert!(r.addr() <= a && r.addr() + r.len() >= a + l);
+        assert_eq!(r.resident().unwrap(), pagemap_present(r.addr(), r.len()));
+        let n = r.swap_out().unwrap();
+        assert!(n >= 60, "swapped {n}");
+        assert!(!p.is_resident(a + 10 * PG));
+        assert_eq!(r.resident().unwrap(), pagemap_present(r.addr(), r.len()));
+        // Half comes back through faults, the rest on unregister.
+        for i in (0..v.len() / 2).step_by(PG) {
+            assert_eq!(v[i], pat(2, i));
+        }
+        drop(r);
+        assert!(!p.is_resident(a));
+        for (i, b) in v.iter().enumerate() {
+            assert_eq!(*b, pat(2, i), "byte {i} after unregister");
+        }
+        assert_eq!(p.stats().swap_slots_used, 0);
+    });
+}
+
+#[test]
+fn overlapping_registrations_are_refcounted() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut v: Vec<u8> = vec![1; 32 * PG];
+        let a = v.as_mut_ptr() as usize;
+        let base = a.div_ceil(PG) * PG;
+        // SAFETY: `v` outlives both regions.
+        let r1 = unsafe { p.register(base, 8 * PG) }.unwrap();
+        let r2 = unsafe { p.register(base + 4 * PG + 1, 8 * PG) }.unwrap();
+        assert_eq!(p.stats().registered_pages, 13);
+        assert_eq!(p.swap_out(base, 13 * PG).unwrap(), 13);
+        drop(r1);
+        // Pages 0..4 left management (restored), 4..13 still managed.
+        assert!(p.resident(base, 4 * PG).is_err());
+        assert_eq!(p.resident_count(base + 4 * PG, 9 * PG).unwrap(), 0);
+        assert_eq!(p.stats().registered_pages, 9);
+        assert!(v[..4 * PG].iter().all(|&b| b == 1));
+        drop(r2);
+        assert!(matches!(
+            p.resident(base + 5 * PG, 1),
+            Err(Error::NotRegistered(_))
+        ));
+        assert!(v.iter().all(|&b| b == 1));
+        assert_eq!(p.stats().registered_pages, 0);
+        assert_eq!(p.stats().swap_slots_used, 0);
+        v[0] = 2;
+    });
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(4 * PG).unwrap();
+        assert!(matches!(
+            p.pin(r.addr(), 0),
+            Err(Error::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            p.pin(usize::MAX - 10, 100),
+            Err(Error::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            p.pin(r.addr(), 5 * PG),
+            Err(Error::NotRegistered(_))
+        ));
+        assert!(matches!(
+            p.swap_out(0x1000, PG),
+            Err(Error::NotRegistered(_))
+        ));
+        assert!(matches!(p.unpin(r.addr(), PG), Err(Error::NotPinned(_))));
+        assert!(matches!(
+            r.pin(3 * PG, 2 * PG),
+            Err(Error::InvalidRange { .. })
+        ));
+        assert!(!p.is_resident(0x1000));
+        // Unmapped memory cannot be registered.
+        // SAFETY: deliberately bogus range; must fail cleanly.
+        assert!(unsafe { p.register(0x10000, PG) }.is_err());
+        // File-backed memory cannot be registered.
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: read-only private file mapping of our own executable.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PG,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        // SAFETY: registration of a mapped range; must be refused.
+        assert!(unsafe { p.register(m as usize, PG) }.is_err());
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(m, PG) };
+        let id = r.id();
+        r.unregister().unwrap();
+        assert!(matches!(r.unregister(), Err(Error::AlreadyUnregistered(_))));
+        assert!(matches!(
+            p.unregister(id),
+            Err(Error::AlreadyUnregistered(_))
+        ));
+        assert!(matches!(p.pin(r.addr(), PG), Err(Error::NotRegistered(_))));
+        // Raw ids.
+        let v = vec![0u8; 4 * PG];
+        // SAFETY: `v` outlives the registration.
+        let id = unsafe { p.register_raw(v.as_ptr() as usize, v.len()) }.unwrap();
+        p.unregister(id).unwrap();
+        assert!(matches!(
+            p.unregister(id),
+            Err(Error::AlreadyUnregistered(_))
+        ));
+    });
+}
+
+#[test]
+fn pins_resolve_in_caller_and_block_eviction() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(8 * PG).unwrap();
+        r.as_mut_slice()[..4 * PG].fill(0xab);
+        assert_eq!(r.swap_out().unwrap(), 4);
+        let faults = p.stats().major_faults + p.stats().minor_faults;
+        r.pin(0, 8 * PG).unwrap();
+        let s = p.stats();
+        assert_eq!(
+            s.major_faults + s.minor_faults,
+            faults,
+            "pin takes no fault"
+        );
+        assert_eq!(s.pin_swap_ins, 4);
+        assert_eq!(s.zero_fills, 4);
+        assert_eq!(r.resident_count().unwrap(), 8);
+        r.pin(0, PG).unwrap();
+        assert_eq!(r.swap_out().unwrap(), 0, "pinned pages are not evicted");
+        r.unpin(0, 8 * PG).unwrap();
+        assert_eq!(r.swap_out().unwrap(), 7);
+        assert!(p.is_resident(r.addr()));
+        r.unpin(0, PG).unwrap();
+        assert!(matches!(r.unpin(0, 2 * PG), Err(Error::NotPinned(_))));
+        assert_eq!(r.swap_out().unwrap(), 1);
+        assert!(r.as_slice()[..4 * PG].iter().all(|&b| b == 0xab));
+        assert!(r.as_slice()[4 * PG..].iter().all(|&b| b == 0));
+    });
+}
+
+#[test]
+fn unpin_is_all_or_nothing() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let r = p.alloc(4 * PG).unwrap();
+        r.pin(0, PG).unwrap();
+        assert!(matches!(r.unpin(0, 2 * PG), Err(Error::NotPinned(_))));
+        // Page 0 keeps its pin after the failed call.
+        assert_eq!(r.swap_out().unwrap(), 0);
+        r.unpin(0, PG).unwrap();
+    });
+}
+
+#[derive(Default)]
+struct Recorder {
+    out: Mutex<Vec<(usize, u8)>>,
+    ins: Mutex<Vec<usize>>,
+    pager: Mutex<Option<Pager>>,
+    pin_in_listener: Mutex<Option<usize>>,
+}
+
+impl SwapListener for Recorder {
+    fn before_swap_out(&self, pages: &[usize]) {
+        for &a in pages {
+            // The contents are still there while the listener runs.
+            // SAFETY: the page is a live, resident page of a region under test.
+            let b = unsafe { std::ptr::read_volatile(a as *const u8) };
+            self.out.lock().unwrap().push((a, b));
+        }
+        if let Some(a) = *self.pin_in_listener.lock().unwrap() {
+            if pages.contains(&a) {
+                let p = self.pager.lock().unwrap().clone().unwrap();
+                p.pin(a, 1).unwrap();
+                assert!(p.is_resident(a));
+            }
+        }
+    }
+    fn after_swap_in(&self, pages: &[usize]) {
+        self.ins.lock().unwrap().extend_from_slice(pages);
+    }
+}
+
+#[test]
+fn listeners_run_before_reclaim_and_may_pin() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let rec = Arc::new(Recorder::default());
+        *rec.pager.lock().unwrap() = Some(p.clone());
+        let id = p.add_listener(rec.clone());
+        let mut r = p.alloc(4 * PG).unwrap();
+        for i in 0..4 {
+            r.as_mut_slice()[i * PG] = i as u8 + 10;
+        }
+        *rec.pin_in_listener.lock().unwrap() = Some(r.addr() + 2 * PG);
+        assert_eq!(
+            r.swap_out().unwrap(),
+            3,
+            "the page pinned by the listener stays"
+        );
+        let seen = rec.out.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            (0..4)
+                .map(|i| (r.addr() + i * PG, i as u8 + 10))
+                .collect::<Vec<_>>()
+        );
+        assert!(p.is_resident(r.addr() + 2 * PG));
+        assert_eq!(p.stats().evict_aborts, 1);
+        assert!(
+            rec.ins.lock().unwrap().is_empty(),
+            "no swap-in notification by default"
+        );
+        assert!(p.remove_listener(id));
+        assert!(!p.remove_listener(id));
+        r.unpin(2 * PG, PG).unwrap();
+        assert_eq!(r.swap_out().unwrap(), 1);
+        assert_eq!(
+            rec.out.lock().unwrap().len(),
+            4,
+            "removed listener not called"
+        );
+        *rec.pager.lock().unwrap() = None;
+    });
+}
+
+#[test]
+fn eager_swap_in_notification() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            eager_swap_in_notify: true,
+            ..small_cfg()
+        })
+        .unwrap();
+        let rec = Arc::new(Recorder::default());
+        p.add_listener(rec.clone());
+        let mut r = p.alloc(4 * PG).unwrap();
+        r.as_mut_slice().fill(3);
+        r.swap_out().unwrap();
+        let _ = r.as_slice()[0]; // fault
+        r.pin(PG, PG).unwrap(); // pin
+        r.prefetch().unwrap(); // rest
+        let mut ins = rec.ins.lock().unwrap().clone();
+        ins.sort();
+        assert_eq!(ins, (0..4).map(|i| r.addr() + i * PG).collect::<Vec<_>>());
+        r.unpin(PG, PG).unwrap();
+    });
+}
+
+#[test]
+fn external_notification_api() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let rec = Arc::new(Recorder::default());
+        p.add_listener(rec.clone());
+        let v = vec![5u8; 8 * PG];
+        let r = p.register_external(v.as_ptr() as usize, v.len()).unwrap();
+        assert_eq!(r.resident_count().unwrap(), r.len() / PG);
+        r.pin(0, PG).unwrap();
+        assert!(matches!(
+            p.notify_swapped_out(r.addr(), 2 * PG),
+            Err(Error::Pinned(_))
+        ));
+        r.unpin(0, PG).unwrap();
+        p.notify_swapped_out(r.addr(), 2 * PG).unwrap();
+        assert_eq!(rec.out.lock().unwrap().len(), 2);
+        assert!(!p.is_resident(r.addr() + PG));
+        assert!(matches!(r.pin(PG, 1), Err(Error::ExternalNotResident(_))));
+        assert_eq!(
+            r.swap_out().unwrap(),
+            0,
+            "the pager never evicts external memory"
+        );
+        p.notify_swapped_in(r.addr(), 2 * PG).unwrap();
+        assert!(p.is_resident(r.addr() + PG));
+        assert_eq!(rec.ins.lock().unwrap().len(), 2);
+        // Managed memory does not accept external notifications.
+        let m = p.alloc(PG).unwrap();
+        assert!(p.notify_swapped_out(m.addr(), PG).is_err());
+        // SAFETY: deliberately overlapping registration of another kind; must fail.
+        assert!(unsafe { p.register(r.addr(), PG) }.is_err());
+    });
+}
+
+#[test]
+fn swap_full_is_clean() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            swap_size: 4 * PG as u64,
+            ..small_cfg()
+        })
+        .unwrap();
+        let mut r = p.alloc(8 * PG).unwrap();
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = pat(3, i);
+        }
+        assert!(matches!(r.swap_out(), Err(Error::SwapFull(4))));
+        assert_eq!(r.resident_count().unwrap(), 8);
+        assert_eq!(p.stats().swap_slots_used, 0);
+        assert_eq!(p.swap_out(r.addr(), 4 * PG).unwrap(), 4);
+        assert!(matches!(
+            p.swap_out(r.addr() + 4 * PG, PG),
+            Err(Error::SwapFull(4))
+        ));
+        for (i, b) in r.as_slice().iter().enumerate() {
+            assert_eq!(*b, pat(3, i));
+        }
+    });
+}
+
+#[test]
+fn o_direct_swap() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            o_direct: true,
+            ..small_cfg()
+        })
+        .unwrap();
+        let mut r = p.alloc(32 * PG).unwrap();
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = pat(4, i);
+        }
+        assert_eq!(r.swap_out().unwrap(), 32);
+        for (i, b) in r.as_slice().iter().enumerate() {
+            assert_eq!(*b, pat(4, i));
+        }
+    });
+}
+
+#[test]
+fn swap_file_lifecycle() {
+    with_timeout(30, || {
+        let path = std::env::temp_dir().join(format!("vmem-swap-test-{}", std::process::id()));
+        {
+            let p = Pager::new(PagerConfig {
+                swap_path: Some(path.clone()),
+                ..small_cfg()
+            })
+            .unwrap();
+            assert_eq!(p.swap_path(), path);
+            assert!(!path.exists(), "unlinked at once unless kept");
+            let mut r = p.alloc(PG).unwrap();
+            r.as_mut_slice()[0] = 1;
+            r.swap_out().unwrap();
+            assert_eq!(r.as_slice()[0], 1);
+        }
+        {
+            let _p = Pager::new(PagerConfig {
+                swap_path: Some(path.clone()),
+                keep_swap_file: true,
+                ..small_cfg()
+            })
+            .unwrap();
+        }
+        assert!(path.exists());
+        std::fs::remove_file(&path).unwrap();
+    });
+}
+
+#[test]
+fn application_munmap_does_not_crash() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        // SAFETY: fresh anonymous mapping owned by this test.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                16 * PG,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as usize;
+        // SAFETY: m is mapped; we unmap it below on purpose.
+        let r = unsafe { p.register(m, 16 * PG) }.unwrap();
+        // SAFETY: the mapping is live.
+        unsafe { std::ptr::write_bytes(m as *mut u8, 7, 8 * PG) };
+        p.swap_out(m, 4 * PG).unwrap();
+        let used = p.stats().swap_slots_used;
+        assert_eq!(used, 4);
+        // SAFETY: our mapping; the pager must cope with it disappearing.
+        unsafe { libc::munmap(m as *mut _, 16 * PG) };
+        assert!(
+            wait_until(5, || p.stats().swap_slots_used == 0),
+            "slots of unmapped pages freed"
+        );
+        assert!(matches!(p.pin(m, PG), Err(Error::Unmapped(_))));
+        assert_eq!(p.swap_out(m, 16 * PG).unwrap(), 0);
+        // The address may be mapped again and registered afresh.
+        // SAFETY: fixed-address anonymous mapping over the range we just unmapped.
+        let m2 = unsafe {
+            libc::mmap(
+                m as *mut _,
+                16 * PG,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        } as usize;
+        if m2 == m {
+            // SAFETY: the new mapping is live.
+            let r2 = unsafe { p.register(m, 16 * PG) }.unwrap();
+            // SAFETY: the new mapping is live.
+            unsafe { std::ptr::write_bytes(m as *mut u8, 9, 16 * PG) };
+            assert_eq!(p.swap_out(m, 16 * PG).unwrap(), 16);
+            // SAFETY: as above.
+            assert!((0..16 * PG).all(|i| unsafe { *((m + i) as *const u8) } == 9));
+            drop(r2);
+            // SAFETY: our mapping.
+            unsafe { libc::munmap(m as *mut _, 16 * PG) };
+        }
+        drop(r);
+    });
+}
+
+#[test]
+fn residency_matches_pagemap() {
+    with_timeout(60, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(512 * PG).unwrap();
+        let s = r.as_mut_slice();
+        for i in (0..512).filter(|i| i % 3 != 0) {
+            s[i * PG] = 1;
+        }
+        for i in (0..512).filter(|i| i % 7 == 0) {
+            p.swap_out(r.addr() + i * PG, PG).unwrap();
+        }
+        let ours = r.resident().unwrap();
+        assert_eq!(ours, pagemap_present(r.addr(), r.len()));
+        assert_eq!(
+            ours.iter().filter(|&&b| b).count(),
+            p.stats().resident_pages
+        );
+    });
+}
+
+#[test]
+fn rss_really_drops_and_returns() {
+    with_timeout(60, || {
+        let p = Pager::new(PagerConfig {
+            swap_size: 256 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = p.alloc(64 << 20).unwrap();
+        let before = rss_anon();
+        for i in (0..r.len()).step_by(PG) {
+            r.as_mut_slice()[i] = 1;
+        }
+        let touched = rss_anon();
+        assert!(touched >= before + (60 << 20), "rss {before} -> {touched}");
+        assert_eq!(r.swap_out().unwrap(), (64 << 20) / PG);
+        let out = rss_anon();
+        assert!(
+            out + (60 << 20) <= touched,
+            "after eviction rss {touched} -> {out}"
+        );
+        let sum: u64 = (0..r.len())
+            .step_by(PG)
+            .map(|i| r.as_slice()[i] as u64)
+            .sum();
+        assert_eq!(sum, ((64 << 20) / PG) as u64);
+        let back = rss_anon();
+        assert!(back >= out + (60 << 20), "after access rss {out} -> {back}");
+    });
+}
