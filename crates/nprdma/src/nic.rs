@@ -1,0 +1,396 @@
+//! The narrow interfaces NP-RDMA needs from below: a NIC offering standard
+//! verbs plus an optional IOMMU-control capability ([`Nic`], [`NicQp`],
+//! [`NicCq`], [`NicMr`], [`IommuControl`]), and a memory manager offering
+//! residency queries, temporary pins and swap-out notifications
+//! ([`MemoryManager`], [`SwapListener`], the RAII guard [`Pinned`]).
+//!
+//! They are deliberately small so the same NP-RDMA logic can sit on the
+//! project's software RNIC with its host IOMMU (kernel-module mode of the
+//! paper) or on a real libibverbs device without IOMMU control (pure
+//! user-space mode: every fault goes two-sided and NIC MRs are registered on
+//! the fly). Adapters live next to the concrete crates (`rnic`, `vmem`);
+//! value types here mirror libibverbs (status numbers are `ibv_wc_status`).
+//!
+//! A [`Nic`] value stands for *one protection domain* of an opened device:
+//! NP-RDMA creates one per application PD, and all MRs and QPs made through
+//! it belong to that PD.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// Memory access rights of an MR (numerically `ibv_access_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Whether all bits of `other` are set.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// Device capabilities NP-RDMA depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Max TLP size: the NIC's DMA atom (see [`crate::check`]).
+    pub max_tlp: usize,
+    /// Magic word of the signature page.
+    pub magic: u32,
+    /// Page size of IOMMU mappings.
+    pub page_size: usize,
+    /// Max outstanding WRs per QP (NP-RDMA needs 3× the application depth).
+    pub max_qp_wr: u32,
+    /// Max SGEs per WR.
+    pub max_sge: u32,
+    /// Max inline data per WR.
+    pub max_inline: u32,
+    /// Whether [`Nic::iommu`] returns a capability (else: user-space mode).
+    pub iommu: bool,
+}
+
+/// Scatter/gather element (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Work-request operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOp {
+    Write,
+    WriteImm(u32),
+    Send,
+    SendImm(u32),
+    Read,
+    CmpSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkRequest<'a> {
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub sg_list: &'a [Sge],
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Wait for earlier READs/atomics before starting (IBV_SEND_FENCE).
+    pub fence: bool,
+    /// Copy the data at post time (no lkey needed).
+    pub inline: bool,
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvRequest<'a> {
+    pub wr_id: u64,
+    pub sg_list: &'a [Sge],
+}
+
+/// What a completion completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompOp {
+    #[default]
+    Send,
+    Write,
+    Read,
+    CmpSwap,
+    FetchAdd,
+    Recv,
+    RecvWithImm,
+}
+
+/// A work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    pub wr_id: u64,
+    /// `ibv_wc_status` number: 0 = success, 5 = WR_FLUSH_ERR, ...
+    pub status: u32,
+    pub op: CompOp,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+}
+
+impl Completion {
+    /// `IBV_WC_SUCCESS`.
+    pub const SUCCESS: u32 = 0;
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    pub const WR_FLUSH_ERR: u32 = 5;
+    /// Whether the WR succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.status == Self::SUCCESS
+    }
+}
+
+/// Creation parameters of a data or control QP (RC only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpSpec {
+    /// Requested QP number (NP-RDMA pairs each data QP with a control QP at
+    /// a derivable number); `None` = automatic.
+    pub qpn: Option<u32>,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+}
+
+/// An opaque peer address (GID-like, e.g. the rnic `HostAddr` bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub [u8; 16]);
+
+/// Failure of a post: the index of the first WR not posted and why. WRs
+/// before it were posted and will complete; none from it on were.
+#[derive(Debug, thiserror::Error)]
+#[error("post failed at WR {bad_index}: {source}")]
+pub struct PostError<E: std::error::Error + 'static> {
+    pub bad_index: usize,
+    #[source]
+    pub source: E,
+}
+
+/// A registered memory region. Dropping it deregisters; the NIC must make
+/// that safe while WRs referencing it are in flight (they then fail).
+pub trait NicMr: Send + Sync {
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    fn addr(&self) -> u64;
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A completion queue.
+pub trait NicCq: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Non-blocking: move up to `out.len()` completions into `out`, in
+    /// completion order; returns how many.
+    fn poll(&self, out: &mut [Completion]) -> Result<usize, Self::Error>;
+    /// Arm the completion channel: the next completion signals
+    /// [`NicCq::event_fd`] (once per arm).
+    fn arm(&self, solicited_only: bool) -> Result<(), Self::Error>;
+    /// A file descriptor that becomes readable after an armed completion
+    /// (eventfd semantics: read it to reset), if the NIC has one.
+    fn event_fd(&self) -> Option<RawFd>;
+}
+
+/// An RC queue pair.
+pub trait NicQp: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+    fn qpn(&self) -> u32;
+    /// Bring the QP to RTS connected to `peer_qpn` at `peer`
+    /// (RESET→INIT→RTR→RTS with the given access rights for remote ops).
+    fn connect(&self, peer: PeerAddr, peer_qpn: u32, access: Access) -> Result<(), Self::Error>;
+    /// Post send WRs in order. Errors detectable at post time reject the WR
+    /// (and all after it) without a completion; every accepted WR yields
+    /// exactly one completion if signaled or failed.
+    fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), PostError<Self::Error>>;
+    /// Post receive WRs in order (same contract).
+    fn post_recv(&self, wrs: &[RecvRequest<'_>]) -> Result<(), PostError<Self::Error>>;
+    /// Move the QP to ERR: outstanding WRs complete with WR_FLUSH_ERR.
+    fn set_error(&self) -> Result<(), Self::Error>;
+}
+
+/// Where an IOVA page points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// No mapping: DMA through it fails the WR.
+    Unmapped,
+    /// The page of this process's memory at this page-aligned address.
+    Ram(u64),
+    /// The shared signature page (reads return the magic word).
+    Signature,
+    /// The shared black-hole page (absorbs writes).
+    BlackHole,
+}
+
+/// The IOMMU-control capability (the paper's kernel-module role).
+pub trait IommuControl: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// A contiguous IOVA range.
+    type Range: Copy + Send + Sync + std::fmt::Debug;
+    /// MRs made over IOVA ranges.
+    type Mr: NicMr;
+    /// Reserve `npages` IOVA pages, all [`Frame::Unmapped`].
+    fn alloc_range(&self, npages: u64) -> Result<Self::Range, Self::Error>;
+    /// Release a range (no MR may still use it).
+    fn free_range(&self, range: Self::Range) -> Result<(), Self::Error>;
+    /// Point page `index` of `range` at `frame`. Effective for DMA atoms that
+    /// translate after the call; atoms already in flight may still use the
+    /// old frame until [`IommuControl::flush`] returns.
+    fn map(&self, range: &Self::Range, index: u64, frame: Frame) -> Result<(), Self::Error>;
+    /// Return only when no DMA atom that used a replaced entry is in flight.
+    fn flush(&self) -> Result<(), Self::Error>;
+    /// Register `[addr, addr+len)` with MTT page i → IOVA page `range`+i.
+    ///
+    /// # Safety
+    /// The memory must stay mapped in this process while the MR exists
+    /// (the NIC reads/writes the frames the IOMMU names).
+    #[allow(unsafe_code)] // declaration only: the caller upholds the contract
+    unsafe fn reg_mr_iova(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        range: &Self::Range,
+    ) -> Result<Self::Mr, Self::Error>;
+    /// Tell the NIC model which pages of this process are resident (the
+    /// host-OS role; the software NIC counts and refuses DMA to
+    /// non-resident frames). A real IOMMU driver ignores it.
+    fn set_resident(&self, addr: u64, len: u64, resident: bool) -> Result<(), Self::Error>;
+}
+
+/// One protection domain of a NIC.
+pub trait Nic: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+    type Mr: NicMr;
+    type Cq: NicCq<Error = Self::Error>;
+    type Qp: NicQp<Error = Self::Error>;
+    type Iommu: IommuControl<Error = Self::Error>;
+    /// Device capabilities.
+    fn caps(&self) -> DeviceCaps;
+    /// Standard (pinned, identity-translated) registration: control rings,
+    /// version tables, temporary buffers, and the user-space mode.
+    ///
+    /// # Safety
+    /// The memory must stay mapped while the MR exists.
+    #[allow(unsafe_code)] // declaration only: the caller upholds the contract
+    unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Self::Mr, Self::Error>;
+    /// A CQ of `depth` entries (overflow is an error, as on hardware).
+    fn create_cq(&self, depth: u32) -> Result<Self::Cq, Self::Error>;
+    /// An RC QP in RESET.
+    fn create_qp(
+        &self,
+        spec: &QpSpec,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+    ) -> Result<Self::Qp, Self::Error>;
+    /// This host's address for peers.
+    fn addr(&self) -> PeerAddr;
+    /// The IOMMU-control capability, if available.
+    fn iommu(&self) -> Option<&Self::Iommu>;
+}
+
+/// Opaque handle of a registered swap listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerId(pub u64);
+
+/// The MMU-notifier role: called synchronously by the memory manager.
+pub trait SwapListener: Send + Sync {
+    /// Called on the evicting thread with page-aligned addresses, *before*
+    /// their contents leave memory. NP-RDMA remaps the pages' IOMMU entries
+    /// (Read MR → signature, Write MR → black hole), bumps their versions to
+    /// even, and flushes; only then may the pager reclaim them. Must not call
+    /// back into pin/unpin of the same pager.
+    fn before_swap_out(&self, pages: &[u64]);
+    /// Optional eager swap-in notice (beyond the paper; Linux has none, so
+    /// the default relies on lazy swap-in through the two-sided path).
+    fn after_swap_in(&self, _pages: &[u64]) {}
+}
+
+/// What NP-RDMA needs from the pager.
+pub trait MemoryManager: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Page size.
+    fn page_size(&self) -> usize;
+    /// Cheap (no syscall) residency of the page containing `addr`.
+    fn is_resident(&self, addr: u64) -> bool;
+    /// Residency of every page of `[addr, addr+len)`, appended to `out`.
+    fn residency(&self, addr: u64, len: u64, out: &mut Vec<bool>) -> Result<(), Self::Error>;
+    /// Make every page of the range resident and unevictable (refcounted),
+    /// resolving faults in the calling thread. On error nothing stays pinned.
+    fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
+    /// Drop one pin reference of every page of the range.
+    fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
+    /// Register a swap listener.
+    fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId;
+    /// Unregister; returns once no call to it is running.
+    fn remove_swap_listener(&self, id: ListenerId);
+}
+
+impl<M: MemoryManager + ?Sized> MemoryManager for Arc<M> {
+    type Error = M::Error;
+    fn page_size(&self) -> usize {
+        (**self).page_size()
+    }
+    fn is_resident(&self, addr: u64) -> bool {
+        (**self).is_resident(addr)
+    }
+    fn residency(&self, addr: u64, len: u64, out: &mut Vec<bool>) -> Result<(), Self::Error> {
+        (**self).residency(addr, len, out)
+    }
+    fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        (**self).pin(addr, len)
+    }
+    fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        (**self).unpin(addr, len)
+    }
+    fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
+        (**self).add_swap_listener(l)
+    }
+    fn remove_swap_listener(&self, id: ListenerId) {
+        (**self).remove_swap_listener(id)
+    }
+}
+
+/// A temporary pin that is released on drop, so a failed or abandoned
+/// two-sided operation can never leak a pin. Holds the manager by value:
+/// pass an `Arc` (or another cheap handle).
+#[derive(Debug)]
+pub struct Pinned<M: MemoryManager> {
+    mm: M,
+    addr: u64,
+    len: u64,
+    released: bool,
+}
+
+impl<M: MemoryManager> Pinned<M> {
+    /// Pin `[addr, addr+len)`.
+    pub fn new(mm: M, addr: u64, len: u64) -> Result<Self, M::Error> {
+        mm.pin(addr, len)?;
+        Ok(Pinned {
+            mm,
+            addr,
+            len,
+            released: false,
+        })
+    }
+    /// The pinned range.
+    pub fn range(&self) -> (u64, u64) {
+        (self.addr, self.len)
+    }
+    /// Unpin now and report the result.
+    pub fn release(mut self) -> Result<(), M::Error> {
+        self.released = true;
+        self.mm.unpin(self.addr, self.len)
+    }
+}
+
+impl<M: MemoryManager> Drop for Pinned<M> {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.mm.unpin(self.addr, self.len) {
+                tracing::error!(addr = self.addr, len = self.len, error = %e, "unpin failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
