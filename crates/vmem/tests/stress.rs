@@ -1,0 +1,241 @@
+//! Concurrency: application threads reading and writing while eviction,
+//! explicit swap-outs, pins and prefetches run; every byte checked against a
+//! shadow copy. Short by default; `VMEM_STRESS_SECS=60` for a long run.
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use vmem::{Pager, PagerConfig, PAGE_SIZE as PG};
+
+fn secs() -> u64 {
+    std::env::var("VMEM_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Worker `t` of `nt` owns the u64 words `w` with `w % nt == t` of every page,
+/// so all workers write every page concurrently and each shadow is exact.
+fn worker(
+    base: usize,
+    pages: usize,
+    t: usize,
+    nt: usize,
+    stop: &AtomicBool,
+    seed: u64,
+    pin_pager: Option<&Pager>,
+) -> u64 {
+    let words_per_page = PG / 8;
+    let mine: Vec<usize> = (0..pages * words_per_page)
+        .filter(|w| w % nt == t)
+        .collect();
+    let mut shadow = vec![0u64; mine.len()];
+    let mut rng = Rng(seed | 1);
+    let mut ops = 0u64;
+    while !stop.load(Relaxed) {
+        for _ in 0..64 {
+            let k = rng.below(mine.len());
+            let ptr = (base + mine[k] * 8) as *mut u64;
+            if rng.next() % 2 == 0 {
+                let v = rng.next();
+                // SAFETY: the word lies in a live region and only this thread uses it.
+                unsafe { std::ptr::write_volatile(ptr, v) };
+                shadow[k] = v;
+            } else {
+                // SAFETY: as above.
+                let got = unsafe { std::ptr::read_volatile(ptr) };
+                assert_eq!(
+                    got,
+                    shadow[k],
+                    "worker {t} word {} (page {})",
+                    mine[k],
+                    mine[k] / words_per_page
+                );
+            }
+            ops += 1;
+        }
+        if let Some(p) = pin_pager {
+            // Pin a random page, check it is resident and stays so, write through it.
+            let k = rng.below(mine.len());
+            let page_addr = (base + mine[k] * 8) & !(PG - 1);
+            p.pin(page_addr, PG).unwrap();
+            assert!(p.is_resident(page_addr), "pinned page not resident");
+            let v = rng.next();
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile((base + mine[k] * 8) as *mut u64, v) };
+            shadow[k] = v;
+            std::thread::yield_now();
+            assert!(p.is_resident(page_addr), "pinned page evicted");
+            p.unpin(page_addr, PG).unwrap();
+        }
+    }
+    for (k, &w) in mine.iter().enumerate() {
+        // SAFETY: as above.
+        let got = unsafe { std::ptr::read_volatile((base + w * 8) as *const u64) };
+        assert_eq!(got, shadow[k], "final check worker {t} word {w}");
+    }
+    ops
+}
+
+fn run_stress(
+    pages: usize,
+    budget: usize,
+    nt: usize,
+    with_pins: bool,
+    with_swapper: bool,
+    o_direct: bool,
+) {
+    let dur = secs();
+    with_timeout(dur + 120, move || {
+        let cfg = PagerConfig {
+            budget_pages: Some(budget),
+            swap_size: (pages * PG * 2) as u64,
+            o_direct,
+            ..Default::default()
+        };
+        let p = Pager::new(cfg).unwrap();
+        let r = p.alloc(pages * PG).unwrap();
+        let base = r.addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Arc::new(Barrier::new(nt + 2));
+        let mut hs = Vec::new();
+        for t in 0..nt {
+            let (stop, start, p) = (stop.clone(), start.clone(), p.clone());
+            hs.push(std::thread::spawn(move || {
+                start.wait();
+                worker(
+                    base,
+                    pages,
+                    t,
+                    nt,
+                    &stop,
+                    0x1234_5678 + t as u64 * 7919,
+                    with_pins.then_some(&p),
+                )
+            }));
+        }
+        let swaps = Arc::new(AtomicU64::new(0));
+        let sw = {
+            let (stop, start, p, swaps) = (stop.clone(), start.clone(), p.clone(), swaps.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut rng = Rng(99);
+                while !stop.load(Relaxed) {
+                    if with_swapper {
+                        let a = rng.below(pages);
+                        let n = 1 + rng.below(32.min(pages - a));
+                        swaps.fetch_add(p.swap_out(base + a * PG, n * PG).unwrap() as u64, Relaxed);
+                        if rng.next() % 4 == 0 {
+                            let a = rng.below(pages);
+                            p.prefetch(base + a * PG, PG).unwrap();
+                        }
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            })
+        };
+        start.wait();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(dur) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Relaxed);
+        let ops: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        sw.join().unwrap();
+        let s = p.stats();
+        eprintln!(
+            "ops {ops} explicit swap-outs {} stats {s:?}",
+            swaps.load(Relaxed)
+        );
+        assert!(
+            s.swap_outs > 0 && s.major_faults > 0,
+            "eviction really happened"
+        );
+        // The budget holds once the workers stop.
+        assert!(
+            wait_until(10, || p.stats().resident_pages <= budget),
+            "resident {} > budget {budget}",
+            p.stats().resident_pages
+        );
+        assert_eq!(r.resident().unwrap(), pagemap_present(r.addr(), r.len()));
+        assert_eq!(r.resident_count().unwrap(), p.stats().resident_pages);
+        drop(r);
+        assert_eq!(p.stats().swap_slots_used, 0);
+        assert_eq!(p.stats().resident_pages, 0);
+    });
+}
+
+#[test]
+fn budget_well_below_working_set() {
+    run_stress(1024, 96, 3, false, false, false);
+}
+
+#[test]
+fn evictor_swapper_pins_and_writers_race() {
+    run_stress(512, 64, 3, true, true, false);
+}
+
+#[test]
+fn race_with_o_direct_swap() {
+    run_stress(256, 48, 2, true, true, true);
+}
+
+/// A single hot page written continuously while it is swapped out over and
+/// over: no write may be lost (the UFFDIO_MOVE path).
+#[test]
+fn hot_page_write_vs_swap_out() {
+    with_timeout(60, || {
+        let p = Pager::new(PagerConfig {
+            background_evictor: false,
+            ..small_cfg()
+        })
+        .unwrap();
+        let r = p.alloc(2 * PG).unwrap();
+        let base = r.addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let counter = base as *mut u64;
+        let st = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let c = base as *mut u64;
+            let mut n = 0u64;
+            while !st.load(Relaxed) {
+                n += 1;
+                // SAFETY: only this thread writes the word; the region is live.
+                unsafe { std::ptr::write_volatile(c, n) };
+                // SAFETY: as above.
+                assert_eq!(unsafe { std::ptr::read_volatile(c) }, n);
+            }
+            n
+        });
+        let mut outs = 0;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(1500) {
+            outs += p.swap_out(base, 2 * PG).unwrap();
+        }
+        stop.store(true, Relaxed);
+        let n = writer.join().unwrap();
+        // SAFETY: the region is live; the writer has stopped.
+        assert_eq!(
+            unsafe { std::ptr::read_volatile(counter) },
+            n,
+            "last write survived"
+        );
+        assert!(outs > 10, "swapped out {outs} times");
+        eprintln!("writes {n} swap-outs {outs} stats {:?}", p.stats());
+    });
+}
