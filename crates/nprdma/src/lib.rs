@@ -1,5 +1,226 @@
-//! NP-RDMA layer (groundwork). The full design overview is written below the
-//! module list once all modules exist.
+//! # NP-RDMA: RDMA without pinning memory
+//!
+//! This crate is the NP-RDMA layer of the project: a verbs-shaped API whose
+//! memory regions are **not pinned**. It sits on a NIC that cannot take page
+//! faults (the project's software RNIC, or a real libibverbs device) and on a
+//! pager that may swap any application page out at any time. This page is
+//! the map of the whole layer; the modules below are the parts that need
+//! neither the NIC nor the pager and are built and tested already:
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`ctrl`] | control-channel wire format (64-byte command slots) |
+//! | [`ordering`] | per-QP in-flight table of configurable ordering |
+//! | [`check`] | optimistic checks: per-atom magic, read-back, page versions, local pre-check |
+//! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
+//! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
+//!
+//! Still to build (next session): the MR shadow (IOMMU + version state per
+//! application MR), the WR planner and engine, the control-channel ring, the
+//! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
+//! `vmem`. Everything below describes how they use the parts above.
+//!
+//! ## 1. Memory regions: one application MR = three NIC MRs
+//!
+//! `reg_mr(addr, len, access)` registers the range with the pager
+//! ([`nic::MemoryManager`]; no pinning, no faulting in) and reads its
+//! residency. Then, with the IOMMU capability ([`nic::IommuControl`]):
+//!
+//! * **Read MR** over IOVA range *R*: resident page → `Frame::Ram(page)`,
+//!   absent page → `Frame::Signature`. Its rkey is the one the application
+//!   sees (`app rkey`). One-sided READs *from* this host and the local side of
+//!   WRITEs/SENDs go through it: absent memory reads as magic words.
+//! * **Write MR** over IOVA range *W*: resident → `Ram`, absent →
+//!   `Frame::BlackHole`. Remote WRITEs *to* this host and the local side of
+//!   READs go through it: writes to absent memory vanish instead of faulting.
+//! * **Version MR**: a pinned, plainly registered array of `u32`, one per
+//!   page ([`keymap::VERSION_WORD`]), odd = resident, even = absent; 1 or 0
+//!   at registration. Remote peers READ it (large transfers, §3).
+//!
+//! The mapping app rkey → {write rkey, version rkey, region va/len, version
+//! va, page count} is a [`ctrl::KeyMapping`], kept locally in a
+//! [`keymap::KeyTable`] and sent to peers (§7). A swap listener
+//! ([`nic::SwapListener`]) is installed for the MR.
+//!
+//! **Swap-out** (listener, synchronous, before the pager reclaims the page):
+//! for each page, map R → Signature and W → BlackHole, bump the version to
+//! even, then one `flush()` per batch — it returns only when no DMA atom that
+//! used the old frame is in flight — and return; now the pager may write the
+//! page out. **Swap-in is lazy** (Linux has no swap-in notifier): a page the
+//! application faults back in stays mapped to the special frames, so the
+//! next RDMA access to it fails the optimistic check and goes two-sided,
+//! where the target pins the page (which makes it resident), maps R and W
+//! back to `Ram`, and bumps the version to odd — mapping first, version
+//! second, so a peer that reads an odd version finds the real frame. The
+//! page stays mapped after the unpin until its next swap-out. (An opt-in
+//! eager `after_swap_in` hook can do the same immediately.)
+//!
+//! **User-space mode** (no IOMMU capability, e.g. a real NIC without the
+//! kernel module): no Read/Write views exist, so every operation takes the
+//! two-sided path (§4), and the temporary pins are backed by NIC MRs
+//! registered on the fly with `reg_mr`.
+//!
+//! ## 2. Queue pairs, CQs and the polling thread
+//!
+//! An application QP of depth *d* becomes one NIC data QP of send depth
+//! **3·d** (an application WR becomes at most 3 NIC WRs) plus one small
+//! **control QP** at a derivable QPN with a pinned command ring of
+//! `64 B × d` slots each way ([`ctrl::SLOT`]); both connect lazily to the
+//! peer's pair. An application CQ is a **user-space CQ** (a ring plus, in
+//! interrupt mode, an eventfd the application can poll/epoll, standing in for
+//! its completion channel) fed from NIC CQs. Application RECVs are kept in a
+//! user-space receive queue: inbound messages arrive over the control QP.
+//!
+//! One **polling thread per process** serves every QP and CQ of the process,
+//! as initiator and as target: it polls the NIC CQs (data and control),
+//! runs the checks of §3, drives the two-sided path (§4) in both roles,
+//! releases parked operations ([`ordering::OrderTable::complete`]) and pushes
+//! application completions. It spins only while work is recent and then
+//! blocks on an epoll set of the NIC CQs' event fds ([`nic::NicCq::event_fd`],
+//! armed before sleeping) plus a doorbell eventfd, so an idle process burns
+//! no core and a latency run has at most one spinning thread per process.
+//! **Interrupt mode** makes it block immediately (≈5 µs more per two-sided
+//! operation, no polling at all). Successful optimistic operations can also
+//! be completed inline by the application thread that polls its CQ, so the
+//! common path never hops threads.
+//!
+//! ## 3. One-sided operations: optimistic issue, then check
+//!
+//! Each application WR is first admitted by the QP's
+//! [`ordering::OrderTable`] (issue now, or park behind a conflicting
+//! in-flight op; see that module). A **local pre-check**
+//! ([`check::precheck_local`], the pager's residency array) sends an
+//! operation whose local pages are absent straight to the local fault path
+//! (fault the pages in by touching/pinning them, then issue) — it saves the
+//! RTT a doomed optimistic attempt would cost. Then, per opcode:
+//!
+//! * **READ** → 1 NIC READ: local through the local Write MR, remote through
+//!   the app rkey (remote Read MR). On completion [`check::check_read`] looks
+//!   at one aligned `u32` per DMA atom, on the atom grids of both the target
+//!   and the initiator address (use the smaller of the two hosts' max TLP).
+//!   The initiator also compares its local page versions before/after, which
+//!   catches a local swap-out during the DMA (those atoms went to the black
+//!   hole). Clean → application CQE. Suspect → two-sided (§4).
+//! * **Small WRITE** (≤ the versioning threshold, ~16 KB, configurable) → NIC
+//!   WRITE (local Read MR → remote Write MR via the mapped write rkey)
+//!   immediately followed on the same QP by a NIC READ of the same remote
+//!   range through the app rkey into a pinned **temporary buffer**. RC
+//!   in-order execution makes the READ see the WRITE. [`check::check_readback`]:
+//!   equal to the source and no magic → success; else two-sided.
+//! * **Unsignaled WRITEs** defer their read-backs: the WRITE is posted
+//!   unsignaled and recorded; the read-backs of all deferred WRITEs of the QP
+//!   (contiguous ranges merged) are posted in front of the next *signaled*
+//!   WR, whose application completion is generated only after they all pass.
+//!   The deferred WRITEs stay in the ordering table until checked, so an
+//!   overlapping op still parks behind them; a failed check redoes that
+//!   WRITE two-sided before the signaled WR completes.
+//! * **Large WRITE** (and, optionally, large READ — page versioning
+//!   instead of per-atom checks) → 3 NIC WRs in a row: READ the remote
+//!   version words ([`keymap::Translation::version_addr`]/`version_len`
+//!   through the version rkey), the WRITE/READ itself, READ the version words
+//!   again; [`check::check_versions`] (equal and odd per page), plus the
+//!   local version comparison. Costs 8 B per page of extra traffic.
+//! * **Atomics** (CMP_SWP, FETCH_ADD) are not idempotent, so they are never
+//!   optimistic: always two-sided ([`ctrl::Repr::Atomic`]); the target CPU
+//!   pins the 8 bytes and executes the operation (all NP-RDMA atomics on a
+//!   host run on that host's CPU, so they are atomic with each other), and
+//!   returns the original value ([`ctrl::Repr::AtomicResp`]).
+//! * **SEND / SEND_WITH_IMM**: ≤ the inline limit (1 KB) →
+//!   [`ctrl::Repr::SendInline`] through the control ring; the receiver's
+//!   polling thread takes the next posted application RECV, pins its buffer,
+//!   copies, unpins, and completes it. Larger → **rendezvous**: the sender
+//!   pins its buffer ([`nic::Pinned`]), sends [`ctrl::Repr::SendRendezvous`]
+//!   {addr, len, key, imm}; the receiver pins the next RECV buffer, reverse
+//!   READs the data, unpins, completes the RECV, and answers
+//!   [`ctrl::Repr::Completion`], on which the sender unpins and completes
+//!   the SEND. No RECV posted → the request waits per the QP's RNR policy,
+//!   then completes with [`ctrl::Status::RnrNoRecv`] (RNR_RETRY_EXC_ERR).
+//! * **WRITE_WITH_IMM** → the large-WRITE pattern (versions, WRITE,
+//!   versions; two-sided on a failed check), then
+//!   [`ctrl::Repr::WriteImmNotify`] {addr, len, rkey, imm}; the receiver
+//!   consumes a RECV and completes it with the immediate. (The receiver can
+//!   re-check that the range's versions are odd; a black-holed WRITE to a
+//!   page that was lazily swapped back in would not show magic to a CPU
+//!   check, which is why the initiator verifies versions itself.)
+//!
+//! ## 4. The two-sided path (page-fault handling)
+//!
+//! Initiator, for a suspect READ/WRITE of `len` bytes:
+//! 1. pin the local buffer ([`nic::Pinned`]), which faults it in, and map its
+//!    pages R/W → `Ram` (and bump their versions) so the NIC can reach it;
+//! 2. send [`ctrl::Repr::Fault`] {op, req id, local addr + the key of its
+//!    Write MR (READ) or Read MR (WRITE), remote addr + app rkey, len,
+//!    `inline_ok`} — or, for ≤ 1 KB, the inline forms
+//!    ([`ctrl::Repr::WriteInline`] / [`ctrl::Repr::ReadInline`]) which avoid
+//!    the reverse operation and the remote temporary pin's NIC work;
+//! 3. the target's polling thread validates the key and bounds
+//!    ([`keymap::KeyTable::lookup`] on its own table), pins the remote range
+//!    (faulting it in on *its* CPU) and maps it back (§1);
+//! 4. the target issues the **reverse** WRITE (for a READ) or READ (for a
+//!    WRITE) against the initiator's pinned buffer (or copies inline data);
+//! 5. on its completion the target unpins and sends
+//!    [`ctrl::Repr::Completion`] {req id, status, byte len}
+//!    (or [`ctrl::Repr::ReadInlineResp`] with the data);
+//! 6. the initiator unpins, copies inline data if any, and generates the
+//!    application CQE; it then releases parked ops behind it.
+//!
+//! **Retry mode** (`retry_mode` flag): in step 4 the target answers
+//! [`ctrl::Repr::ReceiverReady`] after pinning; the initiator re-runs the
+//! one-sided operation and sends [`ctrl::Repr::Release`] when done, on which
+//! the target unpins. Useful where reverse operations are not allowed.
+//!
+//! Request ids index a per-QP table of outstanding two-sided requests;
+//! every entry owns its pins as RAII guards, so a completion, an error, or a
+//! teardown releases them exactly once.
+//!
+//! ## 5. Ordering
+//!
+//! Optimistic operations overtake a slow two-sided one, which plain RC
+//! ordering forbids. [`ordering::OrderTable`] restores the guarantees that
+//! matter: ops with overlapping memory (not read/read), message ops among
+//! themselves and messages vs. remote writes are ordered; the per-WR
+//! order-before / order-after bits and a strict mode give full ordering on
+//! request. Parked ops wait in a FIFO, so the issue order within a QP is the
+//! post order. Application completions of a QP are delivered in post order
+//! (a finished op waits in the user-space CQ staging until the ops before it
+//! completed), as RC requires.
+//!
+//! ## 6. Control channel
+//!
+//! Messages ([`ctrl::Repr`]) occupy whole 64-byte slots; a message longer
+//! than one slot (inline data up to [`ctrl::CtrlConfig::max_inline`], many key
+//! mappings) continues in the next slots and is posted as one WR chain, so
+//! the receiver finds its slots consecutive (a [`ctrl::Repr::Pad`] skips the
+//! ring's tail when a message would wrap). The receiver reads the first slot,
+//! learns the size with [`ctrl::message_len`], then parses the whole message;
+//! malformed messages are rejected with a [`ctrl::CtrlError`] and answered
+//! with [`ctrl::Status::RemoteInvalid`] where a request id is known. Credits
+//! (one per slot) keep the sender from overrunning the receiver's ring.
+//!
+//! ## 7. Key synchronisation
+//!
+//! Keys cannot be synced at QP creation (the peer may not be ready). On the
+//! **first use** of a QP the initiator sends [`ctrl::Repr::KeyQuery`] (all)
+//! and parks the QP's operations until the peer's
+//! [`keymap::KeyTable::sync_messages`] (KeySync chunks, `more` on all but the
+//! last) have been applied to its [`keymap::PeerKeys`] — one extra RTT, once
+//! per QP. Afterwards a newly registered MR is pushed to connected peers as
+//! an unsolicited KeySync, and a deregistered one as
+//! [`ctrl::Repr::KeyRevoke`]. An rkey still unknown at use triggers one
+//! `KeyQuery{rkey}`; if still unknown the WR completes with REM_ACCESS_ERR.
+//!
+//! ## 8. Teardown and errors
+//!
+//! Every posted application WR yields exactly one completion. Destroying a
+//! QP (or an error moving it to ERR) moves the NIC QPs to ERR
+//! ([`nic::NicQp::set_error`]), drains parked ops
+//! ([`ordering::OrderTable::drain_parked`]) and completes them, the
+//! outstanding two-sided requests and the posted RECVs with WR_FLUSH_ERR,
+//! dropping their pins. Deregistering an MR removes its swap listener (which
+//! waits for a running call), frees its IOVA ranges and its version MR, and
+//! revokes its key at the peers; WRs still using it fail like on hardware.
+//! Bad input (unknown key, out of bounds, missing access, malformed control
+//! message) is a verbs error status, never a panic.
 #![deny(unsafe_code)]
 
 pub mod check;
