@@ -14,9 +14,9 @@
 //! | [`check`] | optimistic checks: per-atom magic, read-back, page versions, local pre-check |
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
 //! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
+//! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
 //!
-//! Still to build (next session): the MR shadow (IOMMU + version state per
-//! application MR), the WR planner and engine, the control-channel ring, the
+//! Still to build (next session): the WR planner and engine, the control-channel ring, the
 //! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
 //! `vmem`. Everything below describes how they use the parts above.
 //!
@@ -43,10 +43,12 @@
 //! ([`nic::SwapListener`]) is installed for the MR.
 //!
 //! **Swap-out** (listener, synchronous, before the pager reclaims the page):
-//! for each page, map R → Signature and W → BlackHole, bump the version to
-//! even, then one `flush()` per batch — it returns only when no DMA atom that
-//! used the old frame is in flight — and return; now the pager may write the
-//! page out. **Swap-in is lazy** (Linux has no swap-in notifier): a page the
+//! for each page, bump the version to even *first*, then map R → Signature
+//! and W → BlackHole, then one `flush()` per batch — it returns only when no
+//! DMA atom that used the old frame is in flight — and return; now the pager
+//! may write the page out. (Version before remap: any atom that hits a
+//! special frame is then followed, on the same RC QP, by a version read that
+//! sees the bump.) **Swap-in is lazy** (Linux has no swap-in notifier): a page the
 //! application faults back in stays mapped to the special frames, so the
 //! next RDMA access to it fails the optimistic check and goes two-sided,
 //! where the target pins the page (which makes it resident), maps R and W
@@ -228,3 +230,4 @@ pub mod ctrl;
 pub mod keymap;
 pub mod nic;
 pub mod ordering;
+pub mod shadow;

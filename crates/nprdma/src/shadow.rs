@@ -1,0 +1,311 @@
+//! The NIC-side shadow of one application MR: its page-version table and the
+//! IOMMU views (Read range: absent → signature; Write range: absent → black
+//! hole), with the two state transitions NP-RDMA makes — swap-out (the swap
+//! listener) and map-in (the two-sided path, after pinning).
+//!
+//! Ordering of the steps is what makes the optimistic checks sound:
+//!
+//! * **swap-out**: bump the version to even, *then* remap to the special
+//!   frames, then flush. A DMA atom that hits a special frame translated
+//!   after the remap, hence after the bump, and the version READ that follows
+//!   it on the same RC QP sees the new version. Atoms translated before the
+//!   remap finish before `flush` returns, i.e. before the page is reclaimed,
+//!   so their data is in the page that gets written to swap.
+//! * **map-in**: remap to the real frame, *then* bump the version to odd. A
+//!   peer that reads an odd version before and after its data operation knows
+//!   the data operation translated after the remap.
+//!
+//! Transitions of one MR are serialised by a lock; flushing happens once per
+//! swap-out batch. The version table is plain heap memory (never managed by
+//! the pager) for registration as the pinned Version MR.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::nic::{Frame, IommuControl, SwapListener};
+
+/// One `u32` version per page: odd = resident, even = absent.
+#[derive(Debug)]
+pub struct VersionTable {
+    words: Box<[AtomicU32]>,
+}
+
+impl VersionTable {
+    /// Versions 1 (resident) / 0 (absent).
+    pub fn new(resident: impl IntoIterator<Item = bool>) -> Self {
+        VersionTable {
+            words: resident
+                .into_iter()
+                .map(|r| AtomicU32::new(r as u32))
+                .collect(),
+        }
+    }
+    /// Number of pages.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+    /// No pages.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+    /// Address of the first word (to register as the Version MR).
+    pub fn addr(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+    /// Bytes of the table.
+    pub fn byte_len(&self) -> u64 {
+        self.words.len() as u64 * 4
+    }
+    /// Version of page `i`.
+    pub fn get(&self, i: usize) -> Option<u32> {
+        self.words.get(i).map(|w| w.load(Ordering::Acquire))
+    }
+    /// Copy versions of pages `first..first + out.len()` (local version
+    /// snapshots around an operation). False if out of range.
+    pub fn snapshot(&self, first: usize, out: &mut [u32]) -> bool {
+        let Some(ws) = first
+            .checked_add(out.len())
+            .and_then(|end| self.words.get(first..end))
+        else {
+            return false;
+        };
+        for (o, w) in out.iter_mut().zip(ws) {
+            *o = w.load(Ordering::Acquire);
+        }
+        true
+    }
+    /// Make page `i`'s parity `odd`; returns whether it changed.
+    fn set_parity(&self, i: usize, odd: bool) -> bool {
+        let w = &self.words[i];
+        if (w.load(Ordering::Acquire) % 2 == 1) == odd {
+            return false;
+        }
+        w.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+}
+
+/// Shadow errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ShadowError<E: std::error::Error + 'static> {
+    #[error("IOMMU: {0}")]
+    Iommu(#[source] E),
+    #[error("page size {0} is not a power of two")]
+    BadPageSize(u64),
+    #[error("residency has {got} entries, the region has {want} pages")]
+    ResidencyLen { got: usize, want: usize },
+    #[error("range {addr:#x}+{len} outside the region")]
+    OutOfRange { addr: u64, len: u64 },
+}
+
+/// Shadow of one application MR (see module docs).
+pub struct MrShadow<I: IommuControl> {
+    iommu: Arc<I>,
+    addr: u64,
+    len: u64,
+    first_page: u64,
+    page_size: u64,
+    read: I::Range,
+    write: I::Range,
+    versions: Arc<VersionTable>,
+    lock: Mutex<()>,
+}
+
+impl<I: IommuControl> std::fmt::Debug for MrShadow<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrShadow")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("read", &self.read)
+            .field("write", &self.write)
+            .finish()
+    }
+}
+
+type Res<T, I> = Result<T, ShadowError<<I as IommuControl>::Error>>;
+
+impl<I: IommuControl> MrShadow<I> {
+    /// Allocate the Read and Write IOVA ranges of `[addr, addr+len)` and map
+    /// them from `resident` (one entry per page, from the pager's scan).
+    pub fn new(
+        iommu: Arc<I>,
+        addr: u64,
+        len: u64,
+        page_size: u64,
+        resident: &[bool],
+    ) -> Res<Self, I> {
+        if !page_size.is_power_of_two() {
+            return Err(ShadowError::BadPageSize(page_size));
+        }
+        let (first_page, npages) = crate::check::page_span(addr, len, page_size as usize)
+            .ok_or(ShadowError::OutOfRange { addr, len })?;
+        if resident.len() as u64 != npages {
+            return Err(ShadowError::ResidencyLen {
+                got: resident.len(),
+                want: npages as usize,
+            });
+        }
+        let read = iommu.alloc_range(npages).map_err(ShadowError::Iommu)?;
+        let write = match iommu.alloc_range(npages) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = iommu.free_range(read);
+                return Err(ShadowError::Iommu(e));
+            }
+        };
+        let s = MrShadow {
+            iommu,
+            addr,
+            len,
+            first_page,
+            page_size,
+            read,
+            write,
+            versions: Arc::new(VersionTable::new(resident.iter().copied())),
+            lock: Mutex::new(()),
+        };
+        for (i, &r) in resident.iter().enumerate() {
+            let page = first_page + i as u64 * page_size;
+            s.iommu
+                .set_resident(page, page_size, r)
+                .map_err(ShadowError::Iommu)?;
+            let (rf, wf) = if r {
+                (Frame::Ram(page), Frame::Ram(page))
+            } else {
+                (Frame::Signature, Frame::BlackHole)
+            };
+            s.iommu
+                .map(&s.read, i as u64, rf)
+                .map_err(ShadowError::Iommu)?;
+            s.iommu
+                .map(&s.write, i as u64, wf)
+                .map_err(ShadowError::Iommu)?;
+        }
+        Ok(s)
+    }
+
+    /// Region start.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Region length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// IOVA range of the Read MR.
+    pub fn read_range(&self) -> &I::Range {
+        &self.read
+    }
+    /// IOVA range of the Write MR.
+    pub fn write_range(&self) -> &I::Range {
+        &self.write
+    }
+    /// The version table (register it as the Version MR).
+    pub fn versions(&self) -> &Arc<VersionTable> {
+        &self.versions
+    }
+    /// Index of the page holding `addr`, if inside the region's pages.
+    pub fn page_index(&self, addr: u64) -> Option<usize> {
+        let i = addr.checked_sub(self.first_page)? / self.page_size;
+        (i < self.versions.len() as u64).then_some(i as usize)
+    }
+
+    /// Swap-out of `pages` (page-aligned addresses; others are ignored):
+    /// version → even, remap to signature / black hole, flush. Returns the
+    /// number of pages that changed state.
+    pub fn swap_out(&self, pages: &[u64]) -> Res<usize, I> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = 0;
+        for &p in pages {
+            let Some(i) = self.page_index(p) else {
+                continue;
+            };
+            if !self.versions.set_parity(i, false) {
+                continue;
+            }
+            changed += 1;
+            self.iommu
+                .map(&self.read, i as u64, Frame::Signature)
+                .map_err(ShadowError::Iommu)?;
+            self.iommu
+                .map(&self.write, i as u64, Frame::BlackHole)
+                .map_err(ShadowError::Iommu)?;
+        }
+        if changed > 0 {
+            self.iommu.flush().map_err(ShadowError::Iommu)?;
+            for &p in pages {
+                if self.page_index(p).is_some() {
+                    self.iommu
+                        .set_resident(p & !(self.page_size - 1), self.page_size, false)
+                        .map_err(ShadowError::Iommu)?;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on
+    /// it, so the pages are resident): remap to the real frames, then version
+    /// → odd. Returns the number of pages that changed state.
+    pub fn map_in(&self, addr: u64, len: u64) -> Res<usize, I> {
+        let oob = ShadowError::OutOfRange { addr, len };
+        let end = addr
+            .checked_add(len)
+            .ok_or(ShadowError::OutOfRange { addr, len })?;
+        if addr < self.addr || end > self.addr + self.len {
+            return Err(oob);
+        }
+        let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = 0;
+        for k in 0..n {
+            let page = first + k * self.page_size;
+            let Some(i) = self.page_index(page) else {
+                continue;
+            };
+            if self.versions.get(i).is_some_and(|v| v % 2 == 1) {
+                continue;
+            }
+            self.iommu
+                .set_resident(page, self.page_size, true)
+                .map_err(ShadowError::Iommu)?;
+            self.iommu
+                .map(&self.read, i as u64, Frame::Ram(page))
+                .map_err(ShadowError::Iommu)?;
+            self.iommu
+                .map(&self.write, i as u64, Frame::Ram(page))
+                .map_err(ShadowError::Iommu)?;
+            self.versions.set_parity(i, true);
+            changed += 1;
+        }
+        Ok(changed)
+    }
+}
+
+impl<I: IommuControl> SwapListener for MrShadow<I> {
+    fn before_swap_out(&self, pages: &[u64]) {
+        if let Err(e) = self.swap_out(pages) {
+            // Nothing can be returned to the pager; on the software RNIC the
+            // only failures are caller bugs (bad index), so shout.
+            tracing::error!(error = %e, "NP-RDMA swap-out remap failed");
+        }
+    }
+}
+
+impl<I: IommuControl> Drop for MrShadow<I> {
+    /// Frees both IOVA ranges; the MRs made over them must be gone already.
+    fn drop(&mut self) {
+        for r in [self.read, self.write] {
+            if let Err(e) = self.iommu.free_range(r) {
+                tracing::error!(error = %e, "freeing IOVA range failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,352 @@
+//! Tests of the MR shadow against a recording fake IOMMU.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::nic::{Access, NicMr};
+
+const PS: u64 = 4096;
+
+#[derive(Debug, thiserror::Error)]
+#[error("fake iommu: {0}")]
+struct FakeErr(&'static str);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FakeRange {
+    id: u64,
+    npages: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ev {
+    Map {
+        range: u64,
+        idx: u64,
+        frame: Frame,
+        version: Option<u32>,
+    },
+    Flush,
+    Resident {
+        addr: u64,
+        resident: bool,
+    },
+}
+
+struct FakeMr;
+impl NicMr for FakeMr {
+    fn lkey(&self) -> u32 {
+        0
+    }
+    fn rkey(&self) -> u32 {
+        0
+    }
+    fn addr(&self) -> u64 {
+        0
+    }
+    fn len(&self) -> u64 {
+        0
+    }
+}
+
+#[derive(Default)]
+struct FakeIommu {
+    next: AtomicU64,
+    frames: Mutex<HashMap<(u64, u64), Frame>>,
+    live: Mutex<HashSet<u64>>,
+    log: Mutex<Vec<Ev>>,
+    probe: OnceLock<Arc<VersionTable>>,
+}
+
+impl FakeIommu {
+    fn frame(&self, r: &FakeRange, idx: u64) -> Frame {
+        *self
+            .frames
+            .lock()
+            .unwrap()
+            .get(&(r.id, idx))
+            .unwrap_or(&Frame::Unmapped)
+    }
+    fn take_log(&self) -> Vec<Ev> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+impl IommuControl for FakeIommu {
+    type Error = FakeErr;
+    type Range = FakeRange;
+    type Mr = FakeMr;
+    fn alloc_range(&self, npages: u64) -> Result<FakeRange, FakeErr> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.live.lock().unwrap().insert(id);
+        Ok(FakeRange { id, npages })
+    }
+    fn free_range(&self, r: FakeRange) -> Result<(), FakeErr> {
+        if !self.live.lock().unwrap().remove(&r.id) {
+            return Err(FakeErr("double free"));
+        }
+        Ok(())
+    }
+    fn map(&self, r: &FakeRange, idx: u64, frame: Frame) -> Result<(), FakeErr> {
+        if idx >= r.npages || !self.live.lock().unwrap().contains(&r.id) {
+            return Err(FakeErr("bad index"));
+        }
+        self.frames.lock().unwrap().insert((r.id, idx), frame);
+        let version = self.probe.get().and_then(|v| v.get(idx as usize));
+        self.log.lock().unwrap().push(Ev::Map {
+            range: r.id,
+            idx,
+            frame,
+            version,
+        });
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), FakeErr> {
+        self.log.lock().unwrap().push(Ev::Flush);
+        Ok(())
+    }
+    #[allow(unsafe_code)]
+    unsafe fn reg_mr_iova(
+        &self,
+        _: u64,
+        _: u64,
+        _: Access,
+        _: &FakeRange,
+    ) -> Result<FakeMr, FakeErr> {
+        Ok(FakeMr)
+    }
+    fn set_resident(&self, addr: u64, _len: u64, resident: bool) -> Result<(), FakeErr> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(Ev::Resident { addr, resident });
+        Ok(())
+    }
+}
+
+fn setup(addr: u64, len: u64, resident: &[bool]) -> (Arc<FakeIommu>, MrShadow<FakeIommu>) {
+    let io = Arc::new(FakeIommu::default());
+    let s = MrShadow::new(io.clone(), addr, len, PS, resident).unwrap();
+    io.probe.set(s.versions().clone()).unwrap();
+    io.take_log();
+    (io, s)
+}
+
+/// Invariant: version odd ⟺ both views map the real page.
+fn consistent(io: &FakeIommu, s: &MrShadow<FakeIommu>) -> Result<(), String> {
+    for i in 0..s.versions().len() {
+        let v = s.versions().get(i).unwrap();
+        let page = (s.addr() & !(PS - 1)) + i as u64 * PS;
+        let (r, w) = (
+            io.frame(s.read_range(), i as u64),
+            io.frame(s.write_range(), i as u64),
+        );
+        let ok = if v % 2 == 1 {
+            r == Frame::Ram(page) && w == Frame::Ram(page)
+        } else {
+            r == Frame::Signature && w == Frame::BlackHole
+        };
+        if !ok {
+            return Err(format!("page {i}: version {v}, read {r:?}, write {w:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn registration_maps_from_residency() {
+    let (io, s) = setup(0x10_0800, 3 * PS, &[true, false, true, false]);
+    assert_eq!(s.versions().len(), 4);
+    assert_eq!(
+        (0..4)
+            .map(|i| s.versions().get(i).unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 0, 1, 0]
+    );
+    consistent(&io, &s).unwrap();
+    assert_eq!(s.page_index(0x10_0000), Some(0));
+    assert_eq!(s.page_index(0x10_3fff), Some(3));
+    assert_eq!(s.page_index(0x10_4000), None);
+    assert_eq!(s.page_index(0xfff), None);
+    assert!(matches!(
+        MrShadow::new(io.clone(), 0x1000, PS, PS, &[true, true]),
+        Err(ShadowError::ResidencyLen { got: 2, want: 1 })
+    ));
+    assert!(matches!(
+        MrShadow::new(io, 0x1000, PS, 3000, &[true]),
+        Err(ShadowError::BadPageSize(3000))
+    ));
+}
+
+#[test]
+fn swap_out_bumps_version_before_remap_then_flushes() {
+    let (io, s) = setup(0x20_0000, 4 * PS, &[true; 4]);
+    let n = s.swap_out(&[0x20_1000, 0x20_2000, 0x99_0000]).unwrap();
+    assert_eq!(n, 2);
+    let log = io.take_log();
+    let maps: Vec<_> = log
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Map { frame, version, .. } => Some((*frame, *version)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(maps.len(), 4);
+    for (f, v) in &maps {
+        assert!(matches!(f, Frame::Signature | Frame::BlackHole));
+        assert_eq!(
+            v.map(|v| v % 2),
+            Some(0),
+            "remapped before the version bump"
+        );
+    }
+    let flush_at = log.iter().position(|e| *e == Ev::Flush).expect("flushed");
+    let last_map = log
+        .iter()
+        .rposition(|e| matches!(e, Ev::Map { .. }))
+        .unwrap();
+    assert!(flush_at > last_map, "flush must follow the remaps");
+    assert_eq!(
+        log.iter().filter(|e| **e == Ev::Flush).count(),
+        1,
+        "one flush per batch"
+    );
+    let res_at = log
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                Ev::Resident {
+                    resident: false,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert!(res_at > flush_at);
+    consistent(&io, &s).unwrap();
+    // Idempotent: already absent → no change, no flush.
+    assert_eq!(s.swap_out(&[0x20_1000]).unwrap(), 0);
+    assert!(io.take_log().is_empty());
+    assert_eq!(s.versions().get(1), Some(2));
+}
+
+#[test]
+fn map_in_remaps_before_bumping_version() {
+    let (io, s) = setup(0x30_0000, 4 * PS, &[false; 4]);
+    assert_eq!(s.map_in(0x30_1ff0, 0x20).unwrap(), 2);
+    for e in io.take_log() {
+        if let Ev::Map { frame, version, .. } = e {
+            assert!(matches!(frame, Frame::Ram(_)));
+            assert_eq!(
+                version.map(|v| v % 2),
+                Some(0),
+                "version bumped before the remap"
+            );
+        }
+    }
+    assert_eq!(s.versions().get(1), Some(1));
+    assert_eq!(s.versions().get(2), Some(1));
+    assert_eq!(s.versions().get(0), Some(0));
+    consistent(&io, &s).unwrap();
+    assert_eq!(s.map_in(0x30_1000, 1).unwrap(), 0);
+    assert!(matches!(
+        s.map_in(0x30_3000, 0x2000),
+        Err(ShadowError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.map_in(u64::MAX, 2),
+        Err(ShadowError::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn listener_and_drop_release_ranges() {
+    let io;
+    {
+        let (io2, s) = setup(0x40_0000, PS, &[true]);
+        io = io2;
+        let l: &dyn SwapListener = &s;
+        l.before_swap_out(&[0x40_0000]);
+        assert_eq!(s.versions().get(0), Some(2));
+        let mut snap = [0u32; 1];
+        assert!(s.versions().snapshot(0, &mut snap));
+        assert_eq!(snap, [2]);
+        assert!(!s.versions().snapshot(1, &mut snap));
+        assert!(!s.versions().snapshot(usize::MAX, &mut snap));
+        assert_eq!(s.versions().byte_len(), 4);
+    }
+    assert!(io.live.lock().unwrap().is_empty(), "IOVA ranges leaked");
+}
+
+/// The soundness argument of the version protocol, exercised with threads:
+/// a reader that sees the same odd version before and after looking at the
+/// frame must have seen the real frame.
+#[test]
+fn versioned_reader_never_trusts_a_special_frame() {
+    let (io, s) = setup(0x50_0000, PS, &[true]);
+    let s = Arc::new(s);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..20_000 {
+                s.swap_out(&[0x50_0000]).unwrap();
+                s.map_in(0x50_0000, 1).unwrap();
+            }
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut trusted = 0u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        let v1 = s.versions().get(0).unwrap();
+        let f = io.frame(s.write_range(), 0);
+        let v2 = s.versions().get(0).unwrap();
+        if v1 == v2 && v1 % 2 == 1 {
+            assert_eq!(
+                f,
+                Frame::Ram(0x50_0000),
+                "trusted a special frame at version {v1}"
+            );
+            trusted += 1;
+        }
+        io.take_log();
+    }
+    flipper.join().unwrap();
+    assert!(trusted > 0);
+}
+
+proptest! {
+    #[test]
+    fn random_transitions_keep_views_and_versions_consistent(
+        resident in prop::collection::vec(any::<bool>(), 1..12),
+        steps in prop::collection::vec((any::<bool>(), any::<u64>(), 0u64..3), 1..40)
+    ) {
+        let n = resident.len() as u64;
+        let (io, s) = setup(0x60_0000, n * PS, &resident);
+        let mut last: Vec<u32> = (0..n as usize).map(|i| s.versions().get(i).unwrap()).collect();
+        for (out, pick, span) in steps {
+            let first = 0x60_0000 + (pick % n) * PS;
+            if out {
+                let pages: Vec<u64> = (0..=span).map(|k| first + k * PS).collect();
+                let changed = s.swap_out(&pages).unwrap();
+                let flushes = io.take_log().iter().filter(|e| **e == Ev::Flush).count();
+                prop_assert_eq!(flushes, (changed > 0) as usize);
+            } else {
+                let len = ((span + 1) * PS).min(0x60_0000 + n * PS - first);
+                s.map_in(first, len).unwrap();
+                io.take_log();
+            }
+            consistent(&io, &s).map_err(TestCaseError::fail)?;
+            for (i, l) in last.iter_mut().enumerate() {
+                let v = s.versions().get(i).unwrap();
+                prop_assert!(v >= *l, "version went backwards");
+                *l = v;
+            }
+        }
+    }
+}
