@@ -10,6 +10,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`ctrl`] | control-channel wire format (64-byte command slots) |
+//! | [`cmdq`] | control-channel framing: messages ↔ slots, reassembly |
 //! | [`ordering`] | per-QP in-flight table of configurable ordering |
 //! | [`check`] | optimistic checks: per-atom magic, read-back, page versions, local pre-check |
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
@@ -191,13 +192,17 @@
 //!
 //! Messages ([`ctrl::Repr`]) occupy whole 64-byte slots; a message longer
 //! than one slot (inline data up to [`ctrl::CtrlConfig::max_inline`], many key
-//! mappings) continues in the next slots and is posted as one WR chain, so
-//! the receiver finds its slots consecutive (a [`ctrl::Repr::Pad`] skips the
-//! ring's tail when a message would wrap). The receiver reads the first slot,
-//! learns the size with [`ctrl::message_len`], then parses the whole message;
-//! malformed messages are rejected with a [`ctrl::CtrlError`] and answered
-//! with [`ctrl::Status::RemoteInvalid`] where a request id is known. Credits
-//! (one per slot) keep the sender from overrunning the receiver's ring.
+//! mappings) continues in the next slots. Each slot travels as one SEND into
+//! one 64-byte RECV buffer of the peer's pinned ring; the slots of a message
+//! are posted as one WR chain, so they arrive consecutively
+//! ([`cmdq::slots`], [`cmdq::Reassembler`], which reads the first slot's
+//! header with [`ctrl::message_len`]). Malformed messages are rejected with
+//! a [`ctrl::CtrlError`]; requests with a readable id are answered with
+//! [`ctrl::Status::RemoteInvalid`], a broken stream moves the QP pair to ERR.
+//! Flow control is RC's own: the receiver re-posts slot buffers as it
+//! consumes them and the control QP uses infinite RNR retry.
+//! ([`ctrl::Repr::Pad`] exists for a future RDMA-WRITE-into-ring variant,
+//! where a message must not wrap the ring.)
 //!
 //! ## 7. Key synchronisation
 //!
@@ -226,6 +231,7 @@
 #![deny(unsafe_code)]
 
 pub mod check;
+pub mod cmdq;
 pub mod ctrl;
 pub mod keymap;
 pub mod nic;
