@@ -1,0 +1,95 @@
+//! Host (NIC + IOMMU) configuration and its defaults.
+
+use std::time::Duration;
+
+/// Configuration of one simulated host: NIC limits, IOMMU size, NIC-thread policy.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Max TLP (DMA atom) size in bytes; power of two, 64..=4096.
+    pub max_tlp: usize,
+    /// Signature-page magic word.
+    pub magic: u32,
+    pub max_qp: u32,
+    pub max_mr: u32,
+    pub max_cq: u32,
+    /// Max CQ depth.
+    pub max_cqe: u32,
+    /// Max WRs per send/recv queue.
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    /// IOVA pages of the IOMMU page table (4 KiB each).
+    pub iova_pages: u64,
+    /// Max tracked residency ranges and total tracked pages.
+    pub max_tracked_ranges: u32,
+    pub max_tracked_pages: u64,
+    /// How long the NIC thread keeps spinning after its last piece of work.
+    pub nic_spin: Duration,
+    /// Outstanding READs/atomics per QP served by the target's NIC thread (ring slots).
+    pub ring_slots: u32,
+    /// Largest READ/WRITE served through the target's NIC thread ring (bytes).
+    pub ring_max: u32,
+    /// Route small ops through the target NIC thread even in-process (tests the
+    /// cross-process path inside one process).
+    pub inproc_ring: bool,
+    /// Bytes copied per IOMMU epoch section (bounds how long a flush waits).
+    pub dma_section: usize,
+    /// Transport timeout for requests served by a remote NIC thread.
+    pub transport_timeout: Duration,
+    /// Unit of min_rnr_timer (the RNR back-off per retry).
+    pub rnr_delay: Duration,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            max_tlp: 256,
+            magic: 0xdead_beef,
+            max_qp: 256,
+            max_mr: 4096,
+            max_cq: 256,
+            max_cqe: 65536,
+            max_wr: 4096,
+            max_sge: 16,
+            max_inline: 1024,
+            iova_pages: 1 << 20,
+            max_tracked_ranges: 64,
+            max_tracked_pages: 1 << 23,
+            nic_spin: Duration::from_micros(100),
+            ring_slots: 16,
+            ring_max: 4096,
+            inproc_ring: false,
+            dma_section: 256 * 1024,
+            transport_timeout: Duration::from_secs(2),
+            rnr_delay: Duration::from_micros(10),
+        }
+    }
+}
+
+impl HostConfig {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        use crate::Error::InvalidArgument as E;
+        if !self.max_tlp.is_power_of_two() || !(64..=4096).contains(&self.max_tlp) {
+            return Err(E("max_tlp must be a power of two in 64..=4096"));
+        }
+        if self.max_qp == 0 || self.max_qp > 1 << 16 {
+            return Err(E("max_qp"));
+        }
+        if self.max_mr == 0 || self.max_mr > 1 << 23 {
+            return Err(E("max_mr"));
+        }
+        if self.max_cq == 0 || self.max_cqe == 0 || self.max_wr == 0 || self.max_sge == 0 {
+            return Err(E("zero limit"));
+        }
+        if self.max_sge > 64 || self.ring_slots == 0 || self.ring_slots > 1024 {
+            return Err(E("max_sge/ring_slots"));
+        }
+        if self.ring_max as usize > 1 << 20 || self.max_inline as usize > 1 << 16 {
+            return Err(E("ring_max/max_inline"));
+        }
+        if self.dma_section < self.max_tlp {
+            return Err(E("dma_section"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! Completion queues (MPSC rings in the host segment: the local requester and remote
+//! initiators both produce), completion notification and completion channels
+//! (an eventfd the application can poll/epoll).
+
+use crate::host::Host;
+use crate::peer::Peer;
+use crate::qp::QpInner;
+use crate::segment::Segment;
+use crate::verbs::{Wc, WcFlags, WcOpcode, WcStatus};
+use crate::{sys, Error, Result};
+use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+const NO_FD: u32 = u32::MAX;
+
+/// Push a completion into CQ `idx` of `seg`; signals the completion channel through
+/// `via` if the CQ was armed. Err(()) on overflow (the CQ enters the error state).
+pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool) -> std::result::Result<(), ()> {
+    let Some(c) = seg.cq(idx) else { return Err(()) };
+    if c.in_use.load(Ordering::Acquire) == 0 {
+        return Err(());
+    }
+    let depth = c.depth.load(Ordering::Relaxed).max(1);
+    let t = loop {
+        let t = c.tail.load(Ordering::Acquire);
+        let h = c.head.load(Ordering::Acquire);
+        if t.wrapping_sub(h) >= depth as u64 || c.overflow.load(Ordering::Relaxed) != 0 {
+            c.overflow.store(1, Ordering::Release);
+            return Err(());
+        }
+        if c.tail.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            break t;
+        }
+    };
+    let e = seg.wc(idx, t, depth);
+    e.wr_id.store(wc.wr_id, Ordering::Relaxed);
+    e.status.store(wc.status as u32, Ordering::Relaxed);
+    e.opcode.store(wc.opcode as u32, Ordering::Relaxed);
+    e.byte_len.store(wc.byte_len, Ordering::Relaxed);
+    e.imm.store(wc.imm_data, Ordering::Relaxed);
+    e.qp_num.store(wc.qp_num, Ordering::Relaxed);
+    e.src_qp.store(wc.src_qp, Ordering::Relaxed);
+    e.wc_flags.store(wc.wc_flags.bits(), Ordering::Relaxed);
+    e.vendor_err.store(wc.vendor_err, Ordering::Relaxed);
+    e.seq.store(t + 1, Ordering::Release);
+    let n = c.notify.load(Ordering::Acquire);
+    if (n == 1 || (n == 2 && (solicited || !wc.status.is_ok())))
+        && c.notify.compare_exchange(n, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    {
+        c.event_pending.store(1, Ordering::Release);
+        let fd = c.chan_fd.load(Ordering::Acquire);
+        if fd != NO_FD {
+            via.signal(fd);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) struct CqInner {
+    host: Host,
+    pub idx: u32,
+    depth: u32,
+    poll_lock: Mutex<()>,
+    /// QPs whose send queue completes here (progressed by `poll`).
+    pub qps: Mutex<Vec<Weak<QpInner>>>,
+    channel: Option<CompChannel>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let hi = self.host.inner();
+        if let Some(c) = hi.seg.cq(self.idx) {
+            c.in_use.store(0, Ordering::Release);
+        }
+        hi.cqs.lock().release(self.idx);
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl Cq {
+    pub(crate) fn new(host: Host, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let hi = host.inner().clone();
+        if depth == 0 || depth > hi.cfg.max_cqe {
+            return Err(Error::InvalidArgument("CQ depth"));
+        }
+        let idx = hi.cqs.lock().alloc().ok_or(Error::NoResources("CQs"))?;
+        let c = hi.seg.cq(idx).expect("allocated index");
+        c.depth.store(depth, Ordering::Relaxed);
+        c.overflow.store(0, Ordering::Relaxed);
+        c.notify.store(0, Ordering::Relaxed);
+        c.event_pending.store(0, Ordering::Relaxed);
+        let t = c.tail.load(Ordering::Relaxed);
+        c.head.store(t, Ordering::Relaxed);
+        c.chan_fd.store(channel.map(|ch| ch.fd() as u32).unwrap_or(NO_FD), Ordering::Relaxed);
+        c.incarnation.fetch_add(1, Ordering::Relaxed);
+        // Old entries of a previous incarnation must not be mistaken for new ones:
+        // head == tail and sequence numbers continue from there.
+        c.in_use.store(1, Ordering::Release);
+        let cq = Cq {
+            inner: Arc::new(CqInner {
+                host,
+                idx,
+                depth,
+                poll_lock: Mutex::new(()),
+                qps: Mutex::new(Vec::new()),
+                channel: channel.cloned(),
+            }),
+        };
+        if let Some(ch) = channel {
+            ch.inner.cqs.lock().push(Arc::downgrade(&cq.inner));
+        }
+        Ok(cq)
+    }
+
+    pub fn depth(&self) -> u32 {
+        self.inner.depth
+    }
+
+    pub(crate) fn host_ref(&self) -> &Host {
+        &self.inner.host
+    }
+
+    pub(crate) fn idx(&self) -> u32 {
+        self.inner.idx
+    }
+
+    /// Poll up to `out.len()` completions (non-blocking). Also progresses the send
+    /// queues of the QPs completing here. Err(CqOverflow) once the CQ overflowed.
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        let qps: Vec<Arc<QpInner>> = {
+            let mut l = self.inner.qps.lock();
+            l.retain(|w| w.strong_count() > 0);
+            l.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        for q in &qps {
+            q.progress();
+        }
+        let hi = self.inner.host.inner();
+        let seg = &hi.seg;
+        let c = seg.cq(self.inner.idx).expect("own CQ");
+        let _g = self.inner.poll_lock.lock();
+        let mut n = 0;
+        let mut h = c.head.load(Ordering::Relaxed);
+        while n < out.len() {
+            let e = seg.wc(self.inner.idx, h, self.inner.depth);
+            if e.seq.load(Ordering::Acquire) != h + 1 {
+                break;
+            }
+            out[n] = Wc {
+                wr_id: e.wr_id.load(Ordering::Relaxed),
+                status: WcStatus::from_u32(e.status.load(Ordering::Relaxed)),
+                opcode: WcOpcode::from_u32(e.opcode.load(Ordering::Relaxed)),
+                vendor_err: e.vendor_err.load(Ordering::Relaxed),
+                byte_len: e.byte_len.load(Ordering::Relaxed),
+                imm_data: e.imm.load(Ordering::Relaxed),
+                qp_num: e.qp_num.load(Ordering::Relaxed),
+                src_qp: e.src_qp.load(Ordering::Relaxed),
+                wc_flags: WcFlags::from_bits_truncate(e.wc_flags.load(Ordering::Relaxed)),
+            };
+            h += 1;
+            c.head.store(h, Ordering::Release);
+            n += 1;
+        }
+        if n == 0 && c.overflow.load(Ordering::Acquire) != 0 {
+            return Err(Error::CqOverflow);
+        }
+        Ok(n)
+    }
+
+    /// Poll until `n` completions arrived or `timeout` passed (spins, then yields).
+    pub fn poll_wait(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>> {
+        let start = Instant::now();
+        let mut v = Vec::with_capacity(n);
+        let mut buf = [Wc::default(); 16];
+        let mut spins = 0u32;
+        while v.len() < n {
+            let k = (n - v.len()).min(16);
+            let got = self.poll(&mut buf[..k])?;
+            v.extend_from_slice(&buf[..got]);
+            if got == 0 {
+                if start.elapsed() > timeout {
+                    return Err(Error::Timeout);
+                }
+                spins += 1;
+                if spins > 1000 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    /// Arm the CQ: the next completion (or next solicited/error completion) signals
+    /// the completion channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let hi = self.inner.host.inner();
+        let c = hi.seg.cq(self.inner.idx).expect("own CQ");
+        c.notify.store(if solicited_only { 2 } else { 1 }, Ordering::Release);
+        // The application is going to block: let the NIC thread progress deferred work.
+        hi.attend_until
+            .store(sys::now_ns() + 50_000_000, Ordering::Release);
+        hi.kick_nic();
+        Ok(())
+    }
+
+    pub fn channel(&self) -> Option<&CompChannel> {
+        self.inner.channel.as_ref()
+    }
+}
+
+pub(crate) struct ChanInner {
+    host: Host,
+    fd: OwnedFd,
+    cqs: Mutex<Vec<Weak<CqInner>>>,
+}
+
+/// A completion channel: `fd()` becomes readable when an armed CQ gets a completion.
+#[derive(Clone)]
+pub struct CompChannel {
+    inner: Arc<ChanInner>,
+}
+
+impl CompChannel {
+    pub(crate) fn new(host: Host) -> Result<CompChannel> {
+        Ok(CompChannel { inner: Arc::new(ChanInner { host, fd: sys::eventfd()?, cqs: Mutex::new(Vec::new()) }) })
+    }
+
+    /// The eventfd (non-blocking) to poll/epoll for readability.
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Wait for an event (`None` = forever) and return the CQ that fired. Re-arm with
+    /// `req_notify` after polling it.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Cq> {
+        let start = Instant::now();
+        loop {
+            {
+                let seg = &self.inner.host.inner().seg;
+                let mut l = self.inner.cqs.lock();
+                l.retain(|w| w.strong_count() > 0);
+                for w in l.iter() {
+                    if let Some(ci) = w.upgrade() {
+                        let c = seg.cq(ci.idx).expect("own CQ");
+                        if c.event_pending.swap(0, Ordering::AcqRel) == 1 {
+                            return Ok(Cq { inner: ci });
+                        }
+                    }
+                }
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) => Some(l),
+                    None => return Err(Error::Timeout),
+                },
+                None => None,
+            };
+            if sys::poll_readable(self.fd(), left)? {
+                sys::eventfd_drain(self.fd())?;
+            }
+        }
+    }
+
+    /// Acknowledge events (kept for API parity with `ibv_ack_cq_events`).
+    pub fn ack(&self, _cq: &Cq, _n: u32) {}
+}

@@ -1,0 +1,394 @@
+//! The DMA engine: MR key validation, MR -> MTT -> IOMMU translation of every atom
+//! (max TLP), frame-residency checks, and the copy itself (memmove in-process,
+//! process_vm_readv/writev into another process), inside IOMMU epoch sections.
+
+use crate::frames::page_resident;
+use crate::iommu::{enter, Frame};
+use crate::segment::{Segment, PAGE, PAGE_SHIFT};
+use crate::sys::{self, VmDir};
+use crate::verbs::Access;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// MR kinds stored in the MR table.
+pub const MR_PASSTHROUGH: u32 = 0;
+pub const MR_IOVA: u32 = 1;
+
+/// A validated snapshot of an MR table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrView {
+    pub kind: u32,
+    pub va: u64,
+    pub len: u64,
+    pub iova_base: u64,
+}
+
+/// Why a key check failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyErr {
+    Invalid,
+    Pd,
+    Access,
+    Bounds,
+}
+
+/// MR table index of a key (keys are `(index + 1) << 8 | generation`).
+pub fn key_index(key: u32) -> Option<u32> {
+    (key >> 8).checked_sub(1)
+}
+
+/// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`.
+pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Access) -> Result<MrView, KeyErr> {
+    let rec = key_index(key).and_then(|i| seg.mr(i)).ok_or(KeyErr::Invalid)?;
+    if key == 0 || rec.key.load(Ordering::Acquire) != key {
+        return Err(KeyErr::Invalid);
+    }
+    if rec.pd.load(Ordering::Relaxed) != pd {
+        return Err(KeyErr::Pd);
+    }
+    let acc = Access::from_bits_truncate(rec.access.load(Ordering::Relaxed));
+    if !acc.contains(need) {
+        return Err(KeyErr::Access);
+    }
+    let v = MrView {
+        kind: rec.kind.load(Ordering::Relaxed),
+        va: rec.va.load(Ordering::Relaxed),
+        len: rec.len.load(Ordering::Relaxed),
+        iova_base: rec.iova_base.load(Ordering::Relaxed),
+    };
+    let end = addr.checked_add(len).ok_or(KeyErr::Bounds)?;
+    if addr < v.va || end > v.va + v.len {
+        return Err(KeyErr::Bounds);
+    }
+    Ok(v)
+}
+
+/// Where one atom's bytes physically are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// A virtual address in the owning host's process.
+    Addr(u64),
+    /// A generated pattern: byte k is `word.to_le_bytes()[k % 4]` (signature = magic,
+    /// black hole = 0).
+    Fill(u32),
+    /// Writes are discarded (signature / black-hole frame as a destination).
+    Drop,
+}
+
+/// Why translating an atom failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Unmapped,
+    NonResident,
+}
+
+fn sig_word(magic: u32, off: u64) -> u32 {
+    magic.rotate_right(8 * (off % 4) as u32)
+}
+
+/// Translate the atom at `addr` of MR `mr` of the host owning `seg`.
+pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<Loc, Fault> {
+    let frame = if mr.kind == MR_PASSTHROUGH {
+        Frame::Ram((addr & !(PAGE as u64 - 1)) as usize)
+    } else {
+        let idx = (addr >> PAGE_SHIFT) - (mr.va >> PAGE_SHIFT);
+        match seg.iommu_entry(mr.iova_base + idx) {
+            Some(e) => Frame::decode(e.load(Ordering::Acquire)),
+            None => Frame::Unmapped,
+        }
+    };
+    let off = addr & (PAGE as u64 - 1);
+    match frame {
+        Frame::Unmapped => Err(Fault::Unmapped),
+        Frame::Ram(f) => {
+            if !page_resident(seg, (f >> PAGE_SHIFT) as u64) {
+                seg.stats().nonresident_dma.fetch_add(1, Ordering::Relaxed);
+                return Err(Fault::NonResident);
+            }
+            Ok(Loc::Addr(f as u64 + off))
+        }
+        Frame::Signature => Ok(if write { Loc::Drop } else { Loc::Fill(sig_word(seg.p.magic, off)) }),
+        Frame::BlackHole => Ok(if write { Loc::Drop } else { Loc::Fill(0) }),
+    }
+}
+
+/// How the addresses of one side of a transfer are reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    /// This process: plain memory copies.
+    Local,
+    /// Another process: process_vm_readv / writev.
+    Proc(u32),
+}
+
+/// A contiguous piece of one side: validated MR + address range.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub mr: MrView,
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// One side of a transfer.
+pub struct Side<'a> {
+    pub seg: &'a Segment,
+    pub port: Port,
+    pub spans: &'a [Span],
+}
+
+/// A DMA failure, by side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaErr {
+    Src(Fault),
+    Dst(Fault),
+    /// The cross-process copy failed (peer gone or memory unmapped there).
+    Io,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    src: Loc,
+    dst: Loc,
+    len: u64,
+}
+
+fn contiguous(a: Loc, alen: u64, b: Loc) -> bool {
+    match (a, b) {
+        (Loc::Addr(x), Loc::Addr(y)) => x + alen == y,
+        (Loc::Fill(x), Loc::Fill(y)) => x.rotate_right(8 * (alen % 4) as u32) == y,
+        (Loc::Drop, Loc::Drop) => true,
+        _ => false,
+    }
+}
+
+fn push(pieces: &mut Vec<Piece>, p: Piece) {
+    if let Some(l) = pieces.last_mut() {
+        if contiguous(l.src, l.len, p.src) && contiguous(l.dst, l.len, p.dst) {
+            l.len += p.len;
+            return;
+        }
+    }
+    pieces.push(p);
+}
+
+struct Cursor<'a> {
+    spans: &'a [Span],
+    i: usize,
+    off: u64,
+}
+
+impl<'a> Cursor<'a> {
+    fn cur(&mut self) -> Option<(&'a Span, u64, u64)> {
+        while self.i < self.spans.len() && self.off >= self.spans[self.i].len {
+            self.i += 1;
+            self.off = 0;
+        }
+        let s = self.spans.get(self.i)?;
+        Some((s, s.addr + self.off, s.len - self.off))
+    }
+}
+
+/// Copy `total` bytes from `src` to `dst`, translating every atom (the smaller of the
+/// two hosts' max TLP boundaries) separately. Returns the number of atoms moved.
+pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, DmaErr> {
+    let stlp = src.seg.p.max_tlp as u64;
+    let dtlp = dst.seg.p.max_tlp as u64;
+    let mut sc = Cursor { spans: src.spans, i: 0, off: 0 };
+    let mut dc = Cursor { spans: dst.spans, i: 0, off: 0 };
+    let mut done = 0u64;
+    let mut atoms = 0u64;
+    let mut pieces: Vec<Piece> = Vec::new();
+    let same = std::ptr::eq(src.seg, dst.seg);
+    while done < total {
+        let end = total.min(done + section as u64);
+        let _gs = enter(src.seg);
+        let _gd = (!same).then(|| enter(dst.seg));
+        pieces.clear();
+        while done < end {
+            let (Some((ss, sa, sl)), Some((ds, da, dl))) = (sc.cur(), dc.cur()) else {
+                return Err(DmaErr::Io);
+            };
+            let n = (end - done)
+                .min(sl)
+                .min(dl)
+                .min(stlp - sa % stlp)
+                .min(dtlp - da % dtlp);
+            let s = translate(src.seg, &ss.mr, sa, false).map_err(DmaErr::Src)?;
+            let d = translate(dst.seg, &ds.mr, da, true).map_err(DmaErr::Dst)?;
+            push(&mut pieces, Piece { src: s, dst: d, len: n });
+            atoms += 1;
+            sc.off += n;
+            dc.off += n;
+            done += n;
+        }
+        execute(src.port, dst.port, &pieces)?;
+    }
+    Ok(atoms)
+}
+
+fn fill(dst: *mut u8, len: usize, word: u32) {
+    let b = word.to_le_bytes();
+    if word == 0 {
+        // SAFETY: dst..dst+len is a validated, translated destination (see execute).
+        unsafe { std::ptr::write_bytes(dst, 0, len) };
+        return;
+    }
+    for k in 0..len {
+        // SAFETY: as above, k < len.
+        unsafe { dst.add(k).write_volatile(b[k % 4]) };
+    }
+}
+
+fn pattern(len: usize, word: u32) -> Vec<u8> {
+    let b = word.to_le_bytes();
+    (0..len).map(|k| b[k % 4]).collect()
+}
+
+const IOV_MAX: usize = 1024;
+
+fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
+    match (sp, dp) {
+        (Port::Local, Port::Local) => {
+            for p in pieces {
+                match (p.src, p.dst) {
+                    (_, Loc::Drop) => {}
+                    // SAFETY: both addresses were produced by `translate` from MRs that
+                    // passed `check_key` (so they lie in registered memory whose validity
+                    // `reg_mr`'s contract guarantees) or from IOMMU frames whose validity
+                    // `Iommu::map`'s contract guarantees, inside epoch sections of both
+                    // hosts so deregistration/unmapping waits for us. Regions may overlap
+                    // (loopback), hence `copy` (memmove).
+                    (Loc::Addr(s), Loc::Addr(d)) => unsafe {
+                        std::ptr::copy(s as *const u8, d as *mut u8, p.len as usize)
+                    },
+                    (Loc::Fill(w), Loc::Addr(d)) => fill(d as *mut u8, p.len as usize, w),
+                    // Fill is never a destination; Drop is never a source.
+                    (Loc::Drop, Loc::Addr(_)) | (_, Loc::Fill(_)) => {}
+                }
+            }
+            Ok(())
+        }
+        (Port::Proc(pid), Port::Local) => {
+            let mut l: Vec<libc::iovec> = Vec::new();
+            let mut r: Vec<libc::iovec> = Vec::new();
+            let mut want = 0usize;
+            for p in pieces {
+                match (p.src, p.dst) {
+                    (Loc::Addr(s), Loc::Addr(d)) => {
+                        l.push(libc::iovec { iov_base: d as *mut libc::c_void, iov_len: p.len as usize });
+                        r.push(libc::iovec { iov_base: s as *mut libc::c_void, iov_len: p.len as usize });
+                        want += p.len as usize;
+                        if l.len() == IOV_MAX {
+                            vm(pid, VmDir::Read, &mut l, &mut r, &mut want)?;
+                        }
+                    }
+                    (Loc::Fill(w), Loc::Addr(d)) => fill(d as *mut u8, p.len as usize, w),
+                    _ => {}
+                }
+            }
+            vm(pid, VmDir::Read, &mut l, &mut r, &mut want)
+        }
+        (Port::Local, Port::Proc(pid)) => {
+            let mut l: Vec<libc::iovec> = Vec::new();
+            let mut r: Vec<libc::iovec> = Vec::new();
+            let mut keep: Vec<Vec<u8>> = Vec::new();
+            let mut want = 0usize;
+            for p in pieces {
+                let src = match (p.src, p.dst) {
+                    (Loc::Addr(s), Loc::Addr(_)) => s as *mut libc::c_void,
+                    (Loc::Fill(w), Loc::Addr(_)) => {
+                        keep.push(pattern(p.len as usize, w));
+                        keep.last_mut().expect("pushed").as_mut_ptr() as *mut libc::c_void
+                    }
+                    _ => continue,
+                };
+                let Loc::Addr(d) = p.dst else { continue };
+                l.push(libc::iovec { iov_base: src, iov_len: p.len as usize });
+                r.push(libc::iovec { iov_base: d as *mut libc::c_void, iov_len: p.len as usize });
+                want += p.len as usize;
+                if l.len() == IOV_MAX {
+                    vm(pid, VmDir::Write, &mut l, &mut r, &mut want)?;
+                }
+            }
+            vm(pid, VmDir::Write, &mut l, &mut r, &mut want)
+        }
+        (Port::Proc(_), Port::Proc(_)) => Err(DmaErr::Io),
+    }
+}
+
+fn vm(pid: u32, dir: VmDir, l: &mut Vec<libc::iovec>, r: &mut Vec<libc::iovec>, want: &mut usize) -> Result<(), DmaErr> {
+    if l.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: local iovecs point into translated local memory (see `execute`'s
+    // invariant), valid and writable for reads into it.
+    let got = unsafe { sys::process_vm(pid, dir, l, r) };
+    let ok = matches!(got, Ok(n) if n == *want);
+    l.clear();
+    r.clear();
+    *want = 0;
+    if ok {
+        Ok(())
+    } else {
+        Err(DmaErr::Io)
+    }
+}
+
+/// A remote atomic operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    CmpSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// Execute an 8-byte atomic on a translated, 8-aligned location of *this* process.
+/// Returns the original value. Signature/black-hole frames return their pattern and
+/// drop the write.
+pub fn atomic_local(loc: Loc, op: AtomicOp) -> u64 {
+    match loc {
+        Loc::Addr(a) => {
+            debug_assert!(a % 8 == 0);
+            // SAFETY: `a` is an 8-aligned address translated from a validated MR of a
+            // host in this process inside an epoch section (see `execute`), so it is
+            // valid for 8 bytes; AtomicU64 has the alignment and size of u64.
+            let cell = unsafe { &*(a as *const AtomicU64) };
+            match op {
+                AtomicOp::CmpSwap { compare, swap } => {
+                    match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                        Ok(v) | Err(v) => v,
+                    }
+                }
+                AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
+            }
+        }
+        Loc::Fill(w) => (w as u64) | ((w as u64) << 32),
+        Loc::Drop => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sig_pattern_is_phase_correct() {
+        let m = 0xdeadbeefu32;
+        let full = pattern(12, m);
+        for off in 0..8u64 {
+            let p = pattern(4, sig_word(m, off));
+            assert_eq!(&p[..], &full[off as usize..off as usize + 4]);
+        }
+    }
+
+    #[test]
+    fn merge_contiguous_pieces() {
+        let mut v = Vec::new();
+        push(&mut v, Piece { src: Loc::Addr(100), dst: Loc::Addr(1000), len: 10 });
+        push(&mut v, Piece { src: Loc::Addr(110), dst: Loc::Addr(1010), len: 10 });
+        push(&mut v, Piece { src: Loc::Addr(121), dst: Loc::Addr(1020), len: 10 });
+        push(&mut v, Piece { src: Loc::Fill(0xdeadbeef), dst: Loc::Addr(1030), len: 3 });
+        push(&mut v, Piece { src: Loc::Fill(sig_word(0xdeadbeef, 3)), dst: Loc::Addr(1033), len: 5 });
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].len, 20);
+        assert_eq!(v[2].len, 8);
+    }
+}

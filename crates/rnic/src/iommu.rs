@@ -1,0 +1,270 @@
+//! The host IOMMU: a page table per host mapping IOVA pages to frames (RAM pages or
+//! the shared signature / black-hole frames), IOVA range allocation, and the
+//! SRCU-style flush epochs that let `flush()` wait for every in-flight DMA atom
+//! that could have used an old entry.
+
+use crate::segment::{Segment, PAGE, PAGE_SHIFT};
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What an IOVA page maps to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// No mapping: a DMA through it fails the WR.
+    Unmapped,
+    /// A page of this host's process memory (page-aligned virtual address).
+    Ram(usize),
+    /// The shared signature page: reads return the magic word, writes are dropped.
+    Signature,
+    /// The shared black-hole page: writes are absorbed, reads return zeros.
+    BlackHole,
+}
+
+const K_RAM: u64 = 1;
+const K_SIG: u64 = 2;
+const K_HOLE: u64 = 3;
+
+impl Frame {
+    pub(crate) fn encode(self) -> u64 {
+        match self {
+            Frame::Unmapped => 0,
+            Frame::Ram(a) => (a as u64 & !(PAGE as u64 - 1)) | K_RAM,
+            Frame::Signature => K_SIG,
+            Frame::BlackHole => K_HOLE,
+        }
+    }
+    pub(crate) fn decode(e: u64) -> Frame {
+        match e & 3 {
+            K_RAM => Frame::Ram((e & !(PAGE as u64 - 1)) as usize),
+            K_SIG => Frame::Signature,
+            K_HOLE => Frame::BlackHole,
+            _ => Frame::Unmapped,
+        }
+    }
+}
+
+/// A contiguous range of IOVA pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IovaRange {
+    pub base: u64,
+    pub npages: u64,
+}
+
+impl IovaRange {
+    pub fn contains(&self, page: u64) -> bool {
+        page >= self.base && page < self.base + self.npages
+    }
+}
+
+/// First-fit allocator of page ranges.
+#[derive(Debug)]
+pub(crate) struct RangeAlloc {
+    free: Vec<(u64, u64)>,
+}
+
+impl RangeAlloc {
+    pub fn new(start: u64, len: u64) -> Self {
+        RangeAlloc { free: if len > 0 { vec![(start, len)] } else { vec![] } }
+    }
+    pub fn alloc(&mut self, n: u64) -> Option<u64> {
+        if n == 0 {
+            return None;
+        }
+        let i = self.free.iter().position(|&(_, l)| l >= n)?;
+        let (b, l) = self.free[i];
+        if l == n {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (b + n, l - n);
+        }
+        Some(b)
+    }
+    pub fn release(&mut self, b: u64, n: u64) {
+        let i = self.free.partition_point(|&(fb, _)| fb < b);
+        self.free.insert(i, (b, n));
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+/// The per-host IOMMU. Remap from any thread of the host process at any time.
+pub struct Iommu {
+    seg: Arc<Segment>,
+    alloc: Mutex<RangeAlloc>,
+    flush_lock: Mutex<()>,
+    flush_timeout: Duration,
+}
+
+impl Iommu {
+    pub(crate) fn new(seg: Arc<Segment>, flush_timeout: Duration) -> Iommu {
+        let pages = seg.p.iova_pages;
+        Iommu {
+            seg,
+            // IOVA page 0 is never handed out.
+            alloc: Mutex::new(RangeAlloc::new(1, pages.saturating_sub(1))),
+            flush_lock: Mutex::new(()),
+            flush_timeout,
+        }
+    }
+
+    /// Allocate `npages` IOVA pages, all unmapped.
+    pub fn alloc_range(&self, npages: u64) -> Result<IovaRange> {
+        let base = self.alloc.lock().alloc(npages).ok_or(Error::NoResources("IOVA space"))?;
+        for p in base..base + npages {
+            self.entry(p)?.store(0, Ordering::Release);
+        }
+        Ok(IovaRange { base, npages })
+    }
+
+    /// Unmap every page of `range`, flush, and return it to the allocator.
+    pub fn free_range(&self, range: IovaRange) -> Result<()> {
+        for p in range.base..range.base + range.npages {
+            self.entry(p)?.store(0, Ordering::Release);
+        }
+        self.flush()?;
+        self.alloc.lock().release(range.base, range.npages);
+        Ok(())
+    }
+
+    fn entry(&self, page: u64) -> Result<&AtomicU64> {
+        self.seg.iommu_entry(page).ok_or(Error::InvalidArgument("IOVA page out of range"))
+    }
+
+    /// Point IOVA page `iova_page` at `frame`. The old mapping may still be used by
+    /// in-flight DMA until [`Iommu::flush`] returns.
+    ///
+    /// # Safety
+    /// For `Frame::Ram(addr)`, the page at `addr` must be memory of this process that
+    /// stays valid (mapped, and acceptable to be read/written by DMA at any time) until
+    /// it is unmapped again and a subsequent `flush()` has returned.
+    pub unsafe fn map(&self, iova_page: u64, frame: Frame) -> Result<()> {
+        if let Frame::Ram(a) = frame {
+            if a % PAGE != 0 || a == 0 {
+                return Err(Error::InvalidArgument("frame address must be page aligned"));
+            }
+        }
+        self.entry(iova_page)?.store(frame.encode(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Map consecutive pages of `range` starting at page offset `first`.
+    ///
+    /// # Safety
+    /// As for [`Iommu::map`], for every frame.
+    pub unsafe fn map_range(&self, range: &IovaRange, first: u64, frames: &[Frame]) -> Result<()> {
+        if first + frames.len() as u64 > range.npages {
+            return Err(Error::InvalidArgument("frames exceed range"));
+        }
+        for (i, f) in frames.iter().enumerate() {
+            self.map(range.base + first + i as u64, *f)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the mapping of one page (DMA through it then fails).
+    pub fn unmap(&self, iova_page: u64) -> Result<()> {
+        self.entry(iova_page)?.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Current mapping of an IOVA page.
+    pub fn lookup(&self, iova_page: u64) -> Result<Frame> {
+        Ok(Frame::decode(self.entry(iova_page)?.load(Ordering::Acquire)))
+    }
+
+    /// Return once no DMA atom that could have used a mapping replaced before this
+    /// call is still in flight (on any transport, any process).
+    pub fn flush(&self) -> Result<()> {
+        let _g = self.flush_lock.lock();
+        flush_epoch(&self.seg, self.flush_timeout)
+    }
+
+    /// Bytes in an IOVA page.
+    pub const PAGE_SIZE: usize = PAGE;
+    pub const PAGE_SHIFT: u32 = PAGE_SHIFT;
+}
+
+/// An active DMA section of a host (see [`enter`]).
+pub struct EpochGuard<'a> {
+    ctr: &'a AtomicU64,
+}
+
+/// Enter a DMA section of the host owning `seg`: translations made and copies done
+/// before the guard drops are waited for by that host's `flush()`.
+pub fn enter(seg: &Segment) -> EpochGuard<'_> {
+    let h = seg.hdr();
+    loop {
+        let e = h.epoch.load(Ordering::SeqCst);
+        let ctr = &h.inflight[(e & 1) as usize].0;
+        ctr.fetch_add(1, Ordering::SeqCst);
+        if h.epoch.load(Ordering::SeqCst) == e {
+            return EpochGuard { ctr };
+        }
+        ctr.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for EpochGuard<'_> {
+    fn drop(&mut self) {
+        self.ctr.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Flip the epoch and wait for the old parity to drain (callers serialize flushes).
+pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
+    let h = seg.hdr();
+    let old = h.epoch.fetch_add(1, Ordering::SeqCst);
+    let ctr = &h.inflight[(old & 1) as usize].0;
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while ctr.load(Ordering::SeqCst) != 0 {
+        spins += 1;
+        if spins < 200 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout);
+            }
+        }
+    }
+    h.stats.flushes.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_encoding_roundtrip() {
+        for f in [Frame::Unmapped, Frame::Ram(0x7f00_0000_1000), Frame::Signature, Frame::BlackHole] {
+            assert_eq!(Frame::decode(f.encode()), f);
+        }
+    }
+
+    #[test]
+    fn range_alloc_first_fit_and_coalesce() {
+        let mut a = RangeAlloc::new(1, 100);
+        let x = a.alloc(10).unwrap();
+        let y = a.alloc(20).unwrap();
+        let z = a.alloc(70).unwrap();
+        assert_eq!((x, y, z), (1, 11, 31));
+        assert!(a.alloc(1).is_none());
+        a.release(y, 20);
+        a.release(x, 10);
+        assert_eq!(a.alloc(30), Some(1));
+        a.release(1, 30);
+        a.release(z, 70);
+        assert_eq!(a.free, vec![(1, 100)]);
+    }
+}

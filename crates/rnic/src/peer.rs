@@ -1,0 +1,69 @@
+//! A resolved peer host (or this host itself): its segment (shared in-process, or the
+//! peer's memfd mapped from another process) and how to reach its memory and
+//! completion-channel eventfds.
+
+use crate::dma::Port;
+use crate::host::{local_host, HostAddr, HostInner};
+use crate::segment::Segment;
+use crate::{sys, Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+pub(crate) struct Peer {
+    pub seg: Arc<Segment>,
+    pub port: Port,
+    fds: Mutex<HashMap<u32, OwnedFd>>,
+}
+
+impl Peer {
+    pub fn local(seg: Arc<Segment>) -> Peer {
+        Peer { seg, port: Port::Local, fds: Mutex::new(HashMap::new()) }
+    }
+
+    /// Resolve `addr` as seen from `me` (cached).
+    pub fn resolve(me: &HostInner, addr: HostAddr) -> Result<Arc<Peer>> {
+        if addr.nonce == me.addr.nonce {
+            return Ok(me.self_peer.clone());
+        }
+        if let Some(p) = me.peers.lock().get(&addr.nonce) {
+            return Ok(p.clone());
+        }
+        let peer = if let Some(h) = local_host(addr.nonce) {
+            Arc::new(Peer::local(h.seg.clone()))
+        } else if addr.pid == std::process::id() {
+            return Err(Error::Unreachable("host no longer exists".into()));
+        } else {
+            let seg = Segment::open(addr.pid, addr.fd, addr.nonce)?;
+            Arc::new(Peer { seg: Arc::new(seg), port: Port::Proc(addr.pid), fds: Mutex::new(HashMap::new()) })
+        };
+        me.peers.lock().insert(addr.nonce, peer.clone());
+        Ok(peer)
+    }
+
+    /// Signal the peer's eventfd number `fd` (a completion channel).
+    pub fn signal(&self, fd: u32) {
+        let r = match self.port {
+            Port::Local => sys::eventfd_signal(fd as i32),
+            Port::Proc(pid) => {
+                let mut m = self.fds.lock();
+                if !m.contains_key(&fd) {
+                    match sys::pidfd_getfd(pid, fd as i32) {
+                        Ok(o) => {
+                            m.insert(fd, o);
+                        }
+                        Err(e) => {
+                            tracing::warn!("pidfd_getfd({pid},{fd}) failed: {e}");
+                            return;
+                        }
+                    }
+                }
+                sys::eventfd_signal(m[&fd].as_raw_fd())
+            }
+        };
+        if let Err(e) = r {
+            tracing::warn!("completion channel signal failed: {e}");
+        }
+    }
+}

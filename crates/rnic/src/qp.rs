@@ -1,0 +1,642 @@
+//! RC queue pairs: creation with caps and chosen QPNs, the IB state machine with
+//! attribute masks, post_recv into the shared RQ ring, and the requester's software
+//! send queue: post-time validation, in-order execution, in-order completion, RNR
+//! retry, and the flush of everything behind an error.
+
+use crate::cq::{self, Cq};
+use crate::host::{Host, HostInner};
+use crate::mr::Pd;
+use crate::peer::Peer;
+use crate::requester::{self, Outcome};
+use crate::responder;
+use crate::segment::{self, shm_lock, QpRec};
+use crate::verbs::*;
+use crate::{sys, Error, PostError, Result};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EState {
+    Pending,
+    Issued { slot: u64, since: u64 },
+    Rnr { until: u64 },
+    Done { status: WcStatus, byte_len: u32 },
+}
+
+/// A send WR owned by the software send queue.
+pub(crate) struct Entry {
+    pub wr_id: u64,
+    pub op: WrOpcode,
+    pub flags: SendFlags,
+    pub raddr: u64,
+    pub rkey: u32,
+    pub sges: Vec<Sge>,
+    pub inline: Vec<u8>,
+    pub signaled: bool,
+    pub st: EState,
+    pub rnr_left: Option<u8>,
+    pub atoms: u64,
+}
+
+impl Entry {
+    pub fn len(&self) -> u64 {
+        if self.flags.contains(SendFlags::INLINE) {
+            self.inline.len() as u64
+        } else {
+            self.sges.iter().map(|s| s.length as u64).sum()
+        }
+    }
+}
+
+pub(crate) struct Sq {
+    pub entries: VecDeque<Entry>,
+    pub attr: QpAttr,
+    pub peer: Option<Arc<Peer>>,
+    pub tq: Option<u32>,
+    pub ring_prod: u64,
+    pub ring_cons: u64,
+    pub zombies: Vec<(u64, u64)>,
+}
+
+pub(crate) struct QpInner {
+    pub host: Host,
+    pub pd: Pd,
+    pub idx: u32,
+    pub qpn: u32,
+    pub send_cq: Cq,
+    #[allow(dead_code)] // keeps the receive CQ alive while the QP exists
+    pub recv_cq: Cq,
+    pub cap: QpInitAttr,
+    pub sq: Mutex<Sq>,
+    /// Number of ring requests in flight (NIC-thread bookkeeping).
+    pub outstanding: AtomicU32,
+    /// Earliest RNR retry time (ns), 0 = none.
+    pub deadline: AtomicU64,
+    pub last_progress: AtomicU64,
+    /// Whether the QP is on the host's active list (NIC-thread attention).
+    pub in_active: std::sync::atomic::AtomicBool,
+    me: Weak<QpInner>,
+}
+
+/// A reliable-connected queue pair.
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+fn hi(q: &QpInner) -> &HostInner {
+    q.host.inner()
+}
+
+impl Qp {
+    pub(crate) fn create(pd: Pd, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
+        let host = pd.host().clone();
+        let h = host.inner().clone();
+        let c = &h.cfg;
+        if !Arc::ptr_eq(send_cq.inner_host(), &h) || !Arc::ptr_eq(recv_cq.inner_host(), &h) {
+            return Err(Error::InvalidArgument("CQ of another host"));
+        }
+        if attr.max_send_wr == 0 || attr.max_send_wr > c.max_wr || attr.max_recv_wr > c.max_wr {
+            return Err(Error::InvalidArgument("max_send_wr/max_recv_wr"));
+        }
+        if attr.max_send_sge > c.max_sge || attr.max_recv_sge > c.max_sge {
+            return Err(Error::InvalidArgument("max_send_sge/max_recv_sge"));
+        }
+        if attr.max_inline_data > c.max_inline {
+            return Err(Error::InvalidArgument("max_inline_data"));
+        }
+        let qpn = {
+            let mut q = h.qpns.lock();
+            match attr.qpn {
+                Some(n) => {
+                    if n == 0 || n >= 1 << 24 || q.1.contains(&n) {
+                        return Err(Error::InvalidArgument("requested QPN invalid or in use"));
+                    }
+                    q.1.insert(n);
+                    n
+                }
+                None => {
+                    let mut n = q.0;
+                    loop {
+                        if n >= 1 << 23 {
+                            n = 0x100;
+                        }
+                        if !q.1.contains(&n) {
+                            break;
+                        }
+                        n += 1;
+                    }
+                    q.0 = n + 1;
+                    q.1.insert(n);
+                    n
+                }
+            }
+        };
+        let idx = match h.qps.lock().alloc() {
+            Some(i) => i,
+            None => {
+                h.qpns.lock().1.remove(&qpn);
+                return Err(Error::NoResources("QPs"));
+            }
+        };
+        let r = h.seg.qp(idx).expect("allocated index");
+        r.qpn.store(qpn, Ordering::Relaxed);
+        r.state.store(QpState::Reset as u32, Ordering::Relaxed);
+        r.pd.store(pd.id(), Ordering::Relaxed);
+        r.access.store(0, Ordering::Relaxed);
+        r.send_cq.store(send_cq.idx(), Ordering::Relaxed);
+        r.recv_cq.store(recv_cq.idx(), Ordering::Relaxed);
+        r.min_rnr_timer.store(0, Ordering::Relaxed);
+        r.peer_nonce.store(0, Ordering::Relaxed);
+        r.peer_qpn.store(0, Ordering::Relaxed);
+        r.max_recv_sge.store(attr.max_recv_sge, Ordering::Relaxed);
+        r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
+        let t = r.rq_tail.load(Ordering::Relaxed);
+        r.rq_head.store(t, Ordering::Relaxed);
+        reset_ring(&h, idx, r);
+        r.in_use.store(1, Ordering::Release);
+        let inner = Arc::new_cyclic(|me| QpInner {
+            host,
+            pd,
+            idx,
+            qpn,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            cap: *attr,
+            sq: Mutex::new(Sq {
+                entries: VecDeque::with_capacity(attr.max_send_wr as usize),
+                attr: QpAttr::default(),
+                peer: None,
+                tq: None,
+                ring_prod: 0,
+                ring_cons: 0,
+                zombies: Vec::new(),
+            }),
+            outstanding: AtomicU32::new(0),
+            deadline: AtomicU64::new(0),
+            last_progress: AtomicU64::new(0),
+            in_active: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
+        });
+        send_cq.inner.qps.lock().push(Arc::downgrade(&inner));
+        Ok(Qp { inner })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    pub fn cap(&self) -> QpInitAttr {
+        self.inner.cap
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn query(&self) -> QpAttr {
+        let sq = self.inner.sq.lock();
+        let mut a = sq.attr;
+        a.qp_state = self.inner.state();
+        a.cur_qp_state = a.qp_state;
+        a
+    }
+
+    /// `ibv_modify_qp`: state transitions with IB attribute-mask rules.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.inner.modify(attr, mask)
+    }
+
+    /// Post send WRs. Errors detected at post time are returned immediately (nothing
+    /// from the failing WR on is posted); everything else completes on the send CQ.
+    pub fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        self.inner.post_send(wrs)
+    }
+
+    /// Post receive WRs.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// Connect helper: INIT (with `access`), RTR to (`dest`, `dest_qpn`), RTS.
+    pub fn connect(&self, access: Access, dest: crate::HostAddr, dest_qpn: u32, rnr_retry: u8) -> Result<()> {
+        let (a, m) = QpAttr::init(access);
+        self.modify(&a, m)?;
+        let (a, m) = QpAttr::rtr(dest, dest_qpn);
+        self.modify(&a, m)?;
+        let (a, m) = QpAttr::rts(rnr_retry);
+        self.modify(&a, m)
+    }
+}
+
+fn reset_ring(h: &HostInner, idx: u32, r: &QpRec) {
+    for s in 0..h.seg.p.ring_slots as u64 {
+        h.seg.slot(idx, s).0.state.store(segment::SLOT_FREE, Ordering::Release);
+    }
+    r.ring_cons.0.store(0, Ordering::Release);
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        let h = hi(self);
+        if let Some(r) = h.seg.qp(self.idx) {
+            r.state.store(QpState::Reset as u32, Ordering::Release);
+            r.in_use.store(0, Ordering::Release);
+            r.incarnation.fetch_add(1, Ordering::Relaxed);
+        }
+        h.qps.lock().release(self.idx);
+        h.qpns.lock().1.remove(&self.qpn);
+    }
+}
+
+fn allowed(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let none = M::empty();
+    match (from, to) {
+        (_, Reset) | (_, Err) => Some((none, none)),
+        (Reset, Init) => Some((M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none)),
+        (Init, Init) => Some((none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)),
+        (Init, Rtr) => Some((
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        )),
+        (Rtr, Rts) => Some((
+            M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+        )),
+        (Rts, Rts) => Some((
+            none,
+            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+        )),
+        _ => None,
+    }
+}
+
+impl QpInner {
+    pub fn rec(&self) -> &QpRec {
+        hi(self).seg.qp(self.idx).expect("own QP index")
+    }
+
+    pub fn state(&self) -> QpState {
+        QpState::from_u32(self.rec().state.load(Ordering::Acquire))
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let h = hi(self);
+        let mut sq = self.sq.lock();
+        let cur = self.state();
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+            return Err(Error::InvalidArgument("cur_qp_state does not match"));
+        }
+        let new = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { cur };
+        let (req, opt) = allowed(cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
+        let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
+        if !given.contains(req) {
+            return Err(Error::InvalidMask("required attribute missing"));
+        }
+        if !(req | opt).contains(given) {
+            return Err(Error::InvalidMask("attribute not allowed in this transition"));
+        }
+        let r = self.rec();
+        if mask.contains(QpAttrMask::AV) {
+            let dest = attr.dest.ok_or(Error::InvalidArgument("AV without destination"))?;
+            let peer = Peer::resolve(h, dest)?;
+            sq.tq = peer.seg.find_qp(attr.dest_qp_num);
+            sq.peer = Some(peer);
+            sq.attr.dest = Some(dest);
+            sq.attr.dest_qp_num = attr.dest_qp_num;
+            r.peer_nonce.store(dest.nonce, Ordering::Release);
+            r.peer_qpn.store(attr.dest_qp_num, Ordering::Release);
+        }
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            r.access.store(attr.qp_access_flags.bits(), Ordering::Release);
+            sq.attr.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+            r.min_rnr_timer.store(attr.min_rnr_timer as u32, Ordering::Release);
+            sq.attr.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            sq.attr.rnr_retry = attr.rnr_retry.min(7);
+        }
+        macro_rules! keep {
+            ($m:ident, $f:ident) => {
+                if mask.contains(QpAttrMask::$m) {
+                    sq.attr.$f = attr.$f;
+                }
+            };
+        }
+        keep!(PKEY_INDEX, pkey_index);
+        keep!(PORT, port_num);
+        keep!(PATH_MTU, path_mtu);
+        keep!(RQ_PSN, rq_psn);
+        keep!(SQ_PSN, sq_psn);
+        keep!(MAX_QP_RD_ATOMIC, max_rd_atomic);
+        keep!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        keep!(TIMEOUT, timeout);
+        keep!(RETRY_CNT, retry_cnt);
+        match new {
+            QpState::Reset => {
+                let _g = shm_lock(&r.rq_lock);
+                r.state.store(QpState::Reset as u32, Ordering::Release);
+                let t = r.rq_tail.load(Ordering::Acquire);
+                r.rq_head.store(t, Ordering::Release);
+                reset_ring(h, self.idx, r);
+                r.peer_nonce.store(0, Ordering::Release);
+                r.peer_qpn.store(0, Ordering::Release);
+                r.incarnation.fetch_add(1, Ordering::Relaxed);
+                sq.entries.clear();
+                sq.peer = None;
+                sq.tq = None;
+                sq.ring_prod = 0;
+                sq.ring_cons = 0;
+                sq.zombies.clear();
+                sq.attr = QpAttr::default();
+                self.outstanding.store(0, Ordering::Relaxed);
+                self.deadline.store(0, Ordering::Relaxed);
+            }
+            QpState::Err => {
+                responder::qp_error(&h.seg, &h.self_peer, self.idx);
+                self.progress_locked(&mut sq);
+            }
+            s => r.state.store(s as u32, Ordering::Release),
+        }
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        let mut sq = self.sq.lock();
+        let st = self.state();
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            let bad = |err| Err(PostError { bad_wr_index: i, err });
+            if !matches!(st, QpState::Rts | QpState::Err) {
+                res = bad(Error::WrongQpState(st));
+                break;
+            }
+            if sq.entries.len() >= self.cap.max_send_wr as usize {
+                res = bad(Error::QueueFull("send queue"));
+                break;
+            }
+            let inline = wr.flags.contains(SendFlags::INLINE);
+            if inline {
+                if wr.inline_data.len() > self.cap.max_inline_data as usize {
+                    res = bad(Error::InvalidArgument("inline data too large"));
+                    break;
+                }
+                if matches!(wr.opcode, WrOpcode::Read) || wr.opcode.is_atomic() {
+                    res = bad(Error::InvalidArgument("inline READ/atomic"));
+                    break;
+                }
+            } else if wr.sg_list.len() > self.cap.max_send_sge as usize {
+                res = bad(Error::InvalidArgument("too many SGEs"));
+                break;
+            }
+            sq.entries.push_back(Entry {
+                wr_id: wr.wr_id,
+                op: wr.opcode,
+                flags: wr.flags,
+                raddr: wr.remote_addr,
+                rkey: wr.rkey,
+                sges: if inline { Vec::new() } else { wr.sg_list.to_vec() },
+                inline: if inline { wr.inline_data.to_vec() } else { Vec::new() },
+                signaled: wr.flags.contains(SendFlags::SIGNALED) || self.cap.sq_sig_all,
+                st: EState::Pending,
+                rnr_left: None,
+                atoms: 0,
+            });
+        }
+        self.progress_locked(&mut sq);
+        res
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        let h = hi(self);
+        let r = self.rec();
+        let _g = shm_lock(&r.rq_lock);
+        let st = self.state();
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            let bad = |err| Err(PostError { bad_wr_index: i, err });
+            if st == QpState::Reset {
+                res = bad(Error::WrongQpState(st));
+                break;
+            }
+            if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+                res = bad(Error::InvalidArgument("too many SGEs"));
+                break;
+            }
+            let tail = r.rq_tail.load(Ordering::Acquire);
+            if tail - r.rq_head.load(Ordering::Acquire) >= self.cap.max_recv_wr as u64 {
+                res = bad(Error::QueueFull("receive queue"));
+                break;
+            }
+            let (w, sges) = h.seg.wqe(self.idx, tail);
+            w.wr_id.store(wr.wr_id, Ordering::Relaxed);
+            w.nsge.store(wr.sg_list.len() as u32, Ordering::Relaxed);
+            for (d, s) in sges.iter().zip(wr.sg_list) {
+                d.addr.store(s.addr, Ordering::Relaxed);
+                d.len.store(s.length, Ordering::Relaxed);
+                d.lkey.store(s.lkey, Ordering::Relaxed);
+            }
+            r.rq_tail.store(tail + 1, Ordering::Release);
+        }
+        if self.state() == QpState::Err {
+            responder::flush_rq_locked(&h.seg, &h.self_peer, self.idx, r);
+        }
+        res
+    }
+
+    /// Progress the send queue if nobody else is doing it right now.
+    pub fn progress(&self) {
+        if let Some(mut sq) = self.sq.try_lock() {
+            self.progress_locked(&mut sq);
+        }
+    }
+
+    fn complete(&self, e: &Entry, status: WcStatus, byte_len: u32) {
+        let h = hi(self);
+        let s = h.seg.stats();
+        s.wrs.fetch_add(1, Ordering::Relaxed);
+        if status.is_ok() {
+            s.bytes.fetch_add(byte_len as u64, Ordering::Relaxed);
+            s.atoms.fetch_add(e.atoms, Ordering::Relaxed);
+        } else if status != WcStatus::WrFlushErr {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if e.signaled || !status.is_ok() {
+            let wc = Wc {
+                wr_id: e.wr_id,
+                status,
+                opcode: e.op.wc_opcode(),
+                byte_len: if status.is_ok() { byte_len } else { 0 },
+                qp_num: self.qpn,
+                ..Default::default()
+            };
+            if cq::push(&h.seg, &h.self_peer, self.send_cq.idx(), &wc, false).is_err() {
+                tracing::warn!(qpn = self.qpn, "send CQ overflow");
+                self.rec().state.store(QpState::Err as u32, Ordering::Release);
+            }
+        }
+    }
+
+    /// Flush every remaining WR (QP in ERR): completed ones keep their status, the
+    /// rest complete with WR_FLUSH_ERR.
+    fn flush_all(&self, sq: &mut Sq) {
+        while let Some(e) = sq.entries.pop_front() {
+            match e.st {
+                EState::Done { status, byte_len } => self.complete(&e, status, byte_len),
+                EState::Issued { slot, .. } => {
+                    sq.zombies.push((slot, sys::now_ns()));
+                    self.complete(&e, WcStatus::WrFlushErr, 0);
+                }
+                _ => self.complete(&e, WcStatus::WrFlushErr, 0),
+            }
+        }
+    }
+
+    pub(crate) fn progress_locked(&self, sq: &mut Sq) {
+        let now = sys::now_ns();
+        self.last_progress.store(now, Ordering::Relaxed);
+        requester::reap_zombies(self, sq, now);
+        loop {
+            if matches!(self.state(), QpState::Err | QpState::Reset) {
+                self.flush_all(sq);
+                break;
+            }
+            let mut changed = self.issue(sq, now);
+            changed |= self.retire(sq, now);
+            if !changed {
+                break;
+            }
+        }
+        let issued = sq.entries.iter().filter(|e| matches!(e.st, EState::Issued { .. })).count()
+            + sq.zombies.len();
+        self.outstanding.store(issued as u32, Ordering::Relaxed);
+        let dl = sq
+            .entries
+            .iter()
+            .find_map(|e| if let EState::Rnr { until } = e.st { Some(until) } else { None })
+            .unwrap_or(0);
+        self.deadline.store(dl, Ordering::Relaxed);
+        if (issued > 0 || dl != 0) && !self.in_active.swap(true, Ordering::AcqRel) {
+            if let Some(me) = self.me.upgrade() {
+                hi(self).activate(&me);
+            }
+        }
+    }
+
+    /// Start every WR that may start now. Returns whether anything changed.
+    fn issue(&self, sq: &mut Sq, now: u64) -> bool {
+        let mut changed = false;
+        let mut i = 0;
+        let mut earlier_issued = false;
+        let slots = hi(self).seg.p.ring_slots as u64;
+        while i < sq.entries.len() {
+            match sq.entries[i].st {
+                EState::Done { status, .. } => {
+                    if !status.is_ok() {
+                        break;
+                    }
+                    i += 1;
+                    continue;
+                }
+                EState::Issued { .. } => {
+                    earlier_issued = true;
+                    i += 1;
+                    continue;
+                }
+                EState::Rnr { until } if now < until => break,
+                _ => {}
+            }
+            if requester::uses_ring(self, sq, &sq.entries[i]) {
+                if sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued {
+                    break;
+                }
+                if sq.ring_prod - sq.ring_cons >= slots {
+                    break;
+                }
+                match requester::issue_ring(self, sq, i, now) {
+                    requester::Issue::Issued => {
+                        earlier_issued = true;
+                        changed = true;
+                    }
+                    requester::Issue::Failed(status) => {
+                        sq.entries[i].st = EState::Done { status, byte_len: 0 };
+                        return true;
+                    }
+                    requester::Issue::Full => break,
+                }
+            } else {
+                if earlier_issued {
+                    break;
+                }
+                changed = true;
+                match requester::exec_direct(self, sq, i) {
+                    Outcome::Done(status, byte_len) => {
+                        sq.entries[i].st = EState::Done { status, byte_len };
+                        if !status.is_ok() {
+                            return true;
+                        }
+                    }
+                    Outcome::Rnr(timer) => {
+                        hi(self).seg.stats().rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        let e = &mut sq.entries[i];
+                        let left = e.rnr_left.get_or_insert(sq.attr.rnr_retry);
+                        if *left == 0 {
+                            e.st = EState::Done { status: WcStatus::RnrRetryExcErr, byte_len: 0 };
+                            return true;
+                        }
+                        if *left != 7 {
+                            *left -= 1;
+                        }
+                        let d = hi(self).cfg.rnr_delay.as_nanos() as u64 * timer.max(1) as u64;
+                        e.st = EState::Rnr { until: now + d };
+                        return true;
+                    }
+                }
+            }
+            i += 1;
+        }
+        changed
+    }
+
+    /// Complete finished WRs from the head, in order. Returns whether anything changed.
+    fn retire(&self, sq: &mut Sq, now: u64) -> bool {
+        let mut changed = false;
+        while let Some(front) = sq.entries.front() {
+            match front.st {
+                EState::Issued { slot, since } => match requester::finish_ring(self, sq, slot, since, now) {
+                    Some((status, byte_len)) => {
+                        sq.entries[0].st = EState::Done { status, byte_len };
+                        changed = true;
+                    }
+                    None => break,
+                },
+                EState::Done { status, byte_len } => {
+                    let e = sq.entries.pop_front().expect("front exists");
+                    self.complete(&e, status, byte_len);
+                    changed = true;
+                    if !status.is_ok() {
+                        let h = hi(self);
+                        responder::qp_error(&h.seg, &h.self_peer, self.idx);
+                        self.flush_all(sq);
+                        return true;
+                    }
+                }
+                _ => break,
+            }
+        }
+        changed
+    }
+}
+
+/// The host of a CQ (for same-host checks).
+impl Cq {
+    pub(crate) fn inner_host(&self) -> &Arc<HostInner> {
+        self.host_ref().inner()
+    }
+}

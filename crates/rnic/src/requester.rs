@@ -1,0 +1,309 @@
+//! The requester: executes one send WR of a QP against its connected peer, either
+//! directly (the initiator performs the target NIC's DMA through the target's shared
+//! tables: in-process memcpy or process_vm_*), or through the target QP's request ring
+//! served by the target's NIC thread (small READ/WRITE and atomics across processes).
+
+use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::peer::Peer;
+use crate::qp::{EState, Entry, QpInner, Sq};
+use crate::responder::{self, Delivery, Message};
+use crate::segment::{self, QpRec};
+use crate::verbs::*;
+use std::sync::atomic::Ordering;
+
+pub(crate) enum Outcome {
+    Done(WcStatus, u32),
+    Rnr(u32),
+}
+
+pub(crate) enum Issue {
+    Issued,
+    Failed(WcStatus),
+    Full,
+}
+
+const MAX_MSG: u64 = 1 << 31;
+
+fn passthrough(addr: u64, len: u64) -> Span {
+    Span { mr: MrView { kind: MR_PASSTHROUGH, va: addr, len, iova_base: 0 }, addr, len }
+}
+
+/// Validate the local side of a WR (lkeys against this host's MR table).
+fn local_spans(q: &QpInner, e: &Entry, need: Access) -> Result<Vec<Span>, WcStatus> {
+    if e.flags.contains(SendFlags::INLINE) {
+        return Ok(vec![passthrough(e.inline.as_ptr() as u64, e.inline.len() as u64)]);
+    }
+    let seg = &q.host.inner().seg;
+    let mut v = Vec::with_capacity(e.sges.len());
+    for s in &e.sges {
+        if s.length == 0 {
+            continue;
+        }
+        match check_key(seg, s.lkey, q.pd.id(), s.addr, s.length as u64, need) {
+            Ok(mr) => v.push(Span { mr, addr: s.addr, len: s.length as u64 }),
+            Err(_) => return Err(WcStatus::LocProtErr),
+        }
+    }
+    Ok(v)
+}
+
+fn local_need(op: &WrOpcode) -> Access {
+    if matches!(op, WrOpcode::Read) || op.is_atomic() {
+        Access::LOCAL_WRITE
+    } else {
+        Access::empty()
+    }
+}
+
+/// Whether this WR goes through the target NIC thread's request ring.
+pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
+    let Some(peer) = sq.peer.as_ref() else { return false };
+    let far = peer.port != Port::Local || q.host.inner().cfg.inproc_ring;
+    if !far {
+        return false;
+    }
+    match e.op {
+        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_max as u64,
+        WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => true,
+        _ => false,
+    }
+}
+
+fn target<'a>(q: &QpInner, sq: &mut Sq, peer: &'a Peer) -> Option<(u32, &'a QpRec)> {
+    if sq.tq.is_none() {
+        sq.tq = peer.seg.find_qp(sq.attr.dest_qp_num);
+    }
+    let tq = sq.tq?;
+    let h = q.host.inner();
+    let r = responder::target_qp(&peer.seg, tq, sq.attr.dest_qp_num, h.addr.nonce, q.qpn)?;
+    Some((tq, r))
+}
+
+/// Put a WR into the target's request ring.
+pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue {
+    let e = &sq.entries[i];
+    let len = e.len();
+    let (op, cmp, swp) = match e.op {
+        WrOpcode::Read => (segment::RING_READ, 0, 0),
+        WrOpcode::Write => (segment::RING_WRITE, 0, 0),
+        WrOpcode::CmpSwap { compare, swap } => (segment::RING_CAS, compare, swap),
+        WrOpcode::FetchAdd { add } => (segment::RING_FADD, add, 0),
+        _ => return Issue::Failed(WcStatus::LocQpOpErr),
+    };
+    let spans = match local_spans(q, e, local_need(&e.op)) {
+        Ok(s) => s,
+        Err(s) => return Issue::Failed(s),
+    };
+    if e.op.is_atomic() && len != 8 {
+        return Issue::Failed(WcStatus::LocLenErr);
+    }
+    let Some(peer) = sq.peer.clone() else { return Issue::Failed(WcStatus::RetryExcErr) };
+    if sq.tq.is_none() {
+        sq.tq = peer.seg.find_qp(sq.attr.dest_qp_num);
+    }
+    let Some(tq) = sq.tq else { return Issue::Failed(WcStatus::RetryExcErr) };
+    let slot = sq.ring_prod;
+    let (h, data) = peer.seg.slot(tq, slot);
+    if h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
+        return Issue::Full;
+    }
+    let me = q.host.inner();
+    h.op.store(op, Ordering::Relaxed);
+    h.len.store(len as u32, Ordering::Relaxed);
+    h.raddr.store(e.raddr, Ordering::Relaxed);
+    h.rkey.store(e.rkey, Ordering::Relaxed);
+    h.src_qpn.store(q.qpn, Ordering::Relaxed);
+    h.src_nonce.store(me.addr.nonce, Ordering::Relaxed);
+    h.cmp.store(cmp, Ordering::Relaxed);
+    h.swp.store(swp, Ordering::Relaxed);
+    let mut atoms = 0;
+    if op == segment::RING_WRITE && len > 0 {
+        let src = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+        let dst_span = [passthrough(data as u64, len)];
+        let dst = Side { seg: &me.seg, port: Port::Local, spans: &dst_span };
+        match dma::copy(&src, &dst, len, me.cfg.dma_section) {
+            Ok(a) => atoms = a,
+            Err(_) => return Issue::Failed(WcStatus::LocProtErr),
+        }
+    }
+    h.state.store(segment::SLOT_REQ, Ordering::Release);
+    peer.seg.ring_doorbell(tq);
+    sq.ring_prod += 1;
+    let e = &mut sq.entries[i];
+    e.atoms = atoms;
+    e.st = EState::Issued { slot, since: now };
+    Issue::Issued
+}
+
+fn advance_ring(sq: &mut Sq, tq: u32) {
+    let Some(peer) = sq.peer.as_ref() else { return };
+    while sq.ring_cons < sq.ring_prod
+        && peer.seg.slot(tq, sq.ring_cons).0.state.load(Ordering::Acquire) == segment::SLOT_FREE
+    {
+        sq.ring_cons += 1;
+    }
+}
+
+/// Check the response of the front WR (ring slot `slot`); None while in flight.
+pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, slot: u64, since: u64, now: u64) -> Option<(WcStatus, u32)> {
+    let peer = sq.peer.clone()?;
+    let tq = sq.tq?;
+    let me = q.host.inner();
+    let (h, data) = peer.seg.slot(tq, slot);
+    if h.state.load(Ordering::Acquire) != segment::SLOT_DONE {
+        if now.saturating_sub(since) > me.cfg.transport_timeout.as_nanos() as u64 {
+            sq.zombies.push((slot, now));
+            return Some((WcStatus::RetryExcErr, 0));
+        }
+        return None;
+    }
+    let mut status = WcStatus::from_u32(h.status.load(Ordering::Relaxed));
+    let e = &sq.entries[0];
+    let len = e.len();
+    if status.is_ok() && (matches!(e.op, WrOpcode::Read) || e.op.is_atomic()) {
+        match local_spans(q, e, Access::LOCAL_WRITE) {
+            Err(s) => status = s,
+            Ok(spans) => {
+                let result = h.result.load(Ordering::Relaxed).to_le_bytes();
+                let src_span = if e.op.is_atomic() {
+                    [passthrough(result.as_ptr() as u64, 8)]
+                } else {
+                    [passthrough(data as u64, len)]
+                };
+                let src = Side { seg: &me.seg, port: Port::Local, spans: &src_span };
+                let dst = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+                match dma::copy(&src, &dst, len, me.cfg.dma_section) {
+                    Ok(a) => sq.entries[0].atoms += a,
+                    Err(_) => status = WcStatus::LocProtErr,
+                }
+            }
+        }
+    }
+    h.state.store(segment::SLOT_FREE, Ordering::Release);
+    advance_ring(sq, tq);
+    let byte_len = if sq.entries[0].op.is_atomic() { 8 } else { len as u32 };
+    Some((status, byte_len))
+}
+
+/// Free ring slots of flushed WRs once their responses arrived (or timed out).
+pub(crate) fn reap_zombies(q: &QpInner, sq: &mut Sq, now: u64) {
+    if sq.zombies.is_empty() {
+        return;
+    }
+    let (Some(peer), Some(tq)) = (sq.peer.clone(), sq.tq) else {
+        sq.zombies.clear();
+        return;
+    };
+    let timeout = q.host.inner().cfg.transport_timeout.as_nanos() as u64;
+    sq.zombies.retain(|&(slot, since)| {
+        let h = peer.seg.slot(tq, slot).0;
+        if h.state.load(Ordering::Acquire) == segment::SLOT_DONE || now.saturating_sub(since) > timeout {
+            h.state.store(segment::SLOT_FREE, Ordering::Release);
+            false
+        } else {
+            true
+        }
+    });
+    advance_ring(sq, tq);
+}
+
+fn dma_status(err: DmaErr, local_is_src: bool) -> (WcStatus, bool) {
+    // (status, remote side at fault)
+    match (err, local_is_src) {
+        (DmaErr::Src(_), true) | (DmaErr::Dst(_), false) => (WcStatus::LocProtErr, false),
+        _ => (WcStatus::RemAccessErr, true),
+    }
+}
+
+/// Execute a WR directly against the target (initiator-side DMA).
+pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
+    let me = q.host.inner().clone();
+    let Some(peer) = sq.peer.clone() else { return Outcome::Done(WcStatus::RetryExcErr, 0) };
+    let Some((tq, r)) = target(q, sq, &peer) else { return Outcome::Done(WcStatus::RetryExcErr, 0) };
+    let e = &mut sq.entries[i];
+    let spans = match local_spans(q, e, local_need(&e.op)) {
+        Ok(s) => s,
+        Err(s) => return Outcome::Done(s, 0),
+    };
+    let len = e.len();
+    if len > MAX_MSG {
+        return Outcome::Done(WcStatus::LocLenErr, 0);
+    }
+    let section = me.cfg.dma_section;
+    let local = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+    let tseg = &*peer.seg;
+    let remote_err = |s: WcStatus| {
+        responder::qp_error(tseg, &peer, tq);
+        Outcome::Done(s, 0)
+    };
+    match e.op {
+        WrOpcode::Write | WrOpcode::Read => {
+            let read = e.op == WrOpcode::Read;
+            let need = if read { Access::REMOTE_READ } else { Access::REMOTE_WRITE };
+            let mr = match responder::remote_check(tseg, r, e.rkey, e.raddr, len, need) {
+                Ok(m) => m,
+                Err(s) => return remote_err(s),
+            };
+            let tspan = [Span { mr, addr: e.raddr, len }];
+            let remote = Side { seg: tseg, port: peer.port, spans: &tspan };
+            let res = if read { dma::copy(&remote, &local, len, section) } else { dma::copy(&local, &remote, len, section) };
+            match res {
+                Ok(a) => {
+                    e.atoms = a;
+                    Outcome::Done(WcStatus::Success, len as u32)
+                }
+                Err(err) => {
+                    let (s, remote_fault) = dma_status(err, !read);
+                    if remote_fault {
+                        remote_err(s)
+                    } else {
+                        Outcome::Done(s, 0)
+                    }
+                }
+            }
+        }
+        WrOpcode::Send | WrOpcode::SendImm(_) | WrOpcode::WriteImm(_) => {
+            let m = Message {
+                src: local,
+                len,
+                imm: e.op.imm(),
+                write_to: matches!(e.op, WrOpcode::WriteImm(_)).then_some((e.rkey, e.raddr)),
+                src_qpn: q.qpn,
+                solicited: e.flags.contains(SendFlags::SOLICITED),
+                section,
+            };
+            match responder::deliver(&peer, tq, r, &m) {
+                Delivery::Done(s) => Outcome::Done(s, if s.is_ok() { len as u32 } else { 0 }),
+                Delivery::Rnr(t) => Outcome::Rnr(t),
+            }
+        }
+        WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => {
+            if len != 8 {
+                return Outcome::Done(WcStatus::LocLenErr, 0);
+            }
+            if peer.port != Port::Local {
+                // Never routed here (uses_ring), but stay correct if it were.
+                return Outcome::Done(WcStatus::LocQpOpErr, 0);
+            }
+            let op = match e.op {
+                WrOpcode::CmpSwap { compare, swap } => AtomicOp::CmpSwap { compare, swap },
+                WrOpcode::FetchAdd { add } => AtomicOp::FetchAdd { add },
+                _ => unreachable!("atomic opcode"),
+            };
+            let (s, v) = responder::atomic_here(tseg, r, e.rkey, e.raddr, op);
+            if !s.is_ok() {
+                return remote_err(s);
+            }
+            let bytes = v.to_le_bytes();
+            let src_span = [passthrough(bytes.as_ptr() as u64, 8)];
+            let src = Side { seg: &me.seg, port: Port::Local, spans: &src_span };
+            match dma::copy(&src, &local, 8, section) {
+                Ok(a) => {
+                    e.atoms = a;
+                    Outcome::Done(WcStatus::Success, 8)
+                }
+                Err(_) => Outcome::Done(WcStatus::LocProtErr, 0),
+            }
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The host segment: every piece of NIC state a peer needs (MR table, QP table with
+//! RQ rings and request rings, CQ rings, IOMMU page table, frame-residency map,
+//! flush epochs, NIC doorbell, stats) in one fixed-layout `#[repr(C)]` shared
+//! mapping addressed by offsets. In-process peers use it directly; other processes
+//! map the same memfd through `/proc/<pid>/fd/<fd>`.
+
+use crate::config::HostConfig;
+use crate::sys::{self, Mapping};
+use crate::{Error, Result};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+pub const PAGE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0001; // "nprdma" v1
+
+/// A cache-line-aligned wrapper to keep hot shared counters apart.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Line<T>(pub T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Sizing parameters, written once at creation; peers recompute the layout from them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub max_tlp: u32,
+    pub magic: u32,
+    pub max_qp: u32,
+    pub max_mr: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    pub ring_slots: u32,
+    pub ring_max: u32,
+    pub max_tracked_ranges: u32,
+    pub iova_pages: u64,
+    pub max_tracked_pages: u64,
+}
+
+impl Params {
+    pub fn from_config(c: &HostConfig) -> Params {
+        Params {
+            max_tlp: c.max_tlp as u32,
+            magic: c.magic,
+            max_qp: c.max_qp,
+            max_mr: c.max_mr,
+            max_cq: c.max_cq,
+            max_cqe: c.max_cqe,
+            max_wr: c.max_wr,
+            max_sge: c.max_sge,
+            max_inline: c.max_inline,
+            ring_slots: c.ring_slots,
+            ring_max: c.ring_max,
+            max_tracked_ranges: c.max_tracked_ranges,
+            iova_pages: c.iova_pages,
+            max_tracked_pages: c.max_tracked_pages,
+        }
+    }
+}
+
+/// Per-host counters (all hosts' DMA engines update them through the segment).
+#[repr(C)]
+#[derive(Default)]
+pub struct StatsRec {
+    pub wrs: AtomicU64,
+    pub bytes: AtomicU64,
+    pub atoms: AtomicU64,
+    pub nonresident_dma: AtomicU64,
+    pub flushes: AtomicU64,
+    pub ring_requests: AtomicU64,
+    pub rnr_naks: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub nonce: AtomicU64,
+    pub total_len: AtomicU64,
+    pub pid: AtomicU32,
+    pub memfd: AtomicU32,
+    pub params: Params,
+    pub epoch: Line<AtomicU64>,
+    pub inflight: [Line<AtomicU64>; 2],
+    /// NIC thread futex word (bumped to wake it).
+    pub nic_seq: Line<AtomicU32>,
+    /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
+    pub nic_sleeping: Line<AtomicU32>,
+    pub stats: Line<StatsRec>,
+    pub nranges: Line<AtomicU32>,
+}
+
+#[repr(C)]
+pub struct MrRec {
+    /// 0 = invalid; otherwise the current lkey/rkey.
+    pub key: AtomicU32,
+    pub pd: AtomicU32,
+    pub access: AtomicU32,
+    /// 0 = passthrough (identity MTT, no IOMMU), 1 = IOVA range.
+    pub kind: AtomicU32,
+    pub va: AtomicU64,
+    pub len: AtomicU64,
+    pub iova_base: AtomicU64,
+    _pad: [u64; 3],
+}
+
+#[repr(C)]
+pub struct QpRec {
+    pub qpn: AtomicU32,
+    pub in_use: AtomicU32,
+    pub state: AtomicU32,
+    pub pd: AtomicU32,
+    pub access: AtomicU32,
+    pub send_cq: AtomicU32,
+    pub recv_cq: AtomicU32,
+    pub min_rnr_timer: AtomicU32,
+    pub peer_nonce: AtomicU64,
+    pub peer_qpn: AtomicU32,
+    pub max_recv_sge: AtomicU32,
+    pub rq_lock: AtomicU32,
+    pub rq_depth: AtomicU32,
+    pub rq_head: AtomicU64,
+    pub rq_tail: AtomicU64,
+    /// Bumped on every RESET so stale peers notice a recycled QP.
+    pub incarnation: AtomicU32,
+    _pad0: [u32; 3],
+    pub ring_cons: Line<AtomicU64>,
+    _pad1: [u64; 16],
+}
+
+#[repr(C)]
+pub struct SgeRec {
+    pub addr: AtomicU64,
+    pub len: AtomicU32,
+    pub lkey: AtomicU32,
+}
+
+#[repr(C)]
+pub struct WqeHdr {
+    pub wr_id: AtomicU64,
+    pub nsge: AtomicU32,
+    _pad: u32,
+}
+
+/// Ring slot states.
+pub const SLOT_FREE: u32 = 0;
+pub const SLOT_REQ: u32 = 1;
+pub const SLOT_DONE: u32 = 2;
+
+/// Ring op codes.
+pub const RING_READ: u32 = 1;
+pub const RING_WRITE: u32 = 2;
+pub const RING_CAS: u32 = 3;
+pub const RING_FADD: u32 = 4;
+
+#[repr(C)]
+pub struct SlotHdr {
+    pub state: AtomicU32,
+    pub op: AtomicU32,
+    pub status: AtomicU32,
+    pub len: AtomicU32,
+    pub raddr: AtomicU64,
+    pub rkey: AtomicU32,
+    pub src_qpn: AtomicU32,
+    pub cmp: AtomicU64,
+    pub swp: AtomicU64,
+    pub src_nonce: AtomicU64,
+    pub result: AtomicU64,
+}
+
+#[repr(C)]
+pub struct CqRec {
+    pub in_use: AtomicU32,
+    pub depth: AtomicU32,
+    pub overflow: AtomicU32,
+    /// 0 = disarmed, 1 = next completion, 2 = solicited only.
+    pub notify: AtomicU32,
+    /// Completion-channel eventfd number in the owner process, or -1.
+    pub chan_fd: AtomicU32,
+    pub event_pending: AtomicU32,
+    pub incarnation: AtomicU32,
+    _pad0: [u32; 9],
+    pub head: Line<AtomicU64>,
+    pub tail: Line<AtomicU64>,
+}
+
+#[repr(C)]
+pub struct WcRec {
+    pub seq: AtomicU64,
+    pub wr_id: AtomicU64,
+    pub status: AtomicU32,
+    pub opcode: AtomicU32,
+    pub byte_len: AtomicU32,
+    pub imm: AtomicU32,
+    pub qp_num: AtomicU32,
+    pub src_qp: AtomicU32,
+    pub wc_flags: AtomicU32,
+    pub vendor_err: AtomicU32,
+    _pad: [u64; 2],
+}
+
+#[repr(C)]
+pub struct RangeRec {
+    pub start_page: AtomicU64,
+    pub npages: AtomicU64,
+    pub bit_off: AtomicU64,
+    pub used: AtomicU64,
+}
+
+/// Offsets of every region, derived deterministically from [`Params`].
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub mr: usize,
+    pub qp: usize,
+    pub rq: usize,
+    pub rq_stride: usize,
+    pub wqe_stride: usize,
+    pub ring: usize,
+    pub ring_stride: usize,
+    pub slot_stride: usize,
+    pub cq: usize,
+    pub wc: usize,
+    pub wc_stride: usize,
+    pub iommu: usize,
+    pub ranges: usize,
+    pub bitmap: usize,
+    pub doorbell: usize,
+    pub total: usize,
+}
+
+fn align(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+impl Layout {
+    pub fn compute(p: &Params) -> Option<Layout> {
+        let mut off = align(std::mem::size_of::<Header>(), PAGE);
+        let mut region = |sz: usize| -> Option<usize> {
+            let at = off;
+            off = align(off.checked_add(sz)?, PAGE);
+            Some(at)
+        };
+        let mr = region((p.max_mr as usize).checked_mul(std::mem::size_of::<MrRec>())?)?;
+        let qp = region((p.max_qp as usize).checked_mul(std::mem::size_of::<QpRec>())?)?;
+        let wqe_stride = std::mem::size_of::<WqeHdr>() + p.max_sge as usize * std::mem::size_of::<SgeRec>();
+        let rq_stride = align(wqe_stride.checked_mul(p.max_wr as usize)?, PAGE);
+        let rq = region(rq_stride.checked_mul(p.max_qp as usize)?)?;
+        let slot_stride = align(std::mem::size_of::<SlotHdr>() + p.ring_max as usize, 64);
+        let ring_stride = align(slot_stride.checked_mul(p.ring_slots as usize)?, PAGE);
+        let ring = region(ring_stride.checked_mul(p.max_qp as usize)?)?;
+        let cq = region((p.max_cq as usize).checked_mul(std::mem::size_of::<CqRec>())?)?;
+        let wc_stride = align(std::mem::size_of::<WcRec>().checked_mul(p.max_cqe as usize)?, PAGE);
+        let wc = region(wc_stride.checked_mul(p.max_cq as usize)?)?;
+        let iommu = region((p.iova_pages as usize).checked_mul(8)?)?;
+        let ranges = region((p.max_tracked_ranges as usize).checked_mul(std::mem::size_of::<RangeRec>())?)?;
+        let bitmap = region((p.max_tracked_pages as usize).div_ceil(64).checked_mul(8)?)?;
+        let doorbell = region((p.max_qp as usize).div_ceil(64) * 8)?;
+        Some(Layout {
+            mr,
+            qp,
+            rq,
+            rq_stride,
+            wqe_stride,
+            ring,
+            ring_stride,
+            slot_stride,
+            cq,
+            wc,
+            wc_stride,
+            iommu,
+            ranges,
+            bitmap,
+            doorbell,
+            total: off,
+        })
+    }
+}
+
+/// A mapped host segment (own or a peer's).
+pub struct Segment {
+    map: Mapping,
+    pub lay: Layout,
+    pub p: Params,
+    _fd: OwnedFd,
+}
+
+impl Segment {
+    /// Create this host's segment.
+    pub fn create(cfg: &HostConfig, nonce: u64) -> Result<Segment> {
+        let p = Params::from_config(cfg);
+        let lay = Layout::compute(&p).ok_or(Error::InvalidArgument("config too large"))?;
+        let fd = sys::memfd("rnic-host", lay.total)?;
+        let map = Mapping::map_shared(fd.as_raw_fd(), lay.total)?;
+        let base = map.ptr();
+        // SAFETY: the mapping is fresh, page aligned, zero-filled and at least
+        // size_of::<Header>() long; nobody else can see it yet.
+        unsafe {
+            std::ptr::addr_of_mut!((*(base as *mut Header)).params).write(p);
+        }
+        let seg = Segment { map, lay, p, _fd: fd };
+        let h = seg.hdr();
+        h.nonce.store(nonce, Ordering::Relaxed);
+        h.total_len.store(lay.total as u64, Ordering::Relaxed);
+        h.pid.store(std::process::id(), Ordering::Relaxed);
+        h.memfd.store(seg._fd.as_raw_fd() as u32, Ordering::Relaxed);
+        h.magic.store(SEG_MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Map a peer's segment (another process) given its pid, memfd number and nonce.
+    pub fn open(pid: u32, fd: u32, nonce: u64) -> Result<Segment> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::Unreachable(format!("{path}: {e}")))?;
+        let flen = file.metadata()?.len() as usize;
+        if flen < PAGE {
+            return Err(Error::Unreachable("segment too small".into()));
+        }
+        let fd: OwnedFd = file.into();
+        let map = Mapping::map_shared(fd.as_raw_fd(), flen)?;
+        // SAFETY: the mapping is at least one page, larger than Header, page aligned;
+        // Header consists of atomics and plain integers valid for any bit pattern.
+        let h = unsafe { &*(map.ptr() as *const Header) };
+        if h.magic.load(Ordering::Acquire) != SEG_MAGIC || h.nonce.load(Ordering::Relaxed) != nonce {
+            return Err(Error::Unreachable("segment identity mismatch".into()));
+        }
+        let p = h.params;
+        let lay = Layout::compute(&p).ok_or(Error::Unreachable("bad peer params".into()))?;
+        if lay.total > flen || h.total_len.load(Ordering::Relaxed) as usize != lay.total {
+            return Err(Error::Unreachable("peer segment layout mismatch".into()));
+        }
+        Ok(Segment { map, lay, p, _fd: fd })
+    }
+
+    fn at<T>(&self, off: usize) -> &T {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.lay.total);
+        debug_assert!(off % std::mem::align_of::<T>() == 0);
+        // SAFETY: every caller computes `off` from the layout with an index checked
+        // against the params, so the object lies inside the mapping and is aligned;
+        // all record types consist of atomics / plain integers valid for any bit pattern
+        // (the mapping starts zeroed) and are only mutated through atomics.
+        unsafe { &*(self.map.ptr().add(off) as *const T) }
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+    pub fn hdr(&self) -> &Header {
+        self.at(0)
+    }
+    pub fn nonce(&self) -> u64 {
+        self.hdr().nonce.load(Ordering::Relaxed)
+    }
+    pub fn pid(&self) -> u32 {
+        self.hdr().pid.load(Ordering::Relaxed)
+    }
+    pub fn stats(&self) -> &StatsRec {
+        &self.hdr().stats
+    }
+    pub fn mr(&self, idx: u32) -> Option<&MrRec> {
+        (idx < self.p.max_mr).then(|| self.at(self.lay.mr + idx as usize * std::mem::size_of::<MrRec>()))
+    }
+    pub fn qp(&self, idx: u32) -> Option<&QpRec> {
+        (idx < self.p.max_qp).then(|| self.at(self.lay.qp + idx as usize * std::mem::size_of::<QpRec>()))
+    }
+    /// Find the QP table index of a QP number.
+    pub fn find_qp(&self, qpn: u32) -> Option<u32> {
+        (0..self.p.max_qp).find(|&i| {
+            let q = self.qp(i).expect("in range");
+            q.in_use.load(Ordering::Acquire) == 1 && q.qpn.load(Ordering::Acquire) == qpn
+        })
+    }
+    /// Receive WQE `slot` (taken modulo max_wr) of QP `qp`: header and SGE array.
+    pub fn wqe(&self, qp: u32, slot: u64) -> (&WqeHdr, &[SgeRec]) {
+        let s = (slot % self.p.max_wr as u64) as usize;
+        let off = self.lay.rq + qp as usize * self.lay.rq_stride + s * self.lay.wqe_stride;
+        let hdr: &WqeHdr = self.at(off);
+        let off2 = off + std::mem::size_of::<WqeHdr>();
+        // SAFETY: the SGE array of max_sge entries follows the header inside the
+        // WQE stride (see Layout::compute); SgeRec is all atomics.
+        let sges = unsafe {
+            std::slice::from_raw_parts(self.map.ptr().add(off2) as *const SgeRec, self.p.max_sge as usize)
+        };
+        (hdr, sges)
+    }
+    /// Request-ring slot `slot` (modulo ring_slots) of QP `qp`: header and data pointer.
+    pub fn slot(&self, qp: u32, slot: u64) -> (&SlotHdr, *mut u8) {
+        let s = (slot % self.p.ring_slots as u64) as usize;
+        let off = self.lay.ring + qp as usize * self.lay.ring_stride + s * self.lay.slot_stride;
+        let hdr: &SlotHdr = self.at(off);
+        // SAFETY: the data area (ring_max bytes) follows the header within the stride.
+        let data = unsafe { self.map.ptr().add(off + std::mem::size_of::<SlotHdr>()) };
+        (hdr, data)
+    }
+    pub fn cq(&self, idx: u32) -> Option<&CqRec> {
+        (idx < self.p.max_cq).then(|| self.at(self.lay.cq + idx as usize * std::mem::size_of::<CqRec>()))
+    }
+    pub fn wc(&self, cq: u32, slot: u64, depth: u32) -> &WcRec {
+        let s = (slot % depth.max(1) as u64) as usize % self.p.max_cqe as usize;
+        self.at(self.lay.wc + cq as usize * self.lay.wc_stride + s * std::mem::size_of::<WcRec>())
+    }
+    pub fn iommu_entry(&self, page: u64) -> Option<&AtomicU64> {
+        (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * 8))
+    }
+    pub fn range(&self, i: u32) -> Option<&RangeRec> {
+        (i < self.p.max_tracked_ranges)
+            .then(|| self.at(self.lay.ranges + i as usize * std::mem::size_of::<RangeRec>()))
+    }
+    pub fn bitmap_word(&self, bit: u64) -> Option<&AtomicU64> {
+        (bit < self.p.max_tracked_pages).then(|| self.at(self.lay.bitmap + (bit / 64) as usize * 8))
+    }
+    pub fn doorbell_word(&self, w: u32) -> &AtomicU64 {
+        self.at(self.lay.doorbell + (w as usize % (self.p.max_qp as usize).div_ceil(64)) * 8)
+    }
+    pub fn doorbell_words(&self) -> u32 {
+        self.p.max_qp.div_ceil(64)
+    }
+    /// Ring the NIC thread's doorbell for QP index `qp`, waking it if asleep.
+    pub fn ring_doorbell(&self, qp: u32) {
+        self.doorbell_word(qp / 64).fetch_or(1 << (qp % 64), Ordering::SeqCst);
+        self.kick();
+    }
+    /// Wake the NIC thread if it sleeps.
+    pub fn kick(&self) {
+        let h = self.hdr();
+        if h.nic_sleeping.load(Ordering::SeqCst) != 0 {
+            h.nic_seq.fetch_add(1, Ordering::SeqCst);
+            sys::futex_wake(&h.nic_seq);
+        }
+    }
+}
+
+/// A tiny spin-then-yield lock living in shared memory (held only for short,
+/// bounded critical sections).
+pub struct ShmGuard<'a>(&'a AtomicU32);
+
+pub fn shm_lock(w: &AtomicU32) -> ShmGuard<'_> {
+    let mut spins = 0u32;
+    while w.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        spins += 1;
+        if spins < 100 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    ShmGuard(w)
+}
+
+impl Drop for ShmGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_page_aligned_and_ordered() {
+        let p = Params::from_config(&HostConfig::default());
+        let l = Layout::compute(&p).unwrap();
+        let offs = [l.mr, l.qp, l.rq, l.ring, l.cq, l.wc, l.iommu, l.ranges, l.bitmap, l.doorbell, l.total];
+        assert!(offs.windows(2).all(|w| w[0] < w[1]));
+        assert!(offs.iter().all(|o| o % PAGE == 0));
+        assert_eq!(std::mem::size_of::<MrRec>(), 64);
+        assert_eq!(std::mem::size_of::<WcRec>(), 64);
+        assert_eq!(std::mem::size_of::<SlotHdr>(), 64);
+    }
+
+    #[test]
+    fn create_and_reopen_same_process() {
+        let seg = Segment::create(&HostConfig::default(), 42).unwrap();
+        seg.mr(3).unwrap().key.store(77, Ordering::SeqCst);
+        let peer = Segment::open(std::process::id(), seg.hdr().memfd.load(Ordering::Relaxed), 42).unwrap();
+        assert_eq!(peer.mr(3).unwrap().key.load(Ordering::SeqCst), 77);
+        assert!(Segment::open(std::process::id(), seg.hdr().memfd.load(Ordering::Relaxed), 43).is_err());
+        assert!(peer.mr(p_max(&peer)).is_none());
+    }
+
+    fn p_max(s: &Segment) -> u32 {
+        s.p.max_mr
+    }
+}

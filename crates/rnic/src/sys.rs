@@ -1,0 +1,244 @@
+//! Thin, documented wrappers over the Linux syscalls the NIC needs: memfd,
+//! shared mappings, futexes, eventfds, pidfd_getfd and process_vm_readv/writev.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Create an anonymous memory file of `len` bytes (sparse: untouched pages cost nothing).
+pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: valid fd, plain integer length.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// A MAP_SHARED mapping of a file; unmapped on drop.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access to it goes through atomics
+// or through the DMA copy routines, which document their own invariants.
+unsafe impl Send for Mapping {}
+// SAFETY: see above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub fn map_shared(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: requesting a fresh mapping chosen by the kernel; fd validity is checked
+        // by the kernel.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p as *mut u8, len })
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping we created and nobody uses after drop.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// FUTEX_WAIT (shared, not private: the word may live in a cross-process mapping).
+/// Returns when woken, on timeout, on a spurious wakeup or if `*word != expected`.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map(|t| t as *const libc::timespec)
+        .unwrap_or(std::ptr::null());
+    // SAFETY: word is a valid aligned u32 for the duration of the call; tsp is null or
+    // points to a live timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            tsp,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// FUTEX_WAKE all waiters on `word` (shared futex).
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: word is a valid aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// A non-blocking eventfd (completion channel).
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Add 1 to an eventfd counter.
+pub fn eventfd_signal(fd: RawFd) -> io::Result<()> {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64.
+    let r = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    if r == 8 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Read (and reset) an eventfd counter; Ok(0) if it was zero.
+pub fn eventfd_drain(fd: RawFd) -> io::Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64.
+    let r = unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+    if r == 8 {
+        Ok(v)
+    } else {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+/// poll(2) one fd for readability; true if readable before the timeout.
+pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let ms = timeout.map(|d| d.as_millis().min(i32::MAX as u128) as i32).unwrap_or(-1);
+    loop {
+        // SAFETY: one live pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Duplicate file descriptor `fd` of process `pid` into this process (pidfd_getfd).
+pub fn pidfd_getfd(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscalls with integer arguments.
+    let pfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if pfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pfd is a fresh fd owned by us.
+    let pfd = unsafe { OwnedFd::from_raw_fd(pfd as RawFd) };
+    // SAFETY: plain syscall.
+    let nfd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pfd.as_raw_fd(), fd, 0) };
+    if nfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(nfd as RawFd) })
+}
+
+/// Allow any process to ptrace-attach / process_vm_* us (Yama).
+pub fn allow_ptrace_any() {
+    // SAFETY: prctl with integer arguments; failure is harmless (no Yama).
+    unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+}
+
+/// Direction of a cross-process copy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum VmDir {
+    /// remote -> local
+    Read,
+    /// local -> remote
+    Write,
+}
+
+/// process_vm_readv/writev over matching iovec lists (total lengths must be equal).
+/// Returns the number of bytes moved (short on a fault in the remote process).
+///
+/// # Safety
+/// Every local iovec must describe memory of this process that is valid for the
+/// access (writable for `VmDir::Read`).
+pub unsafe fn process_vm(
+    pid: u32,
+    dir: VmDir,
+    local: &[libc::iovec],
+    remote: &[libc::iovec],
+) -> io::Result<usize> {
+    let r = match dir {
+        VmDir::Read => libc::process_vm_readv(
+            pid as libc::pid_t,
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        ),
+        VmDir::Write => libc::process_vm_writev(
+            pid as libc::pid_t,
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        ),
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Monotonic nanoseconds (CLOCK_MONOTONIC), comparable across processes.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes into a live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
