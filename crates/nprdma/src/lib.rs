@@ -16,8 +16,9 @@
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
 //! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
 //! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
+//! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor |
 //!
-//! Still to build (next session): the WR planner and engine, the control-channel ring, the
+//! Still to build (next session): the engine that executes plans, the control-channel ring, the
 //! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
 //! `vmem`. Everything below describes how they use the parts above.
 //!
@@ -236,4 +237,5 @@ pub mod ctrl;
 pub mod keymap;
 pub mod nic;
 pub mod ordering;
+pub mod plan;
 pub mod shadow;

@@ -1,0 +1,370 @@
+//! The planner: how one application work request maps to NIC work requests
+//! (crate docs § 3). Pure decisions, no I/O: the engine asks
+//! [`choose`] for a [`Strategy`], [`nic_steps`] for the NIC WRs to post in a
+//! row on the data QP (at most [`MAX_NIC_WRS`], which is why the NIC QP is
+//! three times as deep as the application's), and [`order_desc`] for the
+//! ordering table's view of the WR.
+
+use crate::keymap::Translation;
+use crate::nic::WrOp;
+use crate::ordering::{OpDesc, Range};
+
+/// Most NIC WRs one application WR turns into on the data QP.
+pub const MAX_NIC_WRS: usize = 3;
+
+/// Application operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppOp {
+    Read,
+    Write,
+    WriteImm(u32),
+    Send,
+    SendImm(u32),
+    CmpSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// Tuning of the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// WRITEs longer than this use page versions instead of a read-back.
+    pub write_version_threshold: u64,
+    /// READs longer than this use page versions instead of per-atom magic
+    /// checks (`None`: always magic).
+    pub read_version_threshold: Option<u64>,
+    /// Largest payload sent inline on the control channel (two-sided).
+    pub inline_max: u64,
+    /// No IOMMU control: every operation is two-sided.
+    pub user_space_mode: bool,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            write_version_threshold: 16 * 1024,
+            read_version_threshold: None,
+            inline_max: crate::ctrl::DEFAULT_MAX_INLINE as u64,
+            user_space_mode: false,
+        }
+    }
+}
+
+/// How the operation is attempted first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// 1 READ, then [`crate::check::check_read`].
+    ReadMagic,
+    /// READ versions, READ data, READ versions; [`crate::check::check_versions`].
+    ReadVersioned,
+    /// WRITE, then a READ-back into a temporary buffer
+    /// ([`crate::check::check_readback`]); `deferred` = unsignaled WRITE whose
+    /// read-back waits for the next signaled WR of the QP.
+    WriteReadback { deferred: bool },
+    /// READ versions, WRITE, READ versions (also WRITE_WITH_IMM, followed by
+    /// the notification on the control channel).
+    WriteVersioned,
+    /// Two-sided from the start.
+    TwoSided(TwoSided),
+}
+
+/// Two-sided forms (control-channel message that starts them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TwoSided {
+    /// Atomic executed by the target CPU.
+    Atomic,
+    /// SEND with inline data.
+    SendInline,
+    /// SEND by rendezvous (receiver reverse-READs).
+    SendRendezvous,
+    /// READ/WRITE with inline data (≤ inline_max).
+    Inline,
+    /// READ/WRITE through a fault request and a reverse operation.
+    Reverse,
+}
+
+/// First strategy for an operation of `len` bytes.
+pub fn choose(op: AppOp, len: u64, signaled: bool, cfg: &PlanConfig) -> Strategy {
+    match op {
+        AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. } => Strategy::TwoSided(TwoSided::Atomic),
+        AppOp::Send | AppOp::SendImm(_) if len <= cfg.inline_max => {
+            Strategy::TwoSided(TwoSided::SendInline)
+        }
+        AppOp::Send | AppOp::SendImm(_) => Strategy::TwoSided(TwoSided::SendRendezvous),
+        AppOp::Read | AppOp::Write | AppOp::WriteImm(_) if cfg.user_space_mode => {
+            Strategy::TwoSided(fallback(len, cfg))
+        }
+        AppOp::Read => match cfg.read_version_threshold {
+            Some(t) if len > t => Strategy::ReadVersioned,
+            _ => Strategy::ReadMagic,
+        },
+        AppOp::WriteImm(_) => Strategy::WriteVersioned,
+        AppOp::Write if len > cfg.write_version_threshold => Strategy::WriteVersioned,
+        AppOp::Write => Strategy::WriteReadback {
+            deferred: !signaled,
+        },
+    }
+}
+
+/// Two-sided form of a READ/WRITE whose optimistic attempt failed.
+pub fn fallback(len: u64, cfg: &PlanConfig) -> TwoSided {
+    if len <= cfg.inline_max {
+        TwoSided::Inline
+    } else {
+        TwoSided::Reverse
+    }
+}
+
+/// Which local memory a NIC WR uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalBuf {
+    /// The application's SG list through its local Read MR view (absent
+    /// pages read as signature).
+    AppRead,
+    /// The application's SG list through its local Write MR view (writes to
+    /// absent pages vanish).
+    AppWrite,
+    /// The QP's pinned temporary buffer (read-backs).
+    Temp,
+    /// The QP's pinned version scratch words: before / after.
+    VersionsBefore,
+    VersionsAfter,
+}
+
+/// Role of a NIC WR in its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRole {
+    Data,
+    Readback,
+    VersionsBefore,
+    VersionsAfter,
+}
+
+/// One NIC WR to post.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicStep {
+    pub role: StepRole,
+    pub op: WrOp,
+    pub local: LocalBuf,
+    pub len: u64,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// The NIC WRs of a one-sided strategy, in posting order (empty for
+/// two-sided and for the deferred part of an unsignaled WRITE: the engine
+/// posts its [`readback_step`] later). WRITE_WITH_IMM is posted as a plain
+/// WRITE: the immediate travels in the control-channel notification.
+pub fn nic_steps(s: Strategy, remote_addr: u64, len: u64, t: &Translation) -> Vec<NicStep> {
+    let data_read = NicStep {
+        role: StepRole::Data,
+        op: WrOp::Read,
+        local: LocalBuf::AppWrite,
+        len,
+        remote_addr,
+        rkey: t.read_rkey,
+    };
+    let data_write = NicStep {
+        role: StepRole::Data,
+        op: WrOp::Write,
+        local: LocalBuf::AppRead,
+        len,
+        remote_addr,
+        rkey: t.write_rkey,
+    };
+    let ver = |role, local| NicStep {
+        role,
+        op: WrOp::Read,
+        local,
+        len: t.version_len,
+        remote_addr: t.version_addr,
+        rkey: t.version_rkey,
+    };
+    let before = ver(StepRole::VersionsBefore, LocalBuf::VersionsBefore);
+    let after = ver(StepRole::VersionsAfter, LocalBuf::VersionsAfter);
+    match s {
+        Strategy::ReadMagic => vec![data_read],
+        Strategy::ReadVersioned => vec![before, data_read, after],
+        Strategy::WriteReadback { deferred: false } => {
+            vec![data_write, readback_step(remote_addr, len, t)]
+        }
+        Strategy::WriteReadback { deferred: true } => vec![data_write],
+        Strategy::WriteVersioned => vec![before, data_write, after],
+        Strategy::TwoSided(_) => Vec::new(),
+    }
+}
+
+/// The read-back READ of a small WRITE (through the app rkey, i.e. the
+/// target's Read MR, so absent pages show magic) into the temporary buffer.
+pub fn readback_step(remote_addr: u64, len: u64, t: &Translation) -> NicStep {
+    NicStep {
+        role: StepRole::Readback,
+        op: WrOp::Read,
+        local: LocalBuf::Temp,
+        len,
+        remote_addr,
+        rkey: t.read_rkey,
+    }
+}
+
+/// The ordering table's view of an application WR with one local range.
+pub fn order_desc(
+    op: AppOp,
+    local: Range,
+    remote: Range,
+    order_before: bool,
+    order_after: bool,
+) -> OpDesc {
+    let d = match op {
+        AppOp::Read => OpDesc::read(local, remote),
+        AppOp::Write => OpDesc::write(local, remote),
+        AppOp::WriteImm(_) => OpDesc::write_imm(local, remote),
+        AppOp::Send | AppOp::SendImm(_) => OpDesc::send(local),
+        AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. } => OpDesc::atomic(local.addr, remote.addr),
+    };
+    d.order_before(order_before).order_after(order_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
+
+    use super::*;
+
+    fn tr() -> Translation {
+        Translation {
+            read_rkey: 1,
+            write_rkey: 2,
+            version_rkey: 3,
+            first_page: 5,
+            page_count: 2,
+            version_addr: 0x9014,
+            version_len: 8,
+        }
+    }
+
+    #[test]
+    fn paper_mapping_of_ops() {
+        let c = PlanConfig::default();
+        assert_eq!(choose(AppOp::Read, 8 << 20, true, &c), Strategy::ReadMagic);
+        assert_eq!(
+            choose(AppOp::Write, 4096, true, &c),
+            Strategy::WriteReadback { deferred: false }
+        );
+        assert_eq!(
+            choose(AppOp::Write, 4096, false, &c),
+            Strategy::WriteReadback { deferred: true }
+        );
+        assert_eq!(
+            choose(AppOp::Write, 1 << 20, true, &c),
+            Strategy::WriteVersioned
+        );
+        assert_eq!(
+            choose(AppOp::WriteImm(7), 8, true, &c),
+            Strategy::WriteVersioned
+        );
+        assert_eq!(
+            choose(AppOp::FetchAdd { add: 1 }, 8, true, &c),
+            Strategy::TwoSided(TwoSided::Atomic)
+        );
+        assert_eq!(
+            choose(AppOp::Send, 1024, true, &c),
+            Strategy::TwoSided(TwoSided::SendInline)
+        );
+        assert_eq!(
+            choose(AppOp::SendImm(1), 1025, true, &c),
+            Strategy::TwoSided(TwoSided::SendRendezvous)
+        );
+        let v = PlanConfig {
+            read_version_threshold: Some(65536),
+            ..c
+        };
+        assert_eq!(
+            choose(AppOp::Read, 65537, true, &v),
+            Strategy::ReadVersioned
+        );
+        let us = PlanConfig {
+            user_space_mode: true,
+            ..c
+        };
+        assert_eq!(
+            choose(AppOp::Read, 100, true, &us),
+            Strategy::TwoSided(TwoSided::Inline)
+        );
+        assert_eq!(
+            choose(AppOp::Write, 1 << 20, true, &us),
+            Strategy::TwoSided(TwoSided::Reverse)
+        );
+    }
+
+    #[test]
+    fn steps_use_the_right_keys_and_views() {
+        let t = tr();
+        let s = nic_steps(Strategy::WriteReadback { deferred: false }, 0x1000, 64, &t);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].op, s[0].rkey, s[0].local),
+            (WrOp::Write, 2, LocalBuf::AppRead)
+        );
+        assert_eq!(
+            (s[1].op, s[1].rkey, s[1].local),
+            (WrOp::Read, 1, LocalBuf::Temp)
+        );
+        let s = nic_steps(Strategy::ReadMagic, 0x1000, 64, &t);
+        assert_eq!(
+            (s[0].op, s[0].rkey, s[0].local),
+            (WrOp::Read, 1, LocalBuf::AppWrite)
+        );
+        let s = nic_steps(Strategy::WriteVersioned, 0x1000, 8192, &t);
+        assert_eq!(
+            s.iter().map(|x| x.role).collect::<Vec<_>>(),
+            vec![
+                StepRole::VersionsBefore,
+                StepRole::Data,
+                StepRole::VersionsAfter
+            ]
+        );
+        assert_eq!((s[0].remote_addr, s[0].len, s[0].rkey), (0x9014, 8, 3));
+        assert_eq!(s[1].rkey, 2);
+        assert!(nic_steps(Strategy::TwoSided(TwoSided::Atomic), 0, 8, &t).is_empty());
+        assert_eq!(
+            nic_steps(Strategy::WriteReadback { deferred: true }, 0, 8, &t).len(),
+            1
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_more_than_three_nic_wrs_and_writes_use_the_write_key(
+            k in 0u8..7, len in 0u64..(1 << 24), signaled in any::<bool>(),
+            us in any::<bool>(), rv in proptest::option::of(0u64..(1 << 22))
+        ) {
+            let op = match k {
+                0 => AppOp::Read,
+                1 => AppOp::Write,
+                2 => AppOp::WriteImm(1),
+                3 => AppOp::Send,
+                4 => AppOp::SendImm(1),
+                5 => AppOp::CmpSwap { compare: 0, swap: 1 },
+                _ => AppOp::FetchAdd { add: 1 },
+            };
+            let cfg = PlanConfig { user_space_mode: us, read_version_threshold: rv, ..PlanConfig::default() };
+            let s = choose(op, len, signaled, &cfg);
+            let steps = nic_steps(s, 0x1000, len, &tr());
+            prop_assert!(steps.len() <= MAX_NIC_WRS);
+            for st in &steps {
+                match st.op {
+                    WrOp::Write => prop_assert_eq!(st.rkey, tr().write_rkey),
+                    WrOp::Read if st.role == StepRole::Data || st.role == StepRole::Readback => {
+                        prop_assert_eq!(st.rkey, tr().read_rkey)
+                    }
+                    WrOp::Read => prop_assert_eq!(st.rkey, tr().version_rkey),
+                    other => prop_assert!(false, "unexpected NIC op {:?}", other),
+                }
+            }
+            // Non-idempotent and message ops never go one-sided.
+            if matches!(op, AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. } | AppOp::Send | AppOp::SendImm(_)) || us {
+                prop_assert!(steps.is_empty());
+            }
+        }
+    }
+}
