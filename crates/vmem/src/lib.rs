@@ -459,15 +459,20 @@ impl Region {
     pub fn as_mut_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
-    /// The region's bytes (accessing them may fault pages in).
+    /// The region's bytes (access may fault pages in); empty once unregistered.
     pub fn as_slice(&self) -> &[u8] {
-        assert!(self.live, "region unregistered");
+        if !self.live {
+            return &[];
+        }
         // SAFETY: the range is mapped while the region is live; moving pages
         // to swap and back preserves their contents.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
+    /// Mutable view; empty once unregistered.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        assert!(self.live, "region unregistered");
+        if !self.live {
+            return &mut [];
+        }
         // SAFETY: as above, and `&mut self` makes this the only safe view.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
     }

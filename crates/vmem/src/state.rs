@@ -71,7 +71,13 @@ pub struct PageArray {
 
 impl PageArray {
     pub fn new(base: usize, n: usize, init: impl Fn(usize) -> u64, external: bool) -> PageArray {
-        let states = (0..n).map(|i| AtomicU64::new(init(i))).collect();
+        let states = zeroed_words(n);
+        for (i, s) in states.iter().enumerate() {
+            let v = init(i);
+            if v != 0 {
+                s.store(v, Ordering::Relaxed);
+            }
+        }
         PageArray {
             base,
             states,
@@ -82,6 +88,17 @@ impl PageArray {
     pub fn word(&self, page: usize) -> &AtomicU64 {
         &self.states[page - self.base]
     }
+}
+
+/// `n` zeroed words from a zeroed allocation (calloc: large arrays cost no
+/// time until touched, which keeps registering many GiB fast).
+fn zeroed_words(n: usize) -> Box<[AtomicU64]> {
+    let v: Vec<u64> = vec![0u64; n];
+    let mut v = std::mem::ManuallyDrop::new(v);
+    let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+    // SAFETY: AtomicU64 has the same size, alignment and bit validity as u64,
+    // and the allocation is handed over whole (same layout) to the new Vec.
+    unsafe { Vec::from_raw_parts(ptr.cast::<AtomicU64>(), len, cap) }.into_boxed_slice()
 }
 
 /// Waits until `w` has no BUSY bit and returns the value seen. BUSY holders

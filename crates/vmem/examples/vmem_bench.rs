@@ -1,0 +1,482 @@
+//! Pager benchmarks (not tests): fault service latency vs a raw userfaultfd
+//! handler measured in the same run, pin latency, swap-out cost per page,
+//! residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
+//!
+//! `cargo run --release -p vmem --example vmem_bench [-- --quick]`
+
+use hdrhistogram::Histogram;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmem::{Pager, PagerConfig, PAGE_SIZE as PG};
+
+/// A minimal userfaultfd handler: the baseline "raw ioctl cost". It spins on
+/// non-blocking reads (like the pager after a fault) or blocks in poll, and
+/// resolves each fault with exactly one ioctl (zero page, or pread + COPY).
+mod raw {
+    use super::*;
+    const UFFDIO_API: u64 = 0xc018_aa3f;
+    const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    const UFFDIO_COPY: u64 = 0xc028_aa03;
+    const UFFDIO_ZEROPAGE: u64 = 0xc020_aa04;
+
+    pub struct Raw {
+        pub addr: usize,
+        pub len: usize,
+        stop: Arc<AtomicBool>,
+        t: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Raw {
+        /// `file`: Some(fd) = major faults (pread 4 KiB from the file, then
+        /// COPY); None = `zero`: ZEROPAGE if true, else COPY of a zero page.
+        pub fn new(len: usize, spin: bool, file: Option<std::fs::File>, zero: bool) -> Raw {
+            // SAFETY: plain syscalls on fresh resources; structs match the kernel ABI.
+            unsafe {
+                let fd =
+                    libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
+                assert!(fd >= 0);
+                let fd = OwnedFd::from_raw_fd(fd);
+                let mut api = [0xAAu64, 0, 0];
+                assert_eq!(
+                    libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()),
+                    0
+                );
+                let addr = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                ) as usize;
+                libc::madvise(addr as *mut _, len, libc::MADV_NOHUGEPAGE);
+                let mut reg = [addr as u64, len as u64, 1, 0];
+                assert_eq!(
+                    libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER as _, reg.as_mut_ptr()),
+                    0
+                );
+                let stop = Arc::new(AtomicBool::new(false));
+                let st = stop.clone();
+                let t = std::thread::spawn(move || {
+                    let buf = vec![0u8; 2 * PG];
+                    let page = (buf.as_ptr() as usize).next_multiple_of(PG);
+                    let mut msg = [0u64; 4];
+                    while !st.load(Relaxed) {
+                        let n = libc::read(fd.as_raw_fd(), msg.as_mut_ptr().cast(), 32);
+                        if n != 32 {
+                            if !spin {
+                                let mut p = libc::pollfd {
+                                    fd: fd.as_raw_fd(),
+                                    events: libc::POLLIN,
+                                    revents: 0,
+                                };
+                                libc::poll(&mut p, 1, 10);
+                            }
+                            continue;
+                        }
+                        let a = (msg[2] as usize) & !(PG - 1);
+                        match &file {
+                            None if zero => {
+                                let mut z = [a as u64, PG as u64, 0, 0];
+                                libc::ioctl(fd.as_raw_fd(), UFFDIO_ZEROPAGE as _, z.as_mut_ptr());
+                            }
+                            None => {
+                                let mut c = [a as u64, page as u64, PG as u64, 0, 0];
+                                libc::ioctl(fd.as_raw_fd(), UFFDIO_COPY as _, c.as_mut_ptr());
+                            }
+                            Some(f) => {
+                                let off = ((a - addr) % (64 << 20)) as i64;
+                                libc::pread(f.as_raw_fd(), page as *mut _, PG, off);
+                                let mut c = [a as u64, page as u64, PG as u64, 0, 0];
+                                libc::ioctl(fd.as_raw_fd(), UFFDIO_COPY as _, c.as_mut_ptr());
+                            }
+                        }
+                    }
+                });
+                Raw {
+                    addr,
+                    len,
+                    stop,
+                    t: Some(t),
+                }
+            }
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            self.stop.store(true, Relaxed);
+            if let Some(t) = self.t.take() {
+                t.join().unwrap();
+            }
+            // SAFETY: our mapping; the handler thread has stopped.
+            unsafe { libc::munmap(self.addr as *mut _, self.len) };
+        }
+    }
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 10_000_000_000, 3).unwrap()
+}
+
+/// Touches one byte per page (write) and records each access's latency.
+fn touch_pages(addr: usize, pages: usize, write: bool) -> (Histogram<u64>, Duration) {
+    let mut h = hist();
+    let t0 = Instant::now();
+    for i in 0..pages {
+        let p = (addr + i * PG) as *mut u8;
+        let t = Instant::now();
+        // SAFETY: the page belongs to a live mapping under test.
+        unsafe {
+            if write {
+                std::ptr::write_volatile(p, 1);
+            } else {
+                std::ptr::read_volatile(p);
+            }
+        }
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+    }
+    (h, t0.elapsed())
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn line(name: &str, h: &Histogram<u64>, total: Duration, n: usize, base: Option<&Histogram<u64>>) {
+    let ratio = base.map_or(String::new(), |b| {
+        format!(
+            "{:.2} / {:.2}",
+            h.value_at_quantile(0.5) as f64 / b.value_at_quantile(0.5) as f64,
+            h.mean() / b.mean()
+        )
+    });
+    println!(
+        "| {name} | {:.1} | {:.1} | {:.1} | {:.0} | {ratio} |",
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        h.mean() / 1000.0,
+        n as f64 / total.as_secs_f64()
+    );
+}
+
+fn faults(pages: usize) {
+    println!("\n### Fault service (app-side latency of one access, µs; faults/s with one handler thread)\n");
+    println!("Ratio = pager / raw baseline of the same kind (p50 / mean), same run.\n");
+    println!(
+        "| case | p50 | p99 | mean | faults/s | ratio p50 / mean |\n|---|---|---|---|---|---|"
+    );
+    // Swap-like file for the raw major-fault baseline.
+    let f = tempfile_with(64 << 20);
+    for spin in [true, false] {
+        let tag = if spin { "spin" } else { "block" };
+        let cfg = PagerConfig {
+            spin: if spin {
+                Duration::from_micros(50)
+            } else {
+                Duration::ZERO
+            },
+            swap_size: (pages * PG * 2) as u64,
+            ..Default::default()
+        };
+        let p = Pager::new(cfg).unwrap();
+        // Minor, read: zero page.
+        let (hb, t) = {
+            let r = raw::Raw::new(pages * PG, spin, None, true);
+            touch_pages(r.addr, pages, false)
+        };
+        line(
+            &format!("raw uffd read → ZEROPAGE ({tag}) — baseline"),
+            &hb,
+            t,
+            pages,
+            None,
+        );
+        let reg = p.alloc(pages * PG).unwrap();
+        let (h, t) = touch_pages(reg.addr(), pages, false);
+        line(
+            &format!("pager minor, read ({tag})"),
+            &h,
+            t,
+            pages,
+            Some(&hb),
+        );
+        let s = p.stats().fault_service;
+        println!(
+            "| ↳ pager-side service time ({tag}) | {:.1} | {:.1} | {:.1} | | |",
+            us(s.p50_ns),
+            us(s.p99_ns),
+            s.mean_ns / 1000.0
+        );
+        drop(reg);
+        // Minor, write: COPY of a zero page.
+        let (hb, t) = {
+            let r = raw::Raw::new(pages * PG, spin, None, false);
+            touch_pages(r.addr, pages, true)
+        };
+        line(
+            &format!("raw uffd write → COPY zeroes ({tag}) — baseline"),
+            &hb,
+            t,
+            pages,
+            None,
+        );
+        let reg = p.alloc(pages * PG).unwrap();
+        let (h, t) = touch_pages(reg.addr(), pages, true);
+        line(
+            &format!("pager minor, write ({tag})"),
+            &h,
+            t,
+            pages,
+            Some(&hb),
+        );
+        // Major: pread + COPY.
+        let (hb, t) = {
+            let r = raw::Raw::new(pages * PG, spin, Some(f.try_clone().unwrap()), false);
+            touch_pages(r.addr, pages, true)
+        };
+        line(
+            &format!("raw uffd pread + COPY ({tag}) — baseline"),
+            &hb,
+            t,
+            pages,
+            None,
+        );
+        // SAFETY: the region is live.
+        unsafe { std::ptr::write_bytes(reg.as_mut_ptr(), 3, reg.len()) };
+        reg.swap_out().unwrap();
+        p.reset_fault_histogram();
+        let (h, t) = touch_pages(reg.addr(), pages, true);
+        line(&format!("pager major ({tag})"), &h, t, pages, Some(&hb));
+        let s = p.stats().fault_service;
+        println!(
+            "| ↳ pager-side service time major ({tag}) | {:.1} | {:.1} | {:.1} | | |",
+            us(s.p50_ns),
+            us(s.p99_ns),
+            s.mean_ns / 1000.0
+        );
+    }
+}
+
+fn tempfile_with(len: usize) -> std::fs::File {
+    let p = std::env::temp_dir().join(format!("vmem-bench-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    std::fs::remove_file(&p).unwrap();
+    use std::io::Write;
+    let chunk = vec![7u8; 1 << 20];
+    let mut w = &f;
+    for _ in 0..len >> 20 {
+        w.write_all(&chunk).unwrap();
+    }
+    f
+}
+
+fn pins(pages: usize) {
+    println!("\n### pin() in the calling thread (µs per 1-page pin+unpin)\n");
+    println!("| page state | p50 | p99 | mean |\n|---|---|---|---|");
+    let p = Pager::new(PagerConfig {
+        swap_size: (pages * PG * 2) as u64,
+        ..Default::default()
+    })
+    .unwrap();
+    let r = p.alloc(pages * PG).unwrap();
+    let run = |name: &str| {
+        let mut h = hist();
+        for i in 0..pages {
+            let a = r.addr() + i * PG;
+            let t = Instant::now();
+            p.pin(a, PG).unwrap();
+            p.unpin(a, PG).unwrap();
+            h.record(t.elapsed().as_nanos() as u64).unwrap();
+        }
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} |",
+            us(h.value_at_quantile(0.5)),
+            us(h.value_at_quantile(0.99)),
+            h.mean() / 1000.0
+        );
+    };
+    run("never touched (zero fill)");
+    run("resident");
+    r.swap_out().unwrap();
+    run("swapped out (swap read + COPY)");
+    let mut h = hist();
+    for i in 0..pages {
+        let t = Instant::now();
+        std::hint::black_box(p.is_resident(r.addr() + i * PG));
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+    }
+    println!(
+        "| is_resident() query | {:.3} | {:.3} | {:.3} |",
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        h.mean() / 1000.0
+    );
+}
+
+fn swap_out_cost(pages: usize) {
+    println!("\n### Swap-out cost (µs per page; listeners none; includes UFFDIO_MOVE, write, MADV_DONTNEED of staging)\n");
+    println!("| mode | µs/page | pages |\n|---|---|---|");
+    for (o_direct, batch) in [
+        (false, 1usize),
+        (false, 64),
+        (false, 256),
+        (true, 1),
+        (true, 64),
+        (true, 256),
+    ] {
+        let cfg = PagerConfig {
+            o_direct,
+            evict_batch: batch.max(1),
+            swap_size: (pages * PG * 2) as u64,
+            background_evictor: false,
+            ..Default::default()
+        };
+        let p = Pager::new(cfg).unwrap();
+        let r = p.alloc(pages * PG).unwrap();
+        // SAFETY: the region is live.
+        unsafe { std::ptr::write_bytes(r.as_mut_ptr(), 5, r.len()) };
+        let t = Instant::now();
+        let n = if batch == 1 {
+            (0..pages)
+                .map(|i| p.swap_out(r.addr() + i * PG, PG).unwrap())
+                .sum()
+        } else {
+            r.swap_out().unwrap()
+        };
+        let dt = t.elapsed();
+        assert_eq!(n, pages);
+        let mode = format!(
+            "{} {}",
+            if o_direct { "O_DIRECT" } else { "buffered" },
+            if batch == 1 {
+                "single (1 page per call)".to_string()
+            } else {
+                format!("batched ({batch} pages)")
+            }
+        );
+        println!(
+            "| {mode} | {:.2} | {pages} |",
+            dt.as_secs_f64() * 1e6 / pages as f64
+        );
+    }
+}
+
+fn registration(gib: usize) {
+    println!("\n### Registration of {gib} GiB (same run)\n");
+    println!("| operation | ms | ms/GiB |\n|---|---|---|");
+    let len = gib << 30;
+    let p = Pager::new(PagerConfig {
+        swap_size: 1 << 30,
+        background_evictor: false,
+        ..Default::default()
+    })
+    .unwrap();
+    // SAFETY: fresh anonymous mapping owned by this function.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    } as usize;
+    let row = |name: &str, d: Duration| {
+        println!(
+            "| {name} | {:.2} | {:.2} |",
+            d.as_secs_f64() * 1e3,
+            d.as_secs_f64() * 1e3 / gib as f64
+        )
+    };
+    let t = Instant::now();
+    // SAFETY: the mapping stays alive until the region is dropped.
+    let r = unsafe { p.register(addr, len) }.unwrap();
+    let reg = t.elapsed();
+    row(
+        "pager register (mincore scan + state array + UFFDIO_REGISTER)",
+        reg,
+    );
+    let t = Instant::now();
+    let cnt = r.resident_count().unwrap();
+    row(
+        "pager residency query over the region (state array)",
+        t.elapsed(),
+    );
+    assert_eq!(cnt, 0);
+    let t = Instant::now();
+    drop(r);
+    row("pager unregister", t.elapsed());
+    let t = Instant::now();
+    // SAFETY: locking our own mapping.
+    assert_eq!(
+        unsafe { libc::mlock(addr as *const _, len) },
+        0,
+        "mlock failed (RLIMIT_MEMLOCK?)"
+    );
+    let ml = t.elapsed();
+    row("mlock() (baseline, same range)", ml);
+    println!(
+        "\nregister speed-up vs mlock: **{:.0}×**",
+        ml.as_secs_f64() / reg.as_secs_f64()
+    );
+    // Now resident memory (as from a malloc'd, used buffer): scan costs.
+    let t = Instant::now();
+    // SAFETY: the mapping stays alive until the region is dropped.
+    let r = unsafe { p.register(addr, len) }.unwrap();
+    let reg2 = t.elapsed();
+    println!();
+    println!("| operation | ms | ms/GiB |\n|---|---|---|");
+    row("pager register of the same range, now fully resident", reg2);
+    let t = Instant::now();
+    let cnt = r.resident_count().unwrap();
+    row("pager residency query (state array)", t.elapsed());
+    assert_eq!(cnt, len / PG);
+    let t = Instant::now();
+    let mut v = vec![0u8; len / PG];
+    // SAFETY: v has one byte per page.
+    unsafe { libc::mincore(addr as *mut _, len, v.as_mut_ptr()) };
+    row("mincore scan (reference)", t.elapsed());
+    let t = Instant::now();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut buf = vec![0u8; 8 * 65536];
+        let mut off = 0;
+        while off < len / PG {
+            let n = (len / PG - off).min(65536);
+            f.read_exact_at(&mut buf[..8 * n], ((addr / PG + off) * 8) as u64)
+                .unwrap();
+            off += n;
+        }
+    }
+    row("/proc/self/pagemap scan (reference)", t.elapsed());
+    drop(r);
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(addr as *mut _, len) };
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let pages = if quick { 2000 } else { 20000 };
+    println!(
+        "vmem_bench: {} pages per fault run; machine: {} cpus",
+        pages,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    faults(pages);
+    pins(pages.min(10000));
+    swap_out_cost(if quick { 4096 } else { 32768 });
+    registration(if quick { 1 } else { 4 });
+}
