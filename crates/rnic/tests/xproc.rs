@@ -1,0 +1,226 @@
+//! Cross-process tests: the test binary re-executes itself as a passive peer process
+//! (env `RNIC_XPROC_CHILD=1`); the two exchange connection info over pipes (as
+//! perftest does over TCP) and then talk through the shared-memory transport.
+
+mod common;
+use common::*;
+use rnic::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+const BIG: usize = 1 << 20;
+
+/// The passive side. Does nothing unless run as the child.
+#[test]
+fn xproc_child() {
+    if std::env::var("RNIC_XPROC_CHILD").is_err() {
+        return;
+    }
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    let big = buf(&e.pd, BIG, 0);
+    big.write(0, &pattern(BIG, 0x5a));
+    let at = buf(&e.pd, 64, 0);
+    at.write(0, &1000u64.to_le_bytes());
+    let rbuf = buf(&e.pd, 8192, 0);
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "INFO {} {} {} {} {} {}",
+        host.addr().to_hex(),
+        e.qp.qpn(),
+        big.addr(),
+        big.rkey(),
+        at.addr(),
+        at.rkey()
+    )
+    .unwrap();
+    out.flush().unwrap();
+    while let Some(Ok(l)) = lines.next() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let reply = match w.as_slice() {
+            ["PEER", a, q] => {
+                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                let rs = [rbuf.sge(0, 8192)];
+                e.qp.post_recv(&[RecvWr { wr_id: 11, sg_list: &rs }, RecvWr { wr_id: 12, sg_list: &rs }]).unwrap();
+                "READY".to_string()
+            }
+            ["CHECK", off, len, seed] => {
+                let (off, len): (usize, usize) = (off.parse().unwrap(), len.parse().unwrap());
+                let ok = big.to_vec(off, len) == pattern(len, seed.parse().unwrap());
+                if ok { "OK".into() } else { "BAD".into() }
+            }
+            ["RECV", len, seed] => match e.rcq.poll_wait(1, T) {
+                Ok(v) => {
+                    let len: usize = len.parse().unwrap();
+                    let data_ok = rbuf.to_vec(0, len) == pattern(len, seed.parse().unwrap());
+                    format!("WC {} {:?} {} {} {}", v[0].wr_id, v[0].status, v[0].byte_len, v[0].imm_data, data_ok)
+                }
+                Err(err) => format!("ERR {err}"),
+            },
+            ["ATOMIC"] => format!("VAL {}", u64::from_le_bytes(at.to_vec(0, 8).try_into().unwrap())),
+            ["STATE"] => format!("STATE {:?}", e.qp.state()),
+            ["STATS"] => format!("STATS {}", host.stats().ring_requests),
+            ["EXIT"] => break,
+            _ => "?".into(),
+        };
+        writeln!(out, "{reply}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+struct Child {
+    child: std::process::Child,
+    inp: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    fn spawn() -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "xproc_child", "--nocapture", "--test-threads=1", "-q"])
+            .env("RNIC_XPROC_CHILD", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let inp = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Child { child, inp, out }
+    }
+    fn line(&mut self) -> String {
+        loop {
+            let mut s = String::new();
+            assert!(self.out.read_line(&mut s).unwrap() > 0, "child exited");
+            let s = s.trim().to_string();
+            // skip libtest chatter
+            if s.starts_with("INFO")
+                || s.starts_with("READY")
+                || s.starts_with("OK")
+                || s.starts_with("BAD")
+                || s.starts_with("WC")
+                || s.starts_with("ERR")
+                || s.starts_with("VAL")
+                || s.starts_with("STATE")
+                || s.starts_with("STATS")
+            {
+                return s;
+            }
+        }
+    }
+    fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.inp, "{c}").unwrap();
+        self.inp.flush().unwrap();
+        self.line()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = writeln!(self.inp, "EXIT");
+        let _ = self.inp.flush();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn cross_process_all_operations() {
+    let mut c = Child::spawn();
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    assert_ne!(raddr.pid, std::process::id());
+    let rqpn: u32 = f[2].parse().unwrap();
+    let (big_addr, big_rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+    let (at_addr, at_rkey): (u64, u32) = (f[5].parse().unwrap(), f[6].parse().unwrap());
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let exp = pattern(BIG, 0x5a);
+    let local = buf(&e.pd, BIG, 0);
+
+    // READ: small (NIC-thread ring) and large (process_vm) sizes
+    for &len in &[2usize, 64, 4096, 4097, 65536, BIG] {
+        local.fill(0);
+        let off = if len == BIG { 0 } else { 100 };
+        let sge = [local.sge(0, len as u32)];
+        e.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(big_addr + off as u64, big_rkey)]).unwrap();
+        let wc = wait1(&e.cq);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, len as u32), "READ {len}");
+        assert_eq!(local.to_vec(0, len), exp[off..off + len], "READ {len} data");
+    }
+    assert!(c.cmd("STATS").trim_start_matches("STATS ").parse::<u64>().unwrap() >= 3, "small reads served by the target NIC thread");
+
+    // WRITE: small and large, verified by the child
+    for (i, &len) in [8usize, 3000, 200_000].iter().enumerate() {
+        let seed = 10 + i as u8;
+        local.write(0, &pattern(len, seed));
+        let sge = [local.sge(0, len as u32)];
+        e.qp.post_send(&[SendWr::new(2, WrOpcode::Write, &sge).remote(big_addr + 4096, big_rkey)]).unwrap();
+        assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+        assert_eq!(c.cmd(&format!("CHECK 4096 {len} {seed}")), "OK", "WRITE {len}");
+    }
+
+    // SEND and SEND_WITH_IMM into the child's posted receives
+    local.write(0, &pattern(5000, 33));
+    let sge = [local.sge(0, 5000)];
+    e.qp.post_send(&[SendWr::new(3, WrOpcode::Send, &sge)]).unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    assert_eq!(c.cmd("RECV 5000 33"), "WC 11 Success 5000 0 true");
+    let sge = [local.sge(0, 100)];
+    e.qp.post_send(&[SendWr::new(4, WrOpcode::SendImm(99), &sge)]).unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    assert_eq!(c.cmd("RECV 100 33"), "WC 12 Success 100 99 true");
+
+    // atomics, executed by the child's NIC thread
+    let res = buf(&e.pd, 16, 0);
+    let s0 = [res.sge(0, 8)];
+    let s1 = [res.sge(8, 8)];
+    e.qp
+        .post_send(&[
+            SendWr::new(5, WrOpcode::FetchAdd { add: 7 }, &s0).remote(at_addr, at_rkey),
+            SendWr::new(6, WrOpcode::CmpSwap { compare: 1007, swap: 42 }, &s1).remote(at_addr, at_rkey),
+        ])
+        .unwrap();
+    let w = e.cq.poll_wait(2, T).unwrap();
+    assert!(w.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(res.to_vec(0, 8), 1000u64.to_le_bytes());
+    assert_eq!(res.to_vec(8, 8), 1007u64.to_le_bytes());
+    assert_eq!(c.cmd("ATOMIC"), "VAL 42");
+
+    // error case: bad rkey -> REM_ACCESS_ERR, flush behind it, both QPs in ERR
+    let sge = [local.sge(0, 8)];
+    e.qp
+        .post_send(&[
+            SendWr::new(7, WrOpcode::Read, &sge).remote(big_addr, big_rkey ^ 0x4000),
+            SendWr::new(8, WrOpcode::Read, &sge).remote(big_addr, big_rkey),
+        ])
+        .unwrap();
+    let w = e.cq.poll_wait(2, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::RemAccessErr));
+    assert_eq!((w[1].wr_id, w[1].status), (8, WcStatus::WrFlushErr));
+    assert_eq!(c.cmd("STATE"), "STATE Err");
+    assert_eq!(host.stats().nonresident_dma, 0);
+}
+
+#[test]
+fn cross_process_large_write_error_out_of_bounds() {
+    let mut c = Child::spawn();
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn: u32 = f[2].parse().unwrap();
+    let (big_addr, big_rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let local = buf(&e.pd, 2 * BIG, 0);
+    let sge = [local.sge(0, (BIG + 1) as u32)];
+    e.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(big_addr, big_rkey)]).unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::RemAccessErr);
+    assert_eq!(c.cmd(&format!("CHECK 0 {BIG} {}", 0x5a)), "OK", "target untouched");
+}
