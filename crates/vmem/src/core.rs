@@ -15,7 +15,7 @@ use crate::uffd::Uffd;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Why a page is being brought in.
@@ -55,11 +55,15 @@ pub struct Inner {
     pub kick_cv: Condvar,
     pub evictor_idle: AtomicBool,
     pub shutdown: AtomicBool,
+    /// Odd while the fault thread is inside a read-and-handle cycle.
+    pub handler_seq: AtomicU64,
     zero: PageBuf,
 }
 
 thread_local! {
     static BOUNCE: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+    /// Set on the fault-handler thread.
+    pub static IS_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Page range `[p0, p1)` covering `[addr, addr+len)`.
@@ -112,6 +116,7 @@ impl Inner {
             kick_cv: Condvar::new(),
             evictor_idle: AtomicBool::new(true),
             shutdown: AtomicBool::new(false),
+            handler_seq: AtomicU64::new(0),
             zero: PageBuf::new(1),
         }
     }
@@ -160,7 +165,6 @@ impl Inner {
         loop {
             let v = state::wait_not_busy(w);
             match state::kind(v) {
-                GONE => return Err(Error::Unmapped(addr)),
                 RESIDENT => match why {
                     Why::Prefetch => return Ok(Brought::Already),
                     Why::Pin => {
@@ -202,9 +206,16 @@ impl Inner {
                         };
                     }
                 },
+                // UNTOUCHED, SWAPPED, and GONE (suspected unmapped: if the
+                // kernel still routes a fault or fill to us, the mapping is
+                // registered with our uffd and the page is managed again).
                 _ => {
                     if arr.external {
-                        return Err(Error::ExternalNotResident(addr));
+                        return Err(if state::kind(v) == GONE {
+                            Error::Unmapped(addr)
+                        } else {
+                            Error::ExternalNotResident(addr)
+                        });
                     }
                     if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
                         continue;
@@ -430,6 +441,28 @@ impl Inner {
 
     // ----- registration -----
 
+    /// Waits until the fault thread has handled every event it has read. The
+    /// kernel lets munmap return once its UNMAP event is *read*; waiting for
+    /// the handler's current cycle orders that event before a registration
+    /// that reuses the addresses.
+    fn quiesce_events(&self) {
+        if IS_HANDLER.with(|h| h.get()) {
+            return;
+        }
+        let s = self.handler_seq.load(SeqCst);
+        if s % 2 == 0 {
+            return;
+        }
+        let t = std::time::Instant::now();
+        while self.handler_seq.load(SeqCst) == s {
+            if t.elapsed() > std::time::Duration::from_secs(5) {
+                tracing::warn!("fault thread busy for >5 s; registering anyway");
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Registers `[addr, addr+len)` (whole pages). `scan`: read the current
     /// residency with mincore (foreign memory); otherwise all pages start
     /// never-touched.
@@ -458,6 +491,7 @@ impl Inner {
         } else {
             None
         };
+        self.quiesce_events();
         let res_at = |p: usize| external || scanned.as_ref().is_some_and(|v| v[p - p0] & 1 != 0);
         let mut sp = self.space.write();
         let existing = sp.overlapping(p0, p1);

@@ -11,7 +11,7 @@
 
 use crate::core::Inner;
 use crate::error::{Error, Result};
-use crate::state::{self, PageArray, BUSY, EVICTING, REF, RESIDENT, SWAPPED, UNTOUCHED};
+use crate::state::{self, PageArray, BUSY, EVICTING, NOEVICT, REF, RESIDENT, SWAPPED, UNTOUCHED};
 use crate::stats::inc;
 use crate::swap::Slot;
 use crate::sys::{self, PAGE, PAGE_SHIFT};
@@ -42,7 +42,10 @@ impl EvictState {
 enum Out {
     Moved,
     Hole,
+    /// Not moved this time (stays resident).
     Failed,
+    /// Not movable at all (stays resident, marked NOEVICT).
+    Refused,
 }
 
 type Victim = (Arc<PageArray>, usize);
@@ -52,7 +55,7 @@ type Victim = (Arc<PageArray>, usize);
 fn try_mark(arr: &PageArray, p: usize, clock: bool) -> bool {
     let w = arr.word(p);
     let v = w.load(Acquire);
-    if state::kind(v) != RESIDENT || v & (BUSY | EVICTING) != 0 || state::pins(v) != 0 {
+    if state::kind(v) != RESIDENT || v & (BUSY | EVICTING | NOEVICT) != 0 || state::pins(v) != 0 {
         return false;
     }
     if clock && v & REF != 0 {
@@ -224,6 +227,7 @@ impl Inner {
         }
         // 6. Publish the new states.
         let mut moved = 0;
+        let mut stayed = Vec::new();
         for (k, (arr, p)) in locked.iter().enumerate() {
             let w = arr.word(*p);
             match out[k] {
@@ -240,14 +244,22 @@ impl Inner {
                         Some(state::with_kind(cur, UNTOUCHED) & !(BUSY | REF))
                     });
                 }
-                Out::Failed => {
+                Out::Failed | Out::Refused => {
                     self.swap.free(slots[k]);
                     inc(&self.stats.c.evict_failures);
-                    w.fetch_and(!BUSY, Release);
+                    let keep = if out[k] == Out::Refused { NOEVICT } else { 0 };
+                    let _ = state::update(w, |cur| Some((cur & !BUSY) | keep));
+                    stayed.push(*p << PAGE_SHIFT);
                 }
             }
         }
-        let left = out.iter().filter(|o| **o != Out::Failed).count();
+        if self.cfg.eager_swap_in_notify {
+            self.listeners.after_swap_in(&stayed);
+        }
+        let left = out
+            .iter()
+            .filter(|o| matches!(o, Out::Moved | Out::Hole))
+            .count();
         self.resident.fetch_sub(left, Relaxed);
         self.stats.c.swap_outs.fetch_add(moved as u64, Relaxed);
         // 7. Empty the staging area for the next batch.
@@ -283,6 +295,14 @@ impl Inner {
                     out[k] = match e.err.raw_os_error() {
                         // No page there: the application dropped it (or unmapped it).
                         Some(libc::ENOENT) => Out::Hole,
+                        // Incompatible mapping (mlocked, other protection, shared).
+                        Some(libc::EINVAL) => {
+                            tracing::debug!(
+                                addr = src + d * PAGE,
+                                "page cannot be moved; no longer evicted"
+                            );
+                            Out::Refused
+                        }
                         _ => {
                             tracing::debug!(addr = src + d * PAGE, err = %e.err, "UFFDIO_MOVE refused");
                             Out::Failed

@@ -18,14 +18,25 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
     let mut buf = PageBuf::new(1);
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
+    crate::core::IS_HANDLER.with(|h| h.set(true));
     loop {
-        match inner.uffd.read_msgs(&mut msgs) {
-            Ok(n) => {
-                for m in &msgs[..n] {
-                    handle(&inner, m, &mut buf);
+        // Odd while reading and handling (see Inner::quiesce_events).
+        inner.handler_seq.fetch_add(1, SeqCst);
+        let r = inner.uffd.read_msgs(&mut msgs);
+        if let Ok(n) = r {
+            for m in &msgs[..n] {
+                // A bug must not leave faulting threads hanging forever.
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handle(&inner, m, &mut buf)
+                }));
+                if res.is_err() {
+                    tracing::error!(event = m.event, "panic while handling a userfaultfd event");
                 }
-                last = Instant::now();
             }
+        }
+        inner.handler_seq.fetch_add(1, SeqCst);
+        match r {
+            Ok(_) => last = Instant::now(),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if inner.shutdown.load(Acquire) {
                     return;

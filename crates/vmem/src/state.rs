@@ -22,6 +22,9 @@ pub const BUSY: u64 = 1 << 2;
 pub const REF: u64 = 1 << 3;
 /// Listener phase of an eviction: a pin arriving now aborts the eviction.
 pub const EVICTING: u64 = 1 << 4;
+/// The kernel refused to move this page (mlocked, shared, other protection):
+/// eviction skips it from now on.
+pub const NOEVICT: u64 = 1 << 5;
 const PIN_SHIFT: u32 = 8;
 const PIN_BITS: u32 = 24;
 pub const PIN_ONE: u64 = 1 << PIN_SHIFT;
