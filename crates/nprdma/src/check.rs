@@ -147,26 +147,29 @@ pub enum Suspect {
 }
 
 /// Offset (from `off`, in data coordinates) of the next boundary of an
-/// `atom`-aligned grid in an address space where data offset 0 sits at
-/// address residue `base_mod` (= addr % atom).
-#[inline]
-fn next_aligned(off: usize, base_mod: usize, atom: usize) -> usize {
-    ((base_mod + off) / atom + 1) * atom - base_mod
+/// atom grid (`mask` = atom − 1) in an address space where data offset 0
+/// sits at address residue `base_mod` (= addr mod atom).
+#[inline(always)]
+fn next_aligned(off: usize, base_mod: usize, mask: usize) -> usize {
+    ((base_mod + off) | mask) + 1 - base_mod
 }
 
 /// Whether the piece `data[s..e]`, at address residue `a4` (= address of
 /// `data[0]` mod 4), shows the magic word in its window.
-#[inline]
-fn piece_is_magic(data: &[u8], s: usize, e: usize, a4: usize, cfg: &CheckConfig) -> bool {
-    let w = s + (4 - (a4 + s) % 4) % 4;
-    let m = cfg.magic.to_le_bytes();
+#[inline(always)]
+fn piece_is_magic(data: &[u8], s: usize, e: usize, a4: usize, magic: u32) -> bool {
+    let w = s + ((4 - ((a4 + s) & 3)) & 3);
     if w + 4 <= e {
-        data[w..w + 4] == m
+        match data.get(w..w + 4) {
+            Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) == magic,
+            None => false,
+        }
     } else {
+        let m = magic.to_le_bytes();
         data[s..e]
             .iter()
             .enumerate()
-            .all(|(i, b)| *b == m[(a4 + s + i) % 4])
+            .all(|(i, b)| *b == m[(a4 + s + i) & 3])
     }
 }
 
@@ -188,21 +191,24 @@ fn check_atoms(
     remote_addr: u64,
     cfg: &CheckConfig,
 ) -> Result<(), Suspect> {
-    let atom = cfg.atom;
-    let (rm, lm) = (
-        (remote_addr % atom as u64) as usize,
-        (local_addr % atom as u64) as usize,
-    );
-    let (r4, l4) = (rm % 4, lm % 4);
+    let mask = cfg.atom - 1;
+    let (rm, lm) = (remote_addr as usize & mask, local_addr as usize & mask);
+    let (r4, l4) = (rm & 3, lm & 3);
+    let magic = cfg.magic;
     let len = data.len();
+    let both = cfg.grid == AtomGrid::Both;
     let mut s = 0;
     while s < len {
-        let mut e = next_aligned(s, rm, atom).min(next_aligned(s, lm, atom));
-        if cfg.grid == AtomGrid::Both {
-            e = e.min(next_aligned(s, 0, atom));
+        let mut e = next_aligned(s, rm, mask);
+        if lm != rm {
+            e = e.min(next_aligned(s, lm, mask));
+        }
+        if both && rm != 0 && lm != 0 {
+            e = e.min(next_aligned(s, 0, mask));
         }
         let e = e.min(len);
-        if piece_is_magic(data, s, e, r4, cfg) || (l4 != r4 && piece_is_magic(data, s, e, l4, cfg))
+        if piece_is_magic(data, s, e, r4, magic)
+            || (l4 != r4 && piece_is_magic(data, s, e, l4, magic))
         {
             return Err(Suspect::Magic { offset: s });
         }

@@ -34,6 +34,11 @@
 
 use std::collections::VecDeque;
 
+use smallvec::{smallvec, SmallVec};
+
+/// Spans of one side of an op (inline for the common 1–2 SGE case).
+pub type Spans = SmallVec<[Span; 2]>;
+
 /// Half-open byte range `[addr, addr + len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Range {
@@ -79,9 +84,9 @@ pub struct Span {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OpDesc {
     /// Local memory (initiator side), one span per SGE.
-    pub local: Vec<Span>,
+    pub local: Spans,
     /// Remote memory (target side).
-    pub remote: Vec<Span>,
+    pub remote: Spans,
     /// Consumes a RECV at the peer (SEND, SEND_WITH_IMM, WRITE_WITH_IMM).
     pub message: bool,
     /// Wait until nothing is in flight before issuing.
@@ -101,16 +106,16 @@ impl OpDesc {
     /// RDMA READ: reads remote, writes local.
     pub fn read(local: Range, remote: Range) -> OpDesc {
         OpDesc {
-            local: vec![span(local.addr, local.len, Access::Write)],
-            remote: vec![span(remote.addr, remote.len, Access::Read)],
+            local: smallvec![span(local.addr, local.len, Access::Write)],
+            remote: smallvec![span(remote.addr, remote.len, Access::Read)],
             ..OpDesc::default()
         }
     }
     /// RDMA WRITE: reads local, writes remote.
     pub fn write(local: Range, remote: Range) -> OpDesc {
         OpDesc {
-            local: vec![span(local.addr, local.len, Access::Read)],
-            remote: vec![span(remote.addr, remote.len, Access::Write)],
+            local: smallvec![span(local.addr, local.len, Access::Read)],
+            remote: smallvec![span(remote.addr, remote.len, Access::Write)],
             ..OpDesc::default()
         }
     }
@@ -124,15 +129,15 @@ impl OpDesc {
     /// Atomic on 8 remote bytes, result written to 8 local bytes.
     pub fn atomic(local_addr: u64, remote_addr: u64) -> OpDesc {
         OpDesc {
-            local: vec![span(local_addr, 8, Access::Write)],
-            remote: vec![span(remote_addr, 8, Access::Write)],
+            local: smallvec![span(local_addr, 8, Access::Write)],
+            remote: smallvec![span(remote_addr, 8, Access::Write)],
             ..OpDesc::default()
         }
     }
     /// SEND: reads local, consumes a RECV.
     pub fn send(local: Range) -> OpDesc {
         OpDesc {
-            local: vec![span(local.addr, local.len, Access::Read)],
+            local: smallvec![span(local.addr, local.len, Access::Read)],
             message: true,
             ..OpDesc::default()
         }
