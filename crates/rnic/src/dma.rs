@@ -199,6 +199,9 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
     let mut pieces: Vec<Piece> = Vec::new();
     let same = std::ptr::eq(src.seg, dst.seg);
     while done < total {
+        // A new epoch section re-translates everything.
+        let mut scache: Option<(usize, u64, Loc)> = None;
+        let mut dcache: Option<(usize, u64, Loc)> = None;
         let end = total.min(done + section as u64);
         let _gs = enter(src.seg);
         let _gd = (!same).then(|| enter(dst.seg));
@@ -212,10 +215,11 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
                 .min(dl)
                 .min(stlp - sa % stlp)
                 .min(dtlp - da % dtlp);
-            let s = translate(src.seg, &ss.mr, sa, false).map_err(DmaErr::Src)?;
-            let d = translate(dst.seg, &ds.mr, da, true).map_err(DmaErr::Dst)?;
+            // Each side translates each of its own atoms exactly once, even when the
+            // other side's atom boundaries split it into several pieces.
+            let s = atom_loc(&mut scache, src.seg, ss, sa, stlp, false, &mut atoms).map_err(DmaErr::Src)?;
+            let d = atom_loc(&mut dcache, dst.seg, ds, da, dtlp, true, &mut atoms).map_err(DmaErr::Dst)?;
             push(&mut pieces, Piece { src: s, dst: d, len: n });
-            atoms += 1;
             sc.off += n;
             dc.off += n;
             done += n;
@@ -223,6 +227,44 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
         execute(src.port, dst.port, &pieces)?;
     }
     Ok(atoms)
+}
+
+fn shift(loc: Loc, delta: u64) -> Loc {
+    match loc {
+        Loc::Addr(a) => Loc::Addr(a + delta),
+        Loc::Fill(w) => Loc::Fill(w.rotate_right(8 * (delta % 4) as u32)),
+        Loc::Drop => Loc::Drop,
+    }
+}
+
+/// Location of `addr`, translating its atom once (cached in `cache`).
+fn atom_loc(
+    cache: &mut Option<(usize, u64, Loc)>,
+    seg: &Segment,
+    span: &Span,
+    addr: u64,
+    tlp: u64,
+    write: bool,
+    atoms: &mut u64,
+) -> Result<Loc, Fault> {
+    let base = addr - addr % tlp;
+    let id = span as *const Span as usize;
+    if let Some((i, b, l)) = *cache {
+        if i == id && b == base {
+            return Ok(shift(l, addr - base));
+        }
+    }
+    *atoms += 1;
+    // Translate at the atom's first byte inside this span (the span may start mid-atom).
+    let first = base.max(span.addr);
+    let l = translate(seg, &span.mr, first, write)?;
+    let at_base = match l {
+        Loc::Addr(a) => Loc::Addr(a - (first - base)),
+        Loc::Fill(w) => Loc::Fill(w.rotate_left(8 * ((first - base) % 4) as u32)),
+        Loc::Drop => Loc::Drop,
+    };
+    *cache = Some((id, base, at_base));
+    Ok(shift(at_base, addr - base))
 }
 
 fn fill(dst: *mut u8, len: usize, word: u32) {
