@@ -534,6 +534,9 @@ impl QpInner {
         let mut changed = false;
         let mut i = 0;
         let mut earlier_issued = false;
+        // An issued READ/atomic writes local memory only when it completes; a ring
+        // WRITE gathers local memory when issued, so it waits (implicit fence).
+        let mut earlier_local_writer = false;
         let slots = hi(self).seg.p.ring_slots as u64;
         while i < sq.entries.len() {
             match sq.entries[i].st {
@@ -546,6 +549,9 @@ impl QpInner {
                 }
                 EState::Issued { .. } => {
                     earlier_issued = true;
+                    if !matches!(sq.entries[i].op, WrOpcode::Write) {
+                        earlier_local_writer = true;
+                    }
                     i += 1;
                     continue;
                 }
@@ -553,7 +559,8 @@ impl QpInner {
                 _ => {}
             }
             if requester::uses_ring(self, sq, &sq.entries[i]) {
-                if sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued {
+                let is_write = matches!(sq.entries[i].op, WrOpcode::Write);
+                if (sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued) || (is_write && earlier_local_writer) {
                     break;
                 }
                 if sq.ring_prod - sq.ring_cons >= slots {
@@ -562,6 +569,7 @@ impl QpInner {
                 match requester::issue_ring(self, sq, i, now) {
                     requester::Issue::Issued => {
                         earlier_issued = true;
+                        earlier_local_writer |= !is_write;
                         changed = true;
                     }
                     requester::Issue::Failed(status) => {
