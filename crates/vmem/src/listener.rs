@@ -1,6 +1,7 @@
 //! Swap listeners (the MMU-notifier role) and their registry.
 
 use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Receives page-residency changes. Page arguments are page-aligned virtual
@@ -28,32 +29,88 @@ pub trait SwapListener: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ListenerId(pub u64);
 
-type List = Arc<[(ListenerId, Arc<dyn SwapListener>)]>;
+struct Entry {
+    id: ListenerId,
+    l: Arc<dyn SwapListener>,
+    /// Calls running now.
+    active: AtomicUsize,
+    removed: AtomicBool,
+}
+
+type List = Arc<[Arc<Entry>]>;
+
+thread_local! {
+    /// Listeners whose callback is running on this thread (to allow a
+    /// listener to remove itself without waiting for itself).
+    static RUNNING: std::cell::RefCell<Vec<ListenerId>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a call as running; undone on drop (also if the listener panics).
+struct Active<'a>(&'a Entry);
+
+impl<'a> Active<'a> {
+    fn enter(e: &'a Entry) -> Active<'a> {
+        e.active.fetch_add(1, SeqCst);
+        RUNNING.with(|r| r.borrow_mut().push(e.id));
+        Active(e)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        RUNNING.with(|r| r.borrow_mut().pop());
+        self.0.active.fetch_sub(1, SeqCst);
+    }
+}
 
 #[derive(Default)]
 pub struct Listeners {
     list: RwLock<Option<List>>,
-    next: std::sync::atomic::AtomicU64,
+    next: AtomicU64,
 }
 
 impl Listeners {
     pub fn add(&self, l: Arc<dyn SwapListener>) -> ListenerId {
-        let id = ListenerId(self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        let id = ListenerId(self.next.fetch_add(1, Relaxed) + 1);
         let mut g = self.list.write();
         let mut v: Vec<_> = g.as_deref().unwrap_or(&[]).to_vec();
-        v.push((id, l));
+        v.push(Arc::new(Entry {
+            id,
+            l,
+            active: AtomicUsize::new(0),
+            removed: AtomicBool::new(false),
+        }));
         *g = Some(v.into());
         id
     }
 
+    /// Removes a listener and waits until no call to it is running (unless
+    /// called from inside that listener's own callback).
     pub fn remove(&self, id: ListenerId) -> bool {
-        let mut g = self.list.write();
-        let mut v: Vec<_> = g.as_deref().unwrap_or(&[]).to_vec();
-        let n = v.len();
-        v.retain(|(i, _)| *i != id);
-        let removed = v.len() != n;
-        *g = if v.is_empty() { None } else { Some(v.into()) };
-        removed
+        let gone = {
+            let mut g = self.list.write();
+            let mut v: Vec<_> = g.as_deref().unwrap_or(&[]).to_vec();
+            let Some(pos) = v.iter().position(|e| e.id == id) else {
+                return false;
+            };
+            let e = v.remove(pos);
+            e.removed.store(true, SeqCst);
+            *g = if v.is_empty() { None } else { Some(v.into()) };
+            e
+        };
+        if RUNNING.with(|r| r.borrow().contains(&id)) {
+            return true;
+        }
+        let mut n = 0u32;
+        while gone.active.load(SeqCst) != 0 {
+            n += 1;
+            if n < 100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        true
     }
 
     /// A snapshot to call without holding the registry lock.
@@ -61,25 +118,76 @@ impl Listeners {
         self.list.read().clone()
     }
 
-    pub fn before_swap_out(&self, pages: &[usize]) {
-        if pages.is_empty() {
-            return;
-        }
-        if let Some(l) = self.snapshot() {
-            for (_, x) in l.iter() {
-                x.before_swap_out(pages);
+    fn each(&self, f: impl Fn(&dyn SwapListener)) {
+        let Some(list) = self.snapshot() else { return };
+        for e in list.iter() {
+            let _g = Active::enter(e);
+            if !e.removed.load(SeqCst) {
+                f(&*e.l);
             }
         }
     }
 
-    pub fn after_swap_in(&self, pages: &[usize]) {
-        if pages.is_empty() {
-            return;
+    pub fn before_swap_out(&self, pages: &[usize]) {
+        if !pages.is_empty() {
+            self.each(|l| l.before_swap_out(pages));
         }
-        if let Some(l) = self.snapshot() {
-            for (_, x) in l.iter() {
-                x.after_swap_in(pages);
+    }
+
+    pub fn after_swap_in(&self, pages: &[usize]) {
+        if !pages.is_empty() {
+            self.each(|l| l.after_swap_in(pages));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    struct Slow(AtomicBool);
+    impl SwapListener for Slow {
+        fn before_swap_out(&self, _pages: &[usize]) {
+            std::thread::sleep(Duration::from_millis(100));
+            self.0.store(true, SeqCst);
+        }
+    }
+
+    #[test]
+    fn remove_waits_for_running_calls() {
+        let ls = Arc::new(Listeners::default());
+        let slow = Arc::new(Slow(AtomicBool::new(false)));
+        let id = ls.add(slow.clone());
+        let l2 = ls.clone();
+        let t = std::thread::spawn(move || l2.before_swap_out(&[4096]));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(ls.remove(id));
+        assert!(
+            slow.0.load(SeqCst),
+            "remove returned while the call was running"
+        );
+        t.join().unwrap();
+        assert!(!ls.remove(id));
+    }
+
+    struct SelfRemover(Arc<Listeners>, parking_lot::Mutex<Option<ListenerId>>);
+    impl SwapListener for SelfRemover {
+        fn before_swap_out(&self, _pages: &[usize]) {
+            if let Some(id) = self.1.lock().take() {
+                assert!(self.0.remove(id));
             }
         }
+    }
+
+    #[test]
+    fn a_listener_may_remove_itself() {
+        let ls = Arc::new(Listeners::default());
+        let me = Arc::new(SelfRemover(ls.clone(), parking_lot::Mutex::new(None)));
+        let id = ls.add(me.clone());
+        *me.1.lock() = Some(id);
+        ls.before_swap_out(&[4096]);
+        assert!(ls.snapshot().is_none());
     }
 }
