@@ -624,6 +624,10 @@ impl Inner {
         let mut was_resident = 0usize;
         for p in s.start..s.end {
             let w = s.arr.word(p);
+            // Fast path: a never-touched idle page has nothing to clean up.
+            if w.compare_exchange(UNTOUCHED, GONE, AcqRel, Acquire).is_ok() {
+                continue;
+            }
             let v = loop {
                 let v = state::wait_not_busy(w);
                 if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_ok() {
