@@ -109,7 +109,11 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
                 if b == Brought::Swap && inner.cfg.eager_swap_in_notify {
                     inner.listeners.after_swap_in(&[addr]);
                 }
-                inner.stats.record_fault_ns(t0.elapsed().as_nanos() as u64);
+                inner.stats.record_fault(
+                    t0.elapsed().as_nanos() as u64,
+                    m.pf_tid(),
+                    b == Brought::Swap,
+                );
             }
         }
         Err(Error::Unmapped(_)) => tracing::debug!(addr, "fault on unmapped page"),

@@ -69,7 +69,7 @@ pub use config::PagerConfig;
 pub use error::{Error, Result};
 pub use listener::{ListenerId, SwapListener};
 pub use space::RegionId;
-pub use stats::{LatencySummary, PagerStats};
+pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use sys::PAGE as PAGE_SIZE;
 
 use crate::core::{page_range, Inner};
@@ -107,7 +107,10 @@ impl Pager {
             return Err(Error::Config("evict_batch must be 1..=4096".into()));
         }
         let uffd = uffd::Uffd::open(
-            uffd::FEATURE_MOVE | uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMAP,
+            uffd::FEATURE_MOVE
+                | uffd::FEATURE_EVENT_UNMAP
+                | uffd::FEATURE_EVENT_REMAP
+                | uffd::FEATURE_THREAD_ID,
         )
         .map_err(Error::Userfaultfd)?;
         if uffd.features & uffd::FEATURE_MOVE == 0 {
@@ -388,6 +391,12 @@ impl Pager {
             bytes_swapped_out: swap_outs * sys::PAGE as u64,
             fault_service: i.stats.latency(),
         }
+    }
+
+    /// Faults the fault thread resolved, per faulting thread (userfaultfd
+    /// THREAD_ID), sorted by thread id.
+    pub fn faults_by_thread(&self) -> Vec<ThreadFaults> {
+        self.inner().stats.faults_by_thread()
     }
 
     /// Clears the fault-service histogram (benchmarks).

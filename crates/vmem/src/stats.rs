@@ -21,6 +21,7 @@ pub struct Counters {
 pub struct Stats {
     pub c: Counters,
     pub hist: Mutex<Histogram<u64>>,
+    by_thread: Mutex<std::collections::HashMap<u32, (u64, u64)>>,
 }
 
 impl Default for Stats {
@@ -30,14 +31,43 @@ impl Default for Stats {
             hist: Mutex::new(
                 Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds"),
             ),
+            by_thread: Mutex::default(),
         }
     }
 }
 
 impl Stats {
-    pub fn record_fault_ns(&self, ns: u64) {
+    /// Records one resolved fault: service time, and the faulting thread.
+    pub fn record_fault(&self, ns: u64, tid: u32, major: bool) {
         let _ = self.hist.lock().record(ns.max(1));
+        let mut t = self.by_thread.lock();
+        let e = t.entry(tid).or_default();
+        if major {
+            e.1 += 1;
+        } else {
+            e.0 += 1;
+        }
     }
+
+    pub fn faults_by_thread(&self) -> Vec<ThreadFaults> {
+        let mut v: Vec<ThreadFaults> = self
+            .by_thread
+            .lock()
+            .iter()
+            .map(|(&tid, &(minor, major))| ThreadFaults { tid, minor, major })
+            .collect();
+        v.sort_by_key(|t| t.tid);
+        v
+    }
+}
+
+/// Faults resolved by the fault thread for one faulting thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadFaults {
+    /// Kernel thread id (gettid) of the faulting thread.
+    pub tid: u32,
+    pub minor: u64,
+    pub major: u64,
 }
 
 #[inline]

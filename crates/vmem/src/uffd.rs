@@ -25,6 +25,7 @@ const UFFDIO_MOVE: u64 = iowr(0x05, 40);
 /// Kernel feature bits (linux/userfaultfd.h).
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 const REGISTER_MODE_MISSING: u64 = 1;
@@ -97,6 +98,10 @@ impl Msg {
     /// Faulting address (for `EVENT_PAGEFAULT`).
     pub fn pf_address(&self) -> u64 {
         self.a1
+    }
+    /// Faulting thread id (with `FEATURE_THREAD_ID`).
+    pub fn pf_tid(&self) -> u32 {
+        self.a2 as u32
     }
 }
 

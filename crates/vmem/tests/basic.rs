@@ -32,6 +32,21 @@ fn minor_major_roundtrip() {
         // The service time is recorded just after the faulting thread is woken.
         assert!(wait_until(5, || p.stats().fault_service.count == 32));
         assert!(p.stats().fault_service.p50_ns > 0);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32;
+        let mine: Vec<_> = p
+            .faults_by_thread()
+            .into_iter()
+            .filter(|t| t.tid == me)
+            .collect();
+        assert_eq!(
+            mine,
+            vec![vmem::ThreadFaults {
+                tid: me,
+                minor: 16,
+                major: 16
+            }]
+        );
         assert_eq!(r.resident_count().unwrap(), 16);
     });
 }
