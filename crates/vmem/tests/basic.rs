@@ -627,3 +627,34 @@ fn regions_come_and_go_under_pressure() {
         assert!(s.swap_outs > 0, "pressure caused evictions: {s:?}");
     });
 }
+
+#[test]
+fn budget_respects_pins_and_recovers() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(64 * PG).unwrap();
+        r.as_mut_slice().fill(1);
+        r.pin(0, 64 * PG).unwrap();
+        p.set_budget(Some(8));
+        assert_eq!(p.budget(), Some(8));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            p.stats().resident_pages,
+            64,
+            "pinned pages are never evicted"
+        );
+        r.unpin(0, 64 * PG).unwrap();
+        assert!(
+            wait_until(10, || p.stats().resident_pages <= 8),
+            "evictor catches up after unpin"
+        );
+        p.set_budget(None);
+        assert_eq!(p.budget(), None);
+        assert!(r.as_slice().iter().all(|&b| b == 1));
+        assert_eq!(r.resident_count().unwrap(), 64);
+        // Synchronous enforcement in the caller.
+        p.set_budget(Some(16));
+        p.enforce_budget();
+        assert!(p.stats().resident_pages <= 16);
+    });
+}
