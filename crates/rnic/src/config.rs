@@ -59,7 +59,7 @@ impl Default for HostConfig {
             ring_slots: 16,
             ring_max: 4096,
             inproc_ring: false,
-            dma_section: 256 * 1024,
+            dma_section: 1 << 20,
             transport_timeout: Duration::from_secs(2),
             rnr_delay: Duration::from_micros(10),
         }

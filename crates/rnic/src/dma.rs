@@ -187,38 +187,52 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Copy `total` bytes from `src` to `dst`, translating every atom (the smaller of the
-/// two hosts' max TLP boundaries) separately. Returns the number of atoms moved.
+/// Translation unit of a span: one max-TLP atom for IOVA MRs (every atom is translated
+/// separately, so a remap between two atoms tears the transfer exactly there); one page
+/// for passthrough MRs (identity MTT, no IOMMU entry that could change mid-page; the
+/// residency check is per page anyway).
+fn unit(span: &Span, tlp: u64) -> u64 {
+    if span.mr.kind == MR_PASSTHROUGH {
+        PAGE as u64
+    } else {
+        tlp
+    }
+}
+
+/// Copy `total` bytes from `src` to `dst`, translating every atom of each side (its
+/// own host's max TLP) separately. Returns the number of DMA atoms (max-TLP units of
+/// the smaller TLP) moved.
 pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, DmaErr> {
     let stlp = src.seg.p.max_tlp as u64;
     let dtlp = dst.seg.p.max_tlp as u64;
     let mut sc = Cursor { spans: src.spans, i: 0, off: 0 };
     let mut dc = Cursor { spans: dst.spans, i: 0, off: 0 };
     let mut done = 0u64;
-    let mut atoms = 0u64;
     let mut pieces: Vec<Piece> = Vec::new();
     let same = std::ptr::eq(src.seg, dst.seg);
     while done < total {
-        // A new epoch section re-translates everything.
-        let mut scache: Option<(usize, u64, Loc)> = None;
-        let mut dcache: Option<(usize, u64, Loc)> = None;
         let end = total.min(done + section as u64);
         let _gs = enter(src.seg);
         let _gd = (!same).then(|| enter(dst.seg));
+        // A new epoch section re-translates everything.
+        let mut scache: Option<(usize, u64, Loc)> = None;
+        let mut dcache: Option<(usize, u64, Loc)> = None;
         pieces.clear();
         while done < end {
             let (Some((ss, sa, sl)), Some((ds, da, dl))) = (sc.cur(), dc.cur()) else {
                 return Err(DmaErr::Io);
             };
+            let su = unit(ss, stlp);
+            let du = unit(ds, dtlp);
             let n = (end - done)
                 .min(sl)
                 .min(dl)
-                .min(stlp - sa % stlp)
-                .min(dtlp - da % dtlp);
-            // Each side translates each of its own atoms exactly once, even when the
-            // other side's atom boundaries split it into several pieces.
-            let s = atom_loc(&mut scache, src.seg, ss, sa, stlp, false, &mut atoms).map_err(DmaErr::Src)?;
-            let d = atom_loc(&mut dcache, dst.seg, ds, da, dtlp, true, &mut atoms).map_err(DmaErr::Dst)?;
+                .min(su - (sa & (su - 1)))
+                .min(du - (da & (du - 1)));
+            // Each side translates each of its own units exactly once, even when the
+            // other side's boundaries split it into several pieces.
+            let s = atom_loc(&mut scache, src.seg, ss, sa, su, false).map_err(DmaErr::Src)?;
+            let d = atom_loc(&mut dcache, dst.seg, ds, da, du, true).map_err(DmaErr::Dst)?;
             push(&mut pieces, Piece { src: s, dst: d, len: n });
             sc.off += n;
             dc.off += n;
@@ -226,7 +240,7 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
         }
         execute(src.port, dst.port, &pieces)?;
     }
-    Ok(atoms)
+    Ok(total.div_ceil(stlp.min(dtlp)))
 }
 
 fn shift(loc: Loc, delta: u64) -> Loc {
@@ -243,18 +257,16 @@ fn atom_loc(
     seg: &Segment,
     span: &Span,
     addr: u64,
-    tlp: u64,
+    unit: u64,
     write: bool,
-    atoms: &mut u64,
 ) -> Result<Loc, Fault> {
-    let base = addr - addr % tlp;
+    let base = addr & !(unit - 1);
     let id = span as *const Span as usize;
     if let Some((i, b, l)) = *cache {
         if i == id && b == base {
             return Ok(shift(l, addr - base));
         }
     }
-    *atoms += 1;
     // Translate at the atom's first byte inside this span (the span may start mid-atom).
     let first = base.max(span.addr);
     let l = translate(seg, &span.mr, first, write)?;

@@ -132,9 +132,11 @@ pub(crate) struct HostInner {
 
 impl HostInner {
     /// Register a QP with deferred work and wake the NIC thread.
+    /// No wakeup here: the NIC thread looks at its list at least every
+    /// `nic::MAX_SLEEP_NS`; RNR deadlines kick it explicitly, and arming a CQ too. Waking
+    /// it for every request would put a futex wake on the latency path.
     pub fn activate(&self, qp: &Arc<QpInner>) {
         self.active.lock().push(Arc::downgrade(qp));
-        self.kick_nic();
     }
     /// Make the NIC thread re-evaluate its work (bump its futex word; wake it if it
     /// sleeps). The NIC thread reads the word before scanning, so nothing is lost.

@@ -13,11 +13,18 @@ use std::time::Duration;
 
 /// After this long without an application progressing a QP, the NIC thread does.
 const UNATTENDED_NS: u64 = 1_000_000;
+/// The NIC thread never sleeps longer than this (it then re-checks deferred work).
+pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
 
 pub(crate) fn run(h: Arc<HostInner>) {
     let seg = h.seg.clone();
     let hdr = seg.hdr();
-    let spin_ns = h.cfg.nic_spin.as_nanos() as u64;
+    let base_spin = h.cfg.nic_spin.as_nanos() as u64;
+    // Adaptive spin window: if a doorbell wakes us soon after we went to sleep, the
+    // spin window was too short for the request rate (each wakeup costs ~50-100 us,
+    // which would itself stretch the gaps past the window): double it, up to 32x.
+    let mut spin_ns = base_spin;
+    let mut slept_at = 0u64;
     let section = h.cfg.dma_section;
     let mut last_work = 0u64;
     while !h.shutdown.load(Ordering::Acquire) {
@@ -79,12 +86,20 @@ pub(crate) fn run(h: Arc<HostInner>) {
         }
         drop(act);
         if work {
+            if slept_at != 0 {
+                let gap = now.saturating_sub(slept_at);
+                spin_ns = if gap < 4 * spin_ns { (spin_ns * 2).min(base_spin * 32) } else { base_spin };
+                slept_at = 0;
+            }
             last_work = now;
             continue;
         }
         if now.saturating_sub(last_work) < spin_ns {
             std::hint::spin_loop();
             continue;
+        }
+        if slept_at == 0 {
+            slept_at = now;
         }
         hdr.nic_sleeping.store(1, Ordering::SeqCst);
         let pending = (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0);
@@ -94,7 +109,8 @@ pub(crate) fn run(h: Arc<HostInner>) {
                 let t = if attend { 20_000 } else { UNATTENDED_NS };
                 timeout = Some(timeout.map_or(t, |x| x.min(t)));
             }
-            sys::futex_wait(&hdr.nic_seq, seq, timeout.map(Duration::from_nanos));
+            let timeout = timeout.map_or(MAX_SLEEP_NS, |t| t.min(MAX_SLEEP_NS));
+            sys::futex_wait(&hdr.nic_seq, seq, Some(Duration::from_nanos(timeout)));
         }
         hdr.nic_sleeping.store(0, Ordering::SeqCst);
     }

@@ -521,11 +521,15 @@ impl QpInner {
             .iter()
             .find_map(|e| if let EState::Rnr { until } = e.st { Some(until) } else { None })
             .unwrap_or(0);
-        self.deadline.store(dl, Ordering::Relaxed);
+        let old_dl = self.deadline.swap(dl, Ordering::Relaxed);
         if (issued > 0 || dl != 0) && !self.in_active.swap(true, Ordering::AcqRel) {
             if let Some(me) = self.me.upgrade() {
                 hi(self).activate(&me);
             }
+        }
+        if dl != 0 && dl != old_dl {
+            // A new RNR timer: make the NIC thread recompute its sleep.
+            hi(self).kick_nic();
         }
     }
 

@@ -1,0 +1,261 @@
+//! RNIC benchmark: READ/WRITE latency (median, p99) and throughput on the in-process
+//! and shared-memory (two processes) transports, with same-run baselines (memcpy,
+//! process_vm_readv/writev of the same sizes).
+//!
+//! Run: `cargo run --release -p rnic --example rnic_bench` (env RNIC_BENCH_ITERS to
+//! change the latency iteration count, default 20000).
+
+use hdrhistogram::Histogram;
+use rnic::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LAT_SIZES: [usize; 4] = [2, 64, 4096, 65536];
+const TPUT_SIZES: [usize; 2] = [65536, 1 << 20];
+const BUF: usize = 4 << 20;
+
+fn all() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
+}
+
+struct Side {
+    host: Host,
+    _ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+}
+
+fn side(host: &Host) -> Side {
+    let ctx = host.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096, None).unwrap();
+    let qp = pd
+        .create_qp(&cq, &cq, &QpInitAttr { max_send_wr: 256, max_recv_wr: 256, ..Default::default() })
+        .unwrap();
+    Side { host: host.clone(), _ctx: ctx, pd, cq, qp }
+}
+
+fn server() {
+    let host = Host::new(HostConfig::default()).unwrap();
+    let s = side(&host);
+    let mr = s.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
+    println!("INFO {} {} {} {}", host.addr().to_hex(), s.qp.qpn(), mr.addr(), mr.rkey());
+    std::io::stdout().flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["PEER", a, q] => {
+                s.qp.connect(all(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                println!("READY");
+                std::io::stdout().flush().unwrap();
+            }
+            ["EXIT"] => break,
+            _ => {}
+        }
+    }
+}
+
+struct Stat {
+    median_ns: u64,
+    p99_ns: u64,
+}
+
+fn lat(f: &mut dyn FnMut(), iters: usize) -> Stat {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let mut h = Histogram::<u64>::new(3).unwrap();
+    for _ in 0..iters {
+        let t = Instant::now();
+        f();
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+    }
+    Stat { median_ns: h.value_at_quantile(0.5), p99_ns: h.value_at_quantile(0.99) }
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn one(s: &Side, wr: &SendWr) {
+    s.qp.post_send(std::slice::from_ref(wr)).unwrap();
+    let mut wc = [Wc::default(); 1];
+    loop {
+        if s.cq.poll(&mut wc).unwrap() == 1 {
+            assert_eq!(wc[0].status, WcStatus::Success);
+            return;
+        }
+    }
+}
+
+fn suite(name: &str, s: &Side, raddr: u64, rkey: u32, iters: usize, rows: &mut Vec<String>) {
+    let local = s.pd.reg_mr_owned(vec![1u8; BUF], all()).unwrap();
+    for op in [WrOpcode::Read, WrOpcode::Write] {
+        let opn = if op == WrOpcode::Read { "READ" } else { "WRITE" };
+        for &sz in &LAT_SIZES {
+            let sge = [local.sge(0, sz as u32)];
+            let wr = SendWr::new(1, op, &sge).remote(raddr, rkey);
+            let n = if sz >= 65536 { iters / 10 } else { iters };
+            let st = lat(&mut || one(s, &wr), n.max(100));
+            rows.push(format!(
+                "| {name} | {opn} latency | {sz} B | median {:.2} us | p99 {:.2} us |",
+                st.median_ns as f64 / 1e3,
+                st.p99_ns as f64 / 1e3
+            ));
+        }
+        for &sz in &TPUT_SIZES {
+            let depth = 8;
+            let sges: Vec<[Sge; 1]> = (0..depth).map(|i| [local.sge((i * sz) % (BUF - sz), sz as u32)]).collect();
+            let wrs: Vec<SendWr> =
+                sges.iter().enumerate().map(|(i, g)| SendWr::new(i as u64, op, g).remote(raddr + ((i * sz) % (BUF - sz)) as u64, rkey)).collect();
+            let rounds = if sz >= 1 << 20 { 200 } else { 2000 };
+            let mut wc = [Wc::default(); 16];
+            let run = |rounds: usize, wc: &mut [Wc]| {
+                let t = Instant::now();
+                for _ in 0..rounds {
+                    s.qp.post_send(&wrs).unwrap();
+                    let mut got = 0;
+                    while got < depth {
+                        let n = s.cq.poll(wc).unwrap();
+                        for w in &wc[..n] {
+                            assert_eq!(w.status, WcStatus::Success);
+                        }
+                        got += n;
+                    }
+                }
+                t.elapsed()
+            };
+            run(rounds / 10, &mut wc);
+            let d = run(rounds, &mut wc);
+            rows.push(format!(
+                "| {name} | {opn} throughput | {sz} B | {:.2} GB/s | {:.0} kops/s |",
+                gbps(sz * depth * rounds, d),
+                (depth * rounds) as f64 / d.as_secs_f64() / 1e3
+            ));
+        }
+    }
+}
+
+fn memcpy_baseline(rows: &mut Vec<String>, iters: usize) {
+    let src = vec![3u8; BUF];
+    let mut dst = vec![0u8; BUF];
+    for &sz in &LAT_SIZES {
+        let st = lat(
+            &mut || {
+                // SAFETY: both buffers are BUF long and sz <= BUF.
+                unsafe { std::ptr::copy_nonoverlapping(std::hint::black_box(src.as_ptr()), dst.as_mut_ptr(), sz) };
+                std::hint::black_box(&mut dst);
+            },
+            iters,
+        );
+        rows.push(format!("| baseline | memcpy latency | {sz} B | median {:.3} us | p99 {:.3} us |", st.median_ns as f64 / 1e3, st.p99_ns as f64 / 1e3));
+    }
+    for &sz in &TPUT_SIZES {
+        let rounds = (1 << 30) / sz;
+        let t = Instant::now();
+        for i in 0..rounds {
+            let off = (i * sz) % (BUF - sz);
+            dst[off..off + sz].copy_from_slice(&src[off..off + sz]);
+            std::hint::black_box(&mut dst);
+        }
+        rows.push(format!("| baseline | memcpy throughput | {sz} B | {:.2} GB/s | |", gbps(sz * rounds, t.elapsed())));
+    }
+}
+
+fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
+    let mut dst = vec![0u8; BUF];
+    let pvm = |sz: usize, write: bool, dst: &mut Vec<u8>| {
+        let l = libc::iovec { iov_base: dst.as_mut_ptr() as *mut libc::c_void, iov_len: sz };
+        let r = libc::iovec { iov_base: raddr as *mut libc::c_void, iov_len: sz };
+        // SAFETY: l describes our live buffer; the remote range lies in the server's MR.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid as i32, &l, 1, &r, 1, 0)
+            } else {
+                libc::process_vm_readv(pid as i32, &l, 1, &r, 1, 0)
+            }
+        };
+        assert_eq!(n, sz as isize);
+    };
+    for &sz in &LAT_SIZES {
+        let st = lat(&mut || pvm(sz, false, &mut dst), iters);
+        rows.push(format!("| baseline | process_vm_readv latency | {sz} B | median {:.2} us | p99 {:.2} us |", st.median_ns as f64 / 1e3, st.p99_ns as f64 / 1e3));
+    }
+    for &sz in &TPUT_SIZES {
+        for write in [false, true] {
+            let rounds = (1 << 30) / sz;
+            let t = Instant::now();
+            for _ in 0..rounds {
+                pvm(sz, write, &mut dst);
+            }
+            let nm = if write { "process_vm_writev" } else { "process_vm_readv" };
+            rows.push(format!("| baseline | {nm} throughput | {sz} B | {:.2} GB/s | |", gbps(sz * rounds, t.elapsed())));
+        }
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--server") {
+        server();
+        return;
+    }
+    let iters: usize = std::env::var("RNIC_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20000);
+    let mut rows = vec!["| transport | measurement | size | value | value |".to_string(), "|---|---|---|---|---|".to_string()];
+    let only = std::env::var("RNIC_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() {
+        memcpy_baseline(&mut rows, iters);
+    }
+
+    // in-process: two hosts in this process
+    if only.is_empty() || only == "inproc" {
+        let ha = Host::new(HostConfig::default()).unwrap();
+        let hb = Host::new(HostConfig::default()).unwrap();
+        let a = side(&ha);
+        let b = side(&hb);
+        let target = b.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
+        a.qp.connect(all(), hb.addr(), b.qp.qpn(), 7).unwrap();
+        b.qp.connect(all(), ha.addr(), a.qp.qpn(), 7).unwrap();
+        suite("in-process", &a, target.addr() as u64, target.rkey(), iters, &mut rows);
+        assert_eq!(a.host.stats().nonresident_dma, 0);
+    }
+
+    if !(only.is_empty() || only == "shm") {
+        for r in rows {
+            println!("{r}");
+        }
+        return;
+    }
+    // shared memory: a second process
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("--server")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut cin = child.stdin.take().unwrap();
+    let mut cout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    cout.read_line(&mut line).unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let raddr_host = HostAddr::from_hex(f[1]).unwrap();
+    let (rqpn, raddr, rkey): (u32, u64, u32) = (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap());
+    let h = Host::new(HostConfig::default()).unwrap();
+    let a = side(&h);
+    a.qp.connect(all(), raddr_host, rqpn, 7).unwrap();
+    writeln!(cin, "PEER {} {}", h.addr().to_hex(), a.qp.qpn()).unwrap();
+    cin.flush().unwrap();
+    line.clear();
+    cout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "READY");
+    suite("shm (2 processes)", &a, raddr, rkey, iters, &mut rows);
+    pvm_baseline(&mut rows, raddr_host.pid, raddr, iters);
+    writeln!(cin, "EXIT").unwrap();
+    cin.flush().unwrap();
+    child.wait().unwrap();
+    for r in rows {
+        println!("{r}");
+    }
+}
