@@ -113,7 +113,7 @@
 //!   equal to the source and no magic → success; else two-sided.
 //! * **Unsignaled WRITEs** defer their read-backs: the WRITE is posted
 //!   unsignaled and recorded; the read-backs of all deferred WRITEs of the QP
-//!   (contiguous ranges merged) are posted in front of the next *signaled*
+//!   (contiguous ranges merged by [`plan::batch_readbacks`]) are posted in front of the next *signaled*
 //!   WR, whose application completion is generated only after they all pass.
 //!   The deferred WRITEs stay in the ordering table until checked, so an
 //!   overlapping op still parks behind them; a failed check redoes that

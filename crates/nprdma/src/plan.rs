@@ -224,6 +224,54 @@ pub fn order_desc(
     d.order_before(order_before).order_after(order_after)
 }
 
+/// An unsignaled WRITE whose read-back is deferred to the next signaled WR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeferredWrite {
+    /// Caller's handle (e.g. the ordering ticket).
+    pub id: u64,
+    pub remote_addr: u64,
+    pub len: u64,
+    /// Read MR rkey (app rkey) to read it back through.
+    pub rkey: u32,
+}
+
+/// One read-back READ covering consecutive deferred WRITEs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadbackBatch {
+    pub remote_addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+    /// Indices (into the deferred list) of the WRITEs it covers; the data of
+    /// member `i` is at offset `w.remote_addr - batch.remote_addr`.
+    pub members: std::ops::Range<usize>,
+}
+
+/// Group deferred WRITEs (in post order) into read-back READs: consecutive
+/// WRITEs whose remote ranges are contiguous under the same rkey share one
+/// READ, as long as it fits the `max_bytes` temporary buffer (a single WRITE
+/// larger than that gets its own READ; the caller reads it in pieces).
+pub fn batch_readbacks(deferred: &[DeferredWrite], max_bytes: u64) -> Vec<ReadbackBatch> {
+    let mut out: Vec<ReadbackBatch> = Vec::new();
+    for (i, w) in deferred.iter().enumerate() {
+        if let Some(b) = out.last_mut() {
+            let contiguous =
+                b.rkey == w.rkey && b.remote_addr.checked_add(b.len) == Some(w.remote_addr);
+            if contiguous && b.len.saturating_add(w.len) <= max_bytes {
+                b.len += w.len;
+                b.members.end = i + 1;
+                continue;
+            }
+        }
+        out.push(ReadbackBatch {
+            remote_addr: w.remote_addr,
+            len: w.len,
+            rkey: w.rkey,
+            members: i..i + 1,
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
@@ -332,7 +380,66 @@ mod tests {
         );
     }
 
+    #[test]
+    fn deferred_readbacks_merge_contiguous_writes() {
+        let w = |id, a, l, k| DeferredWrite {
+            id,
+            remote_addr: a,
+            len: l,
+            rkey: k,
+        };
+        let d = [
+            w(0, 0x1000, 64, 1),
+            w(1, 0x1040, 64, 1),
+            w(2, 0x1080, 128, 1),
+            w(3, 0x2000, 8, 1), // gap
+            w(4, 0x2008, 8, 2), // other key
+            w(5, 0x2010, 8, 2),
+        ];
+        let b = batch_readbacks(&d, 4096);
+        assert_eq!(
+            b.iter()
+                .map(|x| (x.remote_addr, x.len, x.members.clone()))
+                .collect::<Vec<_>>(),
+            vec![(0x1000, 256, 0..3), (0x2000, 8, 3..4), (0x2008, 16, 4..6)]
+        );
+        // The temporary-buffer cap splits a run.
+        let b = batch_readbacks(&d[..3], 128);
+        assert_eq!(b.len(), 2);
+        assert_eq!((b[0].len, b[1].len), (128, 128));
+        assert!(batch_readbacks(&[], 64).is_empty());
+    }
+
     proptest! {
+        #[test]
+        fn batches_cover_every_write_once_in_order(
+            ws in proptest::collection::vec((0u64..3, 1u64..300, 0u32..2), 0..40), cap in 1u64..2000
+        ) {
+            let mut addr = 0x10000u64;
+            let d: Vec<DeferredWrite> = ws.iter().enumerate().map(|(i, &(gap, len, rkey))| {
+                addr += gap * 8;
+                let w = DeferredWrite { id: i as u64, remote_addr: addr, len, rkey };
+                addr += len;
+                w
+            }).collect();
+            let b = batch_readbacks(&d, cap);
+            let mut next = 0;
+            for batch in &b {
+                prop_assert_eq!(batch.members.start, next);
+                next = batch.members.end;
+                let ms = &d[batch.members.clone()];
+                prop_assert!(batch.len <= cap || ms.len() == 1);
+                prop_assert_eq!(batch.len, ms.iter().map(|w| w.len).sum::<u64>());
+                let mut a = batch.remote_addr;
+                for w in ms {
+                    prop_assert_eq!(w.remote_addr, a);
+                    prop_assert_eq!(w.rkey, batch.rkey);
+                    a += w.len;
+                }
+            }
+            prop_assert_eq!(next, d.len());
+        }
+
         #[test]
         fn never_more_than_three_nic_wrs_and_writes_use_the_write_key(
             k in 0u8..7, len in 0u64..(1 << 24), signaled in any::<bool>(),
