@@ -192,6 +192,12 @@ impl Pager {
         &self.h.inner
     }
 
+    /// A handle that does not keep the pager alive (for listeners, which
+    /// the pager itself holds: a strong clone there would be a cycle).
+    pub fn downgrade(&self) -> WeakPager {
+        WeakPager(Arc::downgrade(&self.h))
+    }
+
     /// Maps `len` bytes (rounded up to pages) of fresh anonymous memory and
     /// registers it; the region owns the mapping.
     pub fn alloc(&self, len: usize) -> Result<Region> {
@@ -407,6 +413,16 @@ impl Pager {
     /// Path of the swap file (unlinked unless `keep_swap_file`).
     pub fn swap_path(&self) -> &Path {
         self.inner().swap.path()
+    }
+}
+
+/// See [`Pager::downgrade`].
+#[derive(Clone)]
+pub struct WeakPager(std::sync::Weak<Handle>);
+
+impl WeakPager {
+    pub fn upgrade(&self) -> Option<Pager> {
+        self.0.upgrade().map(|h| Pager { h })
     }
 }
 

@@ -20,6 +20,9 @@ use std::sync::Arc;
 /// `after_swap_in` is only called when `PagerConfig::eager_swap_in_notify` is
 /// set (or through `Pager::notify_swapped_in`); it may run on the fault-handler
 /// thread, so it must not touch non-resident pager-managed memory.
+///
+/// The pager owns its listeners: a listener that needs the pager should keep
+/// a [`crate::WeakPager`], not a `Pager` clone (which would keep it alive).
 pub trait SwapListener: Send + Sync {
     fn before_swap_out(&self, pages: &[usize]);
     fn after_swap_in(&self, _pages: &[usize]) {}

@@ -241,7 +241,7 @@ fn unpin_is_all_or_nothing() {
 struct Recorder {
     out: Mutex<Vec<(usize, u8)>>,
     ins: Mutex<Vec<usize>>,
-    pager: Mutex<Option<Pager>>,
+    pager: Mutex<Option<vmem::WeakPager>>,
     pin_in_listener: Mutex<Option<usize>>,
 }
 
@@ -255,7 +255,13 @@ impl SwapListener for Recorder {
         }
         if let Some(a) = *self.pin_in_listener.lock().unwrap() {
             if pages.contains(&a) {
-                let p = self.pager.lock().unwrap().clone().unwrap();
+                let p = self
+                    .pager
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .and_then(|w| w.upgrade())
+                    .unwrap();
                 p.pin(a, 1).unwrap();
                 assert!(p.is_resident(a));
             }
@@ -271,7 +277,7 @@ fn listeners_run_before_reclaim_and_may_pin() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();
         let rec = Arc::new(Recorder::default());
-        *rec.pager.lock().unwrap() = Some(p.clone());
+        *rec.pager.lock().unwrap() = Some(p.downgrade());
         let id = p.add_listener(rec.clone());
         let mut r = p.alloc(4 * PG).unwrap();
         for i in 0..4 {
