@@ -32,23 +32,44 @@ fn side(host: &Host) -> Side {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096, None).unwrap();
     let qp = pd
-        .create_qp(&cq, &cq, &QpInitAttr { max_send_wr: 256, max_recv_wr: 256, ..Default::default() })
+        .create_qp(
+            &cq,
+            &cq,
+            &QpInitAttr {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                ..Default::default()
+            },
+        )
         .unwrap();
-    Side { host: host.clone(), _ctx: ctx, pd, cq, qp }
+    Side {
+        host: host.clone(),
+        _ctx: ctx,
+        pd,
+        cq,
+        qp,
+    }
 }
 
 fn server() {
     let host = Host::new(HostConfig::default()).unwrap();
     let s = side(&host);
     let mr = s.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
-    println!("INFO {} {} {} {}", host.addr().to_hex(), s.qp.qpn(), mr.addr(), mr.rkey());
+    println!(
+        "INFO {} {} {} {}",
+        host.addr().to_hex(),
+        s.qp.qpn(),
+        mr.addr(),
+        mr.rkey()
+    );
     std::io::stdout().flush().unwrap();
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["PEER", a, q] => {
-                s.qp.connect(all(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                s.qp.connect(all(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                    .unwrap();
                 println!("READY");
                 std::io::stdout().flush().unwrap();
             }
@@ -73,7 +94,10 @@ fn lat(f: &mut dyn FnMut(), iters: usize) -> Stat {
         f();
         h.record(t.elapsed().as_nanos() as u64).unwrap();
     }
-    Stat { median_ns: h.value_at_quantile(0.5), p99_ns: h.value_at_quantile(0.99) }
+    Stat {
+        median_ns: h.value_at_quantile(0.5),
+        p99_ns: h.value_at_quantile(0.99),
+    }
 }
 
 fn gbps(bytes: usize, d: Duration) -> f64 {
@@ -108,9 +132,14 @@ fn suite(name: &str, s: &Side, raddr: u64, rkey: u32, iters: usize, rows: &mut V
         }
         for &sz in &TPUT_SIZES {
             let depth = 8;
-            let sges: Vec<[Sge; 1]> = (0..depth).map(|i| [local.sge((i * sz) % (BUF - sz), sz as u32)]).collect();
-            let wrs: Vec<SendWr> =
-                sges.iter().enumerate().map(|(i, g)| SendWr::new(i as u64, op, g).remote(raddr + ((i * sz) % (BUF - sz)) as u64, rkey)).collect();
+            let sges: Vec<[Sge; 1]> = (0..depth)
+                .map(|i| [local.sge((i * sz) % (BUF - sz), sz as u32)])
+                .collect();
+            let wrs: Vec<SendWr> = sges
+                .iter()
+                .enumerate()
+                .map(|(i, g)| SendWr::new(i as u64, op, g).remote(raddr + ((i * sz) % (BUF - sz)) as u64, rkey))
+                .collect();
             let rounds = if sz >= 1 << 20 { 200 } else { 2000 };
             let mut wc = [Wc::default(); 16];
             let run = |rounds: usize, wc: &mut [Wc]| {
@@ -151,7 +180,11 @@ fn memcpy_baseline(rows: &mut Vec<String>, iters: usize) {
             },
             iters,
         );
-        rows.push(format!("| baseline | memcpy latency | {sz} B | median {:.3} us | p99 {:.3} us |", st.median_ns as f64 / 1e3, st.p99_ns as f64 / 1e3));
+        rows.push(format!(
+            "| baseline | memcpy latency | {sz} B | median {:.3} us | p99 {:.3} us |",
+            st.median_ns as f64 / 1e3,
+            st.p99_ns as f64 / 1e3
+        ));
     }
     for &sz in &TPUT_SIZES {
         let rounds = (1 << 30) / sz;
@@ -161,15 +194,24 @@ fn memcpy_baseline(rows: &mut Vec<String>, iters: usize) {
             dst[off..off + sz].copy_from_slice(&src[off..off + sz]);
             std::hint::black_box(&mut dst);
         }
-        rows.push(format!("| baseline | memcpy throughput | {sz} B | {:.2} GB/s | |", gbps(sz * rounds, t.elapsed())));
+        rows.push(format!(
+            "| baseline | memcpy throughput | {sz} B | {:.2} GB/s | |",
+            gbps(sz * rounds, t.elapsed())
+        ));
     }
 }
 
 fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
     let mut dst = vec![0u8; BUF];
     let pvm = |sz: usize, write: bool, dst: &mut Vec<u8>| {
-        let l = libc::iovec { iov_base: dst.as_mut_ptr() as *mut libc::c_void, iov_len: sz };
-        let r = libc::iovec { iov_base: raddr as *mut libc::c_void, iov_len: sz };
+        let l = libc::iovec {
+            iov_base: dst.as_mut_ptr() as *mut libc::c_void,
+            iov_len: sz,
+        };
+        let r = libc::iovec {
+            iov_base: raddr as *mut libc::c_void,
+            iov_len: sz,
+        };
         // SAFETY: l describes our live buffer; the remote range lies in the server's MR.
         let n = unsafe {
             if write {
@@ -182,7 +224,11 @@ fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
     };
     for &sz in &LAT_SIZES {
         let st = lat(&mut || pvm(sz, false, &mut dst), iters);
-        rows.push(format!("| baseline | process_vm_readv latency | {sz} B | median {:.2} us | p99 {:.2} us |", st.median_ns as f64 / 1e3, st.p99_ns as f64 / 1e3));
+        rows.push(format!(
+            "| baseline | process_vm_readv latency | {sz} B | median {:.2} us | p99 {:.2} us |",
+            st.median_ns as f64 / 1e3,
+            st.p99_ns as f64 / 1e3
+        ));
     }
     for &sz in &TPUT_SIZES {
         for write in [false, true] {
@@ -192,7 +238,10 @@ fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
                 pvm(sz, write, &mut dst);
             }
             let nm = if write { "process_vm_writev" } else { "process_vm_readv" };
-            rows.push(format!("| baseline | {nm} throughput | {sz} B | {:.2} GB/s | |", gbps(sz * rounds, t.elapsed())));
+            rows.push(format!(
+                "| baseline | {nm} throughput | {sz} B | {:.2} GB/s | |",
+                gbps(sz * rounds, t.elapsed())
+            ));
         }
     }
 }
@@ -202,8 +251,14 @@ fn main() {
         server();
         return;
     }
-    let iters: usize = std::env::var("RNIC_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20000);
-    let mut rows = vec!["| transport | measurement | size | value | value |".to_string(), "|---|---|---|---|---|".to_string()];
+    let iters: usize = std::env::var("RNIC_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20000);
+    let mut rows = vec![
+        "| transport | measurement | size | value | value |".to_string(),
+        "|---|---|---|---|---|".to_string(),
+    ];
     let only = std::env::var("RNIC_BENCH_ONLY").unwrap_or_default();
     if only.is_empty() {
         memcpy_baseline(&mut rows, iters);

@@ -31,7 +31,10 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
             c.overflow.store(1, Ordering::Release);
             return Err(());
         }
-        if c.tail.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if c.tail
+            .compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             break t;
         }
     };
@@ -48,7 +51,9 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
     e.seq.store(t + 1, Ordering::Release);
     let n = c.notify.load(Ordering::Acquire);
     if (n == 1 || (n == 2 && (solicited || !wc.status.is_ok())))
-        && c.notify.compare_exchange(n, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        && c.notify
+            .compare_exchange(n, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
     {
         c.event_pending.store(1, Ordering::Release);
         let fd = c.chan_fd.load(Ordering::Acquire);
@@ -99,7 +104,8 @@ impl Cq {
         c.event_pending.store(0, Ordering::Relaxed);
         let t = c.tail.load(Ordering::Relaxed);
         c.head.store(t, Ordering::Relaxed);
-        c.chan_fd.store(channel.map(|ch| ch.fd() as u32).unwrap_or(NO_FD), Ordering::Relaxed);
+        c.chan_fd
+            .store(channel.map(|ch| ch.fd() as u32).unwrap_or(NO_FD), Ordering::Relaxed);
         c.incarnation.fetch_add(1, Ordering::Relaxed);
         // Old entries of a previous incarnation must not be mistaken for new ones:
         // head == tail and sequence numbers continue from there.
@@ -205,8 +211,7 @@ impl Cq {
         let c = hi.seg.cq(self.inner.idx).expect("own CQ");
         c.notify.store(if solicited_only { 2 } else { 1 }, Ordering::Release);
         // The application is going to block: let the NIC thread progress deferred work.
-        hi.attend_until
-            .store(sys::now_ns() + 50_000_000, Ordering::Release);
+        hi.attend_until.store(sys::now_ns() + 50_000_000, Ordering::Release);
         hi.kick_nic();
         Ok(())
     }
@@ -230,7 +235,13 @@ pub struct CompChannel {
 
 impl CompChannel {
     pub(crate) fn new(host: Host) -> Result<CompChannel> {
-        Ok(CompChannel { inner: Arc::new(ChanInner { host, fd: sys::eventfd()?, cqs: Mutex::new(Vec::new()) }) })
+        Ok(CompChannel {
+            inner: Arc::new(ChanInner {
+                host,
+                fd: sys::eventfd()?,
+                cqs: Mutex::new(Vec::new()),
+            }),
+        })
     }
 
     /// The eventfd (non-blocking) to poll/epoll for readability.

@@ -106,7 +106,11 @@ pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<L
             }
             Ok(Loc::Addr(f as u64 + off))
         }
-        Frame::Signature => Ok(if write { Loc::Drop } else { Loc::Fill(sig_word(seg.p.magic, off)) }),
+        Frame::Signature => Ok(if write {
+            Loc::Drop
+        } else {
+            Loc::Fill(sig_word(seg.p.magic, off))
+        }),
         Frame::BlackHole => Ok(if write { Loc::Drop } else { Loc::Fill(0) }),
     }
 }
@@ -205,8 +209,16 @@ fn unit(span: &Span, tlp: u64) -> u64 {
 pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, DmaErr> {
     let stlp = src.seg.p.max_tlp as u64;
     let dtlp = dst.seg.p.max_tlp as u64;
-    let mut sc = Cursor { spans: src.spans, i: 0, off: 0 };
-    let mut dc = Cursor { spans: dst.spans, i: 0, off: 0 };
+    let mut sc = Cursor {
+        spans: src.spans,
+        i: 0,
+        off: 0,
+    };
+    let mut dc = Cursor {
+        spans: dst.spans,
+        i: 0,
+        off: 0,
+    };
     let mut done = 0u64;
     let mut pieces: Vec<Piece> = Vec::new();
     let same = std::ptr::eq(src.seg, dst.seg);
@@ -328,8 +340,14 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
             for p in pieces {
                 match (p.src, p.dst) {
                     (Loc::Addr(s), Loc::Addr(d)) => {
-                        l.push(libc::iovec { iov_base: d as *mut libc::c_void, iov_len: p.len as usize });
-                        r.push(libc::iovec { iov_base: s as *mut libc::c_void, iov_len: p.len as usize });
+                        l.push(libc::iovec {
+                            iov_base: d as *mut libc::c_void,
+                            iov_len: p.len as usize,
+                        });
+                        r.push(libc::iovec {
+                            iov_base: s as *mut libc::c_void,
+                            iov_len: p.len as usize,
+                        });
                         want += p.len as usize;
                         if l.len() == IOV_MAX {
                             vm(pid, VmDir::Read, &mut l, &mut r, &mut want)?;
@@ -356,8 +374,14 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
                     _ => continue,
                 };
                 let Loc::Addr(d) = p.dst else { continue };
-                l.push(libc::iovec { iov_base: src, iov_len: p.len as usize });
-                r.push(libc::iovec { iov_base: d as *mut libc::c_void, iov_len: p.len as usize });
+                l.push(libc::iovec {
+                    iov_base: src,
+                    iov_len: p.len as usize,
+                });
+                r.push(libc::iovec {
+                    iov_base: d as *mut libc::c_void,
+                    iov_len: p.len as usize,
+                });
                 want += p.len as usize;
                 if l.len() == IOV_MAX {
                     vm(pid, VmDir::Write, &mut l, &mut r, &mut want)?;
@@ -369,7 +393,13 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
     }
 }
 
-fn vm(pid: u32, dir: VmDir, l: &mut Vec<libc::iovec>, r: &mut Vec<libc::iovec>, want: &mut usize) -> Result<(), DmaErr> {
+fn vm(
+    pid: u32,
+    dir: VmDir,
+    l: &mut Vec<libc::iovec>,
+    r: &mut Vec<libc::iovec>,
+    want: &mut usize,
+) -> Result<(), DmaErr> {
     if l.is_empty() {
         return Ok(());
     }
@@ -436,11 +466,46 @@ mod tests {
     #[test]
     fn merge_contiguous_pieces() {
         let mut v = Vec::new();
-        push(&mut v, Piece { src: Loc::Addr(100), dst: Loc::Addr(1000), len: 10 });
-        push(&mut v, Piece { src: Loc::Addr(110), dst: Loc::Addr(1010), len: 10 });
-        push(&mut v, Piece { src: Loc::Addr(121), dst: Loc::Addr(1020), len: 10 });
-        push(&mut v, Piece { src: Loc::Fill(0xdeadbeef), dst: Loc::Addr(1030), len: 3 });
-        push(&mut v, Piece { src: Loc::Fill(sig_word(0xdeadbeef, 3)), dst: Loc::Addr(1033), len: 5 });
+        push(
+            &mut v,
+            Piece {
+                src: Loc::Addr(100),
+                dst: Loc::Addr(1000),
+                len: 10,
+            },
+        );
+        push(
+            &mut v,
+            Piece {
+                src: Loc::Addr(110),
+                dst: Loc::Addr(1010),
+                len: 10,
+            },
+        );
+        push(
+            &mut v,
+            Piece {
+                src: Loc::Addr(121),
+                dst: Loc::Addr(1020),
+                len: 10,
+            },
+        );
+        push(
+            &mut v,
+            Piece {
+                src: Loc::Fill(0xdeadbeef),
+                dst: Loc::Addr(1030),
+                len: 3,
+            },
+        );
+        push(
+            &mut v,
+            Piece {
+                src: Loc::Fill(sig_word(0xdeadbeef, 3)),
+                dst: Loc::Addr(1033),
+                len: 5,
+            },
+        );
         assert_eq!(v.len(), 3);
         assert_eq!(v[0].len, 20);
         assert_eq!(v[2].len, 8);

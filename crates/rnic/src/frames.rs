@@ -18,7 +18,10 @@ pub struct FrameMap {
 impl FrameMap {
     pub(crate) fn new(seg: Arc<Segment>) -> FrameMap {
         let n = seg.p.max_tracked_pages;
-        FrameMap { seg, bits: Mutex::new(RangeAlloc::new(0, n)) }
+        FrameMap {
+            seg,
+            bits: Mutex::new(RangeAlloc::new(0, n)),
+        }
     }
 
     fn pages(addr: usize, len: usize) -> (u64, u64) {

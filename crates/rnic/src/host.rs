@@ -51,8 +51,7 @@ impl HostAddr {
         }
         let mut b = [0u8; 16];
         for (i, byte) in b.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| Error::InvalidArgument("bad hex"))?;
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| Error::InvalidArgument("bad hex"))?;
         }
         Ok(HostAddr::from_bytes(&b))
     }
@@ -89,7 +88,12 @@ pub(crate) struct IdxAlloc {
 
 impl IdxAlloc {
     pub fn new(max: u32) -> Self {
-        IdxAlloc { free: Vec::new(), next: 0, max, gen: Vec::new() }
+        IdxAlloc {
+            free: Vec::new(),
+            next: 0,
+            max,
+            gen: Vec::new(),
+        }
     }
     pub fn alloc(&mut self) -> Option<u32> {
         let i = if let Some(i) = self.free.pop() {
@@ -208,7 +212,10 @@ impl Host {
             nonce,
         };
         let inner = Arc::new(HostInner {
-            iommu: Iommu::new(seg.clone(), cfg.transport_timeout.max(std::time::Duration::from_secs(5))),
+            iommu: Iommu::new(
+                seg.clone(),
+                cfg.transport_timeout.max(std::time::Duration::from_secs(5)),
+            ),
             frames: FrameMap::new(seg.clone()),
             self_peer: Arc::new(Peer::local(seg.clone())),
             mrs: Mutex::new(IdxAlloc::new(cfg.max_mr)),
@@ -224,13 +231,18 @@ impl Host {
             seg,
             addr,
         });
-        LOCAL_HOSTS.lock().get_or_insert_with(HashMap::new).insert(nonce, Arc::downgrade(&inner));
+        LOCAL_HOSTS
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(nonce, Arc::downgrade(&inner));
         let t = inner.clone();
         let nic = std::thread::Builder::new()
             .name("rnic-nic".into())
             .spawn(move || crate::nic::run(t))
             .map_err(|e| Error::Io(e.to_string()))?;
-        Ok(Host { sh: Arc::new(HostShared { inner, nic: Some(nic) }) })
+        Ok(Host {
+            sh: Arc::new(HostShared { inner, nic: Some(nic) }),
+        })
     }
 
     pub(crate) fn inner(&self) -> &Arc<HostInner> {

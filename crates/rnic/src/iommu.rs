@@ -67,7 +67,9 @@ pub(crate) struct RangeAlloc {
 
 impl RangeAlloc {
     pub fn new(start: u64, len: u64) -> Self {
-        RangeAlloc { free: if len > 0 { vec![(start, len)] } else { vec![] } }
+        RangeAlloc {
+            free: if len > 0 { vec![(start, len)] } else { vec![] },
+        }
     }
     pub fn alloc(&mut self, n: u64) -> Option<u64> {
         if n == 0 {
@@ -118,7 +120,11 @@ impl Iommu {
 
     /// Allocate `npages` IOVA pages, all unmapped.
     pub fn alloc_range(&self, npages: u64) -> Result<IovaRange> {
-        let base = self.alloc.lock().alloc(npages).ok_or(Error::NoResources("IOVA space"))?;
+        let base = self
+            .alloc
+            .lock()
+            .alloc(npages)
+            .ok_or(Error::NoResources("IOVA space"))?;
         for p in base..base + npages {
             self.entry(p)?.store(0, Ordering::Release);
         }
@@ -136,7 +142,9 @@ impl Iommu {
     }
 
     fn entry(&self, page: u64) -> Result<&AtomicU64> {
-        self.seg.iommu_entry(page).ok_or(Error::InvalidArgument("IOVA page out of range"))
+        self.seg
+            .iommu_entry(page)
+            .ok_or(Error::InvalidArgument("IOVA page out of range"))
     }
 
     /// Point IOVA page `iova_page` at `frame`. The old mapping may still be used by
@@ -247,7 +255,12 @@ mod tests {
 
     #[test]
     fn frame_encoding_roundtrip() {
-        for f in [Frame::Unmapped, Frame::Ram(0x7f00_0000_1000), Frame::Signature, Frame::BlackHole] {
+        for f in [
+            Frame::Unmapped,
+            Frame::Ram(0x7f00_0000_1000),
+            Frame::Signature,
+            Frame::BlackHole,
+        ] {
             assert_eq!(Frame::decode(f.encode()), f);
         }
     }

@@ -26,7 +26,9 @@ pub struct Pd {
 
 impl Pd {
     pub(crate) fn new(host: Host, id: u32) -> Pd {
-        Pd { inner: Arc::new(PdInner { host, id }) }
+        Pd {
+            inner: Arc::new(PdInner { host, id }),
+        }
     }
     pub fn id(&self) -> u32 {
         self.inner.id
@@ -61,12 +63,21 @@ impl Pd {
         let rec = hi.seg.mr(idx).expect("allocated index in range");
         rec.pd.store(self.id(), Ordering::Relaxed);
         rec.access.store(access.bits(), Ordering::Relaxed);
-        rec.kind.store(if iova.is_some() { MR_IOVA } else { MR_PASSTHROUGH }, Ordering::Relaxed);
+        rec.kind
+            .store(if iova.is_some() { MR_IOVA } else { MR_PASSTHROUGH }, Ordering::Relaxed);
         rec.va.store(addr as u64, Ordering::Relaxed);
         rec.len.store(len as u64, Ordering::Relaxed);
-        rec.iova_base.store(iova.map(|r| r.base).unwrap_or(0), Ordering::Relaxed);
+        rec.iova_base
+            .store(iova.map(|r| r.base).unwrap_or(0), Ordering::Relaxed);
         rec.key.store(key, Ordering::Release);
-        Ok(Mr { pd: self.clone(), idx, key, addr, len, access })
+        Ok(Mr {
+            pd: self.clone(),
+            idx,
+            key,
+            addr,
+            len,
+            access,
+        })
     }
 
     /// Register `[addr, addr+len)` as a standard MR: identity MTT, IOMMU passthrough.
@@ -143,7 +154,11 @@ impl Mr {
     }
     /// An SGE covering `[off, off+len)` of this MR.
     pub fn sge(&self, off: usize, len: u32) -> Sge {
-        Sge { addr: (self.addr + off) as u64, length: len, lkey: self.key }
+        Sge {
+            addr: (self.addr + off) as u64,
+            length: len,
+            lkey: self.key,
+        }
     }
 }
 
@@ -206,7 +221,10 @@ impl OwnedMr {
     }
     /// Copy bytes out of the buffer (a plain snapshot; the NIC may write concurrently).
     pub fn read(&self, off: usize, out: &mut [u8]) {
-        assert!(off.checked_add(out.len()).is_some_and(|e| e <= self.len), "read out of bounds");
+        assert!(
+            off.checked_add(out.len()).is_some_and(|e| e <= self.len),
+            "read out of bounds"
+        );
         // SAFETY: bounds checked; the buffer is live; concurrent NIC writes only produce
         // torn bytes (u8 has no invalid values).
         unsafe { std::ptr::copy(self.ptr.add(off), out.as_mut_ptr(), out.len()) };
@@ -218,7 +236,10 @@ impl OwnedMr {
     }
     /// Copy bytes into the buffer.
     pub fn write(&self, off: usize, data: &[u8]) {
-        assert!(off.checked_add(data.len()).is_some_and(|e| e <= self.len), "write out of bounds");
+        assert!(
+            off.checked_add(data.len()).is_some_and(|e| e <= self.len),
+            "write out of bounds"
+        );
         // SAFETY: bounds checked; the buffer is owned by us, live, and only ever accessed
         // through raw pointers.
         unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(off), data.len()) };

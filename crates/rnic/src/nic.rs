@@ -88,7 +88,11 @@ pub(crate) fn run(h: Arc<HostInner>) {
         if work {
             if slept_at != 0 {
                 let gap = now.saturating_sub(slept_at);
-                spin_ns = if gap < 4 * spin_ns { (spin_ns * 2).min(base_spin * 32) } else { base_spin };
+                spin_ns = if gap < 4 * spin_ns {
+                    (spin_ns * 2).min(base_spin * 32)
+                } else {
+                    base_spin
+                };
                 slept_at = 0;
             }
             last_work = now;

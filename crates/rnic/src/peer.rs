@@ -19,7 +19,11 @@ pub(crate) struct Peer {
 
 impl Peer {
     pub fn local(seg: Arc<Segment>) -> Peer {
-        Peer { seg, port: Port::Local, fds: Mutex::new(HashMap::new()) }
+        Peer {
+            seg,
+            port: Port::Local,
+            fds: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Resolve `addr` as seen from `me` (cached).
@@ -36,7 +40,11 @@ impl Peer {
             return Err(Error::Unreachable("host no longer exists".into()));
         } else {
             let seg = Segment::open(addr.pid, addr.fd, addr.nonce)?;
-            Arc::new(Peer { seg: Arc::new(seg), port: Port::Proc(addr.pid), fds: Mutex::new(HashMap::new()) })
+            Arc::new(Peer {
+                seg: Arc::new(seg),
+                port: Port::Proc(addr.pid),
+                fds: Mutex::new(HashMap::new()),
+            })
         };
         me.peers.lock().insert(addr.nonce, peer.clone());
         Ok(peer)
@@ -48,18 +56,17 @@ impl Peer {
             Port::Local => sys::eventfd_signal(fd as i32),
             Port::Proc(pid) => {
                 let mut m = self.fds.lock();
-                if !m.contains_key(&fd) {
-                    match sys::pidfd_getfd(pid, fd as i32) {
-                        Ok(o) => {
-                            m.insert(fd, o);
-                        }
+                let ofd = match m.entry(fd) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => match sys::pidfd_getfd(pid, fd as i32) {
+                        Ok(o) => v.insert(o),
                         Err(e) => {
                             tracing::warn!("pidfd_getfd({pid},{fd}) failed: {e}");
                             return;
                         }
-                    }
-                }
-                sys::eventfd_signal(m[&fd].as_raw_fd())
+                    },
+                };
+                sys::eventfd_signal(ofd.as_raw_fd())
             }
         };
         if let Err(e) = r {

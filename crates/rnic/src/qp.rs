@@ -291,7 +291,11 @@ impl QpInner {
         if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
             return Err(Error::InvalidArgument("cur_qp_state does not match"));
         }
-        let new = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { cur };
+        let new = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
         let (req, opt) = allowed(cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
         let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
         if !given.contains(req) {
@@ -513,13 +517,23 @@ impl QpInner {
                 break;
             }
         }
-        let issued = sq.entries.iter().filter(|e| matches!(e.st, EState::Issued { .. })).count()
+        let issued = sq
+            .entries
+            .iter()
+            .filter(|e| matches!(e.st, EState::Issued { .. }))
+            .count()
             + sq.zombies.len();
         self.outstanding.store(issued as u32, Ordering::Relaxed);
         let dl = sq
             .entries
             .iter()
-            .find_map(|e| if let EState::Rnr { until } = e.st { Some(until) } else { None })
+            .find_map(|e| {
+                if let EState::Rnr { until } = e.st {
+                    Some(until)
+                } else {
+                    None
+                }
+            })
             .unwrap_or(0);
         let old_dl = self.deadline.swap(dl, Ordering::Relaxed);
         if (issued > 0 || dl != 0) && !self.in_active.swap(true, Ordering::AcqRel) {
@@ -564,7 +578,9 @@ impl QpInner {
             }
             if requester::uses_ring(self, sq, &sq.entries[i]) {
                 let is_write = matches!(sq.entries[i].op, WrOpcode::Write);
-                if (sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued) || (is_write && earlier_local_writer) {
+                if (sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued)
+                    || (is_write && earlier_local_writer)
+                {
                     break;
                 }
                 if sq.ring_prod - sq.ring_cons >= slots {
@@ -599,7 +615,10 @@ impl QpInner {
                         let e = &mut sq.entries[i];
                         let left = e.rnr_left.get_or_insert(sq.attr.rnr_retry);
                         if *left == 0 {
-                            e.st = EState::Done { status: WcStatus::RnrRetryExcErr, byte_len: 0 };
+                            e.st = EState::Done {
+                                status: WcStatus::RnrRetryExcErr,
+                                byte_len: 0,
+                            };
                             return true;
                         }
                         if *left != 7 {

@@ -25,7 +25,16 @@ pub(crate) enum Issue {
 const MAX_MSG: u64 = 1 << 31;
 
 fn passthrough(addr: u64, len: u64) -> Span {
-    Span { mr: MrView { kind: MR_PASSTHROUGH, va: addr, len, iova_base: 0 }, addr, len }
+    Span {
+        mr: MrView {
+            kind: MR_PASSTHROUGH,
+            va: addr,
+            len,
+            iova_base: 0,
+        },
+        addr,
+        len,
+    }
 }
 
 /// Validate the local side of a WR (lkeys against this host's MR table).
@@ -40,7 +49,11 @@ fn local_spans(q: &QpInner, e: &Entry, need: Access) -> Result<Vec<Span>, WcStat
             continue;
         }
         match check_key(seg, s.lkey, q.pd.id(), s.addr, s.length as u64, need) {
-            Ok(mr) => v.push(Span { mr, addr: s.addr, len: s.length as u64 }),
+            Ok(mr) => v.push(Span {
+                mr,
+                addr: s.addr,
+                len: s.length as u64,
+            }),
             Err(_) => return Err(WcStatus::LocProtErr),
         }
     }
@@ -97,11 +110,15 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
     if e.op.is_atomic() && len != 8 {
         return Issue::Failed(WcStatus::LocLenErr);
     }
-    let Some(peer) = sq.peer.clone() else { return Issue::Failed(WcStatus::RetryExcErr) };
+    let Some(peer) = sq.peer.clone() else {
+        return Issue::Failed(WcStatus::RetryExcErr);
+    };
     if sq.tq.is_none() {
         sq.tq = peer.seg.find_qp(sq.attr.dest_qp_num);
     }
-    let Some(tq) = sq.tq else { return Issue::Failed(WcStatus::RetryExcErr) };
+    let Some(tq) = sq.tq else {
+        return Issue::Failed(WcStatus::RetryExcErr);
+    };
     let slot = sq.ring_prod;
     let (h, data) = peer.seg.slot(tq, slot);
     if h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
@@ -118,9 +135,17 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
     h.swp.store(swp, Ordering::Relaxed);
     let mut atoms = 0;
     if op == segment::RING_WRITE && len > 0 {
-        let src = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+        let src = Side {
+            seg: &me.seg,
+            port: Port::Local,
+            spans: &spans,
+        };
         let dst_span = [passthrough(data as u64, len)];
-        let dst = Side { seg: &me.seg, port: Port::Local, spans: &dst_span };
+        let dst = Side {
+            seg: &me.seg,
+            port: Port::Local,
+            spans: &dst_span,
+        };
         match dma::copy(&src, &dst, len, me.cfg.dma_section) {
             Ok(a) => atoms = a,
             Err(_) => return Issue::Failed(WcStatus::LocProtErr),
@@ -170,8 +195,16 @@ pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, slot: u64, since: u64, now: 
                 } else {
                     [passthrough(data as u64, len)]
                 };
-                let src = Side { seg: &me.seg, port: Port::Local, spans: &src_span };
-                let dst = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+                let src = Side {
+                    seg: &me.seg,
+                    port: Port::Local,
+                    spans: &src_span,
+                };
+                let dst = Side {
+                    seg: &me.seg,
+                    port: Port::Local,
+                    spans: &spans,
+                };
                 match dma::copy(&src, &dst, len, me.cfg.dma_section) {
                     Ok(a) => sq.entries[0].atoms += a,
                     Err(_) => status = WcStatus::LocProtErr,
@@ -218,8 +251,12 @@ fn dma_status(err: DmaErr, local_is_src: bool) -> (WcStatus, bool) {
 /// Execute a WR directly against the target (initiator-side DMA).
 pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
     let me = q.host.inner().clone();
-    let Some(peer) = sq.peer.clone() else { return Outcome::Done(WcStatus::RetryExcErr, 0) };
-    let Some((tq, r)) = target(q, sq, &peer) else { return Outcome::Done(WcStatus::RetryExcErr, 0) };
+    let Some(peer) = sq.peer.clone() else {
+        return Outcome::Done(WcStatus::RetryExcErr, 0);
+    };
+    let Some((tq, r)) = target(q, sq, &peer) else {
+        return Outcome::Done(WcStatus::RetryExcErr, 0);
+    };
     let e = &mut sq.entries[i];
     let spans = match local_spans(q, e, local_need(&e.op)) {
         Ok(s) => s,
@@ -230,7 +267,11 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
         return Outcome::Done(WcStatus::LocLenErr, 0);
     }
     let section = me.cfg.dma_section;
-    let local = Side { seg: &me.seg, port: Port::Local, spans: &spans };
+    let local = Side {
+        seg: &me.seg,
+        port: Port::Local,
+        spans: &spans,
+    };
     let tseg = &*peer.seg;
     let remote_err = |s: WcStatus| {
         responder::qp_error(tseg, &peer, tq);
@@ -239,14 +280,26 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
     match e.op {
         WrOpcode::Write | WrOpcode::Read => {
             let read = e.op == WrOpcode::Read;
-            let need = if read { Access::REMOTE_READ } else { Access::REMOTE_WRITE };
+            let need = if read {
+                Access::REMOTE_READ
+            } else {
+                Access::REMOTE_WRITE
+            };
             let mr = match responder::remote_check(tseg, r, e.rkey, e.raddr, len, need) {
                 Ok(m) => m,
                 Err(s) => return remote_err(s),
             };
             let tspan = [Span { mr, addr: e.raddr, len }];
-            let remote = Side { seg: tseg, port: peer.port, spans: &tspan };
-            let res = if read { dma::copy(&remote, &local, len, section) } else { dma::copy(&local, &remote, len, section) };
+            let remote = Side {
+                seg: tseg,
+                port: peer.port,
+                spans: &tspan,
+            };
+            let res = if read {
+                dma::copy(&remote, &local, len, section)
+            } else {
+                dma::copy(&local, &remote, len, section)
+            };
             match res {
                 Ok(a) => {
                     e.atoms = a;
@@ -296,7 +349,11 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
             }
             let bytes = v.to_le_bytes();
             let src_span = [passthrough(bytes.as_ptr() as u64, 8)];
-            let src = Side { seg: &me.seg, port: Port::Local, spans: &src_span };
+            let src = Side {
+                seg: &me.seg,
+                port: Port::Local,
+                spans: &src_span,
+            };
             match dma::copy(&src, &local, 8, section) {
                 Ok(a) => {
                     e.atoms = a;

@@ -93,7 +93,12 @@ pub(crate) fn remote_check(
         return Err(WcStatus::RemInvReqErr);
     }
     if len == 0 {
-        return Ok(MrView { kind: MR_PASSTHROUGH, va: addr, len: 0, iova_base: 0 });
+        return Ok(MrView {
+            kind: MR_PASSTHROUGH,
+            va: addr,
+            len: 0,
+            iova_base: 0,
+        });
     }
     check_key(seg, rkey, r.pd.load(Ordering::Relaxed), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
 }
@@ -128,7 +133,13 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     let cqi = r.recv_cq.load(Ordering::Relaxed);
     let (w, sges) = seg.wqe(idx, head);
     let wr_id = w.wr_id.load(Ordering::Relaxed);
-    let mut recv_wc = Wc { wr_id, qp_num: qpn, src_qp: m.src_qpn, opcode: WcOpcode::Recv, ..Default::default() };
+    let mut recv_wc = Wc {
+        wr_id,
+        qp_num: qpn,
+        src_qp: m.src_qpn,
+        opcode: WcOpcode::Recv,
+        ..Default::default()
+    };
     let fail = |recv_status: WcStatus, req: WcStatus, wc: &mut Wc| {
         wc.status = recv_status;
         r.rq_head.store(head + 1, Ordering::Release);
@@ -146,15 +157,27 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
                 return Delivery::Done(s);
             }
         };
-        let spans = [Span { mr, addr: raddr, len: m.len }];
-        let dst = Side { seg, port: peer.port, spans: &spans };
+        let spans = [Span {
+            mr,
+            addr: raddr,
+            len: m.len,
+        }];
+        let dst = Side {
+            seg,
+            port: peer.port,
+            spans: &spans,
+        };
         dma::copy(&m.src, &dst, m.len, m.section)
     } else {
         let n = (w.nsge.load(Ordering::Relaxed) as usize).min(sges.len());
         let mut spans = Vec::with_capacity(n);
         let mut total = 0u64;
         for s in &sges[..n] {
-            let (a, l, k) = (s.addr.load(Ordering::Relaxed), s.len.load(Ordering::Relaxed) as u64, s.lkey.load(Ordering::Relaxed));
+            let (a, l, k) = (
+                s.addr.load(Ordering::Relaxed),
+                s.len.load(Ordering::Relaxed) as u64,
+                s.lkey.load(Ordering::Relaxed),
+            );
             if l == 0 {
                 continue;
             }
@@ -167,14 +190,22 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
         if total < m.len {
             return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, &mut recv_wc);
         }
-        let dst = Side { seg, port: peer.port, spans: &spans };
+        let dst = Side {
+            seg,
+            port: peer.port,
+            spans: &spans,
+        };
         dma::copy(&m.src, &dst, m.len, m.section)
     };
     match result {
         Ok(_) => {}
         Err(DmaErr::Src(_)) => return Delivery::Done(WcStatus::LocProtErr),
         Err(_) => {
-            let s = if m.write_to.is_some() { WcStatus::RemAccessErr } else { WcStatus::RemOpErr };
+            let s = if m.write_to.is_some() {
+                WcStatus::RemAccessErr
+            } else {
+                WcStatus::RemOpErr
+            };
             return fail(WcStatus::LocProtErr, s, &mut recv_wc);
         }
     }
@@ -234,19 +265,36 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
         WcStatus::RemInvReqErr
     } else {
         let slot_span = [Span {
-            mr: MrView { kind: MR_PASSTHROUGH, va: data as u64, len: seg.p.ring_max as u64, iova_base: 0 },
+            mr: MrView {
+                kind: MR_PASSTHROUGH,
+                va: data as u64,
+                len: seg.p.ring_max as u64,
+                iova_base: 0,
+            },
             addr: data as u64,
             len,
         }];
-        let slot_side = Side { seg, port: Port::Local, spans: &slot_span };
+        let slot_side = Side {
+            seg,
+            port: Port::Local,
+            spans: &slot_span,
+        };
         match op {
             segment::RING_READ | segment::RING_WRITE => {
-                let need = if op == segment::RING_READ { Access::REMOTE_READ } else { Access::REMOTE_WRITE };
+                let need = if op == segment::RING_READ {
+                    Access::REMOTE_READ
+                } else {
+                    Access::REMOTE_WRITE
+                };
                 match remote_check(seg, r, rkey, raddr, len, need) {
                     Err(s) => s,
                     Ok(mr) => {
                         let t = [Span { mr, addr: raddr, len }];
-                        let tside = Side { seg, port: Port::Local, spans: &t };
+                        let tside = Side {
+                            seg,
+                            port: Port::Local,
+                            spans: &t,
+                        };
                         let res = if op == segment::RING_READ {
                             dma::copy(&tside, &slot_side, len, section)
                         } else {
@@ -261,9 +309,14 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
             }
             segment::RING_CAS | segment::RING_FADD => {
                 let aop = if op == segment::RING_CAS {
-                    AtomicOp::CmpSwap { compare: h.cmp.load(Ordering::Relaxed), swap: h.swp.load(Ordering::Relaxed) }
+                    AtomicOp::CmpSwap {
+                        compare: h.cmp.load(Ordering::Relaxed),
+                        swap: h.swp.load(Ordering::Relaxed),
+                    }
                 } else {
-                    AtomicOp::FetchAdd { add: h.cmp.load(Ordering::Relaxed) }
+                    AtomicOp::FetchAdd {
+                        add: h.cmp.load(Ordering::Relaxed),
+                    }
                 };
                 let (s, v) = atomic_here(seg, r, rkey, raddr, aop);
                 result = v;

@@ -390,9 +390,8 @@ impl Segment {
         let off2 = off + std::mem::size_of::<WqeHdr>();
         // SAFETY: the SGE array of max_sge entries follows the header inside the
         // WQE stride (see Layout::compute); SgeRec is all atomics.
-        let sges = unsafe {
-            std::slice::from_raw_parts(self.map.ptr().add(off2) as *const SgeRec, self.p.max_sge as usize)
-        };
+        let sges =
+            unsafe { std::slice::from_raw_parts(self.map.ptr().add(off2) as *const SgeRec, self.p.max_sge as usize) };
         (hdr, sges)
     }
     /// Request-ring slot `slot` (modulo ring_slots) of QP `qp`: header and data pointer.
@@ -415,8 +414,7 @@ impl Segment {
         (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * 8))
     }
     pub fn range(&self, i: u32) -> Option<&RangeRec> {
-        (i < self.p.max_tracked_ranges)
-            .then(|| self.at(self.lay.ranges + i as usize * std::mem::size_of::<RangeRec>()))
+        (i < self.p.max_tracked_ranges).then(|| self.at(self.lay.ranges + i as usize * std::mem::size_of::<RangeRec>()))
     }
     pub fn bitmap_word(&self, bit: u64) -> Option<&AtomicU64> {
         (bit < self.p.max_tracked_pages).then(|| self.at(self.lay.bitmap + (bit / 64) as usize * 8))
@@ -448,7 +446,10 @@ pub struct ShmGuard<'a>(&'a AtomicU32);
 
 pub fn shm_lock(w: &AtomicU32) -> ShmGuard<'_> {
     let mut spins = 0u32;
-    while w.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+    while w
+        .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
         spins += 1;
         if spins < 100 {
             std::hint::spin_loop();
@@ -473,7 +474,9 @@ mod tests {
     fn layout_is_page_aligned_and_ordered() {
         let p = Params::from_config(&HostConfig::default());
         let l = Layout::compute(&p).unwrap();
-        let offs = [l.mr, l.qp, l.rq, l.ring, l.cq, l.wc, l.iommu, l.ranges, l.bitmap, l.doorbell, l.total];
+        let offs = [
+            l.mr, l.qp, l.rq, l.ring, l.cq, l.wc, l.iommu, l.ranges, l.bitmap, l.doorbell, l.total,
+        ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % PAGE == 0));
         assert_eq!(std::mem::size_of::<MrRec>(), 64);

@@ -150,8 +150,14 @@ pub fn eventfd_drain(fd: RawFd) -> io::Result<u64> {
 
 /// poll(2) one fd for readability; true if readable before the timeout.
 pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ms = timeout.map(|d| d.as_millis().min(i32::MAX as u128) as i32).unwrap_or(-1);
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout
+        .map(|d| d.as_millis().min(i32::MAX as u128) as i32)
+        .unwrap_or(-1);
     loop {
         // SAFETY: one live pollfd.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
@@ -204,12 +210,7 @@ pub enum VmDir {
 /// # Safety
 /// Every local iovec must describe memory of this process that is valid for the
 /// access (writable for `VmDir::Read`).
-pub unsafe fn process_vm(
-    pid: u32,
-    dir: VmDir,
-    local: &[libc::iovec],
-    remote: &[libc::iovec],
-) -> io::Result<usize> {
+pub unsafe fn process_vm(pid: u32, dir: VmDir, local: &[libc::iovec], remote: &[libc::iovec]) -> io::Result<usize> {
     let r = match dir {
         VmDir::Read => libc::process_vm_readv(
             pid as libc::pid_t,

@@ -36,10 +36,28 @@ impl WcStatus {
     pub fn from_u32(v: u32) -> WcStatus {
         use WcStatus::*;
         const ALL: [WcStatus; 22] = [
-            Success, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr,
-            BadRespErr, LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr,
-            RnrRetryExcErr, LocRddViolErr, RemInvRdReqErr, RemAbortErr, InvEecnErr,
-            InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+            Success,
+            LocLenErr,
+            LocQpOpErr,
+            LocEecOpErr,
+            LocProtErr,
+            WrFlushErr,
+            MwBindErr,
+            BadRespErr,
+            LocAccessErr,
+            RemInvReqErr,
+            RemAccessErr,
+            RemOpErr,
+            RetryExcErr,
+            RnrRetryExcErr,
+            LocRddViolErr,
+            RemInvRdReqErr,
+            RemAbortErr,
+            InvEecnErr,
+            InvEecStateErr,
+            FatalErr,
+            RespTimeoutErr,
+            GeneralErr,
         ];
         ALL.get(v as usize).copied().unwrap_or(GeneralErr)
     }
@@ -310,7 +328,12 @@ impl QpAttr {
     /// RESET -> INIT attributes (with the required mask).
     pub fn init(access: Access) -> (QpAttr, QpAttrMask) {
         (
-            QpAttr { qp_state: QpState::Init, qp_access_flags: access, port_num: 1, ..Default::default() },
+            QpAttr {
+                qp_state: QpState::Init,
+                qp_access_flags: access,
+                port_num: 1,
+                ..Default::default()
+            },
             QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
         )
     }

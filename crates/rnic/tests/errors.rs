@@ -32,9 +32,17 @@ fn bad_rkey_is_remote_access_error_and_errors_both_qps() {
         let l = buf(&a.pd, 64, 0);
         let r = buf(&b.pd, 64, 0);
         let rs = [r.sge(0, 8)];
-        b.qp.post_recv(&[RecvWr { wr_id: 42, sg_list: &rs }]).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 42,
+            sg_list: &rs,
+        }])
+        .unwrap();
         let sge = [l.sge(0, 64)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey() ^ 0x100), WcStatus::RemAccessErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey() ^ 0x100),
+            WcStatus::RemAccessErr,
+        );
         assert_eq!(b.qp.state(), QpState::Err);
         let rw = wait1(&b.rcq);
         assert_eq!((rw.wr_id, rw.status), (42, WcStatus::WrFlushErr));
@@ -49,13 +57,62 @@ fn remote_errors_per_opcode() {
     let cases: Vec<Case> = vec![
         (WrOpcode::Write, 0, true, all, all, WcStatus::RemAccessErr),
         (WrOpcode::Write, 60, false, all, all, WcStatus::RemAccessErr), // out of bounds
-        (WrOpcode::Write, 0, false, all, Access::LOCAL_WRITE | Access::REMOTE_READ, WcStatus::RemAccessErr),
-        (WrOpcode::Read, 0, false, all, Access::LOCAL_WRITE | Access::REMOTE_WRITE, WcStatus::RemAccessErr),
-        (WrOpcode::Write, 0, false, Access::REMOTE_READ, all, WcStatus::RemInvReqErr), // QP access
-        (WrOpcode::Read, 0, false, Access::REMOTE_WRITE, all, WcStatus::RemInvReqErr),
-        (WrOpcode::FetchAdd { add: 1 }, 4, false, all, all, WcStatus::RemInvReqErr), // misaligned
-        (WrOpcode::FetchAdd { add: 1 }, 0, false, all, Access::LOCAL_WRITE | Access::REMOTE_READ, WcStatus::RemAccessErr),
-        (WrOpcode::CmpSwap { compare: 0, swap: 1 }, 0, false, Access::REMOTE_READ, all, WcStatus::RemInvReqErr),
+        (
+            WrOpcode::Write,
+            0,
+            false,
+            all,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+            WcStatus::RemAccessErr,
+        ),
+        (
+            WrOpcode::Read,
+            0,
+            false,
+            all,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            WcStatus::RemAccessErr,
+        ),
+        (
+            WrOpcode::Write,
+            0,
+            false,
+            Access::REMOTE_READ,
+            all,
+            WcStatus::RemInvReqErr,
+        ), // QP access
+        (
+            WrOpcode::Read,
+            0,
+            false,
+            Access::REMOTE_WRITE,
+            all,
+            WcStatus::RemInvReqErr,
+        ),
+        (
+            WrOpcode::FetchAdd { add: 1 },
+            4,
+            false,
+            all,
+            all,
+            WcStatus::RemInvReqErr,
+        ), // misaligned
+        (
+            WrOpcode::FetchAdd { add: 1 },
+            0,
+            false,
+            all,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+            WcStatus::RemAccessErr,
+        ),
+        (
+            WrOpcode::CmpSwap { compare: 0, swap: 1 },
+            0,
+            false,
+            Access::REMOTE_READ,
+            all,
+            WcStatus::RemInvReqErr,
+        ),
         (WrOpcode::WriteImm(1), 0, true, all, all, WcStatus::RemAccessErr),
     ];
     for cfg in [HostConfig::default(), ring_cfg()] {
@@ -70,7 +127,11 @@ fn remote_errors_per_opcode() {
             b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &[] }]).unwrap();
             let sge = [l.sge(0, 8)];
             let rkey = if bad_key { r.rkey() + 0x1000 } else { r.rkey() };
-            expect_fail(&a, SendWr::new(i as u64, op, &sge).remote(r.addr() as u64 + off, rkey), exp);
+            expect_fail(
+                &a,
+                SendWr::new(i as u64, op, &sge).remote(r.addr() as u64 + off, rkey),
+                exp,
+            );
             assert_eq!(r.to_vec(0, 64), vec![0; 64], "case {i}: target memory untouched");
             assert_eq!(b.qp.state(), QpState::Err, "case {i}: responder QP in ERR");
         }
@@ -84,14 +145,22 @@ fn wrong_pd_remote_and_local() {
         let r = buf(&other_pd, 64, 0);
         let l = buf(&a.pd, 64, 0);
         let sge = [l.sge(0, 8)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::RemAccessErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::RemAccessErr,
+        );
     });
     each_path(|a, b| {
         let other_pd = a.ctx.alloc_pd().unwrap();
         let l = buf(&other_pd, 64, 0);
         let r = buf(&b.pd, 64, 0);
         let sge = [l.sge(0, 8)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::LocProtErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::LocProtErr,
+        );
         assert_eq!(b.qp.state(), QpState::Rts, "local errors do not touch the responder");
     });
 }
@@ -102,22 +171,38 @@ fn local_protection_errors() {
         let r = buf(&b.pd, 64, 0);
         let l = buf(&a.pd, 64, 0);
         // bad lkey
-        let sge = [Sge { addr: l.addr() as u64, length: 8, lkey: l.lkey() + 0x1000 }];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::LocProtErr);
+        let sge = [Sge {
+            addr: l.addr() as u64,
+            length: 8,
+            lkey: l.lkey() + 0x1000,
+        }];
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::LocProtErr,
+        );
     });
     each_path(|a, b| {
         let r = buf(&b.pd, 64, 0);
         let l = buf(&a.pd, 64, 0);
         // local out of bounds
         let sge = [l.sge(60, 8)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::LocProtErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::LocProtErr,
+        );
     });
     each_path(|a, b| {
         let r = buf(&b.pd, 64, 0);
         // READ into a local MR without LOCAL_WRITE
         let l = a.pd.reg_mr_owned(vec![0; 64], Access::REMOTE_READ).unwrap();
         let sge = [l.sge(0, 8)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::LocProtErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::LocProtErr,
+        );
         assert_eq!(l.to_vec(0, 8), vec![0; 8]);
     });
     each_path(|a, b| {
@@ -125,7 +210,11 @@ fn local_protection_errors() {
         let l = buf(&a.pd, 64, 0);
         // atomic with a local length other than 8
         let sge = [l.sge(0, 4)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::FetchAdd { add: 1 }, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::LocLenErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::FetchAdd { add: 1 }, &sge).remote(r.addr() as u64, r.rkey()),
+            WcStatus::LocLenErr,
+        );
     });
 }
 
@@ -137,7 +226,11 @@ fn deregistered_mr_is_rejected() {
         drop(r);
         let l = buf(&a.pd, 64, 0);
         let sge = [l.sge(0, 8)];
-        expect_fail(&a, SendWr::new(1, WrOpcode::Read, &sge).remote(addr, rkey), WcStatus::RemAccessErr);
+        expect_fail(
+            &a,
+            SendWr::new(1, WrOpcode::Read, &sge).remote(addr, rkey),
+            WcStatus::RemAccessErr,
+        );
     });
 }
 
@@ -146,7 +239,8 @@ fn receive_too_small_and_bad_recv_lkey() {
     each_path(|a, b| {
         let r = buf(&b.pd, 64, 0);
         let rs = [r.sge(0, 4)];
-        b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &rs }, RecvWr { wr_id: 6, sg_list: &rs }]).unwrap();
+        b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &rs }, RecvWr { wr_id: 6, sg_list: &rs }])
+            .unwrap();
         let data = [1u8; 8];
         let s = buf(&a.pd, 8, 0);
         let sge = [s.sge(0, 8)];
@@ -159,7 +253,11 @@ fn receive_too_small_and_bad_recv_lkey() {
     });
     each_path(|a, b| {
         let r = buf(&b.pd, 64, 0);
-        let rs = [Sge { addr: r.addr() as u64, length: 64, lkey: r.lkey() ^ 0x300 }];
+        let rs = [Sge {
+            addr: r.addr() as u64,
+            length: 64,
+            lkey: r.lkey() ^ 0x300,
+        }];
         b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &rs }]).unwrap();
         let s = buf(&a.pd, 8, 0);
         let sge = [s.sge(0, 8)];
@@ -172,13 +270,26 @@ fn receive_too_small_and_bad_recv_lkey() {
 #[test]
 fn recv_posted_on_err_qp_is_flushed() {
     let (_a, b) = pair();
-    let (at, m) = (QpAttr { qp_state: QpState::Err, ..Default::default() }, QpAttrMask::STATE);
+    let (at, m) = (
+        QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    );
     b.qp.modify(&at, m).unwrap();
     let r = buf(&b.pd, 8, 0);
     let rs = [r.sge(0, 8)];
-    b.qp.post_recv(&[RecvWr { wr_id: 77, sg_list: &rs }]).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 77,
+        sg_list: &rs,
+    }])
+    .unwrap();
     let w = wait1(&b.rcq);
-    assert_eq!((w.wr_id, w.status, w.opcode), (77, WcStatus::WrFlushErr, WcOpcode::Recv));
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode),
+        (77, WcStatus::WrFlushErr, WcOpcode::Recv)
+    );
     // sends posted on an ERR QP are flushed too
     let s = buf(&b.pd, 8, 0);
     let sge = [s.sge(0, 8)];
@@ -191,7 +302,14 @@ fn recv_posted_on_err_qp_is_flushed() {
 fn post_time_errors() {
     let ha = Host::new(HostConfig::default()).unwrap();
     let hb = Host::new(HostConfig::default()).unwrap();
-    let attr = QpInitAttr { max_send_wr: 4, max_recv_wr: 2, max_send_sge: 2, max_recv_sge: 1, max_inline_data: 16, ..Default::default() };
+    let attr = QpInitAttr {
+        max_send_wr: 4,
+        max_recv_wr: 2,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: 16,
+        ..Default::default()
+    };
     let a = end(&ha, &attr);
     let b = end(&hb, &attr);
     let s = buf(&a.pd, 64, 0);
@@ -203,16 +321,29 @@ fn post_time_errors() {
     assert!(b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &[] }]).is_err());
     let (at, m) = QpAttr::init(all_access());
     a.qp.modify(&at, m).unwrap();
-    assert_eq!(a.qp.post_send(&[wr]).unwrap_err().err, Error::WrongQpState(QpState::Init));
+    assert_eq!(
+        a.qp.post_send(&[wr]).unwrap_err().err,
+        Error::WrongQpState(QpState::Init)
+    );
     let (at, m) = QpAttr::rtr(hb.addr(), b.qp.qpn());
     a.qp.modify(&at, m).unwrap();
-    assert_eq!(a.qp.post_send(&[wr]).unwrap_err().err, Error::WrongQpState(QpState::Rtr));
+    assert_eq!(
+        a.qp.post_send(&[wr]).unwrap_err().err,
+        Error::WrongQpState(QpState::Rtr)
+    );
     let (at, m) = QpAttr::rts(7);
     a.qp.modify(&at, m).unwrap();
     b.qp.connect(all_access(), ha.addr(), a.qp.qpn(), 7).unwrap();
     // too many SGEs (second WR of the list)
     let sges3 = [s.sge(0, 1), s.sge(1, 1), s.sge(2, 1)];
-    let e = a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(0, 0).flags(SendFlags::empty()), SendWr::new(2, WrOpcode::Write, &sges3)]).unwrap_err();
+    let e =
+        a.qp.post_send(&[
+            SendWr::new(1, WrOpcode::Write, &sge)
+                .remote(0, 0)
+                .flags(SendFlags::empty()),
+            SendWr::new(2, WrOpcode::Write, &sges3),
+        ])
+        .unwrap_err();
     assert_eq!(e.bad_wr_index, 1);
     assert!(matches!(e.err, Error::InvalidArgument(_)));
     // the first WR of that list was posted (and fails remotely: rkey 0)
@@ -223,7 +354,9 @@ fn post_time_errors() {
     let b = end(&hb, &attr);
     connect(&a, &b, all_access(), 7);
     let big = [0u8; 17];
-    let e = a.qp.post_send(&[SendWr::new(1, WrOpcode::Send, &[]).inline(&big)]).unwrap_err();
+    let e =
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::Send, &[]).inline(&big)])
+            .unwrap_err();
     assert!(matches!(e.err, Error::InvalidArgument(_)));
     // SQ overflow: SENDs stall on RNR (no receive posted, infinite retry)
     let s = buf(&a.pd, 64, 0);
@@ -235,15 +368,28 @@ fn post_time_errors() {
     let r = buf(&b.pd, 64, 0);
     let rs = [r.sge(0, 8)];
     let rs2 = [r.sge(0, 8), r.sge(8, 8)];
-    let e = b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rs2 }]).unwrap_err();
+    let e =
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: &rs2,
+        }])
+        .unwrap_err();
     assert!(matches!(e.err, Error::InvalidArgument(_)));
     // the stalled sends consume receives as soon as they are posted
     for i in 0..4 {
         b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &rs }]).unwrap();
         wait1(&b.rcq);
     }
-    assert_eq!(a.cq.poll_wait(4, T).unwrap().iter().filter(|w| w.status.is_ok()).count(), 4);
-    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rs }, RecvWr { wr_id: 2, sg_list: &rs }]).unwrap();
+    assert_eq!(
+        a.cq.poll_wait(4, T)
+            .unwrap()
+            .iter()
+            .filter(|w| w.status.is_ok())
+            .count(),
+        4
+    );
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rs }, RecvWr { wr_id: 2, sg_list: &rs }])
+        .unwrap();
     let e = b.qp.post_recv(&[RecvWr { wr_id: 3, sg_list: &rs }]).unwrap_err();
     assert_eq!(e.err, Error::QueueFull("receive queue"));
 }
@@ -280,7 +426,11 @@ fn qp_not_connected_to_us_is_a_transport_error() {
     let r = buf(&b.pd, 8, 0);
     let l = buf(&a.pd, 8, 0);
     let sge = [l.sge(0, 8)];
-    expect_fail(&a, SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()), WcStatus::RetryExcErr);
+    expect_fail(
+        &a,
+        SendWr::new(1, WrOpcode::Write, &sge).remote(r.addr() as u64, r.rkey()),
+        WcStatus::RetryExcErr,
+    );
     assert_eq!(b.qp.state(), QpState::Rts);
 }
 
@@ -294,10 +444,16 @@ fn state_machine_rules() {
     assert!(matches!(a.qp.modify(&at, m), Err(Error::IllegalTransition { .. })));
     // missing required attributes
     let (at, _) = QpAttr::init(all_access());
-    assert!(matches!(a.qp.modify(&at, QpAttrMask::STATE), Err(Error::InvalidMask(_))));
+    assert!(matches!(
+        a.qp.modify(&at, QpAttrMask::STATE),
+        Err(Error::InvalidMask(_))
+    ));
     // attribute not allowed in this transition
     let (at, m) = QpAttr::init(all_access());
-    assert!(matches!(a.qp.modify(&at, m | QpAttrMask::SQ_PSN), Err(Error::InvalidMask(_))));
+    assert!(matches!(
+        a.qp.modify(&at, m | QpAttrMask::SQ_PSN),
+        Err(Error::InvalidMask(_))
+    ));
     a.qp.modify(&at, m).unwrap();
     assert_eq!(a.qp.state(), QpState::Init);
     assert_eq!(a.qp.query().qp_access_flags, all_access());
@@ -305,7 +461,11 @@ fn state_machine_rules() {
     let (at, m) = QpAttr::rts(7);
     assert!(a.qp.modify(&at, m).is_err());
     // wrong cur_state
-    let at2 = QpAttr { qp_state: QpState::Err, cur_qp_state: QpState::Rts, ..Default::default() };
+    let at2 = QpAttr {
+        qp_state: QpState::Err,
+        cur_qp_state: QpState::Rts,
+        ..Default::default()
+    };
     assert!(a.qp.modify(&at2, QpAttrMask::STATE | QpAttrMask::CUR_STATE).is_err());
     let (at, m) = QpAttr::rtr(h.addr(), a.qp.qpn());
     a.qp.modify(&at, m).unwrap();
@@ -314,45 +474,124 @@ fn state_machine_rules() {
     assert_eq!(a.qp.query().rnr_retry, 3);
     assert_eq!(a.qp.state(), QpState::Rts);
     // RTS -> RTS with an allowed optional attribute
-    let at = QpAttr { qp_state: QpState::Rts, min_rnr_timer: 5, ..Default::default() };
+    let at = QpAttr {
+        qp_state: QpState::Rts,
+        min_rnr_timer: 5,
+        ..Default::default()
+    };
     a.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::MIN_RNR_TIMER).unwrap();
     // any -> ERR -> RESET -> INIT
-    a.qp.modify(&QpAttr { qp_state: QpState::Err, ..Default::default() }, QpAttrMask::STATE).unwrap();
-    assert!(a.qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, QpAttrMask::STATE).is_err());
-    a.qp.modify(&QpAttr { qp_state: QpState::Reset, ..Default::default() }, QpAttrMask::STATE).unwrap();
+    a.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    assert!(a
+        .qp
+        .modify(
+            &QpAttr {
+                qp_state: QpState::Rts,
+                ..Default::default()
+            },
+            QpAttrMask::STATE
+        )
+        .is_err());
+    a.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
     let (at, m) = QpAttr::init(all_access());
     a.qp.modify(&at, m).unwrap();
 }
 
 #[test]
 fn object_creation_limits() {
-    let cfg = HostConfig { max_qp: 4, max_mr: 4, max_cq: 3, ..Default::default() };
+    let cfg = HostConfig {
+        max_qp: 4,
+        max_mr: 4,
+        max_cq: 3,
+        ..Default::default()
+    };
     let h = Host::new(cfg).unwrap();
     let ctx = h.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     assert!(ctx.create_cq(0, None).is_err());
     assert!(ctx.create_cq(h.config().max_cqe + 1, None).is_err());
     let cq = ctx.create_cq(8, None).unwrap();
-    let big = QpInitAttr { max_send_wr: h.config().max_wr + 1, ..Default::default() };
+    let big = QpInitAttr {
+        max_send_wr: h.config().max_wr + 1,
+        ..Default::default()
+    };
     assert!(pd.create_qp(&cq, &cq, &big).is_err());
-    let q1 = pd.create_qp(&cq, &cq, &QpInitAttr { qpn: Some(0x12345), ..Default::default() }).unwrap();
+    let q1 = pd
+        .create_qp(
+            &cq,
+            &cq,
+            &QpInitAttr {
+                qpn: Some(0x12345),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(q1.qpn(), 0x12345);
-    assert!(pd.create_qp(&cq, &cq, &QpInitAttr { qpn: Some(0x12345), ..Default::default() }).is_err());
-    assert!(pd.create_qp(&cq, &cq, &QpInitAttr { qpn: Some(1 << 24), ..Default::default() }).is_err());
+    assert!(pd
+        .create_qp(
+            &cq,
+            &cq,
+            &QpInitAttr {
+                qpn: Some(0x12345),
+                ..Default::default()
+            }
+        )
+        .is_err());
+    assert!(pd
+        .create_qp(
+            &cq,
+            &cq,
+            &QpInitAttr {
+                qpn: Some(1 << 24),
+                ..Default::default()
+            }
+        )
+        .is_err());
     let auto = pd.create_qp(&cq, &cq, &QpInitAttr::default()).unwrap();
     assert!(auto.qpn() < 1 << 23);
     let _q3 = pd.create_qp(&cq, &cq, &QpInitAttr::default()).unwrap();
     let _q4 = pd.create_qp(&cq, &cq, &QpInitAttr::default()).unwrap();
-    assert!(matches!(pd.create_qp(&cq, &cq, &QpInitAttr::default()), Err(Error::NoResources(_))));
+    assert!(matches!(
+        pd.create_qp(&cq, &cq, &QpInitAttr::default()),
+        Err(Error::NoResources(_))
+    ));
     drop(q1);
-    let again = pd.create_qp(&cq, &cq, &QpInitAttr { qpn: Some(0x12345), ..Default::default() }).unwrap();
+    let again = pd
+        .create_qp(
+            &cq,
+            &cq,
+            &QpInitAttr {
+                qpn: Some(0x12345),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(again.qpn(), 0x12345);
     // MR rules
     assert!(pd.reg_mr_owned(vec![0; 8], Access::REMOTE_WRITE).is_err());
     assert!(pd.reg_mr_owned(vec![0; 8], Access::REMOTE_ATOMIC).is_err());
     assert!(pd.reg_mr_owned(vec![], Access::LOCAL_WRITE).is_err());
-    let m: Vec<_> = (0..4).map(|_| pd.reg_mr_owned(vec![0; 8], Access::LOCAL_WRITE).unwrap()).collect();
-    assert!(matches!(pd.reg_mr_owned(vec![0; 8], Access::LOCAL_WRITE), Err(Error::NoResources(_))));
+    let m: Vec<_> = (0..4)
+        .map(|_| pd.reg_mr_owned(vec![0; 8], Access::LOCAL_WRITE).unwrap())
+        .collect();
+    assert!(matches!(
+        pd.reg_mr_owned(vec![0; 8], Access::LOCAL_WRITE),
+        Err(Error::NoResources(_))
+    ));
     let keys: std::collections::HashSet<u32> = m.iter().map(|x| x.lkey()).collect();
     assert_eq!(keys.len(), 4);
     let old = m[0].lkey();

@@ -67,20 +67,36 @@ fn iova_mr_over_special_frames() {
         // SAFETY: `ram` outlives every DMA below (the hosts are dropped first? no: we
         // unmap + flush before it drops, see end of test).
         unsafe {
-            io.map_range(&range, 0, &[Frame::Ram(ram.page(0)), Frame::Signature, Frame::BlackHole, Frame::Unmapped]).unwrap();
+            io.map_range(
+                &range,
+                0,
+                &[
+                    Frame::Ram(ram.page(0)),
+                    Frame::Signature,
+                    Frame::BlackHole,
+                    Frame::Unmapped,
+                ],
+            )
+            .unwrap();
         }
         // SAFETY: va is only used for addressing; frames are valid as above.
         let mr = unsafe { b.pd.reg_mr_iova(va.page(0), 4 * PAGE, all_access(), &range).unwrap() };
         let local = buf(&a.pd, 3 * PAGE, 0xcc);
         let sge = [local.sge(0, (3 * PAGE) as u32)];
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(local.to_vec(0, PAGE), pattern(PAGE, 1), "RAM frame");
-        assert_eq!(local.to_vec(PAGE, PAGE), magic_bytes(PAGE, 0xdeadbeef), "signature frame");
+        assert_eq!(
+            local.to_vec(PAGE, PAGE),
+            magic_bytes(PAGE, 0xdeadbeef),
+            "signature frame"
+        );
         assert_eq!(local.to_vec(2 * PAGE, PAGE), vec![0; PAGE], "black-hole reads as zeros");
         // unaligned read crossing RAM -> signature
         let sge = [local.sge(0, 100)];
-        a.qp.post_send(&[SendWr::new(2, WrOpcode::Read, &sge).remote(va.page(1) as u64 - 50, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(2, WrOpcode::Read, &sge).remote(va.page(1) as u64 - 50, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         let mut exp = pattern(PAGE, 1)[PAGE - 50..].to_vec();
         exp.extend(magic_bytes(PAGE, 0xdeadbeef)[..50].iter());
@@ -88,17 +104,28 @@ fn iova_mr_over_special_frames() {
         // writes to signature and black-hole frames are dropped
         local.fill(0x11);
         let sge = [local.sge(0, (2 * PAGE) as u32)];
-        a.qp.post_send(&[SendWr::new(3, WrOpcode::Write, &sge).remote(va.page(1) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(3, WrOpcode::Write, &sge).remote(va.page(1) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         let sge = [local.sge(0, (3 * PAGE) as u32)];
-        a.qp.post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
-        assert_eq!(local.to_vec(PAGE, PAGE), magic_bytes(PAGE, 0xdeadbeef), "signature never changes");
+        assert_eq!(
+            local.to_vec(PAGE, PAGE),
+            magic_bytes(PAGE, 0xdeadbeef),
+            "signature never changes"
+        );
         assert_eq!(local.to_vec(2 * PAGE, PAGE), vec![0; PAGE]);
-        assert_eq!(va.read(0, 4 * PAGE), vec![0; 4 * PAGE], "the VA itself is never touched");
+        assert_eq!(
+            va.read(0, 4 * PAGE),
+            vec![0; 4 * PAGE],
+            "the VA itself is never touched"
+        );
         // an unmapped IOVA page fails the WR
         let sge = [local.sge(0, 8)];
-        a.qp.post_send(&[SendWr::new(5, WrOpcode::Read, &sge).remote(va.page(3) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(5, WrOpcode::Read, &sge).remote(va.page(3) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::RemAccessErr);
         drop(mr);
         io.free_range(range).unwrap();
@@ -120,15 +147,21 @@ fn nonresident_frames_are_never_touched() {
         assert!(b.host.frames().is_resident(t.page(1)));
         let local = buf(&a.pd, 4 * PAGE, 0);
         let sge = [local.sge(0, PAGE as u32)];
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(t.page(1) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(t.page(1) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(b.host.stats().nonresident_dma, 0);
         local.fill(9);
         let sge = [local.sge(0, 16)];
-        a.qp.post_send(&[SendWr::new(2, WrOpcode::Write, &sge).remote(t.page(2) as u64 + 8, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(2, WrOpcode::Write, &sge).remote(t.page(2) as u64 + 8, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::RemAccessErr);
         assert_eq!(b.host.stats().nonresident_dma, 1, "the access was refused and counted");
-        assert_eq!(t.read(2 * PAGE, PAGE), pattern(4 * PAGE, 2)[2 * PAGE..3 * PAGE].to_vec(), "not touched");
+        assert_eq!(
+            t.read(2 * PAGE, PAGE),
+            pattern(4 * PAGE, 2)[2 * PAGE..3 * PAGE].to_vec(),
+            "not touched"
+        );
         b.host.frames().untrack(t.page(0)).unwrap();
         drop(mr);
     }
@@ -140,7 +173,8 @@ fn nonresident_frames_are_never_touched() {
     a.host.frames().track(l.page(0), 2 * PAGE, false).unwrap();
     let r = buf(&b.pd, PAGE, 3);
     let sge = [lmr.sge(0, 64)];
-    a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey())]).unwrap();
+    a.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(r.addr() as u64, r.rkey())])
+        .unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::LocProtErr);
     assert_eq!(a.host.stats().nonresident_dma, 1);
     assert_eq!(l.read(0, 64), vec![0; 64]);
@@ -162,7 +196,13 @@ fn stress_iters() -> usize {
 
 #[test]
 fn torn_transfers_only_at_atom_boundaries() {
-    for cfg in [HostConfig::default(), HostConfig { max_tlp: 128, ..HostConfig::default() }] {
+    for cfg in [
+        HostConfig::default(),
+        HostConfig {
+            max_tlp: 128,
+            ..HostConfig::default()
+        },
+    ] {
         let tlp = cfg.max_tlp;
         let (a, b) = pair_cfg(cfg);
         let pages = 16;
@@ -180,7 +220,10 @@ fn torn_transfers_only_at_atom_boundaries() {
         // SAFETY: the frame sets outlive all DMA (unmapped + flushed before drop).
         unsafe { io.map_range(&range, 0, &frames0).unwrap() };
         // SAFETY: va is only used for addressing.
-        let mr = unsafe { b.pd.reg_mr_iova(va.page(0), pages * PAGE, all_access(), &range).unwrap() };
+        let mr = unsafe {
+            b.pd.reg_mr_iova(va.page(0), pages * PAGE, all_access(), &range)
+                .unwrap()
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let remaps = Arc::new(AtomicU64::new(0));
         let remapper = {
@@ -193,7 +236,11 @@ fn torn_transfers_only_at_atom_boundaries() {
                     let p = (x >> 33) as usize % pages;
                     let s = (x >> 20) as usize % 2;
                     // SAFETY: frames stay valid (see above).
-                    unsafe { host.iommu().map(range.base + p as u64, Frame::Ram(addrs[p][s])).unwrap() };
+                    unsafe {
+                        host.iommu()
+                            .map(range.base + p as u64, Frame::Ram(addrs[p][s]))
+                            .unwrap()
+                    };
                     remaps.fetch_add(1, Ordering::Relaxed);
                     if x % 8 == 0 {
                         std::thread::yield_now();
@@ -207,7 +254,10 @@ fn torn_transfers_only_at_atom_boundaries() {
             let off = (it * 4 * tlp) % PAGE; // atom-aligned start, varying
             let len = pages * PAGE - off;
             let sge = [local.sge(0, len as u32)];
-            a.qp.post_send(&[SendWr::new(it as u64, WrOpcode::Read, &sge).remote(va.page(0) as u64 + off as u64, mr.rkey())]).unwrap();
+            a.qp.post_send(&[
+                SendWr::new(it as u64, WrOpcode::Read, &sge).remote(va.page(0) as u64 + off as u64, mr.rkey())
+            ])
+            .unwrap();
             assert_eq!(wait1(&a.cq).status, WcStatus::Success);
             let got = local.to_vec(0, len);
             let mut sets_seen = [false; 2];
@@ -215,7 +265,11 @@ fn torn_transfers_only_at_atom_boundaries() {
                 let vo = off + ai * tlp;
                 let (p, o) = (vo / PAGE, vo % PAGE);
                 let which: Vec<usize> = (0..2)
-                    .filter(|&s| atom.iter().enumerate().all(|(k, &byte)| byte == frame_byte(s, p, o + k)))
+                    .filter(|&s| {
+                        atom.iter()
+                            .enumerate()
+                            .all(|(k, &byte)| byte == frame_byte(s, p, o + k))
+                    })
                     .collect();
                 assert!(!which.is_empty(), "atom {ai} of read {it} mixes frames inside an atom");
                 sets_seen[which[0]] = true;
@@ -226,7 +280,10 @@ fn torn_transfers_only_at_atom_boundaries() {
         }
         stop.store(true, Ordering::Relaxed);
         remapper.join().unwrap();
-        eprintln!("tlp {tlp}: {torn} torn transfers (mixing old and new frames at atom boundaries), {} remaps", remaps.load(Ordering::Relaxed));
+        eprintln!(
+            "tlp {tlp}: {torn} torn transfers (mixing old and new frames at atom boundaries), {} remaps",
+            remaps.load(Ordering::Relaxed)
+        );
         assert!(remaps.load(Ordering::Relaxed) > 0);
         drop(mr);
         io.free_range(range).unwrap();
@@ -237,7 +294,10 @@ fn torn_transfers_only_at_atom_boundaries() {
 fn flush_waits_for_in_flight_dma() {
     // Two frame sets; the one not mapped is poisoned only after map + flush. If flush
     // returned while a DMA still used the old frames, a READ would see poison.
-    let (a, b) = pair_cfg(HostConfig { dma_section: 64 * 1024, ..HostConfig::default() });
+    let (a, b) = pair_cfg(HostConfig {
+        dma_section: 64 * 1024,
+        ..HostConfig::default()
+    });
     let pages = 64;
     let va = PageBuf::new(pages);
     let sets = Arc::new([PageBuf::new(pages), PageBuf::new(pages)]);
@@ -252,7 +312,10 @@ fn flush_waits_for_in_flight_dma() {
     };
     map_set(0);
     // SAFETY: va only addresses.
-    let mr = unsafe { b.pd.reg_mr_iova(va.page(0), pages * PAGE, all_access(), &range).unwrap() };
+    let mr = unsafe {
+        b.pd.reg_mr_iova(va.page(0), pages * PAGE, all_access(), &range)
+            .unwrap()
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let flusher = {
         let (stop, sets, host) = (stop.clone(), sets.clone(), b.host.clone());
@@ -277,10 +340,14 @@ fn flush_waits_for_in_flight_dma() {
     let local = buf(&a.pd, pages * PAGE, 0);
     for it in 0..stress_iters() / 4 {
         let sge = [local.sge(0, (pages * PAGE) as u32)];
-        a.qp.post_send(&[SendWr::new(it as u64, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(it as u64, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         let got = local.to_vec(0, pages * PAGE);
-        assert!(got.iter().all(|&x| x == 0x5a), "read {it} saw a frame poisoned after flush returned");
+        assert!(
+            got.iter().all(|&x| x == 0x5a),
+            "read {it} saw a frame poisoned after flush returned"
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let flips = flusher.join().unwrap();

@@ -13,12 +13,38 @@ const RV: usize = 4 * 2048;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { lo: usize, ro: usize, len: usize },
-    Read { lo: usize, ro: usize, len: usize },
-    Send { lo: usize, len: usize, imm: Option<u32> },
-    WriteImm { lo: usize, ro: usize, len: usize, imm: u32 },
-    FetchAdd { slot: usize, lo: usize, add: u64 },
-    CmpSwap { slot: usize, lo: usize, hit: bool, swap: u64 },
+    Write {
+        lo: usize,
+        ro: usize,
+        len: usize,
+    },
+    Read {
+        lo: usize,
+        ro: usize,
+        len: usize,
+    },
+    Send {
+        lo: usize,
+        len: usize,
+        imm: Option<u32>,
+    },
+    WriteImm {
+        lo: usize,
+        ro: usize,
+        len: usize,
+        imm: u32,
+    },
+    FetchAdd {
+        slot: usize,
+        lo: usize,
+        add: u64,
+    },
+    CmpSwap {
+        slot: usize,
+        lo: usize,
+        hit: bool,
+        swap: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = (Op, bool)> {
@@ -39,7 +65,10 @@ fn op() -> impl Strategy<Value = (Op, bool)> {
 
 fn same(got: &[u8], exp: &[u8], what: &str) {
     if let Some(i) = got.iter().zip(exp).position(|(a, b)| a != b) {
-        panic!("{what}: first difference at byte {i}: got {} expected {}", got[i], exp[i]);
+        panic!(
+            "{what}: first difference at byte {i}: got {} expected {}",
+            got[i], exp[i]
+        );
     }
 }
 
@@ -56,14 +85,27 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
     let ab = buf(&b.pd, 64, 0);
     let rvb = buf(&b.pd, RV, 0);
     // receives for every SEND / WRITE_WITH_IMM
-    let nrecv = ops.iter().filter(|(o, _)| matches!(o, Op::Send { .. } | Op::WriteImm { .. })).count();
+    let nrecv = ops
+        .iter()
+        .filter(|(o, _)| matches!(o, Op::Send { .. } | Op::WriteImm { .. }))
+        .count();
     let rsges: Vec<[Sge; 1]> = (0..nrecv).map(|i| [rvb.sge((i % 4) * 2048, 2048)]).collect();
-    let rwrs: Vec<RecvWr> = rsges.iter().enumerate().map(|(i, s)| RecvWr { wr_id: 1000 + i as u64, sg_list: s }).collect();
+    let rwrs: Vec<RecvWr> = rsges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr {
+            wr_id: 1000 + i as u64,
+            sg_list: s,
+        })
+        .collect();
     b.qp.post_recv(&rwrs).unwrap();
     let mut sges: Vec<[Sge; 1]> = Vec::new();
     for (o, _) in &ops {
         let s = match *o {
-            Op::Write { lo, len, .. } | Op::Read { lo, len, .. } | Op::Send { lo, len, .. } | Op::WriteImm { lo, len, .. } => lb.sge(lo, len as u32),
+            Op::Write { lo, len, .. }
+            | Op::Read { lo, len, .. }
+            | Op::Send { lo, len, .. }
+            | Op::WriteImm { lo, len, .. } => lb.sge(lo, len as u32),
             Op::FetchAdd { lo, .. } | Op::CmpSwap { lo, .. } => lb.sge(lo, 8),
         };
         sges.push([s]);
@@ -75,7 +117,11 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
     let n = ops.len();
     for (i, (o, sig)) in ops.iter().enumerate() {
         let signaled = *sig || i + 1 == n;
-        let flags = if signaled { SendFlags::SIGNALED } else { SendFlags::empty() };
+        let flags = if signaled {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::empty()
+        };
         let ra = rb.addr() as u64;
         let wr = match *o {
             Op::Write { lo, ro, len } => {
@@ -91,7 +137,10 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
                 mrv[off..off + len].copy_from_slice(&ml[lo..lo + len]);
                 expect_recv.push((1000 + recv_i as u64, WcOpcode::Recv, len as u32, imm));
                 recv_i += 1;
-                let opc = match imm { Some(x) => WrOpcode::SendImm(x), None => WrOpcode::Send };
+                let opc = match imm {
+                    Some(x) => WrOpcode::SendImm(x),
+                    None => WrOpcode::Send,
+                };
                 SendWr::new(i as u64, opc, &sges[i])
             }
             Op::WriteImm { lo, ro, len, imm } => {
@@ -103,7 +152,8 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
             Op::FetchAdd { slot, lo, add } => {
                 ml[lo..lo + 8].copy_from_slice(&ma[slot].to_le_bytes());
                 ma[slot] = ma[slot].wrapping_add(add);
-                SendWr::new(i as u64, WrOpcode::FetchAdd { add }, &sges[i]).remote(ab.addr() as u64 + 8 * slot as u64, ab.rkey())
+                SendWr::new(i as u64, WrOpcode::FetchAdd { add }, &sges[i])
+                    .remote(ab.addr() as u64 + 8 * slot as u64, ab.rkey())
             }
             Op::CmpSwap { slot, lo, hit, swap } => {
                 let compare = if hit { ma[slot] } else { ma[slot] ^ 1 };
@@ -111,7 +161,8 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
                 if hit {
                     ma[slot] = swap;
                 }
-                SendWr::new(i as u64, WrOpcode::CmpSwap { compare, swap }, &sges[i]).remote(ab.addr() as u64 + 8 * slot as u64, ab.rkey())
+                SendWr::new(i as u64, WrOpcode::CmpSwap { compare, swap }, &sges[i])
+                    .remote(ab.addr() as u64 + 8 * slot as u64, ab.rkey())
             }
         };
         if signaled {
@@ -124,10 +175,17 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
     for w in &got {
         assert_eq!(w.status, WcStatus::Success, "{w:?}");
     }
-    assert_eq!(got.iter().map(|w| w.wr_id).collect::<Vec<_>>(), expect_wc, "one completion per signaled WR, in order");
+    assert_eq!(
+        got.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        expect_wc,
+        "one completion per signaled WR, in order"
+    );
     let rgot = b.rcq.poll_wait(expect_recv.len(), T).unwrap();
     for (w, &(id, opc, len, imm)) in rgot.iter().zip(&expect_recv) {
-        assert_eq!((w.status, w.wr_id, w.opcode, w.byte_len), (WcStatus::Success, id, opc, len));
+        assert_eq!(
+            (w.status, w.wr_id, w.opcode, w.byte_len),
+            (WcStatus::Success, id, opc, len)
+        );
         assert_eq!(imm.is_some(), w.wc_flags.contains(WcFlags::WITH_IMM));
         if let Some(x) = imm {
             assert_eq!(w.imm_data, x);
@@ -137,7 +195,9 @@ fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
     assert_empty(&b.rcq);
     same(&lb.to_vec(0, L), &ml, "local buffer");
     same(&rb.to_vec(0, R), &mr, "remote buffer");
-    let av: Vec<u64> = (0..8).map(|s| u64::from_le_bytes(ab.to_vec(8 * s, 8).try_into().unwrap())).collect();
+    let av: Vec<u64> = (0..8)
+        .map(|s| u64::from_le_bytes(ab.to_vec(8 * s, 8).try_into().unwrap()))
+        .collect();
     assert_eq!(av, ma, "atomic slots");
     if expect_recv.len() <= 4 {
         same(&rvb.to_vec(0, RV), &mrv, "receive buffer");

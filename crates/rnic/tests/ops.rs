@@ -22,16 +22,24 @@ fn write_then_read_back() {
             let data = pattern(len, len as u8);
             src.write(0, &data);
             let sge = [src.sge(0, len as u32)];
-            a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(dst.addr() as u64 + 8, dst.rkey())]).unwrap();
+            a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(dst.addr() as u64 + 8, dst.rkey())])
+                .unwrap();
             let wc = wait1(&a.cq);
-            assert_eq!((wc.status, wc.opcode, wc.byte_len, wc.wr_id), (WcStatus::Success, WcOpcode::RdmaWrite, len as u32, 1));
+            assert_eq!(
+                (wc.status, wc.opcode, wc.byte_len, wc.wr_id),
+                (WcStatus::Success, WcOpcode::RdmaWrite, len as u32, 1)
+            );
             assert_eq!(dst.to_vec(8, len), data);
             assert_eq!(dst.to_vec(0, 8), vec![0xee; 8]);
             assert_eq!(dst.to_vec(len + 8, 8), vec![0xee; 8]);
             let sge = [back.sge(0, len as u32)];
-            a.qp.post_send(&[SendWr::new(2, WrOpcode::Read, &sge).remote(dst.addr() as u64 + 8, dst.rkey())]).unwrap();
+            a.qp.post_send(&[SendWr::new(2, WrOpcode::Read, &sge).remote(dst.addr() as u64 + 8, dst.rkey())])
+                .unwrap();
             let wc = wait1(&a.cq);
-            assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, len as u32));
+            assert_eq!(
+                (wc.status, wc.opcode, wc.byte_len),
+                (WcStatus::Success, WcOpcode::RdmaRead, len as u32)
+            );
             assert_eq!(back.to_vec(0, len), data);
         }
         assert!(a.host.stats().wrs >= 20);
@@ -48,7 +56,8 @@ fn scatter_gather_both_sides() {
         l2.write(0, &pattern(300, 2));
         let r = buf(&b.pd, 400, 0);
         let sges = [l1.sge(0, 100), l2.sge(0, 300)];
-        a.qp.post_send(&[SendWr::new(7, WrOpcode::Write, &sges).remote(r.addr() as u64, r.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(7, WrOpcode::Write, &sges).remote(r.addr() as u64, r.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         let mut exp = pattern(100, 1);
         exp.extend(pattern(300, 2));
@@ -57,7 +66,8 @@ fn scatter_gather_both_sides() {
         let d1 = buf(&a.pd, 150, 0);
         let d2 = buf(&a.pd, 250, 0);
         let sges = [d1.sge(0, 150), d2.sge(0, 250)];
-        a.qp.post_send(&[SendWr::new(8, WrOpcode::Read, &sges).remote(r.addr() as u64, r.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(8, WrOpcode::Read, &sges).remote(r.addr() as u64, r.rkey())])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(d1.to_vec(0, 150), exp[..150]);
         assert_eq!(d2.to_vec(0, 250), exp[150..]);
@@ -72,15 +82,26 @@ fn send_recv_with_and_without_imm() {
         let r1 = buf(&b.pd, 3000, 0);
         let r2 = buf(&b.pd, 3000, 0);
         let rs = [r1.sge(0, 3000), r2.sge(0, 3000)];
-        b.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rs }]).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 100,
+            sg_list: &rs,
+        }])
+        .unwrap();
         let rs2 = [r1.sge(0, 16)];
-        b.qp.post_recv(&[RecvWr { wr_id: 101, sg_list: &rs2 }]).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 101,
+            sg_list: &rs2,
+        }])
+        .unwrap();
         let sge = [s.sge(0, 5000)];
         a.qp.post_send(&[SendWr::new(1, WrOpcode::Send, &sge)]).unwrap();
         let wc = wait1(&a.cq);
         assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Send));
         let rw = wait1(&b.rcq);
-        assert_eq!((rw.status, rw.opcode, rw.byte_len, rw.wr_id), (WcStatus::Success, WcOpcode::Recv, 5000, 100));
+        assert_eq!(
+            (rw.status, rw.opcode, rw.byte_len, rw.wr_id),
+            (WcStatus::Success, WcOpcode::Recv, 5000, 100)
+        );
         assert_eq!(rw.src_qp, a.qp.qpn());
         assert_eq!(rw.qp_num, b.qp.qpn());
         assert!(!rw.wc_flags.contains(WcFlags::WITH_IMM));
@@ -88,10 +109,14 @@ fn send_recv_with_and_without_imm() {
         got.extend(r2.to_vec(0, 2000));
         assert_eq!(got, pattern(5000, 9));
         let sge = [s.sge(0, 16)];
-        a.qp.post_send(&[SendWr::new(2, WrOpcode::SendImm(0xabcd), &sge)]).unwrap();
+        a.qp.post_send(&[SendWr::new(2, WrOpcode::SendImm(0xabcd), &sge)])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         let rw = wait1(&b.rcq);
-        assert_eq!((rw.status, rw.byte_len, rw.imm_data, rw.wr_id), (WcStatus::Success, 16, 0xabcd, 101));
+        assert_eq!(
+            (rw.status, rw.byte_len, rw.imm_data, rw.wr_id),
+            (WcStatus::Success, 16, 0xabcd, 101)
+        );
         assert!(rw.wc_flags.contains(WcFlags::WITH_IMM));
     });
 }
@@ -102,13 +127,21 @@ fn write_with_imm_consumes_a_recv() {
         let s = buf(&a.pd, 1000, 0);
         s.write(0, &pattern(1000, 3));
         let dst = buf(&b.pd, 1000, 0);
-        b.qp.post_recv(&[RecvWr { wr_id: 55, sg_list: &[] }]).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 55,
+            sg_list: &[],
+        }])
+        .unwrap();
         let sge = [s.sge(0, 1000)];
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::WriteImm(77), &sge).remote(dst.addr() as u64, dst.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::WriteImm(77), &sge).remote(dst.addr() as u64, dst.rkey())])
+            .unwrap();
         let wc = wait1(&a.cq);
         assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::RdmaWrite));
         let rw = wait1(&b.rcq);
-        assert_eq!((rw.status, rw.opcode, rw.imm_data, rw.byte_len, rw.wr_id), (WcStatus::Success, WcOpcode::RecvRdmaWithImm, 77, 1000, 55));
+        assert_eq!(
+            (rw.status, rw.opcode, rw.imm_data, rw.byte_len, rw.wr_id),
+            (WcStatus::Success, WcOpcode::RecvRdmaWithImm, 77, 1000, 55)
+        );
         assert_eq!(dst.to_vec(0, 1000), pattern(1000, 3));
     });
 }
@@ -120,19 +153,29 @@ fn atomics() {
         t.write(8, &100u64.to_le_bytes());
         let res = buf(&a.pd, 16, 0);
         let sge = [res.sge(0, 8)];
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::FetchAdd { add: 5 }, &sge).remote(t.addr() as u64 + 8, t.rkey())]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::FetchAdd { add: 5 }, &sge).remote(t.addr() as u64 + 8, t.rkey())])
+            .unwrap();
         let wc = wait1(&a.cq);
-        assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::FetchAdd, 8));
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::FetchAdd, 8)
+        );
         assert_eq!(res.to_vec(0, 8), 100u64.to_le_bytes());
         assert_eq!(t.to_vec(8, 8), 105u64.to_le_bytes());
         // failing compare
         let sge = [res.sge(8, 8)];
-        a.qp.post_send(&[SendWr::new(2, WrOpcode::CmpSwap { compare: 1, swap: 9 }, &sge).remote(t.addr() as u64 + 8, t.rkey())]).unwrap();
+        a.qp.post_send(&[
+            SendWr::new(2, WrOpcode::CmpSwap { compare: 1, swap: 9 }, &sge).remote(t.addr() as u64 + 8, t.rkey())
+        ])
+        .unwrap();
         assert_eq!(wait1(&a.cq).opcode, WcOpcode::CompSwap);
         assert_eq!(res.to_vec(8, 8), 105u64.to_le_bytes());
         assert_eq!(t.to_vec(8, 8), 105u64.to_le_bytes());
         // succeeding compare
-        a.qp.post_send(&[SendWr::new(3, WrOpcode::CmpSwap { compare: 105, swap: 9 }, &sge).remote(t.addr() as u64 + 8, t.rkey())]).unwrap();
+        a.qp.post_send(&[
+            SendWr::new(3, WrOpcode::CmpSwap { compare: 105, swap: 9 }, &sge).remote(t.addr() as u64 + 8, t.rkey())
+        ])
+        .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(t.to_vec(8, 8), 9u64.to_le_bytes());
     });
@@ -154,7 +197,9 @@ fn concurrent_fetch_add_is_atomic() {
             a.cq.poll_wait(chunk.len(), T).unwrap();
         }
         assert_eq!(t.to_vec(0, 8), (n as u64).to_le_bytes());
-        let mut olds: Vec<u64> = (0..n).map(|i| u64::from_le_bytes(res.to_vec(i * 8, 8).try_into().unwrap())).collect();
+        let mut olds: Vec<u64> = (0..n)
+            .map(|i| u64::from_le_bytes(res.to_vec(i * 8, 8).try_into().unwrap()))
+            .collect();
         olds.sort();
         assert_eq!(olds, (0..n as u64).collect::<Vec<_>>());
     });
@@ -170,7 +215,11 @@ fn unsignaled_wrs_complete_silently_and_in_order() {
             .map(|i| {
                 SendWr::new(i, WrOpcode::Write, &sge)
                     .remote(d.addr() as u64 + 64 * i, d.rkey())
-                    .flags(if i == 9 { SendFlags::SIGNALED } else { SendFlags::empty() })
+                    .flags(if i == 9 {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    })
             })
             .collect();
         a.qp.post_send(&wrs).unwrap();
@@ -186,13 +235,17 @@ fn inline_send_and_write() {
     each_path(|a, b| {
         let d = buf(&b.pd, 64, 0);
         let data = pattern(40, 5);
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &[]).remote(d.addr() as u64, d.rkey()).inline(&data)]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &[])
+            .remote(d.addr() as u64, d.rkey())
+            .inline(&data)])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(d.to_vec(0, 40), data);
         let r = buf(&b.pd, 64, 0);
         let rs = [r.sge(0, 64)];
         b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rs }]).unwrap();
-        a.qp.post_send(&[SendWr::new(2, WrOpcode::Send, &[]).inline(&data[..10])]).unwrap();
+        a.qp.post_send(&[SendWr::new(2, WrOpcode::Send, &[]).inline(&data[..10])])
+            .unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::Success);
         assert_eq!(wait1(&b.rcq).byte_len, 10);
         assert_eq!(r.to_vec(0, 10), data[..10]);
@@ -209,12 +262,13 @@ fn rc_ordering_read_after_write_and_mixed_ops() {
             s.write(0, &pattern(4096, round));
             let ss = [s.sge(0, 4096)];
             let bs = [back.sge(0, 4096)];
-            a.qp
-                .post_send(&[
-                    SendWr::new(1, WrOpcode::Write, &ss).remote(r.addr() as u64, r.rkey()).flags(SendFlags::empty()),
-                    SendWr::new(2, WrOpcode::Read, &bs).remote(r.addr() as u64, r.rkey()),
-                ])
-                .unwrap();
+            a.qp.post_send(&[
+                SendWr::new(1, WrOpcode::Write, &ss)
+                    .remote(r.addr() as u64, r.rkey())
+                    .flags(SendFlags::empty()),
+                SendWr::new(2, WrOpcode::Read, &bs).remote(r.addr() as u64, r.rkey()),
+            ])
+            .unwrap();
             assert_eq!(wait1(&a.cq).wr_id, 2);
             assert_eq!(back.to_vec(0, 4096), pattern(4096, round));
         }
@@ -251,7 +305,11 @@ fn rnr_retry_exceeded() {
         connect(&a, &b, all_access(), retries);
         let s = buf(&a.pd, 8, 4);
         let sge = [s.sge(0, 8)];
-        a.qp.post_send(&[SendWr::new(1, WrOpcode::Send, &sge), SendWr::new(2, WrOpcode::Send, &sge)]).unwrap();
+        a.qp.post_send(&[
+            SendWr::new(1, WrOpcode::Send, &sge),
+            SendWr::new(2, WrOpcode::Send, &sge),
+        ])
+        .unwrap();
         let w = a.cq.poll_wait(2, T).unwrap();
         assert_eq!(w[0].status, WcStatus::RnrRetryExcErr);
         assert_eq!(w[1].status, WcStatus::WrFlushErr);
@@ -273,11 +331,15 @@ fn completion_channel_wakes_blocked_receiver() {
     let rs = [r.sge(0, 8)];
     qb.post_recv(&[RecvWr { wr_id: 3, sg_list: &rs }]).unwrap();
     rcq.req_notify(false).unwrap();
-    assert!(matches!(ch.get_event(Some(std::time::Duration::from_millis(10))), Err(Error::Timeout)));
+    assert!(matches!(
+        ch.get_event(Some(std::time::Duration::from_millis(10))),
+        Err(Error::Timeout)
+    ));
     let t = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let data = [1u8; 8];
-        qa.post_send(&[SendWr::new(1, WrOpcode::Send, &[]).inline(&data)]).unwrap();
+        qa.post_send(&[SendWr::new(1, WrOpcode::Send, &[]).inline(&data)])
+            .unwrap();
         qa
     });
     let fired = ch.get_event(Some(T)).unwrap();
@@ -286,12 +348,20 @@ fn completion_channel_wakes_blocked_receiver() {
     assert_eq!(wc.wr_id, 3);
     let _qa = t.join().unwrap();
     // solicited-only arming ignores unsolicited sends
-    qb.post_recv(&[RecvWr { wr_id: 4, sg_list: &rs }, RecvWr { wr_id: 5, sg_list: &rs }]).unwrap();
+    qb.post_recv(&[RecvWr { wr_id: 4, sg_list: &rs }, RecvWr { wr_id: 5, sg_list: &rs }])
+        .unwrap();
     rcq.req_notify(true).unwrap();
     let data = [2u8; 8];
-    _qa.post_send(&[SendWr::new(2, WrOpcode::Send, &[]).inline(&data)]).unwrap();
-    assert!(matches!(ch.get_event(Some(std::time::Duration::from_millis(20))), Err(Error::Timeout)));
-    _qa.post_send(&[SendWr::new(3, WrOpcode::Send, &[]).inline(&data).flags(SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::INLINE)]).unwrap();
+    _qa.post_send(&[SendWr::new(2, WrOpcode::Send, &[]).inline(&data)])
+        .unwrap();
+    assert!(matches!(
+        ch.get_event(Some(std::time::Duration::from_millis(20))),
+        Err(Error::Timeout)
+    ));
+    _qa.post_send(&[SendWr::new(3, WrOpcode::Send, &[])
+        .inline(&data)
+        .flags(SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::INLINE)])
+        .unwrap();
     ch.get_event(Some(T)).unwrap();
     assert_eq!(rcq.poll_wait(2, T).unwrap().len(), 2);
 }
@@ -305,7 +375,8 @@ fn loopback_same_host() {
     let s = buf(&a.pd, 100, 7);
     let d = buf(&b.pd, 100, 0);
     let sge = [s.sge(0, 100)];
-    a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(d.addr() as u64, d.rkey())]).unwrap();
+    a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(d.addr() as u64, d.rkey())])
+        .unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::Success);
     assert_eq!(d.to_vec(0, 100), vec![7; 100]);
 }

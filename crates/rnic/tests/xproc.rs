@@ -42,21 +42,39 @@ fn xproc_child() {
         let w: Vec<&str> = l.split_whitespace().collect();
         let reply = match w.as_slice() {
             ["PEER", a, q] => {
-                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                    .unwrap();
                 let rs = [rbuf.sge(0, 8192)];
-                e.qp.post_recv(&[RecvWr { wr_id: 11, sg_list: &rs }, RecvWr { wr_id: 12, sg_list: &rs }]).unwrap();
+                e.qp.post_recv(&[
+                    RecvWr {
+                        wr_id: 11,
+                        sg_list: &rs,
+                    },
+                    RecvWr {
+                        wr_id: 12,
+                        sg_list: &rs,
+                    },
+                ])
+                .unwrap();
                 "READY".to_string()
             }
             ["CHECK", off, len, seed] => {
                 let (off, len): (usize, usize) = (off.parse().unwrap(), len.parse().unwrap());
                 let ok = big.to_vec(off, len) == pattern(len, seed.parse().unwrap());
-                if ok { "OK".into() } else { "BAD".into() }
+                if ok {
+                    "OK".into()
+                } else {
+                    "BAD".into()
+                }
             }
             ["RECV", len, seed] => match e.rcq.poll_wait(1, T) {
                 Ok(v) => {
                     let len: usize = len.parse().unwrap();
                     let data_ok = rbuf.to_vec(0, len) == pattern(len, seed.parse().unwrap());
-                    format!("WC {} {:?} {} {} {}", v[0].wr_id, v[0].status, v[0].byte_len, v[0].imm_data, data_ok)
+                    format!(
+                        "WC {} {:?} {} {} {}",
+                        v[0].wr_id, v[0].status, v[0].byte_len, v[0].imm_data, data_ok
+                    )
                 }
                 Err(err) => format!("ERR {err}"),
             },
@@ -147,19 +165,24 @@ fn cross_process_all_operations() {
         local.fill(0);
         let off = if len == BIG { 0 } else { 100 };
         let sge = [local.sge(0, len as u32)];
-        e.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(big_addr + off as u64, big_rkey)]).unwrap();
+        e.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(big_addr + off as u64, big_rkey)])
+            .unwrap();
         let wc = wait1(&e.cq);
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, len as u32), "READ {len}");
         assert_eq!(local.to_vec(0, len), exp[off..off + len], "READ {len} data");
     }
-    assert!(c.cmd("STATS").trim_start_matches("STATS ").parse::<u64>().unwrap() >= 3, "small reads served by the target NIC thread");
+    assert!(
+        c.cmd("STATS").trim_start_matches("STATS ").parse::<u64>().unwrap() >= 3,
+        "small reads served by the target NIC thread"
+    );
 
     // WRITE: small and large, verified by the child
     for (i, &len) in [8usize, 3000, 200_000].iter().enumerate() {
         let seed = 10 + i as u8;
         local.write(0, &pattern(len, seed));
         let sge = [local.sge(0, len as u32)];
-        e.qp.post_send(&[SendWr::new(2, WrOpcode::Write, &sge).remote(big_addr + 4096, big_rkey)]).unwrap();
+        e.qp.post_send(&[SendWr::new(2, WrOpcode::Write, &sge).remote(big_addr + 4096, big_rkey)])
+            .unwrap();
         assert_eq!(wait1(&e.cq).status, WcStatus::Success);
         assert_eq!(c.cmd(&format!("CHECK 4096 {len} {seed}")), "OK", "WRITE {len}");
     }
@@ -179,12 +202,19 @@ fn cross_process_all_operations() {
     let res = buf(&e.pd, 16, 0);
     let s0 = [res.sge(0, 8)];
     let s1 = [res.sge(8, 8)];
-    e.qp
-        .post_send(&[
-            SendWr::new(5, WrOpcode::FetchAdd { add: 7 }, &s0).remote(at_addr, at_rkey),
-            SendWr::new(6, WrOpcode::CmpSwap { compare: 1007, swap: 42 }, &s1).remote(at_addr, at_rkey),
-        ])
-        .unwrap();
+    e.qp.post_send(&[
+        SendWr::new(5, WrOpcode::FetchAdd { add: 7 }, &s0).remote(at_addr, at_rkey),
+        SendWr::new(
+            6,
+            WrOpcode::CmpSwap {
+                compare: 1007,
+                swap: 42,
+            },
+            &s1,
+        )
+        .remote(at_addr, at_rkey),
+    ])
+    .unwrap();
     let w = e.cq.poll_wait(2, T).unwrap();
     assert!(w.iter().all(|w| w.status == WcStatus::Success));
     assert_eq!(res.to_vec(0, 8), 1000u64.to_le_bytes());
@@ -193,12 +223,11 @@ fn cross_process_all_operations() {
 
     // error case: bad rkey -> REM_ACCESS_ERR, flush behind it, both QPs in ERR
     let sge = [local.sge(0, 8)];
-    e.qp
-        .post_send(&[
-            SendWr::new(7, WrOpcode::Read, &sge).remote(big_addr, big_rkey ^ 0x4000),
-            SendWr::new(8, WrOpcode::Read, &sge).remote(big_addr, big_rkey),
-        ])
-        .unwrap();
+    e.qp.post_send(&[
+        SendWr::new(7, WrOpcode::Read, &sge).remote(big_addr, big_rkey ^ 0x4000),
+        SendWr::new(8, WrOpcode::Read, &sge).remote(big_addr, big_rkey),
+    ])
+    .unwrap();
     let w = e.cq.poll_wait(2, T).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::RemAccessErr));
     assert_eq!((w[1].wr_id, w[1].status), (8, WcStatus::WrFlushErr));
@@ -220,7 +249,8 @@ fn cross_process_large_write_error_out_of_bounds() {
     assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
     let local = buf(&e.pd, 2 * BIG, 0);
     let sge = [local.sge(0, (BIG + 1) as u32)];
-    e.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(big_addr, big_rkey)]).unwrap();
+    e.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(big_addr, big_rkey)])
+        .unwrap();
     assert_eq!(wait1(&e.cq).status, WcStatus::RemAccessErr);
     assert_eq!(c.cmd(&format!("CHECK 0 {BIG} {}", 0x5a)), "OK", "target untouched");
 }

@@ -23,7 +23,14 @@ pub fn end(host: &Host, attr: &QpInitAttr) -> End {
     let cq = ctx.create_cq(1024, None).unwrap();
     let rcq = ctx.create_cq(1024, None).unwrap();
     let qp = pd.create_qp(&cq, &rcq, attr).unwrap();
-    End { host: host.clone(), ctx, pd, cq, rcq, qp }
+    End {
+        host: host.clone(),
+        ctx,
+        pd,
+        cq,
+        rcq,
+        qp,
+    }
 }
 
 pub fn connect(a: &End, b: &End, access: Access, rnr_retry: u8) {
@@ -46,7 +53,10 @@ pub fn pair() -> (End, End) {
 }
 
 pub fn ring_cfg() -> HostConfig {
-    HostConfig { inproc_ring: true, ..HostConfig::default() }
+    HostConfig {
+        inproc_ring: true,
+        ..HostConfig::default()
+    }
 }
 
 pub fn buf(pd: &Pd, len: usize, fill: u8) -> OwnedMr {
@@ -54,7 +64,9 @@ pub fn buf(pd: &Pd, len: usize, fill: u8) -> OwnedMr {
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 pub fn wait1(cq: &Cq) -> Wc {
