@@ -16,7 +16,8 @@
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
 //! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
 //! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
-//! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor |
+//! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
+//! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //!
 //! Still to build (next session): the engine that executes plans, the control-channel ring, the
 //! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
@@ -173,8 +174,9 @@
 //! one-sided operation and sends [`ctrl::Repr::Release`] when done, on which
 //! the target unpins. Useful where reverse operations are not allowed.
 //!
-//! Request ids index a per-QP table of outstanding two-sided requests;
-//! every entry owns its pins as RAII guards, so a completion, an error, or a
+//! Request ids index a per-QP table of outstanding two-sided requests
+//! ([`pending::Pending`]: generation-checked, so a stale or forged response
+//! completes nothing); every entry owns its pins as RAII guards, so a completion, an error, or a
 //! teardown releases them exactly once.
 //!
 //! ## 5. Ordering
@@ -237,5 +239,6 @@ pub mod ctrl;
 pub mod keymap;
 pub mod nic;
 pub mod ordering;
+pub mod pending;
 pub mod plan;
 pub mod shadow;
