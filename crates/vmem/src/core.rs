@@ -6,7 +6,8 @@ use crate::error::{Error, Result};
 use crate::listener::Listeners;
 use crate::space::{RegInfo, RegionId, Segment, Space};
 use crate::state::{
-    self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, PIN_ONE, REF, RESIDENT, SWAPPED, UNTOUCHED,
+    self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOEVICT, PIN_ONE, REF, RESIDENT, SWAPPED,
+    UNTOUCHED,
 };
 use crate::stats::{inc, Stats};
 use crate::swap::SwapDevice;
@@ -579,6 +580,20 @@ impl Inner {
                 arr: Arc::new(arr),
                 refs: 1,
             });
+        }
+        if scan && !external {
+            // A page only partly covered by foreign memory also holds other
+            // heap data (malloc headers, neighbours, possibly the pager's own
+            // structures, which its fault thread must never fault on): it is
+            // managed and pinnable but never evicted.
+            let end = addr + len;
+            for (edge, partial) in [(p0, addr % PAGE != 0), (p1 - 1, end % PAGE != 0)] {
+                if partial {
+                    if let Some(s) = sp.lookup(edge) {
+                        s.arr.word(edge).fetch_or(NOEVICT, AcqRel);
+                    }
+                }
+            }
         }
         let id = sp.new_id();
         sp.regs.insert(id, RegInfo { p0, p1, owned });

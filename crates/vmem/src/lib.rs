@@ -39,9 +39,23 @@
 //! spins for `PagerConfig::spin` after a fault) and one evictor thread (blocks
 //! on a condition variable; woken only when the budget is exceeded).
 //!
-//! Limits: regions must be private anonymous memory; pages the kernel refuses
-//! to move (shared with a forked child, KSM, mlocked) stay resident and count
-//! in `evict_failures`. `swap_out` must not be called from a listener.
+//! Limits and known issues:
+//! * Regions must be private anonymous memory. Pages the kernel refuses to
+//!   move (mlocked, other protection, shared with a forked child, KSM) stay
+//!   resident, count in `evict_failures`, and are not tried again.
+//! * A page only partly covered by a foreign registration (unaligned start or
+//!   end) may hold other heap data, possibly the pager's own structures; it
+//!   is managed and pinnable but never evicted (the fault thread must never
+//!   fault on its own data).
+//! * `swap_out` / `enforce_budget` must not be called from a listener.
+//! * The application's own `MADV_DONTNEED` on registered memory is not
+//!   reported (userfaultfd REMOVE events would stall eviction): such pages
+//!   still count as resident until the next access, which is served with
+//!   zeroes, or the next eviction, which notices the hole.
+//! * munmap / mremap are followed (UNMAP / REMAP events): the pages leave
+//!   management; a moved (mremapped) range is not managed at its new place.
+//! * A forked child does not inherit the registration: pages swapped out at
+//!   fork time read as zeroes in the child.
 //!
 //! ```no_run
 //! let pager = vmem::Pager::new(vmem::PagerConfig::default()).unwrap();
