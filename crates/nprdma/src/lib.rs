@@ -242,3 +242,6 @@ pub mod ordering;
 pub mod pending;
 pub mod plan;
 pub mod shadow;
+
+#[cfg(test)]
+mod testutil;
