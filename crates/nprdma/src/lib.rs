@@ -18,6 +18,7 @@
 //! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
 //! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
+//! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
 //!
 //! Still to build (next session): the engine that executes plans, the control-channel ring, the
 //! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
@@ -158,9 +159,11 @@
 //!    `inline_ok`} — or, for ≤ 1 KB, the inline forms
 //!    ([`ctrl::Repr::WriteInline`] / [`ctrl::Repr::ReadInline`]) which avoid
 //!    the reverse operation and the remote temporary pin's NIC work;
-//! 3. the target's polling thread validates the key and bounds
-//!    ([`keymap::KeyTable::lookup`] on its own table), pins the remote range
-//!    (faulting it in on *its* CPU) and maps it back (§1);
+//! 3. the target's polling thread validates the key, the bounds and the
+//!    MR's access rights — the CPU acts for the peer, so it must check what
+//!    the NIC would — pins the range (faulting it in on *its* CPU) and maps
+//!    it back (§1): [`target::admit`] returns a [`target::Grant`] holding
+//!    the pin;
 //! 4. the target issues the **reverse** WRITE (for a READ) or READ (for a
 //!    WRITE) against the initiator's pinned buffer (or copies inline data);
 //! 5. on its completion the target unpins and sends
@@ -242,6 +245,7 @@ pub mod ordering;
 pub mod pending;
 pub mod plan;
 pub mod shadow;
+pub mod target;
 
 #[cfg(test)]
 mod testutil;
