@@ -67,6 +67,16 @@ thread_local! {
     pub static IS_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let st = self.evict.get_mut();
+        let _ = self.uffd.unregister(st.staging, st.cap * PAGE);
+        // SAFETY: the staging area is ours; no thread can use it any more
+        // (they all held an Arc<Inner>).
+        let _ = unsafe { sys::munmap(st.staging, st.cap * PAGE) };
+    }
+}
+
 /// Page range `[p0, p1)` covering `[addr, addr+len)`.
 pub fn page_range(addr: usize, len: usize) -> Result<(usize, usize)> {
     if len == 0 {

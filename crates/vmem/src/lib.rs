@@ -455,12 +455,13 @@ impl Drop for Handle {
             self.inner.kick_cv.notify_all();
         }
         for t in self.threads.lock().drain(..) {
-            let _ = t.join();
+            // The last handle may be dropped by a listener on the evictor
+            // thread itself: that thread exits on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
-        let st = self.inner.evict.lock();
-        let _ = self.inner.uffd.unregister(st.staging, st.cap * sys::PAGE);
-        // SAFETY: the staging area is ours and no thread uses it any more.
-        let _ = unsafe { sys::munmap(st.staging, st.cap * sys::PAGE) };
+        // The staging area goes with `Inner`, after the last thread is gone.
         tracing::info!("pager stopped");
     }
 }

@@ -707,3 +707,35 @@ fn partly_covered_heap_pages_are_never_evicted() {
         }
     });
 }
+
+struct LastHolder(Mutex<Option<Pager>>);
+impl SwapListener for LastHolder {
+    fn before_swap_out(&self, _pages: &[usize]) {
+        // Drops what may be the last handle, on the evictor thread.
+        self.0.lock().unwrap().take();
+    }
+}
+
+#[test]
+fn last_handle_dropped_inside_a_listener() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            budget_pages: Some(1),
+            ..small_cfg()
+        })
+        .unwrap();
+        let holder = Arc::new(LastHolder(Mutex::new(None)));
+        p.add_listener(holder.clone());
+        let weak = p.downgrade();
+        let v = vec![3u8; 4 * PG];
+        let base = (v.as_ptr() as usize).div_ceil(PG) * PG;
+        // SAFETY: `v` outlives the raw registration (the pager restores it).
+        unsafe { p.register_raw(base, 2 * PG) }.unwrap();
+        *holder.0.lock().unwrap() = Some(p.clone());
+        drop(p);
+        // The evictor (budget 1, 2 resident pages) calls the listener, which
+        // drops the last handle on the evictor thread.
+        assert!(wait_until(10, || weak.upgrade().is_none()));
+        assert!(v.iter().all(|&b| b == 3), "contents restored at shutdown");
+    });
+}

@@ -92,6 +92,30 @@ fn worker(
     ops
 }
 
+/// A listener that checks, for every announced page, that it is still mapped
+/// (mincore) and recorded resident: listeners run before reclaim.
+struct PresentChecker {
+    pager: vmem::WeakPager,
+    pages: AtomicU64,
+    violations: AtomicU64,
+}
+
+impl vmem::SwapListener for PresentChecker {
+    fn before_swap_out(&self, pages: &[usize]) {
+        let p = self.pager.upgrade();
+        for &a in pages {
+            let mut v = 0u8;
+            // SAFETY: one page, one output byte.
+            let r = unsafe { libc::mincore(a as *mut _, PG, &mut v) };
+            let recorded = p.as_ref().is_some_and(|p| p.is_resident(a));
+            if r != 0 || v & 1 == 0 || !recorded {
+                self.violations.fetch_add(1, Relaxed);
+            }
+        }
+        self.pages.fetch_add(pages.len() as u64, Relaxed);
+    }
+}
+
 fn run_stress(
     pages: usize,
     budget: usize,
@@ -109,6 +133,12 @@ fn run_stress(
             ..Default::default()
         };
         let p = Pager::new(cfg).unwrap();
+        let checker = Arc::new(PresentChecker {
+            pager: p.downgrade(),
+            pages: AtomicU64::new(0),
+            violations: AtomicU64::new(0),
+        });
+        p.add_listener(checker.clone());
         let r = p.alloc(pages * PG).unwrap();
         let base = r.addr();
         let stop = Arc::new(AtomicBool::new(false));
@@ -165,6 +195,15 @@ fn run_stress(
         assert!(
             s.swap_outs > 0 && s.major_faults > 0,
             "eviction really happened"
+        );
+        assert!(
+            checker.pages.load(Relaxed) >= s.swap_outs,
+            "every swapped-out page was announced"
+        );
+        assert_eq!(
+            checker.violations.load(Relaxed),
+            0,
+            "a listener saw a page already gone"
         );
         // The budget holds once the workers stop.
         assert!(
