@@ -20,9 +20,10 @@
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
 //!
-//! Still to build (next session): the engine that executes plans, the control-channel ring, the
-//! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic` and
-//! `vmem`. Everything below describes how they use the parts above.
+//! Still to build (next session): the engine that executes plans, the
+//! control QP plumbing (posting and re-posting the slot buffers), the
+//! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic`
+//! and `vmem`. Everything below describes how they use the parts above.
 //!
 //! ## 1. Memory regions: one application MR = three NIC MRs
 //!
@@ -52,9 +53,10 @@
 //! DMA atom that used the old frame is in flight — and return; now the pager
 //! may write the page out. (Version before remap: any atom that hits a
 //! special frame is then followed, on the same RC QP, by a version read that
-//! sees the bump.) **Swap-in is lazy** (Linux has no swap-in notifier): a page the
-//! application faults back in stays mapped to the special frames, so the
-//! next RDMA access to it fails the optimistic check and goes two-sided,
+//! sees the bump.) **Swap-in is lazy** (Linux has no swap-in notifier): a
+//! page the application faults back in stays mapped to the special frames,
+//! so the next RDMA access to it fails the optimistic check and goes
+//! two-sided,
 //! where the target pins the page (which makes it resident), maps R and W
 //! back to `Ram`, and bumps the version to odd — mapping first, version
 //! second, so a peer that reads an odd version finds the real frame. The
@@ -95,10 +97,13 @@
 //! Each application WR is first admitted by the QP's
 //! [`ordering::OrderTable`] (issue now, or park behind a conflicting
 //! in-flight op; see that module). A **local pre-check**
-//! ([`check::precheck_local`], the pager's residency array) sends an
-//! operation whose local pages are absent straight to the local fault path
-//! (fault the pages in by touching/pinning them, then issue) — it saves the
-//! RTT a doomed optimistic attempt would cost. Then, per opcode:
+//! ([`check::precheck_local`] over the local MR's version table: odd = the
+//! NIC views map the real page) catches local pages that are absent *or*
+//! were lazily swapped back in but are still mapped to the special frames;
+//! for those the initiator pins the pages, maps them in
+//! ([`shadow::MrShadow::map_in`], under the pin so the page cannot vanish
+//! in between), unpins, and then issues — local CPU work instead of the RTT
+//! a doomed optimistic attempt would cost. Then, per opcode:
 //!
 //! * **READ** → 1 NIC READ: local through the local Write MR, remote through
 //!   the app rkey (remote Read MR). On completion [`check::check_read`] looks
