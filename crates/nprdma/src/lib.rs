@@ -97,7 +97,7 @@
 //! Each application WR is first admitted by the QP's
 //! [`ordering::OrderTable`] (issue now, or park behind a conflicting
 //! in-flight op; see that module). A **local pre-check**
-//! ([`check::precheck_local`] over the local MR's version table: odd = the
+//! ([`check::precheck_local`] with [`shadow::MrShadow::is_mapped`]: odd version = the
 //! NIC views map the real page) catches local pages that are absent *or*
 //! were lazily swapped back in but are still mapped to the special frames;
 //! for those the initiator pins the pages, maps them in

@@ -214,6 +214,15 @@ impl<I: IommuControl> MrShadow<I> {
         (i < self.versions.len() as u64).then_some(i as usize)
     }
 
+    /// Whether the NIC views map the real page holding `addr` (version
+    /// odd): the local pre-check's predicate
+    /// (`check::precheck_local(addr, len, ps, |p| shadow.is_mapped(p))`).
+    pub fn is_mapped(&self, addr: u64) -> bool {
+        self.page_index(addr)
+            .and_then(|i| self.versions.get(i))
+            .is_some_and(|v| v % 2 == 1)
+    }
+
     /// Swap-out of `pages` (page-aligned addresses; others are ignored):
     /// version → even, remap to signature / black hole, flush. Returns the
     /// number of pages that changed state.
