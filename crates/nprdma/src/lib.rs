@@ -97,8 +97,8 @@
 //! Each application WR is first admitted by the QP's
 //! [`ordering::OrderTable`] (issue now, or park behind a conflicting
 //! in-flight op; see that module). A **local pre-check**
-//! ([`check::precheck_local`] with [`shadow::MrShadow::is_mapped`]: odd version = the
-//! NIC views map the real page) catches local pages that are absent *or*
+//! ([`check::precheck_local`] with [`shadow::MrShadow::is_mapped`]: odd
+//! version = the NIC views map the real page) catches local pages that are absent *or*
 //! were lazily swapped back in but are still mapped to the special frames;
 //! for those the initiator pins the pages, maps them in
 //! ([`shadow::MrShadow::map_in`], under the pin so the page cannot vanish
