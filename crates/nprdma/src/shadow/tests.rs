@@ -136,10 +136,15 @@ fn map_in_remaps_before_bumping_version() {
     // The local pre-check over the versions.
     use crate::check::{precheck_local, Suspect};
     assert!(s.is_mapped(0x30_1000) && !s.is_mapped(0x30_0fff) && !s.is_mapped(0x40_0000));
-    assert_eq!(precheck_local(0x30_1000, 0x2000, 4096, |p| s.is_mapped(p)), Ok(()));
+    assert_eq!(
+        precheck_local(0x30_1000, 0x2000, 4096, |p| s.is_mapped(p)),
+        Ok(())
+    );
     assert_eq!(
         precheck_local(0x30_1000, 0x2001, 4096, |p| s.is_mapped(p)),
-        Err(Suspect::NotResident { page_addr: 0x30_3000 })
+        Err(Suspect::NotResident {
+            page_addr: 0x30_3000
+        })
     );
     assert!(matches!(
         s.map_in(0x30_3000, 0x2000),
