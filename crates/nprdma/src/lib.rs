@@ -239,6 +239,50 @@
 //! revokes its key at the peers; WRs still using it fail like on hardware.
 //! Bad input (unknown key, out of bounds, missing access, malformed control
 //! message) is a verbs error status, never a panic.
+//!
+//! ## Example: the initiator's decisions for one small WRITE
+//!
+//! ```
+//! use nprdma::check::{check_readback, CheckConfig};
+//! use nprdma::ctrl::{CtrlConfig, KeyMapping, Repr};
+//! use nprdma::keymap::{KeyTable, PeerKeys};
+//! use nprdma::ordering::{Admit, OrderConfig, OrderTable, Range};
+//! use nprdma::plan::{choose, nic_steps, order_desc, AppOp, PlanConfig, Strategy};
+//!
+//! // The target registered a 3-page MR and answers our first-use KeyQuery.
+//! let mut target_keys = KeyTable::new(4096).unwrap();
+//! target_keys
+//!     .insert(KeyMapping {
+//!         app_rkey: 0x11, write_rkey: 0x12, version_rkey: 0x13, page_count: 3,
+//!         region_va: 0x7000_0000, region_len: 3 * 4096, version_va: 0x5000,
+//!     })
+//!     .unwrap();
+//! let ctrl = CtrlConfig::default();
+//! let mut peer = PeerKeys::new(4096).unwrap();
+//! peer.begin_sync(1);
+//! for msg in target_keys.sync_messages(1, &ctrl) {
+//!     // (in reality: emitted into slots, sent, reassembled, parsed)
+//!     let mut buf = vec![0; msg.buffer_len()];
+//!     msg.emit(&mut buf, &ctrl).unwrap();
+//!     peer.apply(&Repr::parse_bytes(&buf, &ctrl).unwrap()).unwrap();
+//! }
+//! assert!(!peer.needs_sync());
+//!
+//! // The application posts a signaled 64-byte WRITE.
+//! let (local, remote, len) = (0x10_0000u64, 0x7000_1000u64, 64u64);
+//! let t = peer.lookup(0x11, remote, len).unwrap();
+//! let mut qp: OrderTable<u64> = OrderTable::new(OrderConfig::default());
+//! let desc = order_desc(AppOp::Write, Range::new(local, len), Range::new(remote, len), false, false);
+//! assert!(matches!(qp.submit(desc, 42).unwrap(), Admit::Issue(_, 42)));
+//! let s = choose(AppOp::Write, len, true, &PlanConfig::default());
+//! assert_eq!(s, Strategy::WriteReadback { deferred: false });
+//! let steps = nic_steps(s, remote, len, &t); // WRITE via write rkey, READ-back via app rkey
+//! assert_eq!((steps[0].rkey, steps[1].rkey), (0x12, 0x11));
+//!
+//! // The read-back came back equal to the source and without magic words.
+//! let src = [7u8; 64];
+//! assert!(check_readback(&src, &src, remote, &CheckConfig::default()).is_ok());
+//! ```
 #![deny(unsafe_code)]
 
 pub mod check;
