@@ -105,6 +105,50 @@ mod raw {
         }
     }
 
+    /// Cost of one UFFDIO_COPY of a zero page into a registered, missing
+    /// page with no waiter (the floor of pin() on a never-touched page).
+    pub fn copy_ioctl_cost(pages: usize) -> Histogram<u64> {
+        let mut h = super::hist();
+        // SAFETY: as in Raw::new; the ranges are our own fresh mapping.
+        unsafe {
+            let fd =
+                libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
+            assert!(fd >= 0);
+            let fd = OwnedFd::from_raw_fd(fd);
+            let mut api = [0xAAu64, 0, 0];
+            assert_eq!(
+                libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()),
+                0
+            );
+            let len = pages * PG;
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as usize;
+            libc::madvise(addr as *mut _, len, libc::MADV_NOHUGEPAGE);
+            let mut reg = [addr as u64, len as u64, 1, 0];
+            assert_eq!(
+                libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER as _, reg.as_mut_ptr()),
+                0
+            );
+            let buf = vec![0u8; 2 * PG];
+            let page = (buf.as_ptr() as usize).next_multiple_of(PG);
+            for i in 0..pages {
+                let mut c = [(addr + i * PG) as u64, page as u64, PG as u64, 0, 0];
+                let t = Instant::now();
+                let r = libc::ioctl(fd.as_raw_fd(), UFFDIO_COPY as _, c.as_mut_ptr());
+                h.record(t.elapsed().as_nanos() as u64).unwrap();
+                assert_eq!(r, 0);
+            }
+            libc::munmap(addr as *mut _, len);
+        }
+        h
+    }
+
     impl Drop for Raw {
         fn drop(&mut self) {
             self.stop.store(true, Relaxed);
@@ -304,6 +348,13 @@ fn pins(pages: usize) {
             h.mean() / 1000.0
         );
     };
+    let h = raw::copy_ioctl_cost(pages);
+    println!(
+        "| baseline: bare UFFDIO_COPY ioctl of a zero page, no waiter (same run) | {:.2} | {:.2} | {:.2} |",
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        h.mean() / 1000.0
+    );
     run("never touched (zero fill)");
     run("resident");
     r.swap_out().unwrap();
