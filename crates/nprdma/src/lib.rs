@@ -18,6 +18,7 @@
 //! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
 //! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
+//! | [`rob`] | reorder buffer: application completions in post order |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
 //!
 //! Still to build (next session): the engine that executes plans, the
@@ -196,8 +197,9 @@
 //! order-before / order-after bits and a strict mode give full ordering on
 //! request. Parked ops wait in a FIFO, so the issue order within a QP is the
 //! post order. Application completions of a QP are delivered in post order
-//! (a finished op waits in the user-space CQ staging until the ops before it
-//! completed), as RC requires.
+//! ([`rob::CompletionOrder`]: a finished op waits until every op posted
+//! before it has finished), as RC requires — in particular a signaled
+//! completion still implies that all earlier unsignaled WRs are done.
 //!
 //! ## 6. Control channel
 //!
@@ -293,6 +295,7 @@ pub mod nic;
 pub mod ordering;
 pub mod pending;
 pub mod plan;
+pub mod rob;
 pub mod shadow;
 pub mod target;
 
