@@ -32,6 +32,8 @@ pub struct HostConfig {
     /// Route small ops through the target NIC thread even in-process (tests the
     /// cross-process path inside one process).
     pub inproc_ring: bool,
+    /// Split large cross-process READ/WRITE with the target's NIC thread (two cores copy).
+    pub dma_help: bool,
     /// Bytes copied per IOMMU epoch section (bounds how long a flush waits).
     pub dma_section: usize,
     /// Transport timeout for requests served by a remote NIC thread.
@@ -59,6 +61,7 @@ impl Default for HostConfig {
             ring_slots: 16,
             ring_max: 4096,
             inproc_ring: false,
+            dma_help: true,
             dma_section: 1 << 20,
             transport_timeout: Duration::from_secs(2),
             rnr_delay: Duration::from_micros(10),

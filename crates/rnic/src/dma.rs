@@ -207,6 +207,30 @@ fn unit(span: &Span, tlp: u64) -> u64 {
 /// own host's max TLP) separately. Returns the number of DMA atoms (max-TLP units of
 /// the smaller TLP) moved.
 pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, DmaErr> {
+    copy_with_help(src, dst, total, section, None)
+}
+
+/// A peer's NIC thread that copies part of a large cross-process transfer in parallel.
+/// A job in a free request-ring slot of the target QP lists already validated and
+/// translated copy units; both sides claim units from a shared counter (work sharing:
+/// a busy or sleeping helper never delays the initiator beyond the unit it is copying).
+pub struct Help<'a> {
+    pub seg: &'a Segment,
+    pub qp: u32,
+    /// Next ring slot to use; advanced for every job the helper took.
+    pub next_slot: std::cell::Cell<u64>,
+    pub src_nonce: u64,
+    pub src_qpn: u32,
+    pub timeout_ns: u64,
+}
+
+/// Copy unit of a shared job.
+pub const HELP_CHUNK: u64 = 128 * 1024;
+/// Smallest cross-process section worth sharing with the peer's NIC thread.
+pub const HELP_MIN: usize = 2 * HELP_CHUNK as usize;
+
+/// [`copy`], letting `help` move part of each large cross-process section.
+pub fn copy_with_help(src: &Side, dst: &Side, total: u64, section: usize, help: Option<&Help>) -> Result<u64, DmaErr> {
     let stlp = src.seg.p.max_tlp as u64;
     let dtlp = dst.seg.p.max_tlp as u64;
     let mut sc = Cursor {
@@ -250,7 +274,7 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
             dc.off += n;
             done += n;
         }
-        execute(src.port, dst.port, &pieces)?;
+        execute(src.port, dst.port, &pieces, help)?;
     }
     Ok(total.div_ceil(stlp.min(dtlp)))
 }
@@ -311,7 +335,7 @@ fn pattern(len: usize, word: u32) -> Vec<u8> {
 
 const IOV_MAX: usize = 1024;
 
-fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
+fn execute(sp: Port, dp: Port, pieces: &[Piece], help: Option<&Help>) -> Result<(), DmaErr> {
     match (sp, dp) {
         (Port::Local, Port::Local) => {
             for p in pieces {
@@ -333,88 +357,161 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece]) -> Result<(), DmaErr> {
             }
             Ok(())
         }
-        (Port::Proc(pid), Port::Local) => {
-            let mut l: Vec<libc::iovec> = Vec::new();
-            let mut r: Vec<libc::iovec> = Vec::new();
-            let mut want = 0usize;
+        (Port::Proc(pid), Port::Local) | (Port::Local, Port::Proc(pid)) => {
+            let read = matches!(sp, Port::Proc(_));
+            // (local address, remote address, len) of every real copy.
+            let mut triples: Vec<(u64, u64, u64)> = Vec::new();
+            let mut keep: Vec<Vec<u8>> = Vec::new();
             for p in pieces {
                 match (p.src, p.dst) {
-                    (Loc::Addr(s), Loc::Addr(d)) => {
-                        l.push(libc::iovec {
-                            iov_base: d as *mut libc::c_void,
-                            iov_len: p.len as usize,
-                        });
-                        r.push(libc::iovec {
-                            iov_base: s as *mut libc::c_void,
-                            iov_len: p.len as usize,
-                        });
-                        want += p.len as usize;
-                        if l.len() == IOV_MAX {
-                            vm(pid, VmDir::Read, &mut l, &mut r, &mut want)?;
-                        }
+                    (Loc::Addr(s), Loc::Addr(d)) => triples.push(if read { (d, s, p.len) } else { (s, d, p.len) }),
+                    (Loc::Fill(w), Loc::Addr(d)) if read => fill(d as *mut u8, p.len as usize, w),
+                    (Loc::Fill(w), Loc::Addr(d)) => {
+                        keep.push(pattern(p.len as usize, w));
+                        triples.push((keep.last().expect("pushed").as_ptr() as u64, d, p.len));
                     }
-                    (Loc::Fill(w), Loc::Addr(d)) => fill(d as *mut u8, p.len as usize, w),
                     _ => {}
                 }
             }
-            vm(pid, VmDir::Read, &mut l, &mut r, &mut want)
-        }
-        (Port::Local, Port::Proc(pid)) => {
-            let mut l: Vec<libc::iovec> = Vec::new();
-            let mut r: Vec<libc::iovec> = Vec::new();
-            let mut keep: Vec<Vec<u8>> = Vec::new();
-            let mut want = 0usize;
-            for p in pieces {
-                let src = match (p.src, p.dst) {
-                    (Loc::Addr(s), Loc::Addr(_)) => s as *mut libc::c_void,
-                    (Loc::Fill(w), Loc::Addr(_)) => {
-                        keep.push(pattern(p.len as usize, w));
-                        keep.last_mut().expect("pushed").as_mut_ptr() as *mut libc::c_void
-                    }
-                    _ => continue,
-                };
-                let Loc::Addr(d) = p.dst else { continue };
-                l.push(libc::iovec {
-                    iov_base: src,
-                    iov_len: p.len as usize,
-                });
-                r.push(libc::iovec {
-                    iov_base: d as *mut libc::c_void,
-                    iov_len: p.len as usize,
-                });
-                want += p.len as usize;
-                if l.len() == IOV_MAX {
-                    vm(pid, VmDir::Write, &mut l, &mut r, &mut want)?;
+            let total: u64 = triples.iter().map(|t| t.2).sum();
+            let dir = if read { VmDir::Read } else { VmDir::Write };
+            if let Some(h) = help.filter(|_| total as usize >= HELP_MIN && keep.is_empty()) {
+                let units = split_units(&triples, HELP_CHUNK);
+                if let Some(job) = post_help(h, read, &units) {
+                    return run_shared(h, job, pid, dir, &units);
                 }
             }
-            vm(pid, VmDir::Write, &mut l, &mut r, &mut want)
+            for chunk in triples.chunks(IOV_MAX) {
+                vm_copy(pid, dir, chunk)?;
+            }
+            Ok(())
         }
         (Port::Proc(_), Port::Proc(_)) => Err(DmaErr::Io),
     }
 }
 
-fn vm(
-    pid: u32,
-    dir: VmDir,
-    l: &mut Vec<libc::iovec>,
-    r: &mut Vec<libc::iovec>,
-    want: &mut usize,
-) -> Result<(), DmaErr> {
-    if l.is_empty() {
-        return Ok(());
-    }
+fn vm_copy(pid: u32, dir: VmDir, chunk: &[(u64, u64, u64)]) -> Result<(), DmaErr> {
+    let l: Vec<libc::iovec> = chunk
+        .iter()
+        .map(|t| libc::iovec {
+            iov_base: t.0 as *mut libc::c_void,
+            iov_len: t.2 as usize,
+        })
+        .collect();
+    let r: Vec<libc::iovec> = chunk
+        .iter()
+        .map(|t| libc::iovec {
+            iov_base: t.1 as *mut libc::c_void,
+            iov_len: t.2 as usize,
+        })
+        .collect();
+    let want: u64 = chunk.iter().map(|t| t.2).sum();
     // SAFETY: local iovecs point into translated local memory (see `execute`'s
-    // invariant), valid and writable for reads into it.
-    let got = unsafe { sys::process_vm(pid, dir, l, r) };
-    let ok = matches!(got, Ok(n) if n == *want);
-    l.clear();
-    r.clear();
-    *want = 0;
-    if ok {
+    // invariant), valid and writable for reads into it; pattern buffers outlive the call.
+    let got = unsafe { sys::process_vm(pid, dir, &l, &r) };
+    if matches!(got, Ok(n) if n as u64 == want) {
         Ok(())
     } else {
         Err(DmaErr::Io)
     }
+}
+
+type Triples = Vec<(u64, u64, u64)>;
+
+/// Cut copy triples into units of at most `unit` bytes.
+fn split_units(t: &[(u64, u64, u64)], unit: u64) -> Triples {
+    let mut v = Vec::new();
+    for &(l, r, n) in t {
+        let mut o = 0;
+        while o < n {
+            let k = unit.min(n - o);
+            v.push((l + o, r + o, k));
+            o += k;
+        }
+    }
+    v
+}
+
+fn post_help<'a>(h: &Help<'a>, read: bool, t: &[(u64, u64, u64)]) -> Option<&'a crate::segment::SlotHdr> {
+    let (hdr, data) = h.seg.slot(h.qp, h.next_slot.get());
+    let cap = h.seg.p.ring_max as usize / 24;
+    if t.len() < 2 || t.len() > cap || hdr.state.load(Ordering::Acquire) != crate::segment::SLOT_FREE {
+        return None;
+    }
+    for (i, &(l, r, n)) in t.iter().enumerate() {
+        for (k, v) in [l, r, n].into_iter().enumerate() {
+            // SAFETY: 24 * t.len() <= ring_max bytes of the slot's data area, which we
+            // own while the slot is FREE (SPSC ring, producer side).
+            unsafe { (data.add(24 * i + 8 * k) as *mut u64).write_unaligned(v) };
+        }
+    }
+    let op = if read {
+        crate::segment::RING_HELP_READ
+    } else {
+        crate::segment::RING_HELP_WRITE
+    };
+    hdr.op.store(op, Ordering::Relaxed);
+    hdr.len.store(t.len() as u32, Ordering::Relaxed);
+    hdr.cmp.store(std::process::id() as u64, Ordering::Relaxed);
+    hdr.src_nonce.store(h.src_nonce, Ordering::Relaxed);
+    hdr.src_qpn.store(h.src_qpn, Ordering::Relaxed);
+    hdr.status.store(0, Ordering::Relaxed);
+    hdr.result.store(0, Ordering::Relaxed);
+    hdr.state.store(crate::segment::SLOT_REQ, Ordering::Release);
+    h.seg.ring_doorbell(h.qp);
+    Some(hdr)
+}
+
+/// Copy units claimed from the shared counter; then cancel the job if the helper never
+/// took it, or wait until it finished the units it claimed.
+fn run_shared(
+    h: &Help,
+    job: &crate::segment::SlotHdr,
+    pid: u32,
+    dir: VmDir,
+    units: &[(u64, u64, u64)],
+) -> Result<(), DmaErr> {
+    let mut res = Ok(());
+    loop {
+        let i = job.result.fetch_add(1, Ordering::AcqRel) as usize;
+        if i >= units.len() {
+            break;
+        }
+        if res.is_ok() {
+            res = vm_copy(pid, dir, &units[i..i + 1]);
+        }
+    }
+    use crate::segment::{SLOT_DONE, SLOT_FREE, SLOT_REQ};
+    if job
+        .state
+        .compare_exchange(SLOT_REQ, SLOT_FREE, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // Never taken: the slot is ours again and the target's ring did not advance.
+        return res;
+    }
+    // Always wait for a helper that took the job: it may be writing into our memory.
+    let start = sys::now_ns();
+    let mut spins = 0u32;
+    while job.state.load(Ordering::Acquire) != SLOT_DONE {
+        spins += 1;
+        if spins % 1024 == 0 {
+            if sys::now_ns() - start > h.timeout_ns {
+                // Leave the slot in flight: the caller fails the WR and the QP.
+                h.next_slot.set(h.next_slot.get() + 1);
+                return Err(DmaErr::Io);
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    if job.status.load(Ordering::Relaxed) != 0 {
+        res = Err(DmaErr::Io);
+    }
+    job.state.store(SLOT_FREE, Ordering::Release);
+    h.next_slot.set(h.next_slot.get() + 1);
+    res
 }
 
 /// A remote atomic operation.

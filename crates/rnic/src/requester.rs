@@ -257,7 +257,13 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
     let Some((tq, r)) = target(q, sq, &peer) else {
         return Outcome::Done(WcStatus::RetryExcErr, 0);
     };
-    let e = &mut sq.entries[i];
+    let Sq {
+        entries,
+        ring_prod,
+        ring_cons,
+        ..
+    } = sq;
+    let e = &mut entries[i];
     let spans = match local_spans(q, e, local_need(&e.op)) {
         Ok(s) => s,
         Err(s) => return Outcome::Done(s, 0),
@@ -295,11 +301,30 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 port: peer.port,
                 spans: &tspan,
             };
+            // Large cross-process transfers are split with the target's NIC thread
+            // (through a free request-ring slot: the ring is empty when a direct op runs).
+            let help = (me.cfg.dma_help
+                && peer.port != Port::Local
+                && len as usize >= dma::HELP_MIN
+                && *ring_prod == *ring_cons)
+                .then(|| dma::Help {
+                    seg: tseg,
+                    qp: tq,
+                    next_slot: std::cell::Cell::new(*ring_prod),
+                    src_nonce: me.addr.nonce,
+                    src_qpn: q.qpn,
+                    timeout_ns: me.cfg.transport_timeout.as_nanos() as u64,
+                });
             let res = if read {
-                dma::copy(&remote, &local, len, section)
+                dma::copy_with_help(&remote, &local, len, section, help.as_ref())
             } else {
-                dma::copy(&local, &remote, len, section)
+                dma::copy_with_help(&local, &remote, len, section, help.as_ref())
             };
+            if let Some(h) = &help {
+                // Jobs the helper took used ring slots (FREE again, unless timed out).
+                *ring_prod = h.next_slot.get();
+                *ring_cons = *ring_prod;
+            }
             match res {
                 Ok(a) => {
                     e.atoms = a;

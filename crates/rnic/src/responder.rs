@@ -259,6 +259,34 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     let src_nonce = h.src_nonce.load(Ordering::Relaxed);
     let qpn = r.qpn.load(Ordering::Relaxed);
     let mut result = 0u64;
+    if op == segment::RING_HELP_READ || op == segment::RING_HELP_WRITE {
+        // Take the job unless the initiator already did everything and cancelled it.
+        if h.state
+            .compare_exchange(
+                segment::SLOT_REQ,
+                segment::SLOT_BUSY,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        let ok = target_qp(seg, idx, qpn, src_nonce, src_qpn).is_some()
+            && serve_help(
+                op,
+                h,
+                data,
+                len as usize,
+                h.cmp.load(Ordering::Relaxed) as u32,
+                seg.p.ring_max as usize,
+            );
+        h.status
+            .store(if ok { 0 } else { WcStatus::RemAccessErr as u32 }, Ordering::Relaxed);
+        h.state.store(segment::SLOT_DONE, Ordering::Release);
+        r.ring_cons.store(cons + 1, Ordering::Release);
+        return true;
+    }
     let status = if target_qp(seg, idx, qpn, src_nonce, src_qpn).is_none() {
         WcStatus::RetryExcErr
     } else if len > seg.p.ring_max as u64 {
@@ -334,4 +362,42 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     r.ring_cons.store(cons + 1, Ordering::Release);
     seg.stats().ring_requests.fetch_add(1, Ordering::Relaxed);
     true
+}
+
+/// Copy units of a shared job the initiator posted (claiming them from the counter in
+/// `h.result`). The units (initiator address, our address, length) were validated and
+/// translated by the initiator inside both hosts' epoch sections, which it holds until
+/// the job is DONE.
+fn serve_help(op: u32, h: &segment::SlotHdr, data: *mut u8, n: usize, pid: u32, ring_max: usize) -> bool {
+    if n == 0 || n * 24 > ring_max {
+        return false;
+    }
+    let dir = if op == segment::RING_HELP_READ {
+        crate::sys::VmDir::Write
+    } else {
+        crate::sys::VmDir::Read
+    };
+    loop {
+        let i = h.result.fetch_add(1, Ordering::AcqRel) as usize;
+        if i >= n {
+            return true;
+        }
+        // SAFETY: i < n and n * 24 <= ring_max bytes of this slot's data area.
+        let rd = |k: usize| unsafe { (data.add(24 * i + 8 * k) as *const u64).read_unaligned() };
+        let (l, r, len) = (rd(0), rd(1), rd(2) as usize);
+        let theirs = libc::iovec {
+            iov_base: l as *mut libc::c_void,
+            iov_len: len,
+        };
+        let mine = libc::iovec {
+            iov_base: r as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: `mine` is an address the initiator translated from our MRs / IOMMU
+        // (valid per the registration contracts while its epoch sections are held).
+        match unsafe { crate::sys::process_vm(pid, dir, &[mine], &[theirs]) } {
+            Ok(got) if got == len => {}
+            _ => return false,
+        }
+    }
 }

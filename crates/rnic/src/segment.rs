@@ -155,12 +155,18 @@ pub struct WqeHdr {
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_REQ: u32 = 1;
 pub const SLOT_DONE: u32 = 2;
+/// A shared-copy job taken by the target's NIC thread.
+pub const SLOT_BUSY: u32 = 3;
 
 /// Ring op codes.
 pub const RING_READ: u32 = 1;
 pub const RING_WRITE: u32 = 2;
 pub const RING_CAS: u32 = 3;
 pub const RING_FADD: u32 = 4;
+/// Help a large cross-process READ: copy target -> initiator (process_vm_writev).
+pub const RING_HELP_READ: u32 = 5;
+/// Help a large cross-process WRITE: copy initiator -> target (process_vm_readv).
+pub const RING_HELP_WRITE: u32 = 6;
 
 #[repr(C)]
 pub struct SlotHdr {

@@ -177,7 +177,7 @@ fn cross_process_all_operations() {
     );
 
     // WRITE: small and large, verified by the child
-    for (i, &len) in [8usize, 3000, 200_000].iter().enumerate() {
+    for (i, &len) in [8usize, 3000, 200_000, 600_000].iter().enumerate() {
         let seed = 10 + i as u8;
         local.write(0, &pattern(len, seed));
         let sge = [local.sge(0, len as u32)];
