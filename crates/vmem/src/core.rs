@@ -213,6 +213,9 @@ impl Inner {
                             Err(e) if e.err.raw_os_error() == Some(libc::ENOENT) => {
                                 Err(Error::Unmapped(addr))
                             }
+                            Err(e) if e.err.raw_os_error() == Some(libc::EAGAIN) => {
+                                Err(Error::Retry)
+                            }
                             Err(e) => Err(kernel("UFFDIO_ZEROPAGE", addr, e.err)),
                         };
                     }
@@ -233,6 +236,26 @@ impl Inner {
                     }
                     return self.fill_locked(arr, p, v, why, buf);
                 }
+            }
+        }
+    }
+
+    /// [`Self::bring_in`] for callers that may wait: retries the transient
+    /// [`Error::Retry`] (released page lock, short sleeps) for up to 10 s.
+    fn bring_in_wait(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        why: Why,
+        buf: &mut PageBuf,
+    ) -> Result<Brought> {
+        let t = std::time::Instant::now();
+        loop {
+            match self.bring_in(arr, p, why, buf) {
+                Err(Error::Retry) if t.elapsed() < std::time::Duration::from_secs(10) => {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                r => return r,
             }
         }
     }
@@ -293,8 +316,8 @@ impl Inner {
                     return Err(Error::Unmapped(addr));
                 }
                 w.fetch_and(!BUSY, Release);
-                if is_fault {
-                    let _ = self.uffd.wake(addr, PAGE);
+                if e.err.raw_os_error() == Some(libc::EAGAIN) {
+                    return Err(Error::Retry);
                 }
                 return Err(kernel(
                     if swapped {
@@ -362,7 +385,7 @@ impl Inner {
         let r = Self::with_bounce(|buf| -> Result<()> {
             for s in &segs {
                 for p in s.start.max(p0)..s.end.min(p1) {
-                    let b = self.bring_in(&s.arr, p, Why::Pin, buf)?;
+                    let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
                     done.push((&s.arr, p));
                     if b != Brought::Already {
                         swapped_in.push(p << PAGE_SHIFT);
@@ -412,7 +435,7 @@ impl Inner {
         Self::with_bounce(|buf| -> Result<()> {
             for s in segs.iter().filter(|s| !s.arr.external) {
                 for p in s.start.max(p0)..s.end.min(p1) {
-                    if self.bring_in(&s.arr, p, Why::Prefetch, buf)? != Brought::Already {
+                    if self.bring_in_wait(&s.arr, p, Why::Prefetch, buf)? != Brought::Already {
                         n += 1;
                         brought.push(p << PAGE_SHIFT);
                     }
@@ -653,31 +676,43 @@ impl Inner {
             if w.compare_exchange(UNTOUCHED, GONE, AcqRel, Acquire).is_ok() {
                 continue;
             }
+            let t = std::time::Instant::now();
             let v = loop {
-                let v = state::wait_not_busy(w);
-                if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_ok() {
+                let v = loop {
+                    let v = state::wait_not_busy(w);
+                    if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_ok() {
+                        break v;
+                    }
+                };
+                if state::kind(v) != SWAPPED || owned || s.arr.external {
                     break v;
                 }
-            };
-            match state::kind(v) {
-                RESIDENT => was_resident += 1,
-                SWAPPED if !owned && !s.arr.external => {
-                    let slot = state::slot(v).expect("slot");
-                    match self.swap.read(slot, buf.as_mut_slice()) {
-                        // SAFETY: buf is one readable page.
-                        Ok(()) => {
-                            if let Err(e) =
-                                unsafe { self.uffd.copy(p << PAGE_SHIFT, buf.as_ptr(), PAGE, true) }
-                            {
-                                tracing::debug!(addr = p << PAGE_SHIFT, err = %e.err, "restore on unregister skipped");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(%e, "swap read failed while restoring page on unregister")
-                        }
-                    }
+                // Foreign memory: put the contents back before letting go.
+                let slot = state::slot(v).expect("slot");
+                if let Err(e) = self.swap.read(slot, buf.as_mut_slice()) {
+                    tracing::error!(%e, "swap read failed while restoring page on unregister");
+                    break v;
                 }
-                _ => {}
+                // SAFETY: buf is one readable page.
+                match unsafe { self.uffd.copy(p << PAGE_SHIFT, buf.as_ptr(), PAGE, true) } {
+                    Err(e)
+                        if e.err.raw_os_error() == Some(libc::EAGAIN)
+                            && t.elapsed().as_secs() < 10 =>
+                    {
+                        // An munmap/mremap is in flight: let go of the page
+                        // (the fault thread may need it) and try again.
+                        w.store(v, Release);
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    Err(e) => {
+                        tracing::debug!(addr = p << PAGE_SHIFT, err = %e.err, "restore on unregister skipped");
+                        break v;
+                    }
+                    Ok(()) => break v,
+                }
+            };
+            if state::kind(v) == RESIDENT {
+                was_resident += 1;
             }
             if let Some(sl) = state::slot(v) {
                 self.swap.free(sl);

@@ -39,6 +39,11 @@ pub enum Error {
     },
     #[error("{0}")]
     Config(String),
+    /// The kernel refused a page fill because an munmap/mremap of managed
+    /// memory is in flight; transient (`pin` and `prefetch` retry it
+    /// internally for up to 10 s).
+    #[error("transient: memory map changing, retry")]
+    Retry,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -5,6 +5,7 @@
 
 use crate::core::{Brought, Inner, Why};
 use crate::error::Error;
+use crate::stats::inc;
 use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::uffd::{self, Msg};
 use std::io;
@@ -18,19 +19,30 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
     let mut buf = PageBuf::new(1);
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
+    // Faults the kernel asked us to retry (an munmap/mremap in flight); their
+    // threads stay blocked until served.
+    let mut deferred: Vec<Msg> = Vec::new();
     crate::core::IS_HANDLER.with(|h| h.set(true));
     loop {
         // Odd while reading and handling (see Inner::quiesce_events).
         inner.handler_seq.fetch_add(1, SeqCst);
         let r = inner.uffd.read_msgs(&mut msgs);
-        if let Ok(n) = r {
-            for m in &msgs[..n] {
-                // A bug must not leave faulting threads hanging forever.
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    handle(&inner, m, &mut buf)
-                }));
-                if res.is_err() {
-                    tracing::error!(event = m.event, "panic while handling a userfaultfd event");
+        let fresh = if let Ok(n) = r {
+            &msgs[..n]
+        } else {
+            &msgs[..0]
+        };
+        let retry = std::mem::take(&mut deferred);
+        for m in retry.iter().chain(fresh) {
+            // A bug must not leave faulting threads hanging forever.
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handle(&inner, m, &mut buf)
+            }));
+            match res {
+                Ok(true) => {}
+                Ok(false) => deferred.push(*m),
+                Err(_) => {
+                    tracing::error!(event = m.event, "panic while handling a userfaultfd event")
                 }
             }
         }
@@ -45,6 +57,8 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
                     std::hint::spin_loop();
                     continue;
                 }
+                // With deferred faults, poll with a short timeout to retry them.
+                let timeout = if deferred.is_empty() { -1 } else { 1 };
                 let mut fds = [
                     libc::pollfd {
                         fd: inner.uffd.raw(),
@@ -58,7 +72,7 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
                     },
                 ];
                 // SAFETY: fds is a valid array of two pollfd structs.
-                let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+                let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
                 if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                     tracing::error!(err = %io::Error::last_os_error(), "poll on userfaultfd failed");
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -76,9 +90,10 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
     }
 }
 
-fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
+/// Handles one message; `false` = retry it later.
+fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
     match m.event {
-        uffd::EVENT_PAGEFAULT => fault(inner, m, buf),
+        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf),
         uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
         uffd::EVENT_REMOVE => {}
         uffd::EVENT_REMAP => {
@@ -89,9 +104,11 @@ fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
         }
         ev => tracing::warn!(ev, "unexpected userfaultfd event"),
     }
+    true
 }
 
-fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
+/// Resolves one fault; `false` = retry later (the thread stays blocked).
+fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
     let t0 = Instant::now();
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
@@ -101,7 +118,7 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
         // A range being unregistered right now: UFFDIO_UNREGISTER wakes the
         // faulting thread, which then faults normally.
         tracing::debug!(addr, "fault outside any registered segment");
-        return;
+        return true;
     };
     match inner.bring_in(&arr, p, Why::Fault { write }, buf) {
         Ok(b) => {
@@ -116,7 +133,23 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) {
                 );
             }
         }
-        Err(Error::Unmapped(_)) => tracing::debug!(addr, "fault on unmapped page"),
-        Err(e) => tracing::error!(addr, %e, "could not resolve fault"),
+        Err(Error::Unmapped(_)) => {
+            // Gone under the faulting thread: let it retry its access (and get
+            // the kernel's answer for an unmapped address).
+            tracing::debug!(addr, "fault on unmapped page");
+            let _ = inner.uffd.wake(addr, PAGE);
+        }
+        Err(Error::Retry) => {
+            inc(&inner.stats.c.fault_retries);
+            return false;
+        }
+        Err(e) => {
+            // Unexpected (e.g. swap I/O error): keep the thread blocked and
+            // retry rather than hand it a wrong page.
+            tracing::error!(addr, %e, "could not resolve fault; will retry");
+            inc(&inner.stats.c.fault_retries);
+            return false;
+        }
     }
+    true
 }

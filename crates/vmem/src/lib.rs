@@ -407,6 +407,7 @@ impl Pager {
             pin_swap_ins: c.pin_swap_ins.load(Relaxed),
             evict_aborts: c.evict_aborts.load(Relaxed),
             evict_failures: c.evict_failures.load(Relaxed),
+            fault_retries: c.fault_retries.load(Relaxed),
             bytes_swapped_in: swap_ins * sys::PAGE as u64,
             bytes_swapped_out: swap_outs * sys::PAGE as u64,
             fault_service: i.stats.latency(),

@@ -16,6 +16,7 @@ pub struct Counters {
     pub evict_aborts: AtomicU64,
     pub evict_failures: AtomicU64,
     pub evict_runs: AtomicU64,
+    pub fault_retries: AtomicU64,
 }
 
 pub struct Stats {
@@ -115,6 +116,9 @@ pub struct PagerStats {
     pub evict_aborts: u64,
     /// Pages the kernel refused to move out (stayed resident).
     pub evict_failures: u64,
+    /// Fault resolutions postponed because the kernel asked to retry (an
+    /// munmap/mremap of managed memory in flight) or failed transiently.
+    pub fault_retries: u64,
     pub bytes_swapped_in: u64,
     pub bytes_swapped_out: u64,
     pub fault_service: LatencySummary,

@@ -278,3 +278,68 @@ fn hot_page_write_vs_swap_out() {
         eprintln!("writes {n} swap-outs {outs} stats {:?}", p.stats());
     });
 }
+
+/// Application threads fault on one region while another thread keeps
+/// munmapping registered memory: the kernel refuses fills (EAGAIN) while each
+/// UNMAP event is pending, and no fault may hang or be served wrongly.
+#[test]
+fn faults_while_the_application_unmaps() {
+    with_timeout(120, || {
+        let p = Pager::new(PagerConfig {
+            budget_pages: Some(32),
+            ..small_cfg()
+        })
+        .unwrap();
+        let r = p.alloc(128 * PG).unwrap();
+        let base = r.addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut hs = Vec::new();
+        for t in 0..2 {
+            let stop = stop.clone();
+            hs.push(std::thread::spawn(move || {
+                worker(base, 128, t, 2, &stop, 77 + t as u64, None)
+            }));
+        }
+        let unmapper = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    // SAFETY: fresh anonymous mapping owned by this thread.
+                    let m = unsafe {
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            16 * PG,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        )
+                    } as usize;
+                    // SAFETY: the mapping is live; it is unmapped below on purpose.
+                    let reg = unsafe { p.register(m, 16 * PG) }.unwrap();
+                    // SAFETY: the mapping is live.
+                    unsafe { std::ptr::write_bytes(m as *mut u8, 1, 16 * PG) };
+                    let _ = p.swap_out(m, 8 * PG);
+                    // SAFETY: the mapping is live.
+                    assert!((0..16).all(|i| unsafe { *((m + i * PG) as *const u8) } == 1));
+                    // SAFETY: our mapping (the pager follows the UNMAP event).
+                    unsafe { libc::munmap(m as *mut _, 16 * PG) };
+                    drop(reg);
+                    n += 1;
+                }
+                n
+            })
+        };
+        std::thread::sleep(Duration::from_secs(secs()));
+        stop.store(true, Relaxed);
+        let ops: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        let rounds = unmapper.join().unwrap();
+        let s = p.stats();
+        eprintln!("ops {ops} unmap rounds {rounds} stats {s:?}");
+        assert!(rounds > 10 && s.major_faults > 0);
+        drop(r);
+        assert!(wait_until(5, || p.stats().swap_slots_used == 0));
+        assert_eq!(p.stats().registered_pages, 0);
+    });
+}
