@@ -23,14 +23,19 @@ fn xproc_child() {
     let at = buf(&e.pd, 64, 0);
     at.write(0, &1000u64.to_le_bytes());
     let rbuf = buf(&e.pd, 8192, 0);
+    // A second QP whose receive CQ has a completion channel (interrupt mode).
+    let ch = e.ctx.create_comp_channel().unwrap();
+    let ecq = e.ctx.create_cq(16, Some(&ch)).unwrap();
+    let eqp = e.pd.create_qp(&e.cq, &ecq, &QpInitAttr::default()).unwrap();
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut out = std::io::stdout();
     writeln!(
         out,
-        "INFO {} {} {} {} {} {}",
+        "INFO {} {} {} {} {} {} {}",
         host.addr().to_hex(),
         e.qp.qpn(),
+        eqp.qpn(),
         big.addr(),
         big.rkey(),
         at.addr(),
@@ -75,6 +80,20 @@ fn xproc_child() {
                         "WC {} {:?} {} {} {}",
                         v[0].wr_id, v[0].status, v[0].byte_len, v[0].imm_data, data_ok
                     )
+                }
+                Err(err) => format!("ERR {err}"),
+            },
+            ["PEER2", a, q] => {
+                eqp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                let rs = [rbuf.sge(0, 64)];
+                eqp.post_recv(&[RecvWr { wr_id: 21, sg_list: &rs }]).unwrap();
+                ecq.req_notify(false).unwrap();
+                "READY".to_string()
+            }
+            ["WAITEV"] => match ch.get_event(Some(T)) {
+                Ok(cq) => {
+                    let w = cq.poll_wait(1, T).unwrap()[0];
+                    format!("WC {} {:?} {} {} event", w.wr_id, w.status, w.byte_len, w.imm_data)
                 }
                 Err(err) => format!("ERR {err}"),
             },
@@ -151,8 +170,8 @@ fn cross_process_all_operations() {
     let raddr = HostAddr::from_hex(f[1]).unwrap();
     assert_ne!(raddr.pid, std::process::id());
     let rqpn: u32 = f[2].parse().unwrap();
-    let (big_addr, big_rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
-    let (at_addr, at_rkey): (u64, u32) = (f[5].parse().unwrap(), f[6].parse().unwrap());
+    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
+    let (at_addr, at_rkey): (u64, u32) = (f[6].parse().unwrap(), f[7].parse().unwrap());
     let host = Host::new(HostConfig::default()).unwrap();
     let e = end(&host, &QpInitAttr::default());
     e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
@@ -242,7 +261,7 @@ fn cross_process_large_write_error_out_of_bounds() {
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
     let rqpn: u32 = f[2].parse().unwrap();
-    let (big_addr, big_rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
     let host = Host::new(HostConfig::default()).unwrap();
     let e = end(&host, &QpInitAttr::default());
     e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
@@ -253,4 +272,26 @@ fn cross_process_large_write_error_out_of_bounds() {
         .unwrap();
     assert_eq!(wait1(&e.cq).status, WcStatus::RemAccessErr);
     assert_eq!(c.cmd(&format!("CHECK 0 {BIG} {}", 0x5a)), "OK", "target untouched");
+}
+
+#[test]
+fn cross_process_completion_channel_is_signalled() {
+    let mut c = Child::spawn();
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn2: u32 = f[3].parse().unwrap();
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn2, 7).unwrap();
+    assert_eq!(c.cmd(&format!("PEER2 {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    // The child blocks in get_event on its channel; our SEND must wake it through
+    // its eventfd (pidfd_getfd).
+    writeln!(c.inp, "WAITEV").unwrap();
+    c.inp.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let data = [5u8; 16];
+    e.qp.post_send(&[SendWr::new(1, WrOpcode::SendImm(7), &[]).inline(&data)]).unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    assert_eq!(c.line(), "WC 21 Success 16 7 event");
 }
