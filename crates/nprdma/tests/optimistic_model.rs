@@ -50,6 +50,8 @@ const F_RAM: u64 = 3; // frame = BASE-relative page in the high bits
 /// Two ranges (read view, write view) of PAGES entries, lock-free lookups,
 /// and a flush that waits for in-flight atoms.
 struct ToyIommu {
+    base: u64,
+    pages: u64,
     views: [Vec<AtomicU64>; 2],
     next: AtomicU32,
     inflight: AtomicU64,
@@ -57,9 +59,11 @@ struct ToyIommu {
 }
 
 impl ToyIommu {
-    fn new() -> Self {
-        let v = || (0..PAGES).map(|_| AtomicU64::new(F_UNMAPPED)).collect();
+    fn new(base: u64, pages: u64) -> Self {
+        let v = || (0..pages).map(|_| AtomicU64::new(F_UNMAPPED)).collect();
         ToyIommu {
+            base,
+            pages,
             views: [v(), v()],
             next: AtomicU32::new(0),
             inflight: AtomicU64::new(0),
@@ -74,7 +78,7 @@ impl IommuControl for ToyIommu {
     type Mr = ToyMr;
     fn alloc_range(&self, npages: u64) -> Result<u32, ToyErr> {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
-        if id > 1 || npages != PAGES {
+        if id > 1 || npages != self.pages {
             return Err(ToyErr("only two ranges of PAGES pages"));
         }
         Ok(id)
@@ -87,7 +91,7 @@ impl IommuControl for ToyIommu {
             Frame::Unmapped => F_UNMAPPED,
             Frame::Signature => F_SIG,
             Frame::BlackHole => F_HOLE,
-            Frame::Ram(a) => ((a - BASE) / PS) << 8 | F_RAM,
+            Frame::Ram(a) => ((a - self.base) / PS) << 8 | F_RAM,
         };
         self.views[*r as usize]
             .get(idx as usize)
@@ -115,6 +119,8 @@ impl IommuControl for ToyIommu {
 
 /// Physical frames, swap copies, and the pager's per-page state.
 struct Host {
+    base: u64,
+    pages: u64,
     phys: Vec<AtomicU8>,
     swap: Vec<Mutex<Vec<u8>>>,
     resident: Vec<AtomicBool>,
@@ -129,15 +135,24 @@ struct Host {
 }
 
 impl Host {
-    fn new(init: &[u8]) -> Self {
-        let iommu = Arc::new(ToyIommu::new());
-        let shadow =
-            MrShadow::new(iommu.clone(), BASE, PAGES * PS, PS, &[true; PAGES as usize]).unwrap();
+    fn new(base: u64, init: &[u8]) -> Self {
+        let pages = init.len() as u64 / PS;
+        let iommu = Arc::new(ToyIommu::new(base, pages));
+        let shadow = MrShadow::new(
+            iommu.clone(),
+            base,
+            pages * PS,
+            PS,
+            &vec![true; pages as usize],
+        )
+        .unwrap();
         Host {
+            base,
+            pages,
             phys: init.iter().map(|b| AtomicU8::new(*b)).collect(),
-            swap: (0..PAGES).map(|_| Mutex::new(Vec::new())).collect(),
-            resident: (0..PAGES).map(|_| AtomicBool::new(true)).collect(),
-            page_lock: (0..PAGES).map(|_| Mutex::new(0)).collect(),
+            swap: (0..pages).map(|_| Mutex::new(Vec::new())).collect(),
+            resident: (0..pages).map(|_| AtomicBool::new(true)).collect(),
+            page_lock: (0..pages).map(|_| Mutex::new(0)).collect(),
             iommu,
             shadow,
             cfg: CheckConfig::default(),
@@ -152,7 +167,7 @@ impl Host {
         if *pins > 0 || !self.resident[p].load(Ordering::SeqCst) {
             return false;
         }
-        self.shadow.swap_out(&[BASE + p as u64 * PS]).unwrap();
+        self.shadow.swap_out(&[self.base + p as u64 * PS]).unwrap();
         let off = p * PS as usize;
         let copy: Vec<u8> = (0..PS as usize)
             .map(|i| self.phys[off + i].load(Ordering::SeqCst))
@@ -217,7 +232,7 @@ impl Host {
             let e = ((a / atom) + 1) * atom;
             let e = e.min(end);
             self.iommu.inflight.fetch_add(1, Ordering::SeqCst);
-            let page = ((a - BASE) / PS) as usize;
+            let page = ((a - self.base) / PS) as usize;
             let ent = self.iommu.views[v][page].load(Ordering::SeqCst);
             if (jitter + k) % 29 == 0 || (e == end && jitter % 3 == 0) {
                 // Stretch some atoms between translation and copy so that
@@ -231,7 +246,7 @@ impl Host {
             }
             for x in a..e {
                 let i = (x - addr) as usize;
-                let off = (x - BASE) as usize;
+                let off = (x - self.base) as usize;
                 match (ent & 0xff, write) {
                     (F_RAM, false) => {
                         buf[i] = self.phys[((ent >> 8) as usize) * PS as usize + off % PS as usize]
@@ -256,8 +271,8 @@ impl Host {
     }
 
     fn versions(&self, addr: u64, len: u64) -> Vec<u32> {
-        let first = ((addr - BASE) / PS) as usize;
-        let last = ((addr + len.max(1) - 1 - BASE) / PS) as usize;
+        let first = ((addr - self.base) / PS) as usize;
+        let last = ((addr + len.max(1) - 1 - self.base) / PS) as usize;
         (first..=last)
             .map(|i| self.shadow.versions().get(i).unwrap())
             .collect()
@@ -265,14 +280,14 @@ impl Host {
 
     /// Two-sided path: pin, map in, CPU copy, unpin.
     fn two_sided(&self, addr: u64, buf: &mut [u8], write: bool) {
-        let first = ((addr - BASE) / PS) as usize;
-        let last = ((addr + buf.len() as u64 - 1 - BASE) / PS) as usize;
+        let first = ((addr - self.base) / PS) as usize;
+        let last = ((addr + buf.len() as u64 - 1 - self.base) / PS) as usize;
         for p in first..=last {
             self.pin(p);
         }
         self.shadow.map_in(addr, buf.len() as u64).unwrap();
         for (i, b) in buf.iter_mut().enumerate() {
-            let off = (addr - BASE) as usize + i;
+            let off = (addr - self.base) as usize + i;
             if write {
                 self.phys[off].store(*b, Ordering::SeqCst);
             } else {
@@ -299,7 +314,7 @@ fn accepted_operations_are_byte_exact_under_concurrent_swapping() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3000);
     let mut truth: Vec<u8> = (0..PAGES * PS).map(|i| (i % 251) as u8 & 0x7f).collect();
-    let host = Arc::new(Host::new(&truth));
+    let host = Arc::new(Host::new(BASE, &truth));
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let swapper = {
@@ -421,6 +436,216 @@ fn accepted_operations_are_byte_exact_under_concurrent_swapping() {
     );
     assert!(
         ok > 0 && fallback > 0 && swaps.load(Ordering::Relaxed) > 0,
+        "the run exercised nothing"
+    );
+}
+
+impl Host {
+    /// The application's CPU writes byte `off` (faulting the page in).
+    fn write_logical(&self, off: usize, b: u8) {
+        let p = off / PS as usize;
+        let _g = self.page_lock[p].lock().unwrap();
+        self.swap_in_locked(p);
+        self.phys[off].store(b, Ordering::SeqCst);
+    }
+
+    /// Local fix-up before posting: pages not mapped in the NIC views
+    /// (absent, or lazily swapped back in) are pinned, mapped in, unpinned.
+    fn local_fixup(&self, addr: u64, len: u64) -> bool {
+        let first = ((addr - self.base) / PS) as usize;
+        let last = ((addr + len - 1 - self.base) / PS) as usize;
+        let mut fixed = false;
+        for p in first..=last {
+            let page = self.base + p as u64 * PS;
+            if !self.shadow.is_mapped(page) {
+                self.pin(p);
+                self.shadow.map_in(page, PS).unwrap();
+                self.unpin(p);
+                fixed = true;
+            }
+        }
+        fixed
+    }
+
+    fn entry(&self, view: usize, addr: u64) -> u64 {
+        self.iommu.views[view][((addr - self.base) / PS) as usize].load(Ordering::SeqCst)
+    }
+
+    fn frame_off(&self, ent: u64, addr: u64) -> usize {
+        ((ent >> 8) as usize) * PS as usize + ((addr - self.base) % PS) as usize
+    }
+}
+
+/// A NIC transfer from `src` (through view `sv`) to `dst` (through view
+/// `dv`): atoms split at both hosts' aligned grids, each translated on both
+/// sides inside both IOMMUs' in-flight sections; some atoms are stretched
+/// while the hosts' swappers are pointed at their pages.
+#[allow(clippy::too_many_arguments)]
+fn dma_copy(src: &Host, sv: usize, sa: u64, dst: &Host, dv: usize, da: u64, len: u64, jitter: u64) {
+    let atom = src.cfg.atom() as u64;
+    let mut o = 0u64;
+    let mut k = 0u64;
+    while o < len {
+        let e = (((sa + o) / atom + 1) * atom - sa)
+            .min(((da + o) / atom + 1) * atom - da)
+            .min(len);
+        src.iommu.inflight.fetch_add(1, Ordering::SeqCst);
+        dst.iommu.inflight.fetch_add(1, Ordering::SeqCst);
+        let se = src.entry(sv, sa + o);
+        let de = dst.entry(dv, da + o);
+        if (jitter + k) % 11 == 0 {
+            src.hot.store((sa + o - src.base) / PS, Ordering::SeqCst);
+            dst.hot.store((da + o - dst.base) / PS, Ordering::SeqCst);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            src.hot.store(u64::MAX, Ordering::SeqCst);
+            dst.hot.store(u64::MAX, Ordering::SeqCst);
+        }
+        for x in o..e {
+            let b = match se & 0xff {
+                F_RAM => src.phys[src.frame_off(se, sa + x)].load(Ordering::SeqCst),
+                F_SIG => src.cfg.magic_byte(sa + x),
+                F_HOLE => 0,
+                _ => panic!("DMA read through an unmapped entry"),
+            };
+            match de & 0xff {
+                F_RAM => dst.phys[dst.frame_off(de, da + x)].store(b, Ordering::SeqCst),
+                F_SIG | F_HOLE => {}
+                _ => panic!("DMA write through an unmapped entry"),
+            }
+        }
+        dst.iommu.inflight.fetch_sub(1, Ordering::SeqCst);
+        src.iommu.inflight.fetch_sub(1, Ordering::SeqCst);
+        k += 1;
+        o = e;
+    }
+}
+
+/// The initiator side is not pinned either: its buffer pages are swapped
+/// out (and lazily back in) while READs land in them and WRITEs are sent
+/// from them. The local pre-check (versions odd, else fix-up) plus the
+/// before/after comparison of the local versions must catch every case the
+/// remote checks cannot see.
+#[test]
+fn local_side_swapping_is_caught_by_pre_check_and_local_versions() {
+    let iters: u64 = std::env::var("NPRDMA_MODEL_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    const LBASE: u64 = 0x1000_0000;
+    let lpages = 4u64;
+    let mut rtruth: Vec<u8> = (0..PAGES * PS).map(|i| (i % 253) as u8 & 0x7f).collect();
+    let remote = Arc::new(Host::new(BASE, &rtruth));
+    let local = Arc::new(Host::new(LBASE, &vec![0x11; (lpages * PS) as usize]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapper = {
+        let (remote, local, stop, swaps) =
+            (remote.clone(), local.clone(), stop.clone(), swaps.clone());
+        std::thread::spawn(move || {
+            let mut s = 5u64;
+            while !stop.load(Ordering::SeqCst) {
+                for h in [&local, &remote] {
+                    let hot = h.hot.load(Ordering::SeqCst);
+                    let p = if hot != u64::MAX {
+                        hot
+                    } else {
+                        lcg(&mut s) % h.pages
+                    } as usize;
+                    if lcg(&mut s) % 4 == 0 {
+                        h.touch(p); // lazy swap-in by the application
+                    } else if h.swap_out(p) {
+                        swaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+
+    let cfg = CheckConfig::default();
+    let (mut ok, mut fallback, mut fixups) = (0u64, 0u64, 0u64);
+    let mut s = 11u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for it in 0..iters {
+        if Instant::now() > deadline {
+            break;
+        }
+        let len = 1 + lcg(&mut s) % (2 * PS);
+        let ro = lcg(&mut s) % (PAGES * PS - len);
+        let lo = lcg(&mut s) % (lpages * PS - len);
+        let (ra, la) = (BASE + ro, LBASE + lo);
+        let lrange = lo as usize..(lo + len) as usize;
+        let rrange = ro as usize..(ro + len) as usize;
+        if local.local_fixup(la, len) {
+            fixups += 1;
+        }
+        if lcg(&mut s) % 2 == 0 {
+            // READ remote → local buffer (local Write view).
+            let lv1 = local.versions(la, len);
+            dma_copy(&remote, 0, ra, &local, 1, la, len, it);
+            let lv2 = local.versions(la, len);
+            // The application reads its buffer with its CPU.
+            let got: Vec<u8> = lrange.clone().map(|i| local.logical(i)).collect();
+            let accepted =
+                check_versions(&lv1, &lv2).is_ok() && check_read(&got, la, ra, &cfg).is_ok();
+            if accepted {
+                ok += 1;
+                assert_eq!(
+                    got,
+                    rtruth[rrange.clone()],
+                    "accepted a wrong READ (local {la:#x}, remote {ra:#x}, len {len})"
+                );
+            } else {
+                fallback += 1;
+                let mut buf = vec![0u8; len as usize];
+                remote.two_sided(ra, &mut buf, false);
+                for (i, b) in lrange.clone().zip(&buf) {
+                    local.write_logical(i, *b);
+                }
+                assert_eq!(buf, rtruth[rrange.clone()]);
+            }
+        } else {
+            // WRITE local buffer (local Read view) → remote, then read-back.
+            let src: Vec<u8> = (0..len).map(|i| ((i * 7 + it) % 113) as u8).collect();
+            for (i, b) in lrange.clone().zip(&src) {
+                local.write_logical(i, *b);
+            }
+            local.local_fixup(la, len);
+            let lv1 = local.versions(la, len);
+            dma_copy(&local, 0, la, &remote, 1, ra, len, it);
+            let mut rb = vec![0u8; len as usize];
+            remote.dma(0, ra, &mut rb, false, it + 1);
+            let lv2 = local.versions(la, len);
+            let accepted =
+                check_versions(&lv1, &lv2).is_ok() && check_readback(&src, &rb, ra, &cfg).is_ok();
+            if accepted {
+                ok += 1;
+            } else {
+                fallback += 1;
+                let mut w = src.clone();
+                remote.two_sided(ra, &mut w, true);
+            }
+            rtruth[rrange.clone()].copy_from_slice(&src);
+            for i in rrange.clone() {
+                assert_eq!(
+                    remote.logical(i),
+                    rtruth[i],
+                    "WRITE lost at remote offset {i} (accepted: {accepted})"
+                );
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    swapper.join().unwrap();
+    eprintln!(
+        "local-side model: accepted {ok}, fell back {fallback}, local fix-ups {fixups}, swap-outs {}",
+        swaps.load(Ordering::Relaxed)
+    );
+    assert!(
+        ok > 0 && fallback > 0 && fixups > 0,
         "the run exercised nothing"
     );
 }
