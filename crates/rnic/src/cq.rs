@@ -283,3 +283,84 @@ impl CompChannel {
     /// Acknowledge events (kept for API parity with `ibv_ack_cq_events`).
     pub fn ack(&self, _cq: &Cq, _n: u32) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HostConfig;
+
+    #[test]
+    fn push_poll_in_order_and_overflow() {
+        let h = Host::new(HostConfig::default()).unwrap();
+        let ctx = h.open_context().unwrap();
+        let cq = ctx.create_cq(3, None).unwrap();
+        let hi = h.inner();
+        for i in 0..3 {
+            let wc = Wc {
+                wr_id: i,
+                status: WcStatus::Success,
+                ..Default::default()
+            };
+            push(&hi.seg, &hi.self_peer, cq.idx(), &wc, false).unwrap();
+        }
+        let mut out = [Wc::default(); 2];
+        assert_eq!(cq.poll(&mut out).unwrap(), 2);
+        assert_eq!((out[0].wr_id, out[1].wr_id), (0, 1));
+        // one slot free again, then full
+        push(
+            &hi.seg,
+            &hi.self_peer,
+            cq.idx(),
+            &Wc {
+                wr_id: 3,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+        assert_eq!(cq.poll(&mut out).unwrap(), 2);
+        assert_eq!((out[0].wr_id, out[1].wr_id), (2, 3));
+        for i in 0..3 {
+            push(
+                &hi.seg,
+                &hi.self_peer,
+                cq.idx(),
+                &Wc {
+                    wr_id: 10 + i,
+                    ..Default::default()
+                },
+                false,
+            )
+            .unwrap();
+        }
+        assert!(push(&hi.seg, &hi.self_peer, cq.idx(), &Wc::default(), false).is_err());
+        assert_eq!(cq.poll(&mut [Wc::default(); 8]).unwrap(), 3);
+        assert_eq!(cq.poll(&mut out), Err(Error::CqOverflow));
+    }
+
+    #[test]
+    fn armed_cq_signals_channel_once() {
+        let h = Host::new(HostConfig::default()).unwrap();
+        let ctx = h.open_context().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(8, Some(&ch)).unwrap();
+        let hi = h.inner();
+        push(&hi.seg, &hi.self_peer, cq.idx(), &Wc::default(), false).unwrap();
+        assert!(
+            matches!(ch.get_event(Some(Duration::from_millis(5))), Err(Error::Timeout)),
+            "not armed"
+        );
+        cq.req_notify(false).unwrap();
+        push(&hi.seg, &hi.self_peer, cq.idx(), &Wc::default(), false).unwrap();
+        push(&hi.seg, &hi.self_peer, cq.idx(), &Wc::default(), false).unwrap();
+        assert!(
+            sys::poll_readable(ch.fd(), Some(Duration::from_millis(100))).unwrap(),
+            "fd readable"
+        );
+        assert_eq!(ch.get_event(Some(Duration::from_secs(1))).unwrap().depth(), 8);
+        assert!(
+            matches!(ch.get_event(Some(Duration::from_millis(5))), Err(Error::Timeout)),
+            "disarmed after one event"
+        );
+    }
+}

@@ -136,3 +136,32 @@ pub(crate) fn page_resident(seg: &Segment, page: u64) -> bool {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Host, HostConfig};
+
+    #[test]
+    fn track_set_untrack() {
+        let h = Host::new(HostConfig {
+            max_tracked_ranges: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let f = h.frames();
+        let base = 0x7000_0000_0000usize;
+        assert!(f.is_resident(base), "untracked memory is resident");
+        f.track(base, 8 * 4096, true).unwrap();
+        assert!(f.track(base + 4096, 4096, true).is_err(), "overlap rejected");
+        f.set_resident(base + 2 * 4096 + 17, 2 * 4096, false);
+        let r: Vec<bool> = (0..8).map(|p| f.is_resident(base + p * 4096)).collect();
+        assert_eq!(r, [true, true, false, false, false, true, true, true]);
+        f.track(base + 100 * 4096, 4096, false).unwrap();
+        assert!(!f.is_resident(base + 100 * 4096));
+        assert!(f.track(base + 200 * 4096, 4096, false).is_err(), "out of range slots");
+        f.untrack(base).unwrap();
+        assert!(f.is_resident(base + 3 * 4096));
+        assert!(f.untrack(base).is_err());
+        f.track(base + 200 * 4096, 4096, true).unwrap();
+    }
+}

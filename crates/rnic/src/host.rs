@@ -339,3 +339,62 @@ impl Context {
         Cq::new(self.host.clone(), depth, channel)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_addr_roundtrips_and_rejects_garbage() {
+        let a = HostAddr {
+            pid: 1234,
+            fd: 7,
+            nonce: 0x0123_4567_89ab_cdef,
+        };
+        assert_eq!(HostAddr::from_bytes(&a.to_bytes()), a);
+        assert_eq!(HostAddr::from_hex(&a.to_hex()).unwrap(), a);
+        assert!(HostAddr::from_hex("xyz").is_err());
+        assert!(HostAddr::from_hex(&"g".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn hosts_have_distinct_addresses_and_clean_stats() {
+        let a = Host::new(HostConfig::default()).unwrap();
+        let b = Host::new(HostConfig::default()).unwrap();
+        assert_ne!(a.addr(), b.addr());
+        assert_eq!(a.addr().pid, std::process::id());
+        assert_eq!(a.stats(), NicStats::default());
+        assert!(Host::new(HostConfig {
+            max_tlp: 100,
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Host::new(HostConfig {
+            max_tlp: 8192,
+            ..Default::default()
+        })
+        .is_err());
+        let c = Host::new(HostConfig {
+            max_tlp: 512,
+            magic: 0x1234_5678,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (c.query_device().max_tlp, c.query_device().signature_magic),
+            (512, 0x1234_5678)
+        );
+    }
+
+    #[test]
+    fn idx_alloc_reuses_with_new_generation() {
+        let mut a = IdxAlloc::new(2);
+        let (x, y) = (a.alloc().unwrap(), a.alloc().unwrap());
+        assert!(a.alloc().is_none());
+        let g = a.gen[x as usize];
+        a.release(x);
+        assert_eq!(a.alloc(), Some(x));
+        assert_ne!(a.gen[x as usize], g);
+        assert_ne!(x, y);
+    }
+}

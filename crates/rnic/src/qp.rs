@@ -671,3 +671,39 @@ impl Cq {
         self.host_ref().inner()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_table_matches_ib_rc_rules() {
+        use QpState::*;
+        for s in [Reset, Init, Rtr, Rts, Err] {
+            assert!(allowed(s, Reset).is_some());
+            assert!(allowed(s, Err).is_some());
+        }
+        assert!(allowed(Reset, Rtr).is_none());
+        assert!(allowed(Reset, Rts).is_none());
+        assert!(allowed(Init, Rts).is_none());
+        assert!(allowed(Rtr, Init).is_none());
+        assert!(allowed(Rts, Rtr).is_none());
+        assert!(allowed(Err, Rts).is_none());
+        assert!(allowed(Rts, Sqd).is_none(), "SQD is not modelled");
+        let (req, _) = allowed(Init, Rtr).unwrap();
+        assert!(req.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN));
+        let (_, m) = QpAttr::rtr(
+            crate::HostAddr {
+                pid: 0,
+                fd: 0,
+                nonce: 1,
+            },
+            5,
+        );
+        assert!(m.contains(req));
+        let (req, _) = allowed(Rtr, Rts).unwrap();
+        assert!(QpAttr::rts(7).1.contains(req));
+        let (req, _) = allowed(Reset, Init).unwrap();
+        assert!(QpAttr::init(Access::empty()).1.contains(req));
+    }
+}

@@ -84,9 +84,14 @@ fn xproc_child() {
                 Err(err) => format!("ERR {err}"),
             },
             ["PEER2", a, q] => {
-                eqp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7).unwrap();
+                eqp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                    .unwrap();
                 let rs = [rbuf.sge(0, 64)];
-                eqp.post_recv(&[RecvWr { wr_id: 21, sg_list: &rs }]).unwrap();
+                eqp.post_recv(&[RecvWr {
+                    wr_id: 21,
+                    sg_list: &rs,
+                }])
+                .unwrap();
                 ecq.req_notify(false).unwrap();
                 "READY".to_string()
             }
@@ -284,14 +289,18 @@ fn cross_process_completion_channel_is_signalled() {
     let host = Host::new(HostConfig::default()).unwrap();
     let e = end(&host, &QpInitAttr::default());
     e.qp.connect(all_access(), raddr, rqpn2, 7).unwrap();
-    assert_eq!(c.cmd(&format!("PEER2 {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    assert_eq!(
+        c.cmd(&format!("PEER2 {} {}", host.addr().to_hex(), e.qp.qpn())),
+        "READY"
+    );
     // The child blocks in get_event on its channel; our SEND must wake it through
     // its eventfd (pidfd_getfd).
     writeln!(c.inp, "WAITEV").unwrap();
     c.inp.flush().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(30));
     let data = [5u8; 16];
-    e.qp.post_send(&[SendWr::new(1, WrOpcode::SendImm(7), &[]).inline(&data)]).unwrap();
+    e.qp.post_send(&[SendWr::new(1, WrOpcode::SendImm(7), &[]).inline(&data)])
+        .unwrap();
     assert_eq!(wait1(&e.cq).status, WcStatus::Success);
     assert_eq!(c.line(), "WC 21 Success 16 7 event");
 }
