@@ -1,8 +1,27 @@
 //! # rnic — a software commodity RC RNIC (ConnectX class, no page-fault support)
 //!
-//! Every DMA goes MR -> MTT -> host IOMMU -> frame, one max-TLP atom at a time, and the
-//! NIC never takes a page fault: frames the host declared non-resident are refused and
-//! counted (`NicStats::nonresident_dma`).
+//! Every DMA goes MR -> MTT -> host IOMMU -> frame and the NIC never takes a page
+//! fault: frames the host declared non-resident are refused (the WR fails) and
+//! counted (`NicStats::nonresident_dma`, which tests assert stays 0 in normal runs).
+//!
+//! ## API in one screen
+//! ```text
+//! Host::new(HostConfig) -> Host            // a machine: NIC + IOMMU + frame map (+ NIC thread)
+//!   .addr() -> HostAddr (16 B: pid, memfd, nonce; to_bytes/to_hex for out-of-band exchange)
+//!   .iommu() -> &Iommu   alloc_range(n) / unsafe map(page, Frame) / map_range / unmap / lookup / flush / free_range
+//!   .frames() -> &FrameMap   track(addr, len, resident) / set_resident / untrack / is_resident
+//!   .stats() -> NicStats      .query_device() -> DeviceAttr     .open_context() -> Context
+//! Context: alloc_pd, create_cq(depth, Option<&CompChannel>), create_comp_channel
+//! Pd: unsafe reg_mr(addr, len, Access), unsafe reg_mr_iova(addr, len, Access, &IovaRange),
+//!     reg_mr_owned(Vec<u8>, Access) -> OwnedMr, create_qp(&send_cq, &recv_cq, &QpInitAttr)
+//! Mr/OwnedMr: lkey, rkey, addr, len, sge(off, len); Drop deregisters (and waits for DMA)
+//! Cq: poll(&mut [Wc]) (non-blocking; also progresses its QPs), poll_wait, req_notify(solicited_only)
+//! CompChannel: fd() (eventfd, poll/epoll it), get_event(timeout) -> Cq, ack
+//! Qp: qpn, state, modify(&QpAttr, QpAttrMask), query, connect(..) helper,
+//!     post_send(&[SendWr]) / post_recv(&[RecvWr]) -> Result<(), PostError { bad_wr_index, err }>
+//! ```
+//! `WcStatus`, `WcOpcode`, `QpState`, `QpAttrMask`, `Access`, `SendFlags`, `WcFlags` and
+//! `WrOpcode::ibv()` are numerically equal to libibverbs' enums.
 //!
 //! ## Architecture (final design)
 //!
@@ -10,38 +29,64 @@
 //!   with RQ rings and request rings, CQ rings (MPSC), IOMMU page table, residency map,
 //!   flush epochs, NIC-thread futex, stats — lives in one fixed-layout memfd mapping
 //!   addressed by offsets. In-process peers share it; another process maps it through
-//!   `/proc/<pid>/fd/<fd>` from the 16-byte [`HostAddr`] (pid, memfd, nonce), lazily
-//!   at RTR.
-//! * **Data path without a passive application thread.** The requester runs in the
-//!   posting/polling thread of the initiator: `post_send` validates, queues and starts
-//!   WRs in QP order; WRITE, large READ, SEND, WRITE_WITH_IMM are performed by the
-//!   initiator itself against the target's shared tables (exact responder checks, per
-//!   atom translation through the target's IOMMU, memmove in-process or
-//!   `process_vm_readv/writev` across processes, recv CQE pushed into the target's CQ,
-//!   its completion channel signalled through `pidfd_getfd`).
-//! * **Small READ/WRITE (≤ `ring_max`) and all atomics across processes** go through
-//!   the target QP's request ring, served by the target host's single **NIC thread**,
-//!   which spins only for `nic_spin` after its last request and otherwise sleeps on a
-//!   futex (requesters wake it). Atomics thus execute on the target's NIC thread only
-//!   (`IBV_ATOMIC_HCA` semantics) — in-process they are real CPU atomics on the target
-//!   frame. The passive side's NIC thread serves the request in ~a cache-line round
-//!   trip, so it costs the active side no latency; in a latency run each process has at
-//!   most one spinning thread (the initiator's poller; the target's NIC thread).
-//! * **RC ordering**: a per-QP software SQ; ring requests pipeline, a direct op waits
-//!   for earlier ring requests; completions retire strictly in order; an error
+//!   `/proc/<pid>/fd/<fd>` from the 16-byte [`HostAddr`], lazily at RTR.
+//! * **No passive application thread.** The requester runs in the posting/polling
+//!   thread of the initiator: `post_send` validates, queues and starts WRs in QP order.
+//!   WRITE, READ, SEND, WRITE_WITH_IMM are performed by the initiator itself against
+//!   the target's shared tables (the exact responder checks, per-atom translation
+//!   through the target's IOMMU, memmove in-process or `process_vm_readv/writev`
+//!   across processes, the receive CQE pushed into the target's CQ and its completion
+//!   channel signalled through `pidfd_getfd`). In-process atomics are real CPU atomics
+//!   on the target frame.
+//! * **The target's NIC thread** (one per host) serves, across processes, small READ
+//!   and WRITE (≤ `ring_max`, default 4 KiB) and all atomics through the target QP's
+//!   request ring (process_vm costs ~1.1 µs per call; a ring round trip ~0.3 µs), so
+//!   atomics execute on one thread of the target (`IBV_ATOMIC_HCA`). It spins only for
+//!   an adaptive window after its last request (`nic_spin`, doubled up to 32x while
+//!   requests keep coming right after it fell asleep) and otherwise blocks on a futex
+//!   (requesters wake it). A latency run therefore has one spinning thread per process:
+//!   the initiator's poller and the target's NIC thread; the initiator's own NIC thread
+//!   sleeps. It costs the active side no latency: a 2 B READ takes ~0.75 µs (see
+//!   BENCHMARKS.md).
+//! * **Large cross-process READ/WRITE** (≥ 256 KiB per section) are shared with the
+//!   target's NIC thread: the initiator posts the validated, translated copy units
+//!   (128 KiB) in a free ring slot and both claim units from a shared counter, so the
+//!   two cores copy in parallel; a sleeping or busy helper never delays the initiator
+//!   beyond the unit it is copying (an untaken job is cancelled). `dma_help` disables it.
+//! * **RC ordering** (stronger than IB, no FENCE needed): a per-QP software SQ; ring
+//!   requests pipeline, but a direct op waits for earlier ring requests and a ring
+//!   WRITE waits for earlier READs/atomics (whose data lands at completion), so WRs
+//!   take effect in posting order; completions retire strictly in order; an error
 //!   completion moves the QP to ERR and flushes every WR behind it (WR_FLUSH_ERR).
-//! * **Deferred work** (RNR retry timers, responses nobody polls for) is progressed by
-//!   the NIC thread (timed futex waits; eager while a CQ is armed).
+//! * **Deferred work** (RNR retry timers; responses nobody polls for) is progressed by
+//!   the NIC thread: RNR timers wake it; otherwise it looks at least every 10 ms, and
+//!   within 1 ms for QPs nobody progressed, eagerly while a CQ is armed.
+//! * **Translation**: IOVA MRs are translated per max-TLP atom on each side (a remap
+//!   between two atoms tears the transfer exactly at the atom boundary); passthrough
+//!   MRs (identity MTT, no IOMMU entry) per page (the residency check is per page).
+//!   Special frames: signature reads return the magic word (writes dropped),
+//!   black-hole reads return zeros (writes absorbed), unmapped fails the WR.
 //! * **Flush**: SRCU-style epochs in the segment; every DMA section (translate + copy,
-//!   at most `dma_section` bytes) holds the epoch of both hosts; `Iommu::flush` flips
-//!   the epoch and waits for the old parity to drain. MR deregistration also flushes.
+//!   at most `dma_section` bytes) holds the epochs of both hosts; `Iommu::flush` flips
+//!   the epoch and waits for the old parity to drain (from any process). MR
+//!   deregistration also flushes.
 //!
 //! ## Statuses
-//! Post-time errors return [`PostError`]; execution errors complete with the verbs
-//! status (`LocProtErr`, `LocLenErr`, `RemAccessErr`, `RemInvReqErr`, `RemOpErr`,
-//! `RnrRetryExcErr`, `RetryExcErr` when the target QP is gone / not connected to us,
-//! `WrFlushErr` behind an error). A responder-side error also moves the target QP to
-//! ERR (and flushes its receives), as on hardware.
+//! Post-time errors (wrong QP state, too many SGEs, inline too large, SQ/RQ full)
+//! return [`PostError`]. Execution errors complete with the verbs status: `LocProtErr`
+//! (bad lkey/PD/bounds/access, non-resident or unmapped local frame), `LocLenErr`
+//! (atomic length != 8, message > 2 GiB), `RemAccessErr` (bad rkey/PD/bounds/access,
+//! unmapped or non-resident remote frame), `RemInvReqErr` (QP access flags, misaligned
+//! atomic, receive buffer too small), `RemOpErr` (bad receive lkey), `RnrRetryExcErr`,
+//! `RetryExcErr` (target QP gone / not connected to us / no response within
+//! `transport_timeout`), `WrFlushErr` behind an error. A responder-side error also moves
+//! the target QP to ERR and flushes its receives, as on hardware. CQ overflow is an
+//! error state of the CQ (`poll` returns `Error::CqOverflow`) and moves the QP to ERR.
+//!
+//! ## Known limits
+//! SQD/SQE states, memory windows, SRQs, UD/UC QPs are not modelled; PSNs are accepted
+//! and ignored (the transports are lossless). Peers are trusted processes of the same
+//! machine (a peer performs the target NIC's checks itself).
 
 pub mod config;
 pub mod cq;
