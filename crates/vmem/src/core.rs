@@ -220,16 +220,18 @@ impl Inner {
                         };
                     }
                 },
-                // UNTOUCHED, SWAPPED, and GONE (suspected unmapped: if the
-                // kernel still routes a fault or fill to us, the mapping is
-                // registered with our uffd and the page is managed again).
+                // UNTOUCHED, SWAPPED, and GONE (unmapped by the application).
+                // A *fault* on a GONE page proves the mapping is registered
+                // with our uffd again (faults go to the VMA's own uffd), so
+                // it is managed again. A fill ioctl proves nothing (the
+                // kernel accepts a VMA registered with any uffd), so pin and
+                // prefetch never revive a GONE page.
                 _ => {
+                    if state::kind(v) == GONE && !matches!(why, Why::Fault { .. }) {
+                        return Err(Error::Unmapped(addr));
+                    }
                     if arr.external {
-                        return Err(if state::kind(v) == GONE {
-                            Error::Unmapped(addr)
-                        } else {
-                            Error::ExternalNotResident(addr)
-                        });
+                        return Err(Error::ExternalNotResident(addr));
                     }
                     if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
                         continue;

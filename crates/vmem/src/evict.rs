@@ -141,6 +141,16 @@ impl Inner {
             return Ok(0);
         }
         let victims = std::mem::take(batch);
+        // 0. Swap slots first (all or nothing): on a full swap device every
+        // page stays resident and no listener hears of it.
+        let mut slots: Vec<Slot> = Vec::with_capacity(victims.len());
+        if let Err(e) = self.swap.alloc(victims.len(), &mut slots) {
+            for (arr, p) in &victims {
+                clear_evicting(arr, *p);
+            }
+            tracing::warn!(pages = victims.len(), "swap full; pages stay resident");
+            return Err(e);
+        }
         // 1. Listeners (MMU-notifier role), with no lock the fault path needs.
         let addrs: Vec<usize> = victims.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
         self.listeners.before_swap_out(&addrs);
@@ -170,18 +180,12 @@ impl Inner {
         if self.cfg.eager_swap_in_notify {
             self.listeners.after_swap_in(&aborted);
         }
+        let n = locked.len();
+        for s in slots.drain(n..) {
+            self.swap.free(s);
+        }
         if locked.is_empty() {
             return Ok(0);
-        }
-        let n = locked.len();
-        // 3. Swap slots (all or nothing: swap full leaves every page resident).
-        let mut slots: Vec<Slot> = Vec::with_capacity(n);
-        if let Err(e) = self.swap.alloc(n, &mut slots) {
-            for (arr, p) in &locked {
-                arr.word(*p).fetch_and(!BUSY, Release);
-            }
-            tracing::warn!(pages = n, "swap full; pages stay resident");
-            return Err(e);
         }
         // 4. Atomically move the pages out of the application's mapping.
         let mut out = vec![Out::Failed; n];
@@ -357,7 +361,8 @@ impl Inner {
                 }
                 Ok(_) => {}
                 Err(Error::SwapFull(_)) => {
-                    std::thread::sleep(Duration::from_millis(10));
+                    // Back off: pages stay resident until slots free up.
+                    std::thread::sleep(Duration::from_millis(100));
                     return;
                 }
                 Err(e) => {

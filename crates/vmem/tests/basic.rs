@@ -392,6 +392,8 @@ fn swap_full_is_clean() {
             ..small_cfg()
         })
         .unwrap();
+        let rec = Arc::new(Recorder::default());
+        p.add_listener(rec.clone());
         let mut r = p.alloc(8 * PG).unwrap();
         for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
             *b = pat(3, i);
@@ -399,7 +401,12 @@ fn swap_full_is_clean() {
         assert!(matches!(r.swap_out(), Err(Error::SwapFull(4))));
         assert_eq!(r.resident_count().unwrap(), 8);
         assert_eq!(p.stats().swap_slots_used, 0);
+        assert!(
+            rec.out.lock().unwrap().is_empty(),
+            "no listener call when nothing can go"
+        );
         assert_eq!(p.swap_out(r.addr(), 4 * PG).unwrap(), 4);
+        assert_eq!(rec.out.lock().unwrap().len(), 4);
         assert!(matches!(
             p.swap_out(r.addr() + 4 * PG, PG),
             Err(Error::SwapFull(4))
