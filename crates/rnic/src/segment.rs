@@ -450,8 +450,13 @@ impl Segment {
 /// bounded critical sections).
 pub struct ShmGuard<'a>(&'a AtomicU32);
 
+/// Holders keep the lock for microseconds; one held this long belongs to a process
+/// that died inside the critical section, and waiting forever would hang us.
+const SHM_LOCK_STEAL_NS: u64 = 2_000_000_000;
+
 pub fn shm_lock(w: &AtomicU32) -> ShmGuard<'_> {
     let mut spins = 0u32;
+    let mut since = 0u64;
     while w
         .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
@@ -461,6 +466,16 @@ pub fn shm_lock(w: &AtomicU32) -> ShmGuard<'_> {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();
+            if spins % 64 == 0 {
+                let now = sys::now_ns();
+                if since == 0 {
+                    since = now;
+                } else if now - since > SHM_LOCK_STEAL_NS {
+                    tracing::warn!("taking over a shared-memory lock held for over 2 s (dead peer?)");
+                    w.store(1, Ordering::SeqCst);
+                    break;
+                }
+            }
         }
     }
     ShmGuard(w)
