@@ -186,9 +186,17 @@ fn versioned_reader_never_trusts_a_special_frame() {
     let flipper = {
         let (s, stop) = (s.clone(), stop.clone());
         std::thread::spawn(move || {
-            for _ in 0..20_000 {
+            for i in 0..20_000u32 {
                 s.swap_out(&[0x50_0000]).unwrap();
                 s.map_in(0x50_0000, 1).unwrap();
+                if i % 16 == 0 {
+                    // Leave stable windows so the reader also trusts some
+                    // samples, even on a loaded machine.
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_micros(20) {
+                        std::hint::spin_loop();
+                    }
+                }
             }
             stop.store(true, Ordering::SeqCst);
         })
