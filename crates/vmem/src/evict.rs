@@ -220,11 +220,8 @@ impl Inner {
             if let Err(e) = self.swap.write(slots[i], data) {
                 tracing::error!(%e, "swap write failed; pages stay resident");
                 for k in i..j {
-                    let addr = locked[k].1 << PAGE_SHIFT;
-                    match self.uffd.mv(addr, st.staging + k * PAGE, PAGE, true) {
-                        Ok(()) => out[k] = Out::Failed,
-                        Err(e) => tracing::error!(addr, err = %e.err, "could not move page back"),
-                    }
+                    self.put_back(locked[k].1 << PAGE_SHIFT, st.staging + k * PAGE);
+                    out[k] = Out::Failed;
                 }
             }
             i = j;
@@ -272,6 +269,33 @@ impl Inner {
             tracing::error!(%e, "madvise(staging) failed");
         }
         Ok(moved)
+    }
+
+    /// Returns a staged page to its place after a failed swap write: move it
+    /// back, or failing that copy it back.
+    fn put_back(&self, addr: usize, staged: usize) {
+        for attempt in 0..100 {
+            match self.uffd.mv(addr, staged, PAGE, true) {
+                Ok(()) => return,
+                Err(e) if e.err.raw_os_error() == Some(libc::EAGAIN) => {}
+                Err(_) => {
+                    // SAFETY: the staged page is mapped and readable.
+                    match unsafe { self.uffd.copy(addr, staged as *const u8, PAGE, true) } {
+                        Ok(()) => return,
+                        Err(e) if e.err.raw_os_error() == Some(libc::EAGAIN) => {}
+                        Err(e) => {
+                            tracing::error!(addr, err = %e.err, "page contents lost: cannot put the page back");
+                            return;
+                        }
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_micros(10 << (attempt / 10).min(6)));
+        }
+        tracing::error!(
+            addr,
+            "page contents lost: kernel kept refusing to put the page back"
+        );
     }
 
     /// Moves locked pages `i..j` (consecutive addresses) to staging `i..j`.

@@ -574,3 +574,49 @@ impl std::fmt::Debug for Region {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swap_write_failure_keeps_pages_resident_and_intact() {
+        let p = Pager::new(PagerConfig {
+            swap_size: 1 << 20,
+            background_evictor: false,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = p.alloc(8 * PAGE_SIZE).unwrap();
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = (i % 253) as u8;
+        }
+        p.inner().swap.fail_writes.store(true, Relaxed);
+        assert_eq!(r.swap_out().unwrap(), 0);
+        let s = p.stats();
+        assert_eq!(s.evict_failures, 8);
+        assert_eq!(s.swap_slots_used, 0);
+        assert_eq!(r.resident_count().unwrap(), 8);
+        assert!(r
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 253) as u8));
+        assert_eq!(
+            p.stats().spurious_faults + p.stats().minor_faults + p.stats().major_faults,
+            8,
+            "no fault after put-back"
+        );
+        p.inner().swap.fail_writes.store(false, Relaxed);
+        assert_eq!(
+            r.swap_out().unwrap(),
+            8,
+            "transient failures are retried later"
+        );
+        assert!(r
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 253) as u8));
+    }
+}

@@ -82,6 +82,9 @@ pub struct SwapDevice {
     slots: usize,
     alloc: Mutex<SlotAlloc>,
     used: AtomicUsize,
+    /// Fault injection for unit tests: fail every write.
+    #[cfg(test)]
+    pub fail_writes: std::sync::atomic::AtomicBool,
 }
 
 static SWAP_SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -140,6 +143,8 @@ impl SwapDevice {
             slots,
             alloc: Mutex::new(SlotAlloc::new(slots)),
             used: AtomicUsize::new(0),
+            #[cfg(test)]
+            fail_writes: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -181,6 +186,10 @@ impl SwapDevice {
     /// Writes `data` (whole pages) to consecutive slots starting at `slot`.
     pub fn write(&self, slot: Slot, data: &[u8]) -> io::Result<()> {
         debug_assert_eq!(data.len() % PAGE, 0);
+        #[cfg(test)]
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected write failure"));
+        }
         self.file.write_all_at(data, Self::off(slot))
     }
 
