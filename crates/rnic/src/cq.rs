@@ -141,13 +141,11 @@ impl Cq {
     /// Poll up to `out.len()` completions (non-blocking). Also progresses the send
     /// queues of the QPs completing here. Err(CqOverflow) once the CQ overflowed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let qps: Vec<Arc<QpInner>> = {
-            let mut l = self.inner.qps.lock();
-            l.retain(|w| w.strong_count() > 0);
-            l.iter().filter_map(|w| w.upgrade()).collect()
-        };
-        for q in &qps {
-            q.progress();
+        // Progress the send queues completing here (no allocation on this hot path).
+        for w in self.inner.qps.lock().iter() {
+            if let Some(q) = w.upgrade() {
+                q.progress();
+            }
         }
         let hi = self.inner.host.inner();
         let seg = &hi.seg;

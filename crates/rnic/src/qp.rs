@@ -179,7 +179,11 @@ impl Qp {
             in_active: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         });
-        send_cq.inner.qps.lock().push(Arc::downgrade(&inner));
+        {
+            let mut l = send_cq.inner.qps.lock();
+            l.retain(|w| w.strong_count() > 0);
+            l.push(Arc::downgrade(&inner));
+        }
         Ok(Qp { inner })
     }
 

@@ -304,3 +304,47 @@ fn cross_process_completion_channel_is_signalled() {
     assert_eq!(wait1(&e.cq).status, WcStatus::Success);
     assert_eq!(c.line(), "WC 21 Success 16 7 event");
 }
+
+#[test]
+fn dead_peer_process_fails_wrs_instead_of_hanging() {
+    let mut c = Child::spawn();
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn: u32 = f[2].parse().unwrap();
+    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
+    let cfg = HostConfig {
+        transport_timeout: std::time::Duration::from_millis(300),
+        ..HostConfig::default()
+    };
+    let host = Host::new(cfg).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let local = buf(&e.pd, 1 << 20, 0);
+    let sge = [local.sge(0, 64)];
+    e.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(big_addr, big_rkey)])
+        .unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    // kill the peer process
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    let t = std::time::Instant::now();
+    e.qp.post_send(&[
+        SendWr::new(2, WrOpcode::Read, &sge).remote(big_addr, big_rkey),
+        SendWr::new(3, WrOpcode::Read, &sge).remote(big_addr, big_rkey),
+    ])
+    .unwrap();
+    let w = e.cq.poll_wait(2, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::RetryExcErr));
+    assert_eq!((w[1].wr_id, w[1].status), (3, WcStatus::WrFlushErr));
+    assert!(t.elapsed() < std::time::Duration::from_secs(3));
+    // a large (direct, process_vm) READ on a fresh QP to the dead host fails too
+    let e2 = end(&host, &QpInitAttr::default());
+    e2.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    let sge = [local.sge(0, 1 << 20)];
+    e2.qp
+        .post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(big_addr, big_rkey)])
+        .unwrap();
+    assert_ne!(wait1(&e2.cq).status, WcStatus::Success);
+}
