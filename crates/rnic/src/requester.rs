@@ -134,13 +134,16 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
     h.cmp.store(cmp, Ordering::Relaxed);
     h.swp.store(swp, Ordering::Relaxed);
     let mut atoms = 0;
+    // Payloads of up to 8 bytes travel in the slot header (`cmp`), saving a cache line.
+    let mut small = [0u8; 8];
+    let dst_ptr = if len <= 8 { small.as_mut_ptr() } else { data };
     if op == segment::RING_WRITE && len > 0 {
         let src = Side {
             seg: &me.seg,
             port: Port::Local,
             spans: &spans,
         };
-        let dst_span = [passthrough(data as u64, len)];
+        let dst_span = [passthrough(dst_ptr as u64, len)];
         let dst = Side {
             seg: &me.seg,
             port: Port::Local,
@@ -150,6 +153,9 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
             Ok(a) => atoms = a,
             Err(_) => return Issue::Failed(WcStatus::LocProtErr),
         }
+    }
+    if op == segment::RING_WRITE && len <= 8 {
+        h.cmp.store(u64::from_le_bytes(small), Ordering::Relaxed);
     }
     h.state.store(segment::SLOT_REQ, Ordering::Release);
     peer.seg.ring_doorbell(tq);
@@ -190,7 +196,7 @@ pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, slot: u64, since: u64, now: 
             Err(s) => status = s,
             Ok(spans) => {
                 let result = h.result.load(Ordering::Relaxed).to_le_bytes();
-                let src_span = if e.op.is_atomic() {
+                let src_span = if e.op.is_atomic() || len <= 8 {
                     [passthrough(result.as_ptr() as u64, 8)]
                 } else {
                     [passthrough(data as u64, len)]

@@ -292,14 +292,18 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     } else if len > seg.p.ring_max as u64 {
         WcStatus::RemInvReqErr
     } else {
+        // Payloads of up to 8 bytes travel in the slot header's own cache line.
+        let mut small = h.cmp.load(Ordering::Relaxed).to_le_bytes();
+        let inline = len <= 8 && (op == segment::RING_READ || op == segment::RING_WRITE);
+        let buf = if inline { small.as_mut_ptr() } else { data };
         let slot_span = [Span {
             mr: MrView {
                 kind: MR_PASSTHROUGH,
-                va: data as u64,
-                len: seg.p.ring_max as u64,
+                va: buf as u64,
+                len: if inline { 8 } else { seg.p.ring_max as u64 },
                 iova_base: 0,
             },
-            addr: data as u64,
+            addr: buf as u64,
             len,
         }];
         let slot_side = Side {
@@ -329,7 +333,12 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
                             dma::copy(&slot_side, &tside, len, section)
                         };
                         match res {
-                            Ok(_) => WcStatus::Success,
+                            Ok(_) => {
+                                if inline {
+                                    result = u64::from_le_bytes(small);
+                                }
+                                WcStatus::Success
+                            }
                             Err(_) => WcStatus::RemAccessErr,
                         }
                     }
