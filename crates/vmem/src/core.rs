@@ -77,6 +77,30 @@ impl Drop for Inner {
     }
 }
 
+/// The segments covering a range (usually one).
+pub enum Segs {
+    One(Segment),
+    Many(Vec<Segment>),
+}
+
+impl std::ops::Deref for Segs {
+    type Target = [Segment];
+    fn deref(&self) -> &[Segment] {
+        match self {
+            Segs::One(s) => std::slice::from_ref(s),
+            Segs::Many(v) => v,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Segs {
+    type Item = &'a Segment;
+    type IntoIter = std::slice::Iter<'a, Segment>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// Page range `[p0, p1)` covering `[addr, addr+len)`.
 pub fn page_range(addr: usize, len: usize) -> Result<(usize, usize)> {
     if len == 0 {
@@ -133,8 +157,14 @@ impl Inner {
     }
 
     /// Segments covering all of `[p0, p1)`, or `NotRegistered`.
-    pub fn segments_for(&self, p0: usize, p1: usize) -> Result<Vec<Segment>> {
+    pub fn segments_for(&self, p0: usize, p1: usize) -> Result<Segs> {
         let sp = self.space.read();
+        // Fast path (pins of a few pages): one segment, no allocation.
+        if let Some(s) = sp.lookup(p0) {
+            if s.end >= p1 {
+                return Ok(Segs::One(s.clone()));
+            }
+        }
         let segs = sp.overlapping(p0, p1);
         let mut cur = p0;
         for s in &segs {
@@ -146,7 +176,7 @@ impl Inner {
         if cur < p1 {
             return Err(Error::NotRegistered(cur << PAGE_SHIFT));
         }
-        Ok(segs)
+        Ok(Segs::Many(segs))
     }
 
     fn check_budget(&self) {
@@ -462,7 +492,7 @@ impl Inner {
     pub fn resident_bitmap(&self, addr: usize, len: usize) -> Result<Vec<u64>> {
         let (p0, p1) = page_range(addr, len)?;
         let mut bits = vec![0u64; (p1 - p0).div_ceil(64)];
-        for s in self.segments_for(p0, p1)? {
+        for s in self.segments_for(p0, p1)?.iter() {
             let (a, b) = (s.start.max(p0), s.end.min(p1));
             let states = &s.arr.states[a - s.arr.base..b - s.arr.base];
             for (k, st) in states.iter().enumerate() {
@@ -766,7 +796,7 @@ impl Inner {
 
     // ----- external notification API -----
 
-    fn external_segments(&self, addr: usize, len: usize) -> Result<(usize, usize, Vec<Segment>)> {
+    fn external_segments(&self, addr: usize, len: usize) -> Result<(usize, usize, Segs)> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
         if segs.iter().any(|s| !s.arr.external) {

@@ -35,6 +35,32 @@
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
+//! # How a page moves
+//!
+//! Each page has one atomic state word (`state.rs`): kind (never-touched,
+//! resident, swapped, gone), a BUSY lock bit held across a transition, the
+//! CLOCK reference bit, an EVICTING bit, a NOEVICT bit, the pin count and the
+//! swap slot. The invariant is *resident ⇔ mapped*, except while BUSY.
+//!
+//! * **In** (fault thread, `pin`, `prefetch`): take BUSY, fill the page with
+//!   `UFFDIO_ZEROPAGE` / `UFFDIO_COPY` (zeroes, or the slot read with pread),
+//!   publish RESIDENT (+1 pin for `pin`), free the slot; for a fault, only
+//!   then wake the faulting thread.
+//! * **Out** (evictor, `swap_out`): allocate slots; mark victims EVICTING
+//!   (resident, unpinned, idle); call the listeners; lock each victim
+//!   EVICTING → BUSY unless a pin arrived meanwhile (that page stays, pinned);
+//!   `UFFDIO_MOVE` the victims into a private staging area (atomic unmap);
+//!   write the staging pages to their slots; publish SWAPPED; `MADV_DONTNEED`
+//!   the staging area. A thread touching a victim after the move faults and
+//!   waits on BUSY, then is served from swap.
+//! * **Pins** increment the count on a resident page (or bring it in first)
+//!   and never wait for a listener: a pin during the listener phase wins.
+//!
+//! The kernel refuses fills and moves with EAGAIN while an munmap/mremap of
+//! managed memory is pending; faults are then deferred (the thread stays
+//! blocked) and `pin`/`prefetch` retry, until the fault thread has read the
+//! UNMAP/REMAP event.
+//!
 //! Threads: one fault-handler thread per pager (blocks in poll when idle,
 //! spins for `PagerConfig::spin` after a fault) and one evictor thread (blocks
 //! on a condition variable; woken only when the budget is exceeded).
