@@ -343,3 +343,107 @@ fn faults_while_the_application_unmaps() {
         assert_eq!(p.stats().registered_pages, 0);
     });
 }
+
+/// The NP-RDMA usage pattern: a "NIC" writes pages only while its own table
+/// says they are mapped; a swap-out listener unmaps them (under the NIC's
+/// lock) before reclaim; an unmapped page is made resident by a pin in the
+/// NIC's thread ("two-sided path") and mapped again. The NIC must never find
+/// a mapped page absent, and no byte may be lost, while application threads
+/// write the same pages and the evictor runs under a small budget.
+#[test]
+fn nic_model_never_touches_absent_pages() {
+    with_timeout(secs() + 120, || {
+        const PAGES: usize = 256;
+        struct Nic {
+            mapped: parking_lot::Mutex<Vec<bool>>,
+            base: usize,
+        }
+        impl vmem::SwapListener for Nic {
+            fn before_swap_out(&self, pages: &[usize]) {
+                let mut m = self.mapped.lock();
+                for &a in pages {
+                    m[(a - self.base) / PG] = false;
+                }
+            }
+        }
+        let p = Pager::new(PagerConfig {
+            budget_pages: Some(48),
+            ..small_cfg()
+        })
+        .unwrap();
+        let r = p.alloc(PAGES * PG).unwrap();
+        let base = r.addr();
+        let nic = Arc::new(Nic {
+            mapped: parking_lot::Mutex::new(vec![false; PAGES]),
+            base,
+        });
+        p.add_listener(nic.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        // Application: workers 0 and 1 of 3 (the NIC owns word slot 2).
+        let apps: Vec<_> = (0..2)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || worker(base, PAGES, t, 3, &stop, 5 + t as u64, None))
+            })
+            .collect();
+        let nic_thread = {
+            let (p, nic, stop) = (p.clone(), nic.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(4242);
+                let mut shadow = vec![0u64; PAGES];
+                let (mut one_sided, mut two_sided, mut violations) = (0u64, 0u64, 0u64);
+                // The NIC's word in each page: one with global word index
+                // w % 3 == 2 (the share of the absent "worker 2"; 512 % 3 == 2).
+                let word = |pg: usize| (base + pg * PG + ((2 + pg) % 3) * 8) as *mut u64;
+                while !stop.load(Relaxed) {
+                    let pg = rng.below(PAGES);
+                    let v = rng.next();
+                    {
+                        let m = nic.mapped.lock();
+                        if m[pg] {
+                            let mut inc = 0u8;
+                            // SAFETY: one page, one output byte.
+                            unsafe { libc::mincore((base + pg * PG) as *mut _, PG, &mut inc) };
+                            if inc & 1 == 0 || !p.is_resident(base + pg * PG) {
+                                violations += 1;
+                            }
+                            // SAFETY: the page is live; only the NIC uses this word.
+                            unsafe { std::ptr::write_volatile(word(pg), v) };
+                            shadow[pg] = v;
+                            one_sided += 1;
+                            continue;
+                        }
+                    }
+                    // Two-sided: pin in this thread, map, access, unpin.
+                    p.pin(base + pg * PG, PG).unwrap();
+                    {
+                        let mut m = nic.mapped.lock();
+                        m[pg] = true;
+                        // SAFETY: pinned and live; only the NIC uses this word.
+                        unsafe { std::ptr::write_volatile(word(pg), v) };
+                        shadow[pg] = v;
+                    }
+                    p.unpin(base + pg * PG, PG).unwrap();
+                    two_sided += 1;
+                }
+                for (pg, &v) in shadow.iter().enumerate() {
+                    // SAFETY: as above.
+                    assert_eq!(
+                        unsafe { std::ptr::read_volatile(word(pg)) },
+                        v,
+                        "NIC word of page {pg}"
+                    );
+                }
+                (one_sided, two_sided, violations)
+            })
+        };
+        std::thread::sleep(Duration::from_secs(secs()));
+        stop.store(true, Relaxed);
+        let ops: u64 = apps.into_iter().map(|h| h.join().unwrap()).sum();
+        let (one, two, violations) = nic_thread.join().unwrap();
+        let s = p.stats();
+        eprintln!("app ops {ops} nic one-sided {one} two-sided {two} stats {s:?}");
+        assert_eq!(violations, 0, "the NIC found a mapped page absent");
+        assert!(one > 0 && two > 0 && s.swap_outs > 0);
+    });
+}
