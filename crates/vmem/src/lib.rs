@@ -391,6 +391,19 @@ impl Pager {
             .collect())
     }
 
+    /// Appends the residency of the pages covering the range to `out`.
+    pub fn resident_into(&self, addr: usize, len: usize, out: &mut Vec<bool>) -> Result<()> {
+        let (p0, p1) = page_range(addr, len)?;
+        let bits = self.resident_bitmap(addr, len)?;
+        out.extend((0..p1 - p0).map(|i| bits[i / 64] & (1 << (i % 64)) != 0));
+        Ok(())
+    }
+
+    /// The page size the pager works with.
+    pub fn page_size(&self) -> usize {
+        sys::PAGE
+    }
+
     /// Number of resident pages covering the range.
     pub fn resident_count(&self, addr: usize, len: usize) -> Result<usize> {
         Ok(self

@@ -538,6 +538,11 @@ fn residency_matches_pagemap() {
         }
         let ours = r.resident().unwrap();
         assert_eq!(ours, pagemap_present(r.addr(), r.len()));
+        let mut v = vec![true];
+        p.resident_into(r.addr() + 3, r.len() - 3, &mut v).unwrap();
+        assert_eq!(v.len(), 513);
+        assert_eq!(&v[1..], &ours[..]);
+        assert_eq!(p.page_size(), PG);
         assert_eq!(
             ours.iter().filter(|&&b| b).count(),
             p.stats().resident_pages
