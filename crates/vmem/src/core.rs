@@ -209,10 +209,14 @@ impl Inner {
                 RESIDENT => match why {
                     Why::Prefetch => return Ok(Brought::Already),
                     Why::Pin => {
+                        // Clearing EVICTING cancels an eviction whose listeners
+                        // already ran: whoever pinned may re-establish access
+                        // (e.g. a NIC mapping) even if it unpins before the
+                        // evictor gets to this page.
                         if state::pins(v) >= MAX_PINS {
                             return Err(Error::PinOverflow(addr));
                         }
-                        if w.compare_exchange(v, (v + PIN_ONE) | REF, AcqRel, Acquire)
+                        if w.compare_exchange(v, ((v + PIN_ONE) | REF) & !EVICTING, AcqRel, Acquire)
                             .is_ok()
                         {
                             return Ok(Brought::Already);

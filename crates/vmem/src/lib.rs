@@ -54,7 +54,11 @@
 //!   the staging area. A thread touching a victim after the move faults and
 //!   waits on BUSY, then is served from swap.
 //! * **Pins** increment the count on a resident page (or bring it in first)
-//!   and never wait for a listener: a pin during the listener phase wins.
+//!   and never wait for a listener: a pin after a page was announced to the
+//!   listeners cancels that page's eviction (even if it is released before
+//!   the evictor reaches the page), so whatever the pinner re-established
+//!   (e.g. a NIC mapping) stays valid; the page is announced again before any
+//!   later eviction.
 //!
 //! The kernel refuses fills and moves with EAGAIN while an munmap/mremap of
 //! managed memory is pending; faults are then deferred (the thread stays

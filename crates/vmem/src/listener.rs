@@ -14,8 +14,10 @@ use std::sync::Arc;
 /// so a listener may take its own locks and may call those. It must not call
 /// `swap_out` (eviction is serialised; that would self-deadlock) and must not
 /// wait for a thread that is itself blocked in `swap_out`. A page announced
-/// here may still stay resident (a concurrent `pin` aborts its eviction):
-/// treat the call as "may be absent from now on".
+/// here may still stay resident: a `pin` after the announcement cancels its
+/// eviction (so a mapping re-established under that pin stays valid, and the
+/// page is announced again before any later eviction). Treat the call as
+/// "may be absent from now on".
 ///
 /// `after_swap_in` is only called when `PagerConfig::eager_swap_in_notify` is
 /// set (or through `Pager::notify_swapped_in`); it may run on the fault-handler
