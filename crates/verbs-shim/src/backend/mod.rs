@@ -1,0 +1,123 @@
+//! The internal verbs interface the C ABI layer talks to, and the selection of the
+//! implementation behind it (`NPRDMA_MODE`). One device per process, created lazily.
+//!
+//! The vocabulary (work requests, completions, QP attributes, access flags) is rnic's
+//! verbs value types, which are numerically libibverbs'. A backend implements the
+//! object traits below; `pinned` is standard RDMA on the software RNIC. The NP-RDMA
+//! backend (crate `nprdma`) slots in as another module + a `Mode` variant.
+
+mod pinned;
+
+use crate::error::ShimError;
+use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, Wc};
+use std::any::Any;
+use std::os::fd::RawFd;
+use std::sync::{Arc, OnceLock};
+
+pub type Result<T> = std::result::Result<T, ShimError>;
+
+/// The process's device (one NIC).
+pub trait Device: Send + Sync {
+    /// Backend name for messages ("pinned").
+    fn mode(&self) -> &'static str;
+    fn attr(&self) -> DeviceAttr;
+    /// GID index 0: the 16-byte address peers connect to.
+    fn gid(&self) -> [u8; 16];
+    fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
+    /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
+    fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>>;
+}
+
+/// A protection domain.
+pub trait Pd: Send + Sync {
+    /// Register `[addr, addr+len)` (addresses used as the MR's IOVA).
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the returned MR is dropped.
+    unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>>;
+    /// An RC QP completing on `send_cq` / `recv_cq` (CQs of this device).
+    fn create_qp(&self, send_cq: &dyn Cq, recv_cq: &dyn Cq, attr: &QpInitAttr) -> Result<Box<dyn Qp>>;
+}
+
+/// A registered memory region; dropping it deregisters.
+pub trait Mr: Send + Sync {
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+}
+
+/// A completion queue.
+pub trait Cq: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    /// Non-blocking poll; `Err` once the CQ overflowed.
+    fn poll(&self, out: &mut [Wc]) -> Result<usize>;
+    fn req_notify(&self, solicited_only: bool) -> Result<()>;
+    /// A non-blocking fd that becomes readable when an event may be pending.
+    fn event_fd(&self) -> Option<RawFd>;
+    /// Consume a pending completion event (clears `event_fd`'s readiness first).
+    fn take_event(&self) -> bool;
+}
+
+/// An RC queue pair.
+pub trait Qp: Send + Sync {
+    fn qpn(&self) -> u32;
+    fn cap(&self) -> QpInitAttr;
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+    fn query(&self) -> QpAttr;
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError>;
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError>;
+}
+
+/// Backend selected by `NPRDMA_MODE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Standard RDMA on the software RNIC (`reg_mr` registers and pins normally).
+    Pinned,
+}
+
+impl Mode {
+    /// Parse `NPRDMA_MODE` (unset or empty = pinned).
+    pub fn from_env_value(v: Option<&str>) -> Result<Mode> {
+        match v.map(str::trim) {
+            None | Some("") | Some("pinned") => Ok(Mode::Pinned),
+            Some("nprdma") | Some("np") | Some("np-rdma") => Err(ShimError::Unsupported(
+                "NPRDMA_MODE=nprdma: the NP-RDMA backend is not available in this build yet".into(),
+            )),
+            Some(other) => Err(ShimError::InvalidArgument(format!(
+                "NPRDMA_MODE={other:?} is not a known mode (known: pinned)"
+            ))),
+        }
+    }
+}
+
+static DEVICE: OnceLock<std::result::Result<Arc<dyn Device>, ShimError>> = OnceLock::new();
+
+/// The process's device, created on first use from the environment.
+pub fn device() -> Result<Arc<dyn Device>> {
+    DEVICE
+        .get_or_init(|| {
+            let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;
+            match mode {
+                Mode::Pinned => Ok(Arc::new(pinned::PinnedDevice::new()?) as Arc<dyn Device>),
+            }
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_parsing() {
+        assert_eq!(Mode::from_env_value(None).unwrap(), Mode::Pinned);
+        assert_eq!(Mode::from_env_value(Some(" pinned ")).unwrap(), Mode::Pinned);
+        assert!(matches!(
+            Mode::from_env_value(Some("nprdma")),
+            Err(ShimError::Unsupported(_))
+        ));
+        assert!(matches!(
+            Mode::from_env_value(Some("bogus")),
+            Err(ShimError::InvalidArgument(_))
+        ));
+    }
+}

@@ -1,0 +1,59 @@
+//! Shim errors: each maps to the errno libibverbs callers expect and is reported on
+//! stderr (prefixed `libnprdma:`) so unsupported verbs never fail silently.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ShimError {
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("busy: {0}")]
+    Busy(String),
+    #[error(transparent)]
+    Nic(#[from] rnic::Error),
+}
+
+impl ShimError {
+    /// The errno a libibverbs provider would set/return.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ShimError::Unsupported(_) => libc::EOPNOTSUPP,
+            ShimError::InvalidArgument(_) => libc::EINVAL,
+            ShimError::Busy(_) => libc::EBUSY,
+            ShimError::Nic(e) => e.errno(),
+        }
+    }
+}
+
+/// Print `err` on stderr (with the verb that failed), set errno, return the errno.
+pub fn report(verb: &str, err: &ShimError) -> i32 {
+    eprintln!("libnprdma: {verb}: {err}");
+    let e = err.errno();
+    set_errno(e);
+    e
+}
+
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errnos() {
+        assert_eq!(ShimError::Unsupported("x".into()).errno(), libc::EOPNOTSUPP);
+        assert_eq!(ShimError::Busy("x".into()).errno(), libc::EBUSY);
+        assert_eq!(
+            ShimError::from(rnic::Error::QueueFull("sq")).errno(),
+            libc::ENOMEM
+        );
+        assert_eq!(report("test", &ShimError::InvalidArgument("y".into())), libc::EINVAL);
+        // SAFETY: reading this thread's errno.
+        assert_eq!(unsafe { *libc::__errno_location() }, libc::EINVAL);
+    }
+}

@@ -1,0 +1,21 @@
+//! The libibverbs C ABI types, generated once by bindgen from rdma-core 44's
+//! `/usr/include/infiniband/verbs.h` (see `ffi_gen.rs`'s header for the command), with
+//! bindgen's layout tests, plus the few declarations verbs.h does not carry.
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    unnecessary_transmutes,
+    unsafe_op_in_unsafe_fn
+)]
+mod gen {
+    include!("ffi_gen.rs");
+}
+pub use gen::*;
+
+/// `enum ibv_gid_type_sysfs` (rdma-core's private driver.h): RoCE v2.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;

@@ -1,0 +1,138 @@
+//! The C-visible objects: every libibverbs struct handed to the application is the
+//! first field of a `#[repr(C)]` shim object, so the application's pointer converts
+//! back by a cast. Also the entry-point guard (errors -> stderr + errno, no unwinding
+//! across the C boundary).
+
+use crate::backend::{self, Cq, Device, Mr, Pd, Qp};
+use crate::error::{report, set_errno, ShimError};
+use crate::ffi::*;
+use parking_lot::Mutex;
+use std::os::fd::OwnedFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+/// `struct verbs_context` (whose last field is the `ibv_context`) + the device.
+#[repr(C)]
+pub struct ShimContext {
+    pub vctx: verbs_context,
+    pub dev: Arc<dyn Device>,
+    /// Never signalled (no async events are generated); pollable like a real one.
+    pub async_fd: OwnedFd,
+}
+
+#[repr(C)]
+pub struct ShimPd {
+    pub pd: ibv_pd,
+    pub inner: Arc<dyn Pd>,
+    /// MRs and QPs using this PD (dealloc is refused while non-zero).
+    pub users: AtomicU32,
+}
+
+#[repr(C)]
+pub struct ShimMr {
+    pub mr: ibv_mr,
+    pub inner: Box<dyn Mr>,
+}
+
+#[repr(C)]
+pub struct ShimCq {
+    pub cq: ibv_cq,
+    pub inner: Box<dyn Cq>,
+    /// QPs completing here (destroy is refused while non-zero).
+    pub users: AtomicU32,
+}
+
+#[repr(C)]
+pub struct ShimQp {
+    pub qp: ibv_qp,
+    pub inner: Box<dyn Qp>,
+}
+
+/// `ibv_comp_channel`: its fd is an epoll set over its CQs' event fds.
+#[repr(C)]
+pub struct ShimChannel {
+    pub ch: ibv_comp_channel,
+    pub epfd: OwnedFd,
+    /// Attached CQs (as addresses of `ShimCq`).
+    pub cqs: Mutex<Vec<usize>>,
+}
+
+/// Offset of the `ibv_context` inside a `ShimContext`.
+const CTX_OFFSET: usize = std::mem::offset_of!(verbs_context, context);
+
+impl ShimContext {
+    pub fn ibv(&mut self) -> *mut ibv_context {
+        &mut self.vctx.context
+    }
+    /// The shim context owning `ctx`.
+    ///
+    /// # Safety
+    /// `ctx` must be null or a context returned by our `ibv_open_device` and not closed.
+    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Result<&'a ShimContext, ShimError> {
+        if ctx.is_null() {
+            return Err(ShimError::InvalidArgument("NULL context".into()));
+        }
+        // SAFETY: per the contract ctx points at `vctx.context` of a live ShimContext.
+        Ok(unsafe { &*((ctx as *mut u8).sub(CTX_OFFSET) as *const ShimContext) })
+    }
+}
+
+/// Convert an application pointer back to its shim object.
+///
+/// # Safety
+/// `p` must be null or a pointer this library returned for type `S` (whose first field
+/// is the C struct `C`), still alive.
+pub unsafe fn shim<'a, C, S>(p: *mut C, what: &str) -> Result<&'a S, ShimError> {
+    if p.is_null() {
+        return Err(ShimError::InvalidArgument(format!("NULL {what}")));
+    }
+    // SAFETY: per the contract p is the first field of a live repr(C) S.
+    Ok(unsafe { &*(p as *const S) })
+}
+
+/// The process device, reported as a shim error.
+pub fn device() -> Result<Arc<dyn Device>, ShimError> {
+    backend::device()
+}
+
+/// Run an entry point: `Err` is reported (stderr + errno) and turned into `fail`; a
+/// panic never crosses the C boundary.
+pub fn guard<T>(verb: &str, fail: T, f: impl FnOnce() -> Result<T, ShimError>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            report(verb, &e);
+            fail
+        }
+        Err(_) => {
+            eprintln!("libnprdma: {verb}: internal error (panic)");
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+/// Like [`guard`] for verbs returning 0 or an errno value.
+pub fn guard_rc(verb: &str, f: impl FnOnce() -> Result<(), ShimError>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => report(verb, &e),
+        Err(_) => {
+            eprintln!("libnprdma: {verb}: internal error (panic)");
+            set_errno(libc::EIO);
+            libc::EIO
+        }
+    }
+}
+
+/// A zero-initialised bindgen C struct.
+///
+/// # Safety
+/// `T` must be plain C data for which all-zero bytes is valid (integers, raw pointers,
+/// `Option<fn>`, unions of those, pthread objects whose static initialiser is all zeros
+/// on glibc): true for the libibverbs structs in [`crate::ffi`].
+pub unsafe fn zeroed<T>() -> T {
+    // SAFETY: per the contract.
+    unsafe { std::mem::zeroed() }
+}

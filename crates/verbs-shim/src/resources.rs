@@ -1,0 +1,569 @@
+//! Resource verbs: PDs, MRs, completion channels, CQs and their events, QPs
+//! (create / modify / query / destroy), and clean refusals for what the NIC does not
+//! model (SRQ, AH/UD, multicast, ECE, rereg/resize, …).
+
+use crate::convert::{qp_attr_from_c, qp_attr_to_c};
+use crate::error::{set_errno, ShimError};
+use crate::ffi::*;
+use crate::objects::{guard, guard_rc, shim, zeroed, ShimChannel, ShimContext, ShimCq, ShimMr, ShimPd, ShimQp};
+use parking_lot::Mutex;
+use rnic::{Access, QpInitAttr};
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn nonnull<T>(p: *mut T, what: &str) -> Result<(), ShimError> {
+    if p.is_null() {
+        Err(ShimError::InvalidArgument(format!("NULL {what}")))
+    } else {
+        Ok(())
+    }
+}
+
+// ---- PD ----
+
+/// # Safety
+/// `ctx` an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    guard("ibv_alloc_pd", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let s = unsafe { ShimContext::from_ibv(ctx)? };
+        let inner = s.dev.alloc_pd()?;
+        let pd = ibv_pd { context: ctx, handle: 0 };
+        let p = Box::into_raw(Box::new(ShimPd {
+            pd,
+            inner,
+            users: AtomicU32::new(0),
+        }));
+        Ok(p as *mut ibv_pd)
+    })
+}
+
+/// # Safety
+/// `pd` from `ibv_alloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard_rc("ibv_dealloc_pd", || {
+        // SAFETY: caller contract.
+        let s: &ShimPd = unsafe { shim(pd, "PD")? };
+        if s.users.load(Ordering::Acquire) != 0 {
+            return Err(ShimError::Busy("PD still has MRs or QPs".into()));
+        }
+        // SAFETY: allocated by ibv_alloc_pd.
+        drop(unsafe { Box::from_raw(pd as *mut ShimPd) });
+        Ok(())
+    })
+}
+
+// ---- MR ----
+
+const SUPPORTED_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
+    | IBV_ACCESS_REMOTE_WRITE
+    | IBV_ACCESS_REMOTE_READ
+    | IBV_ACCESS_REMOTE_ATOMIC
+    | IBV_ACCESS_RELAXED_ORDERING;
+
+unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> Result<*mut ibv_mr, ShimError> {
+    // SAFETY: caller contract.
+    let s: &ShimPd = unsafe { shim(pd, "PD")? };
+    let access = access as u32;
+    if access & !SUPPORTED_ACCESS != 0 {
+        return Err(ShimError::Unsupported(format!(
+            "MR access flags {:#x} (supported: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, RELAXED_ORDERING)",
+            access & !SUPPORTED_ACCESS
+        )));
+    }
+    if iova != addr as u64 {
+        return Err(ShimError::Unsupported(format!(
+            "MR with iova {iova:#x} != addr {:#x}",
+            addr as u64
+        )));
+    }
+    // Relaxed ordering is a PCIe hint: dropped.
+    let acc = Access::from_bits_truncate(access);
+    // SAFETY: the application keeps [addr, addr+len) mapped while the MR is registered
+    // (the ibv_reg_mr contract).
+    let inner = unsafe { s.inner.reg_mr(addr as usize, len, acc)? };
+    let mr = ibv_mr {
+        context: s.pd.context,
+        pd,
+        addr,
+        length: len as u64,
+        handle: 0,
+        lkey: inner.lkey(),
+        rkey: inner.rkey(),
+    };
+    s.users.fetch_add(1, Ordering::AcqRel);
+    Ok(Box::into_raw(Box::new(ShimMr { mr, inner })) as *mut ibv_mr)
+}
+
+/// # Safety
+/// `pd` ours; memory stays mapped while registered.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr", std::ptr::null_mut(), || unsafe {
+        reg_mr(pd, addr, len, addr as u64, access)
+    })
+}
+
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr_iova", std::ptr::null_mut(), || unsafe {
+        reg_mr(pd, addr, len, iova, access)
+    })
+}
+
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr_iova2", std::ptr::null_mut(), || unsafe {
+        reg_mr(pd, addr, len, iova, access as c_int)
+    })
+}
+
+/// # Safety
+/// `mr` from our reg_mr.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard_rc("ibv_dereg_mr", || {
+        // SAFETY: caller contract.
+        let s: &ShimMr = unsafe { shim(mr, "MR")? };
+        // SAFETY: the MR's PD outlives it (dealloc_pd refuses while users != 0).
+        let pd: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
+        // SAFETY: allocated by reg_mr; dropping deregisters (waits for in-flight DMA).
+        drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
+        pd.users.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+// ---- completion channels and CQs ----
+
+/// # Safety
+/// `ctx` an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard("ibv_create_comp_channel", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        unsafe { ShimContext::from_ibv(ctx)? };
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+        }
+        // SAFETY: fresh fd we own.
+        let epfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ch = ibv_comp_channel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        };
+        let p = Box::into_raw(Box::new(ShimChannel {
+            ch,
+            epfd,
+            cqs: Mutex::new(Vec::new()),
+        }));
+        Ok(p as *mut ibv_comp_channel)
+    })
+}
+
+/// # Safety
+/// `ch` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    guard_rc("ibv_destroy_comp_channel", || {
+        // SAFETY: caller contract.
+        let s: &ShimChannel = unsafe { shim(ch, "completion channel")? };
+        if !s.cqs.lock().is_empty() {
+            return Err(ShimError::Busy("completion channel still has CQs".into()));
+        }
+        // SAFETY: allocated by ibv_create_comp_channel.
+        drop(unsafe { Box::from_raw(ch as *mut ShimChannel) });
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `ctx` an open context; `channel` null or ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard("ibv_create_cq", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let s = unsafe { ShimContext::from_ibv(ctx)? };
+        if cqe <= 0 {
+            return Err(ShimError::InvalidArgument(format!("cqe {cqe}")));
+        }
+        let chan: Option<&ShimChannel> = if channel.is_null() {
+            None
+        } else {
+            // SAFETY: caller contract.
+            Some(unsafe { shim(channel, "completion channel")? })
+        };
+        let inner = s.dev.create_cq(cqe as u32, chan.is_some())?;
+        // SAFETY: plain C data.
+        let mut cq: ibv_cq = unsafe { zeroed() };
+        cq.context = ctx;
+        cq.channel = channel;
+        cq.cq_context = cq_context;
+        cq.cqe = cqe;
+        let p = Box::into_raw(Box::new(ShimCq {
+            cq,
+            inner,
+            users: AtomicU32::new(0),
+        }));
+        if let Some(ch) = chan {
+            // SAFETY: just allocated, alive.
+            let efd = unsafe { &*p }.inner.event_fd().expect("CQ created with events");
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: p as u64,
+            };
+            // SAFETY: valid epoll fd and event struct.
+            if unsafe { libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, efd, &mut ev) } != 0 {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: allocated above, never shared.
+                drop(unsafe { Box::from_raw(p) });
+                return Err(rnic::Error::from(e).into());
+            }
+            ch.cqs.lock().push(p as usize);
+        }
+        Ok(p as *mut ibv_cq)
+    })
+}
+
+/// # Safety
+/// `cq` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard_rc("ibv_destroy_cq", || {
+        // SAFETY: caller contract.
+        let s: &ShimCq = unsafe { shim(cq, "CQ")? };
+        if s.users.load(Ordering::Acquire) != 0 {
+            return Err(ShimError::Busy("CQ still used by QPs".into()));
+        }
+        if !s.cq.channel.is_null() {
+            // SAFETY: a channel cannot be destroyed while it has CQs.
+            let ch: &ShimChannel = unsafe { shim(s.cq.channel, "completion channel")? };
+            if let Some(efd) = s.inner.event_fd() {
+                // SAFETY: valid fds; a NULL event is allowed for DEL.
+                unsafe {
+                    libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, efd, std::ptr::null_mut());
+                }
+            }
+            ch.cqs.lock().retain(|&c| c != cq as usize);
+        }
+        // SAFETY: allocated by ibv_create_cq.
+        drop(unsafe { Box::from_raw(cq as *mut ShimCq) });
+        Ok(())
+    })
+}
+
+/// Wait for a completion event on `channel` (blocking unless its fd is O_NONBLOCK).
+///
+/// # Safety
+/// `channel` ours; out pointers writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+    guard("ibv_get_cq_event", -1, || {
+        // SAFETY: caller contract.
+        let ch: &ShimChannel = unsafe { shim(channel, "completion channel")? };
+        nonnull(cq, "cq out pointer")?;
+        nonnull(cq_context, "cq_context out pointer")?;
+        let fd = ch.epfd.as_raw_fd();
+        // SAFETY: plain fcntl on our fd.
+        let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        loop {
+            let fired = ch.cqs.lock().iter().copied().find(|&c| {
+                // SAFETY: CQs remove themselves from the list before being freed.
+                unsafe { &*(c as *const ShimCq) }.inner.take_event()
+            });
+            if let Some(c) = fired {
+                let c = c as *mut ShimCq;
+                // SAFETY: out pointers checked non-null; c is alive (see above).
+                unsafe {
+                    *cq = c as *mut ibv_cq;
+                    *cq_context = (*c).cq.cq_context;
+                }
+                return Ok(0);
+            }
+            if nonblock {
+                set_errno(libc::EAGAIN);
+                return Ok(-1);
+            }
+            let mut ev = libc::epoll_event { events: 0, u64: 0 };
+            // SAFETY: valid epoll fd, one-event buffer.
+            let r = unsafe { libc::epoll_wait(fd, &mut ev, 1, -1) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(rnic::Error::from(e).into());
+                }
+            }
+        }
+    })
+}
+
+/// # Safety
+/// `cq` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    if !cq.is_null() {
+        // SAFETY: caller contract; the counter is informational.
+        unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+    }
+}
+
+// ---- QP ----
+
+/// # Safety
+/// `pd` ours; `attr` valid.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard("ibv_create_qp", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let p: &ShimPd = unsafe { shim(pd, "PD")? };
+        nonnull(attr, "QP init attr")?;
+        // SAFETY: checked non-null; caller-provided.
+        let a = unsafe { &mut *attr };
+        if a.qp_type != IBV_QPT_RC {
+            return Err(ShimError::Unsupported(format!(
+                "QP type {} (only RC QPs are supported)",
+                a.qp_type
+            )));
+        }
+        if !a.srq.is_null() {
+            return Err(ShimError::Unsupported("shared receive queues".into()));
+        }
+        // SAFETY: caller contract (CQs of this context).
+        let scq: &ShimCq = unsafe { shim(a.send_cq, "send CQ")? };
+        // SAFETY: as above.
+        let rcq: &ShimCq = unsafe { shim(a.recv_cq, "recv CQ")? };
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: a.cap.max_send_wr.max(1),
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge.max(1),
+            max_recv_sge: a.cap.max_recv_sge.max(1),
+            max_inline_data: a.cap.max_inline_data,
+            sq_sig_all: a.sq_sig_all != 0,
+        };
+        let inner = p.inner.create_qp(&*scq.inner, &*rcq.inner, &init)?;
+        let cap = inner.cap();
+        a.cap = ibv_qp_cap {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        };
+        // SAFETY: plain C data.
+        let mut q: ibv_qp = unsafe { zeroed() };
+        q.context = p.pd.context;
+        q.qp_context = a.qp_context;
+        q.pd = pd;
+        q.send_cq = a.send_cq;
+        q.recv_cq = a.recv_cq;
+        q.qp_num = inner.qpn();
+        q.state = IBV_QPS_RESET;
+        q.qp_type = IBV_QPT_RC;
+        p.users.fetch_add(1, Ordering::AcqRel);
+        scq.users.fetch_add(1, Ordering::AcqRel);
+        rcq.users.fetch_add(1, Ordering::AcqRel);
+        Ok(Box::into_raw(Box::new(ShimQp { qp: q, inner })) as *mut ibv_qp)
+    })
+}
+
+/// # Safety
+/// `qp` ours; `attr` valid.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    guard_rc("ibv_modify_qp", || {
+        // SAFETY: caller contract.
+        let q: &ShimQp = unsafe { shim(qp, "QP")? };
+        nonnull(attr, "QP attr")?;
+        // SAFETY: checked non-null.
+        let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask)?;
+        q.inner.modify(&a, m)?;
+        // SAFETY: the QP struct is ours; apps read `state`.
+        unsafe { (*qp).state = q.inner.query().qp_state as u32 };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `qp` ours; out structs writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
+    guard_rc("ibv_query_qp", || {
+        // SAFETY: caller contract.
+        let q: &ShimQp = unsafe { shim(qp, "QP")? };
+        nonnull(attr, "QP attr")?;
+        nonnull(init, "QP init attr")?;
+        let cap = q.inner.cap();
+        let c = ibv_qp_cap {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        };
+        // SAFETY: checked non-null, caller-provided.
+        unsafe {
+            *attr = qp_attr_to_c(&q.inner.query(), c);
+            let i = &mut *init;
+            i.qp_context = q.qp.qp_context;
+            i.send_cq = q.qp.send_cq;
+            i.recv_cq = q.qp.recv_cq;
+            i.srq = std::ptr::null_mut();
+            i.cap = c;
+            i.qp_type = IBV_QPT_RC;
+            i.sq_sig_all = cap.sq_sig_all as c_int;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `qp` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard_rc("ibv_destroy_qp", || {
+        // SAFETY: caller contract.
+        let q: &ShimQp = unsafe { shim(qp, "QP")? };
+        // SAFETY: PD and CQs outlive their QPs (their destroy refuses while in use).
+        let (pd, scq, rcq): (&ShimPd, &ShimCq, &ShimCq) =
+            unsafe { (shim(q.qp.pd, "PD")?, shim(q.qp.send_cq, "CQ")?, shim(q.qp.recv_cq, "CQ")?) };
+        // SAFETY: allocated by ibv_create_qp.
+        drop(unsafe { Box::from_raw(qp as *mut ShimQp) });
+        pd.users.fetch_sub(1, Ordering::AcqRel);
+        scq.users.fetch_sub(1, Ordering::AcqRel);
+        rcq.users.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+/// Extended QPs (`ibv_create_qp_ex`) are not offered, so no QP has an `ibv_qp_ex`.
+#[no_mangle]
+pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    set_errno(libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
+// ---- status strings ----
+
+const WC_STATUS: [&std::ffi::CStr; 22] = [
+    c"success",
+    c"local length error",
+    c"local QP operation error",
+    c"local EE context operation error",
+    c"local protection error",
+    c"Work Request Flushed Error",
+    c"memory management operation error",
+    c"bad response error",
+    c"local access error",
+    c"remote invalid request error",
+    c"remote access error",
+    c"remote operation error",
+    c"transport retry counter exceeded",
+    c"RNR retry counter exceeded",
+    c"local RDD violation error",
+    c"remote invalid RD request",
+    c"aborted error",
+    c"invalid EE context number",
+    c"invalid EE context state",
+    c"fatal error",
+    c"response timeout error",
+    c"general error",
+];
+
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: u32) -> *const std::ffi::c_char {
+    WC_STATUS
+        .get(status as usize)
+        .copied()
+        .unwrap_or(c"unknown")
+        .as_ptr()
+}
+
+// ---- refused verbs (the NIC does not model them) ----
+
+macro_rules! refuse_ptr {
+    ($name:ident, $what:literal, ($($a:ident : $t:ty),*) -> $ret:ty) => {
+        #[no_mangle]
+        pub extern "C" fn $name($($a: $t),*) -> $ret {
+            let _ = ($($a,)*);
+            crate::error::report(stringify!($name), &ShimError::Unsupported($what.into()));
+            std::ptr::null_mut()
+        }
+    };
+}
+macro_rules! refuse_rc {
+    ($name:ident, $what:literal, $rc:expr, ($($a:ident : $t:ty),*)) => {
+        #[no_mangle]
+        pub extern "C" fn $name($($a: $t),*) -> c_int {
+            let _ = ($($a,)*);
+            let e = crate::error::report(stringify!($name), &ShimError::Unsupported($what.into()));
+            if $rc { -1 } else { e }
+        }
+    };
+}
+
+refuse_ptr!(ibv_create_srq, "shared receive queues (SRQ)", (pd: *mut ibv_pd, a: *mut ibv_srq_init_attr) -> *mut ibv_srq);
+refuse_rc!(ibv_destroy_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq));
+refuse_rc!(ibv_modify_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq, a: *mut ibv_srq_attr, m: c_int));
+refuse_rc!(ibv_query_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq, a: *mut ibv_srq_attr));
+refuse_ptr!(ibv_create_ah, "address handles (UD QPs)", (pd: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv_ah);
+refuse_ptr!(ibv_create_ah_from_wc, "address handles (UD QPs)", (pd: *mut ibv_pd, wc: *mut ibv_wc, g: *mut ibv_grh, p: u8) -> *mut ibv_ah);
+refuse_rc!(ibv_init_ah_from_wc, "address handles (UD QPs)", false, (c: *mut ibv_context, p: u8, wc: *mut ibv_wc, g: *mut ibv_grh, a: *mut ibv_ah_attr));
+refuse_rc!(ibv_destroy_ah, "address handles (UD QPs)", false, (ah: *mut ibv_ah));
+refuse_rc!(ibv_attach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
+refuse_rc!(ibv_detach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
+refuse_rc!(ibv_resize_cq, "CQ resize", false, (cq: *mut ibv_cq, n: c_int));
+refuse_rc!(ibv_rereg_mr, "MR re-registration", false, (mr: *mut ibv_mr, f: c_int, pd: *mut ibv_pd, a: *mut c_void, l: usize, acc: c_int));
+refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize, i: u64, fd: c_int, a: c_int) -> *mut ibv_mr);
+refuse_rc!(ibv_query_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
+refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
+
+/// Fork support needs no preparation here (memory is not pinned by a kernel driver).
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// No asynchronous events are generated: waits on the (never signalled) async fd.
+///
+/// # Safety
+/// `ctx` an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, _ev: *mut ibv_async_event) -> c_int {
+    guard("ibv_get_async_event", -1, || {
+        // SAFETY: caller contract.
+        let s = unsafe { ShimContext::from_ibv(ctx)? };
+        let fd = s.async_fd.as_raw_fd();
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; blocks until the fd is closed or a signal arrives.
+        unsafe { libc::poll(&mut p, 1, -1) };
+        set_errno(libc::EINTR);
+        Ok(-1)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
