@@ -222,7 +222,15 @@ pub struct Help<'a> {
     pub src_nonce: u64,
     pub src_qpn: u32,
     pub timeout_ns: u64,
+    /// Set (to a time in ns) when the helper kept us waiting: sharing is then paused
+    /// until that time (a preempted helper on a loaded machine costs more than it saves).
+    pub backoff_until: &'a AtomicU64,
 }
+
+/// Waiting longer than this for the helper's last unit pauses sharing for
+/// `HELP_BACKOFF_NS`.
+const HELP_SLOW_NS: u64 = 100_000;
+const HELP_BACKOFF_NS: u64 = 50_000_000;
 
 /// Copy unit of a shared job.
 pub const HELP_CHUNK: u64 = 128 * 1024;
@@ -511,6 +519,10 @@ fn run_shared(
     }
     job.state.store(SLOT_FREE, Ordering::Release);
     h.next_slot.set(h.next_slot.get() + 1);
+    let now = sys::now_ns();
+    if now - start > HELP_SLOW_NS {
+        h.backoff_until.store(now + HELP_BACKOFF_NS, Ordering::Relaxed);
+    }
     res
 }
 

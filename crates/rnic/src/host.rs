@@ -132,6 +132,8 @@ pub(crate) struct HostInner {
     /// Until this time (ns) the NIC thread progresses outstanding work eagerly
     /// (set when an application arms a CQ to block on it).
     pub attend_until: AtomicU64,
+    /// Shared large copies are paused until this time (ns): see `dma::Help`.
+    pub help_backoff: AtomicU64,
 }
 
 impl HostInner {
@@ -226,6 +228,7 @@ impl Host {
             peers: Mutex::new(HashMap::new()),
             active: Mutex::new(Vec::new()),
             attend_until: AtomicU64::new(0),
+            help_backoff: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             cfg,
             seg,

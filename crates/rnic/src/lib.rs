@@ -52,7 +52,9 @@
 //!   target's NIC thread: the initiator posts the validated, translated copy units
 //!   (128 KiB) in a free ring slot and both claim units from a shared counter, so the
 //!   two cores copy in parallel; a sleeping or busy helper never delays the initiator
-//!   beyond the unit it is copying (an untaken job is cancelled). `dma_help` disables it.
+//!   beyond the unit it is copying (an untaken job is cancelled). If the helper kept
+//!   the initiator waiting (> 100 µs: preempted on a loaded machine), sharing pauses
+//!   for 50 ms. `HostConfig::dma_help = false` disables it.
 //! * **RC ordering** (stronger than IB, no FENCE needed): a per-QP software SQ; ring
 //!   requests pipeline, but a direct op waits for earlier ring requests and a ring
 //!   WRITE waits for earlier READs/atomics (whose data lands at completion), so WRs

@@ -310,6 +310,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
             // Large cross-process transfers are split with the target's NIC thread
             // (through a free request-ring slot: the ring is empty when a direct op runs).
             let help = (me.cfg.dma_help
+                && crate::sys::now_ns() >= me.help_backoff.load(Ordering::Relaxed)
                 && peer.port != Port::Local
                 && len as usize >= dma::HELP_MIN
                 && *ring_prod == *ring_cons)
@@ -320,6 +321,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                     src_nonce: me.addr.nonce,
                     src_qpn: q.qpn,
                     timeout_ns: me.cfg.transport_timeout.as_nanos() as u64,
+                    backoff_until: &me.help_backoff,
                 });
             let res = if read {
                 dma::copy_with_help(&remote, &local, len, section, help.as_ref())
