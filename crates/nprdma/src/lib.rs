@@ -287,10 +287,13 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod adapt;
 pub mod check;
 pub mod cmdq;
 pub mod ctrl;
+pub mod engine;
 pub mod keymap;
+mod mem;
 pub mod nic;
 pub mod ordering;
 pub mod pending;
@@ -301,3 +304,8 @@ pub mod target;
 
 #[cfg(test)]
 mod testutil;
+
+pub use engine::{
+    Access, CompOp, Completion, Config, Context, Cq, Endpoint, Error, Mr, Opcode, Pd, Qp, RecvWr,
+    SendWr, Sge, Stats,
+};

@@ -1,0 +1,1698 @@
+//! The engine's state machine: per-QP state (NIC data + control QP, command
+//! ring, ordering table, reorder buffer, outstanding operations and target
+//! requests), posting, the optimistic one-sided attempts and their checks,
+//! the two-sided path in both roles, and NIC completion dispatch. Everything
+//! runs under the context's one lock, in whichever thread progresses (the
+//! polling thread, or an application thread polling its CQ).
+
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rnic::{QpAttr, QpAttrMask, QpInitAttr, QpState as NicQpState, WcStatus, WrOpcode};
+
+use super::mr::MrEntry;
+use super::ucq::UCq;
+use super::{Config, Error, RecvWr, SendWr, Stats};
+use crate::adapt::{RnicIommu, VmemMm};
+use crate::check::{
+    check_read, check_readback, check_versions, page_span, precheck_local, CheckConfig,
+};
+use crate::cmdq::{self, Reassembler};
+use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, KeyMapping, Repr, Status, SLOT};
+use crate::keymap::{KeyMapError, KeyTable, PeerKeys, SyncState, Translation};
+use crate::mem;
+use crate::nic::{Access, CompOp, Completion, Pinned};
+use crate::ordering::{Admit, OrderTable, Range, Ticket};
+use crate::pending::Pending;
+use crate::plan::{choose, nic_steps, order_desc, AppOp, LocalBuf, Strategy};
+use crate::rob::CompletionOrder;
+use crate::shadow::MrShadow;
+use crate::target::{admit, apply_atomic, wc_status, Grant, LocalRegion};
+
+const PS: u64 = vmem::PAGE_SIZE as u64;
+/// The control QP's number: the data QP's with this bit set.
+pub const CTRL_QPN_BIT: u32 = 1 << 23;
+
+const K_OP: u64 = 0;
+const K_REV: u64 = 1;
+const K_CSEND: u64 = 2;
+const K_CRECV: u64 = 3;
+
+const ST_LOC_LEN: u32 = 1;
+const ST_LOC_PROT: u32 = 4;
+const ST_FLUSH: u32 = 5;
+const ST_REM_ACCESS: u32 = 10;
+
+fn enc(qi: usize, gen: u8, kind: u64, step: u64, id: u32) -> u64 {
+    (qi as u64) << 48 | (gen as u64) << 40 | kind << 36 | step << 32 | id as u64
+}
+
+fn dec(w: u64) -> (usize, u8, u64, u64, u32) {
+    (
+        (w >> 48) as usize,
+        (w >> 40) as u8,
+        (w >> 36) & 0xf,
+        (w >> 32) & 0xf,
+        w as u32,
+    )
+}
+
+/// Where a peer QP lives (exchange it out of band, like a GID + QPN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: [u8; 16],
+    pub qpn: u32,
+}
+
+impl Endpoint {
+    /// 20 bytes: host address + QPN (little endian).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..16].copy_from_slice(&self.addr);
+        b[16..].copy_from_slice(&self.qpn.to_le_bytes());
+        b
+    }
+    pub fn from_bytes(b: &[u8; 20]) -> Endpoint {
+        let mut addr = [0u8; 16];
+        addr.copy_from_slice(&b[..16]);
+        Endpoint {
+            addr,
+            qpn: u32::from_le_bytes([b[16], b[17], b[18], b[19]]),
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub st: Mutex<State>,
+    pub host: rnic::Host,
+    pub iommu: Arc<RnicIommu>,
+    pub pd: rnic::Pd,
+    pub mm: VmemMm,
+    pub chan: rnic::CompChannel,
+    pub ncq: rnic::Cq,
+    pub check: CheckConfig,
+    pub cfg: Config,
+    pub stop: AtomicBool,
+    pub app_active_until: AtomicU64,
+    pub epoch: Instant,
+    pub _ctx: rnic::Context,
+}
+
+impl Shared {
+    /// An application thread is polling: the polling thread stays asleep
+    /// for a while (the application progresses inline).
+    pub fn mark_app_active(&self) {
+        let t = self.epoch.elapsed().as_nanos() as u64 + 2_000_000;
+        self.app_active_until.store(t, Ordering::Release);
+    }
+}
+
+pub(crate) struct State {
+    qps: Vec<Option<QpState>>,
+    gens: Vec<u8>,
+    pub mrs: HashMap<u32, Arc<MrEntry>>,
+    pub keys: KeyTable,
+    ready: VecDeque<(usize, u32)>,
+    pub next_pd: u32,
+    pub stats: Stats,
+    next_req: u32,
+}
+
+impl State {
+    pub fn new() -> State {
+        State {
+            qps: Vec::new(),
+            gens: Vec::new(),
+            mrs: HashMap::new(),
+            keys: KeyTable::new(PS as usize).expect("page size is a power of two"),
+            ready: VecDeque::new(),
+            next_pd: 0,
+            stats: Stats::default(),
+            next_req: 1,
+        }
+    }
+
+    pub fn insert_qp(&mut self, q: QpState) -> (usize, u8) {
+        let i = match self.qps.iter().position(|q| q.is_none()) {
+            Some(i) => i,
+            None => {
+                self.qps.push(None);
+                self.gens.push(0);
+                self.qps.len() - 1
+            }
+        };
+        let gen = self.gens[i];
+        let mut q = q;
+        q.idx = i;
+        q.gen = gen;
+        self.qps[i] = Some(q);
+        (i, gen)
+    }
+
+    pub fn qp_mut(&mut self, i: usize, gen: u8) -> Option<&mut QpState> {
+        if self.gens.get(i) != Some(&gen) {
+            return None;
+        }
+        self.qps.get_mut(i).and_then(|q| q.as_mut())
+    }
+}
+
+/// Temporary NIC MR + pin of a two-sided operation (dropped in this
+/// order: the MR waits for DMA, then the pages are unpinned).
+#[derive(Default)]
+struct Hold {
+    mr: Option<rnic::Mr>,
+    pin: Option<Pinned<VmemMm>>,
+}
+
+enum Scratch {
+    Slot(u32),
+    Own(rnic::OwnedMr),
+}
+
+enum Stage {
+    Queued,
+    Failed(u32),
+    KeyWait,
+    OneSided {
+        strat: Strategy,
+        left: u8,
+        err: u32,
+        vlen: u64,
+    },
+    TwoSided,
+    ImmNotify,
+}
+
+struct Op {
+    wr: SendWr,
+    laddr: u64,
+    len: u64,
+    seq: u64,
+    ticket: Option<Ticket>,
+    lmr: Option<Arc<MrEntry>>,
+    stage: Stage,
+    key_queried: bool,
+    scratch: Option<Scratch>,
+    lver: Vec<u32>,
+    hold: Hold,
+}
+
+enum TKind {
+    Fault { len: u32 },
+    Rendezvous { recv_wr_id: u64, len: u32, imm: Option<u32> },
+}
+
+struct TReq {
+    reply: u32,
+    kind: TKind,
+    _grant: Option<Grant<VmemMm>>,
+    _pin: Option<Pinned<VmemMm>>,
+    _mr: Arc<MrEntry>,
+}
+
+pub(crate) struct QpState {
+    data: rnic::Qp,
+    ctrl: rnic::Qp,
+    ring: rnic::OwnedMr,
+    scratch: rnic::OwnedMr,
+    idx: usize,
+    gen: u8,
+    qpn: u32,
+    pd: u32,
+    depth: u32,
+    nslots: u32,
+    slot_size: usize,
+    scratch_free: Vec<u32>,
+    send_cq: Arc<UCq>,
+    recv_cq: Arc<UCq>,
+    connected: bool,
+    dead: bool,
+    peer: PeerKeys,
+    key_wait: Vec<u32>,
+    reasm: Reassembler,
+    backlog: VecDeque<[u8; SLOT]>,
+    ctrl_out: u32,
+    order: OrderTable<u32>,
+    rob: CompletionOrder<Completion>,
+    ops: Pending<Op>,
+    recvs: VecDeque<RecvWr>,
+    inbound: VecDeque<Repr<'static>>,
+    rdv_busy: bool,
+    treqs: Pending<TReq>,
+}
+
+impl QpState {
+    pub fn create(
+        sh: &Shared,
+        pd: u32,
+        send_cq: Arc<UCq>,
+        recv_cq: Arc<UCq>,
+        depth: u32,
+    ) -> Result<QpState, Error> {
+        if depth == 0 || depth > 1000 {
+            return Err(Error::Invalid("QP depth must be 1..=1000"));
+        }
+        let data = sh.pd.create_qp(
+            &sh.ncq,
+            &sh.ncq,
+            &QpInitAttr {
+                qpn: None,
+                max_send_wr: 4 * depth + 16,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+                sq_sig_all: false,
+            },
+        )?;
+        let qpn = data.qpn();
+        let nslots = (16 * depth).clamp(256, 4000);
+        let ctrl = sh.pd.create_qp(
+            &sh.ncq,
+            &sh.ncq,
+            &QpInitAttr {
+                qpn: Some(qpn | CTRL_QPN_BIT),
+                max_send_wr: nslots,
+                max_recv_wr: nslots,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: SLOT as u32,
+                sq_sig_all: false,
+            },
+        )?;
+        let ring = sh
+            .pd
+            .reg_mr_owned(vec![0; nslots as usize * SLOT], rnic::Access::LOCAL_WRITE)?;
+        let slot_size = (sh.cfg.plan.write_version_threshold as usize).max(4096);
+        let scratch = sh
+            .pd
+            .reg_mr_owned(vec![0; depth as usize * slot_size], rnic::Access::LOCAL_WRITE)?;
+        Ok(QpState {
+            data,
+            ctrl,
+            ring,
+            scratch,
+            idx: 0,
+            gen: 0,
+            qpn,
+            pd,
+            depth,
+            nslots,
+            slot_size,
+            scratch_free: (0..depth).rev().collect(),
+            send_cq,
+            recv_cq,
+            connected: false,
+            dead: false,
+            peer: PeerKeys::new(PS as usize).expect("page size"),
+            key_wait: Vec::new(),
+            reasm: Reassembler::new(&sh.cfg.ctrl),
+            backlog: VecDeque::new(),
+            ctrl_out: 0,
+            order: OrderTable::new(sh.cfg.order),
+            rob: CompletionOrder::new(),
+            ops: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
+            recvs: VecDeque::new(),
+            inbound: VecDeque::new(),
+            rdv_busy: false,
+            treqs: Pending::new(4096).map_err(|e| Error::Other(e.to_string()))?,
+        })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn connect(&mut self, peer: &Endpoint) -> Result<(), Error> {
+        if self.connected {
+            return Err(Error::Invalid("already connected"));
+        }
+        let dest = rnic::HostAddr::from_bytes(&peer.addr);
+        let acc = rnic::Access::LOCAL_WRITE
+            | rnic::Access::REMOTE_READ
+            | rnic::Access::REMOTE_WRITE
+            | rnic::Access::REMOTE_ATOMIC;
+        self.data.connect(acc, dest, peer.qpn, 7)?;
+        self.ctrl.connect(acc, dest, peer.qpn | CTRL_QPN_BIT, 7)?;
+        for s in 0..self.nslots {
+            self.post_slot(s)?;
+        }
+        self.connected = true;
+        Ok(())
+    }
+
+    fn post_slot(&self, s: u32) -> Result<(), Error> {
+        let sge = self.ring.sge(s as usize * SLOT, SLOT as u32);
+        self.ctrl
+            .post_recv(&[rnic::RecvWr {
+                wr_id: enc(self.idx, self.gen, K_CRECV, 0, s),
+                sg_list: &[sge],
+            }])
+            .map_err(|e| Error::Nic(e.err))
+    }
+
+    fn send_ctrl(&mut self, ctrl: &crate::ctrl::CtrlConfig, msg: &Repr<'_>) {
+        let mut buf = vec![0u8; msg.buffer_len()];
+        if let Err(e) = msg.emit(&mut buf, ctrl) {
+            tracing::error!(error = %e, "control message not emitted");
+            return;
+        }
+        for s in cmdq::slots(&buf) {
+            let mut a = [0u8; SLOT];
+            a.copy_from_slice(s);
+            self.backlog.push_back(a);
+        }
+        self.flush_ctrl();
+    }
+
+    fn flush_ctrl(&mut self) {
+        while !self.backlog.is_empty() && self.ctrl_out < self.nslots {
+            let n = self
+                .backlog
+                .len()
+                .min((self.nslots - self.ctrl_out) as usize)
+                .min(64);
+            let slots: Vec<[u8; SLOT]> = self.backlog.drain(..n).collect();
+            let wr_id = enc(self.idx, self.gen, K_CSEND, 0, 0);
+            let wrs: Vec<rnic::SendWr> = slots
+                .iter()
+                .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
+                .collect();
+            match self.ctrl.post_send(&wrs) {
+                Ok(()) => self.ctrl_out += n as u32,
+                Err(e) => {
+                    self.ctrl_out += e.bad_wr_index as u32;
+                    for s in slots[e.bad_wr_index..].iter().rev() {
+                        self.backlog.push_front(*s);
+                    }
+                    if e.bad_wr_index == 0 && self.ctrl_out == 0 {
+                        tracing::error!(error = %e.err, "control QP refuses sends");
+                        self.dead = true;
+                        self.backlog.clear();
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn scratch_addr(&self, s: &Scratch) -> (u64, u32) {
+        match s {
+            Scratch::Slot(i) => (
+                self.scratch.addr() as u64 + *i as u64 * self.slot_size as u64,
+                self.scratch.lkey(),
+            ),
+            Scratch::Own(m) => (m.addr() as u64, m.lkey()),
+        }
+    }
+
+    fn scratch_read(&self, s: &Scratch, off: usize, out: &mut [u8]) {
+        match s {
+            Scratch::Slot(i) => self.scratch.read(*i as usize * self.slot_size + off, out),
+            Scratch::Own(m) => m.read(off, out),
+        }
+    }
+
+    fn release_scratch(&mut self, s: Option<Scratch>) {
+        if let Some(Scratch::Slot(i)) = s {
+            self.scratch_free.push(i);
+        }
+    }
+}
+
+fn comp_op(op: AppOp) -> CompOp {
+    match op {
+        AppOp::Read => CompOp::Read,
+        AppOp::Write | AppOp::WriteImm(_) => CompOp::Write,
+        AppOp::Send | AppOp::SendImm(_) => CompOp::Send,
+        AppOp::CmpSwap { .. } => CompOp::CmpSwap,
+        AppOp::FetchAdd { .. } => CompOp::FetchAdd,
+    }
+}
+
+fn is_atomic(op: AppOp) -> bool {
+    matches!(op, AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. })
+}
+
+/// Post application send WRs (see `Qp::post_send`).
+pub(crate) fn post_send(
+    _sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    gen: u8,
+    wrs: &[SendWr],
+) -> Result<(), (usize, Error)> {
+    for (i, wr) in wrs.iter().enumerate() {
+        let State {
+            qps,
+            gens,
+            mrs,
+            ready,
+            ..
+        } = &mut *st;
+        if gens.get(qi) != Some(&gen) {
+            return Err((i, Error::QpState));
+        }
+        let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+            return Err((i, Error::QpState));
+        };
+        if !qp.connected || qp.dead {
+            return Err((i, Error::QpState));
+        }
+        if qp.ops.len() >= qp.depth as usize {
+            return Err((i, Error::QueueFull));
+        }
+        let (laddr, len, lkey) = wr
+            .sge
+            .map(|s| (s.addr, s.length as u64, s.lkey))
+            .unwrap_or((0, 0, 0));
+        let lmr = wr.sge.and_then(|_| mrs.get(&lkey).cloned());
+        let mut status = 0;
+        let local_write = matches!(wr.op, AppOp::Read) || is_atomic(wr.op);
+        if wr.sge.is_some() {
+            match &lmr {
+                None => status = ST_LOC_PROT,
+                Some(m) => {
+                    if m.pd != qp.pd
+                        || !m.contains(laddr, len)
+                        || (local_write && !m.access.contains(Access::LOCAL_WRITE))
+                    {
+                        status = ST_LOC_PROT;
+                    }
+                }
+            }
+        }
+        if is_atomic(wr.op) && len != 8 {
+            status = ST_LOC_LEN;
+        }
+        if len > i32::MAX as u64 {
+            status = ST_LOC_LEN;
+        }
+        let seq = qp.rob.post(wr.signaled);
+        let rlen = if is_atomic(wr.op) { 8 } else { len };
+        let op = Op {
+            wr: *wr,
+            laddr,
+            len,
+            seq,
+            ticket: None,
+            lmr,
+            stage: Stage::Queued,
+            key_queried: false,
+            scratch: None,
+            lver: Vec::new(),
+            hold: Hold::default(),
+        };
+        let id = match qp.ops.insert(op) {
+            Ok(id) => id,
+            Err(_) => return Err((i, Error::QueueFull)),
+        };
+        let mut issue = false;
+        if status == 0 {
+            let desc = order_desc(
+                wr.op,
+                Range::new(laddr, len),
+                Range::new(wr.remote_addr, rlen),
+                wr.order_before,
+                wr.order_after,
+            );
+            let (ticket, now) = match qp.order.submit(desc, id) {
+                Ok(Admit::Issue(t, _)) => (Some(t), true),
+                Ok(Admit::Parked(t)) => (Some(t), false),
+                Err(_) => {
+                    status = ST_LOC_PROT;
+                    (None, false)
+                }
+            };
+            issue = now;
+            if let Some(o) = qp.ops.get_mut(id) {
+                o.ticket = ticket;
+            }
+        }
+        if status != 0 {
+            if let Some(o) = qp.ops.get_mut(id) {
+                o.stage = Stage::Failed(status);
+            }
+            issue = true;
+        }
+        if issue {
+            ready.push_back((qi, id));
+        }
+    }
+    Ok(())
+}
+
+/// Post application receive WRs.
+pub(crate) fn post_recv(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    gen: u8,
+    wrs: &[RecvWr],
+) -> Result<(), (usize, Error)> {
+    for (i, wr) in wrs.iter().enumerate() {
+        let Some(qp) = st.qp_mut(qi, gen) else {
+            return Err((i, Error::QpState));
+        };
+        if qp.dead {
+            return Err((i, Error::QpState));
+        }
+        if qp.recvs.len() >= qp.depth as usize {
+            return Err((i, Error::QueueFull));
+        }
+        qp.recvs.push_back(*wr);
+    }
+    deliver_inbound(sh, st, qi);
+    Ok(())
+}
+
+/// Start the operations admitted so far.
+pub(crate) fn run_ready(sh: &Shared, st: &mut State) {
+    while let Some((qi, id)) = st.ready.pop_front() {
+        start_op(sh, st, qi, id);
+    }
+}
+
+fn qp_at(st: &mut State, qi: usize) -> Option<&mut QpState> {
+    st.qps.get_mut(qi).and_then(|q| q.as_mut())
+}
+
+fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+    let State {
+        qps,
+        stats,
+        next_req,
+        ..
+    } = &mut *st;
+    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        return;
+    };
+    let Some(op) = qp.ops.get_mut(id) else {
+        return;
+    };
+    if let Stage::Failed(s) = op.stage {
+        finish(st, qi, id, s, 0);
+        return;
+    }
+    match op.wr.op {
+        AppOp::Read | AppOp::Write | AppOp::WriteImm(_) => {}
+        _ => {
+            go_two_sided(sh, st, qi, id);
+            return;
+        }
+    }
+    let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
+        Ok(t) => t,
+        Err(KeyMapError::UnknownKey(rkey)) if !op.key_queried => {
+            op.key_queried = true;
+            op.stage = Stage::KeyWait;
+            qp.key_wait.push(id);
+            match qp.peer.state() {
+                SyncState::Pending { .. } => {}
+                s => {
+                    let req_id = *next_req;
+                    *next_req = next_req.wrapping_add(1).max(1);
+                    let rkey = if s == SyncState::Unsynced {
+                        qp.peer.begin_sync(req_id);
+                        None
+                    } else {
+                        Some(rkey)
+                    };
+                    stats.key_queries += 1;
+                    qp.send_ctrl(&sh.cfg.ctrl, &Repr::KeyQuery { req_id, rkey });
+                }
+            }
+            return;
+        }
+        Err(_) => {
+            finish(st, qi, id, ST_REM_ACCESS, 0);
+            return;
+        }
+    };
+    if op.len == 0 {
+        if let AppOp::WriteImm(_) = op.wr.op {
+            start_notify(sh, st, qi, id);
+        } else {
+            finish(st, qi, id, 0, 0);
+        }
+        return;
+    }
+    let lmr = op.lmr.clone().expect("len > 0 has a local MR");
+    let (laddr, len) = (op.laddr, op.len);
+    if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
+        stats.local_fixups += 1;
+        match Pinned::new(sh.mm.clone(), laddr, len) {
+            Ok(p) => {
+                if let Err(e) = lmr.shadow.map_in(laddr, len) {
+                    tracing::error!(error = %e, "local map-in failed");
+                }
+                drop(p);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "local pin failed");
+                finish(st, qi, id, ST_LOC_PROT, 0);
+                return;
+            }
+        }
+    }
+    let strat = choose(op.wr.op, len, true, &sh.cfg.plan);
+    if let Strategy::TwoSided(_) = strat {
+        go_two_sided(sh, st, qi, id);
+        return;
+    }
+    post_steps(sh, st, qi, id, strat, &t, &lmr);
+}
+
+fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Vec<u32> {
+    let Some((first, n)) = page_span(addr, len, PS as usize) else {
+        return Vec::new();
+    };
+    let mut v = vec![0u32; n as usize];
+    if let Some(i) = shadow.page_index(first) {
+        shadow.versions().snapshot(i, &mut v);
+    }
+    v
+}
+
+fn post_steps(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    id: u32,
+    strat: Strategy,
+    t: &Translation,
+    lmr: &Arc<MrEntry>,
+) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(op) = qp.ops.get(id) else { return };
+    let (laddr, len, raddr) = (op.laddr, op.len, op.wr.remote_addr);
+    let steps = nic_steps(strat, raddr, len, t);
+    let vlen = t.version_len;
+    let need = match strat {
+        Strategy::WriteReadback { .. } => len,
+        Strategy::ReadVersioned | Strategy::WriteVersioned => 2 * vlen,
+        _ => 0,
+    };
+    let scratch = if need == 0 {
+        None
+    } else if need as usize <= qp.slot_size && !qp.scratch_free.is_empty() {
+        qp.scratch_free.pop().map(Scratch::Slot)
+    } else {
+        match sh
+            .pd
+            .reg_mr_owned(vec![0; need as usize], rnic::Access::LOCAL_WRITE)
+        {
+            Ok(m) => Some(Scratch::Own(m)),
+            Err(e) => {
+                tracing::warn!(error = %e, "scratch MR failed");
+                finish(st, qi, id, ST_LOC_PROT, 0);
+                return;
+            }
+        }
+    };
+    let (saddr, skey) = scratch
+        .as_ref()
+        .map(|s| qp.scratch_addr(s))
+        .unwrap_or((0, 0));
+    let sges: Vec<[rnic::Sge; 1]> = steps
+        .iter()
+        .map(|s| {
+            let (addr, length, lkey) = match s.local {
+                LocalBuf::AppRead => (laddr, len, lmr.read_lkey()),
+                LocalBuf::AppWrite => (laddr, len, lmr.write_lkey()),
+                LocalBuf::Temp => (saddr, len, skey),
+                LocalBuf::VersionsBefore => (saddr, vlen, skey),
+                LocalBuf::VersionsAfter => (saddr + vlen, vlen, skey),
+            };
+            [rnic::Sge {
+                addr,
+                length: length as u32,
+                lkey,
+            }]
+        })
+        .collect();
+    let gen = qp.gen;
+    let wrs: Vec<rnic::SendWr> = steps
+        .iter()
+        .zip(&sges)
+        .enumerate()
+        .map(|(k, (s, sge))| {
+            let opc = match s.op {
+                crate::nic::WrOp::Read => WrOpcode::Read,
+                _ => WrOpcode::Write,
+            };
+            rnic::SendWr::new(enc(qi, gen, K_OP, k as u64, id), opc, sge)
+                .remote(s.remote_addr, s.rkey)
+        })
+        .collect();
+    let lver = local_versions(&lmr.shadow, laddr, len);
+    let (posted, err) = match qp.data.post_send(&wrs) {
+        Ok(()) => (wrs.len(), 0),
+        Err(e) => {
+            tracing::debug!(error = %e.err, "data QP post failed");
+            (e.bad_wr_index, ST_LOC_PROT)
+        }
+    };
+    if posted == 0 {
+        qp.release_scratch(scratch);
+        finish(st, qi, id, err, 0);
+        return;
+    }
+    let Some(op) = qp.ops.get_mut(id) else { return };
+    op.lver = lver;
+    op.scratch = scratch;
+    op.stage = Stage::OneSided {
+        strat,
+        left: posted as u8,
+        err,
+        vlen,
+    };
+}
+
+fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(op) = qp.ops.get_mut(id) else { return };
+    let Stage::OneSided {
+        strat, err, vlen, ..
+    } = op.stage
+    else {
+        return;
+    };
+    let scratch = op.scratch.take();
+    let lver = std::mem::take(&mut op.lver);
+    let (laddr, len, raddr, wop) = (op.laddr, op.len, op.wr.remote_addr, op.wr.op);
+    let lmr = op.lmr.clone().expect("one-sided ops have a local MR");
+    if err != 0 {
+        qp.release_scratch(scratch);
+        finish(st, qi, id, err, 0);
+        return;
+    }
+    let now = local_versions(&lmr.shadow, laddr, len);
+    let mut ok = now == lver && now.iter().all(|v| v % 2 == 1);
+    if ok {
+        ok = match strat {
+            Strategy::ReadMagic => {
+                check_read(&mem::read(laddr, len as usize), laddr, raddr, &sh.check).is_ok()
+            }
+            Strategy::WriteReadback { .. } => {
+                let s = scratch.as_ref().expect("read-back buffer");
+                let mut rb = vec![0u8; len as usize];
+                qp.scratch_read(s, 0, &mut rb);
+                let src = mem::read(laddr, len as usize);
+                check_readback(&src, &rb, raddr, &sh.check).is_ok()
+            }
+            Strategy::ReadVersioned | Strategy::WriteVersioned => {
+                let s = scratch.as_ref().expect("version buffer");
+                let mut b = vec![0u8; 2 * vlen as usize];
+                qp.scratch_read(s, 0, &mut b);
+                let w: Vec<u32> = b
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let (before, after) = w.split_at(w.len() / 2);
+                check_versions(before, after).is_ok()
+            }
+            Strategy::TwoSided(_) => false,
+        };
+    }
+    qp.release_scratch(scratch);
+    if !ok {
+        go_two_sided(sh, st, qi, id);
+        return;
+    }
+    st.stats.optimistic_ok += 1;
+    if let AppOp::WriteImm(_) = wop {
+        start_notify(sh, st, qi, id);
+    } else {
+        finish(st, qi, id, 0, len as u32);
+    }
+}
+
+fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(op) = qp.ops.get_mut(id) else { return };
+    let AppOp::WriteImm(imm) = op.wr.op else {
+        return;
+    };
+    op.stage = Stage::ImmNotify;
+    op.hold = Hold::default();
+    let msg = Repr::WriteImmNotify {
+        req_id: id,
+        addr: op.wr.remote_addr,
+        len: op.len as u32,
+        rkey: op.wr.rkey,
+        imm,
+        solicited: false,
+    };
+    qp.send_ctrl(&sh.cfg.ctrl, &msg);
+}
+
+/// Pin the local buffer and map it into the NIC views.
+fn pin_local(sh: &Shared, op: &Op) -> Result<Option<Pinned<VmemMm>>, ()> {
+    if op.len == 0 {
+        return Ok(None);
+    }
+    let p = Pinned::new(sh.mm.clone(), op.laddr, op.len).map_err(|e| {
+        tracing::warn!(error = %e, "pin failed");
+    })?;
+    if let Some(m) = &op.lmr {
+        if let Err(e) = m.shadow.map_in(op.laddr, op.len) {
+            tracing::error!(error = %e, "map-in failed");
+            return Err(());
+        }
+    }
+    Ok(Some(p))
+}
+
+fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::Mr, ()> {
+    #[allow(unsafe_code)]
+    // SAFETY: the range is inside a registered application MR (mapped while
+    // registered) and pinned by the caller for the MR's whole lifetime (the
+    // `Hold` drops the MR before the pin).
+    unsafe { sh.pd.reg_mr(addr as usize, len as usize, acc) }.map_err(|e| {
+        tracing::warn!(error = %e, "temporary MR failed");
+    })
+}
+
+fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+    st.stats.two_sided += 1;
+    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(op) = qp.ops.get_mut(id) else { return };
+    let inline_max = (sh.cfg.ctrl.max_inline as u64).min(sh.cfg.plan.inline_max);
+    let (laddr, len, raddr, rkey) = (op.laddr, op.len, op.wr.remote_addr, op.wr.rkey);
+    let mut hold = Hold::default();
+    let msg = match op.wr.op {
+        AppOp::Read | AppOp::Write | AppOp::WriteImm(_) => {
+            let Ok(pin) = pin_local(sh, op) else {
+                finish(st, qi, id, ST_LOC_PROT, 0);
+                return;
+            };
+            hold.pin = pin;
+            let read = op.wr.op == AppOp::Read;
+            if len <= inline_max {
+                if read {
+                    Repr::ReadInline {
+                        req_id: id,
+                        remote_addr: raddr,
+                        rkey,
+                        len: len as u32,
+                    }
+                } else {
+                    Repr::WriteInline {
+                        req_id: id,
+                        remote_addr: raddr,
+                        rkey,
+                        data: Cow::Owned(mem::read(laddr, len as usize)),
+                    }
+                }
+            } else {
+                let acc = if read {
+                    rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_WRITE
+                } else {
+                    rnic::Access::REMOTE_READ
+                };
+                let Ok(mr) = temp_mr(sh, laddr, len, acc) else {
+                    drop(hold);
+                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    return;
+                };
+                let key = mr.rkey();
+                hold.mr = Some(mr);
+                Repr::Fault(FaultRequest {
+                    req_id: id,
+                    kind: if read { FaultKind::Read } else { FaultKind::Write },
+                    local_addr: laddr,
+                    local_key: key,
+                    remote_addr: raddr,
+                    rkey,
+                    len: len as u32,
+                    inline_ok: false,
+                    retry_mode: false,
+                })
+            }
+        }
+        AppOp::CmpSwap { compare, swap } => Repr::Atomic(AtomicRequest {
+            req_id: id,
+            kind: AtomicKind::CmpSwap,
+            remote_addr: raddr,
+            rkey,
+            compare_add: compare,
+            swap,
+        }),
+        AppOp::FetchAdd { add } => Repr::Atomic(AtomicRequest {
+            req_id: id,
+            kind: AtomicKind::FetchAdd,
+            remote_addr: raddr,
+            rkey,
+            compare_add: add,
+            swap: 0,
+        }),
+        AppOp::Send | AppOp::SendImm(_) => {
+            let imm = match op.wr.op {
+                AppOp::SendImm(i) => Some(i),
+                _ => None,
+            };
+            if len <= inline_max {
+                Repr::SendInline {
+                    req_id: id,
+                    imm,
+                    solicited: false,
+                    data: Cow::Owned(mem::read(laddr, len as usize)),
+                }
+            } else {
+                let Ok(pin) = pin_local(sh, op) else {
+                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    return;
+                };
+                hold.pin = pin;
+                let Ok(mr) = temp_mr(sh, laddr, len, rnic::Access::REMOTE_READ) else {
+                    drop(hold);
+                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    return;
+                };
+                let key = mr.rkey();
+                hold.mr = Some(mr);
+                Repr::SendRendezvous {
+                    req_id: id,
+                    addr: laddr,
+                    len: len as u32,
+                    key,
+                    imm,
+                    solicited: false,
+                }
+            }
+        }
+    };
+    op.hold = hold;
+    op.stage = Stage::TwoSided;
+    qp.send_ctrl(&sh.cfg.ctrl, &msg);
+}
+
+/// Complete application operation `id` of QP `qi` and release what waits
+/// behind it.
+fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
+    let State { qps, ready, .. } = &mut *st;
+    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        return;
+    };
+    let Some(mut op) = qp.ops.take(id) else {
+        return;
+    };
+    let s = op.scratch.take();
+    qp.release_scratch(s);
+    qp.key_wait.retain(|x| *x != id);
+    let c = Completion {
+        wr_id: op.wr.wr_id,
+        status,
+        op: comp_op(op.wr.op),
+        byte_len: if status == 0 { byte_len } else { 0 },
+        imm: None,
+        qp_num: qp.qpn,
+    };
+    if let Err(e) = qp.rob.finish(op.seq, status == 0, c) {
+        tracing::error!(error = %e, "reorder buffer");
+    }
+    let mut out = Vec::new();
+    qp.rob.drain_ready(&mut out);
+    for c in out {
+        qp.send_cq.push(c);
+    }
+    if let Some(t) = op.ticket {
+        if let Ok(rel) = qp.order.complete(t) {
+            for (_, nid) in rel {
+                ready.push_back((qi, nid));
+            }
+        }
+    }
+}
+
+/// Drive the engine: poll the NIC CQ and handle everything. Returns the
+/// number of NIC completions handled.
+pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
+    let mut wcs = [rnic::Wc::default(); 64];
+    let mut total = 0;
+    loop {
+        let n = match sh.ncq.poll(&mut wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "NIC CQ poll failed");
+                0
+            }
+        };
+        for wc in &wcs[..n] {
+            handle_wc(sh, st, wc);
+            run_ready(sh, st);
+        }
+        total += n;
+        if n < wcs.len() {
+            break;
+        }
+    }
+    run_ready(sh, st);
+    total
+}
+
+fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
+    let (qi, gen, kind, _step, id) = dec(wc.wr_id);
+    if st.gens.get(qi) != Some(&gen) {
+        return;
+    }
+    let Some(qp) = qp_at(st, qi) else { return };
+    let ok = wc.status == WcStatus::Success;
+    match kind {
+        K_OP => {
+            let Some(op) = qp.ops.get_mut(id) else { return };
+            if let Stage::OneSided { left, err, .. } = &mut op.stage {
+                *left = left.saturating_sub(1);
+                if !ok && *err == 0 {
+                    *err = wc.status as u32;
+                }
+                if *left == 0 {
+                    eval_one_sided(sh, st, qi, id);
+                }
+            }
+        }
+        K_REV => {
+            let Some(t) = qp.treqs.take(id) else { return };
+            let status = if ok { Status::Ok } else { Status::RemoteOp };
+            match t.kind {
+                TKind::Fault { len } => {
+                    drop(t._grant);
+                    qp.send_ctrl(
+                        &sh.cfg.ctrl,
+                        &Repr::Completion {
+                            req_id: t.reply,
+                            status,
+                            byte_len: if ok { len } else { 0 },
+                        },
+                    );
+                }
+                TKind::Rendezvous {
+                    recv_wr_id,
+                    len,
+                    imm,
+                } => {
+                    drop(t._pin);
+                    qp.rdv_busy = false;
+                    qp.recv_cq.push(Completion {
+                        wr_id: recv_wr_id,
+                        status: if ok { 0 } else { ST_LOC_PROT },
+                        op: if imm.is_some() {
+                            CompOp::RecvWithImm
+                        } else {
+                            CompOp::Recv
+                        },
+                        byte_len: if ok { len } else { 0 },
+                        imm,
+                        qp_num: qp.qpn,
+                    });
+                    qp.send_ctrl(
+                        &sh.cfg.ctrl,
+                        &Repr::Completion {
+                            req_id: t.reply,
+                            status,
+                            byte_len: if ok { len } else { 0 },
+                        },
+                    );
+                    deliver_inbound(sh, st, qi);
+                }
+            }
+        }
+        K_CSEND => {
+            qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
+            if !ok && wc.status != WcStatus::WrFlushErr {
+                tracing::warn!(status = ?wc.status, qpn = qp.qpn, "control send failed: peer gone");
+                fail_qp(st, qi);
+                return;
+            }
+            qp.flush_ctrl();
+        }
+        K_CRECV => {
+            if !ok {
+                return;
+            }
+            let mut slot = [0u8; SLOT];
+            qp.ring.read(id as usize * SLOT, &mut slot);
+            if let Err(e) = qp.post_slot(id) {
+                tracing::warn!(error = %e, "re-posting a command slot failed");
+            }
+            let msg = match qp.reasm.push(&slot) {
+                Ok(Some(bytes)) => match Repr::parse_bytes(bytes, &sh.cfg.ctrl) {
+                    Ok(r) => r.into_owned(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "malformed control message");
+                        return;
+                    }
+                },
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "broken control stream");
+                    return;
+                }
+            };
+            handle_msg(sh, st, qi, msg);
+        }
+        _ => {}
+    }
+}
+
+/// The peer is gone: every outstanding operation completes with an error.
+fn fail_qp(st: &mut State, qi: usize) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    qp.dead = true;
+    let mut ops: Vec<(u32, Op)> = qp.ops.drain();
+    ops.sort_by_key(|(_, o)| o.seq);
+    for (_, op) in ops {
+        let c = Completion {
+            wr_id: op.wr.wr_id,
+            status: ST_FLUSH,
+            op: comp_op(op.wr.op),
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+        };
+        let _ = qp.rob.finish(op.seq, false, c);
+        if let Some(Scratch::Slot(i)) = op.scratch {
+            qp.scratch_free.push(i);
+        }
+    }
+    let mut out = Vec::new();
+    qp.rob.drain_ready(&mut out);
+    for c in out {
+        qp.send_cq.push(c);
+    }
+    for (_, _) in qp.order.drain_parked() {}
+    for (_, t) in qp.treqs.drain() {
+        drop(t);
+    }
+    qp.key_wait.clear();
+}
+
+fn region<'a>(
+    mrs: &'a HashMap<u32, Arc<MrEntry>>,
+    pd: u32,
+    rkey: u32,
+) -> Option<(Arc<MrEntry>, LocalRegion<'a, RnicIommu>)> {
+    let m = mrs.get(&rkey).filter(|m| m.pd == pd)?;
+    Some((
+        m.clone(),
+        LocalRegion {
+            access: m.access,
+            shadow: &m.shadow,
+        },
+    ))
+}
+
+fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
+    let ctrl = sh.cfg.ctrl;
+    let State {
+        qps,
+        mrs,
+        keys,
+        stats,
+        ready,
+        ..
+    } = &mut *st;
+    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        return;
+    };
+    match msg {
+        Repr::KeyQuery { req_id, .. } => {
+            for m in keys.sync_messages(req_id, &ctrl) {
+                qp.send_ctrl(&ctrl, &m);
+            }
+        }
+        Repr::KeySync { .. } | Repr::KeyRevoke { .. } => {
+            let done = matches!(msg, Repr::KeySync { more: false, .. });
+            if let Err(e) = qp.peer.apply(&msg) {
+                tracing::warn!(error = %e, "bad key message from peer");
+            }
+            if done && !qp.peer.needs_sync() {
+                for id in qp.key_wait.drain(..) {
+                    if let Some(op) = qp.ops.get_mut(id) {
+                        op.stage = Stage::Queued;
+                        ready.push_back((qi, id));
+                    }
+                }
+            }
+        }
+        Repr::Fault(f) => {
+            stats.served += 1;
+            let need = if f.kind == FaultKind::Read {
+                Access::REMOTE_READ
+            } else {
+                Access::REMOTE_WRITE
+            };
+            let r = region(mrs, qp.pd, f.rkey);
+            let res = admit(
+                r.as_ref().map(|x| &x.1),
+                sh.mm.clone(),
+                f.remote_addr,
+                f.len as u64,
+                need,
+                false,
+            );
+            let reply = |qp: &mut QpState, status| {
+                qp.send_ctrl(
+                    &ctrl,
+                    &Repr::Completion {
+                        req_id: f.req_id,
+                        status,
+                        byte_len: 0,
+                    },
+                )
+            };
+            let grant = match res {
+                Ok(g) => g,
+                Err(s) => return reply(qp, s),
+            };
+            let (m, _) = r.expect("admitted");
+            if f.len == 0 {
+                return reply(qp, Status::Ok);
+            }
+            let (lkey, opc) = if f.kind == FaultKind::Read {
+                (m.read_lkey(), WrOpcode::Write)
+            } else {
+                (m.write_lkey(), WrOpcode::Read)
+            };
+            let Ok(tid) = qp.treqs.insert(TReq {
+                reply: f.req_id,
+                kind: TKind::Fault { len: f.len },
+                _grant: Some(grant),
+                _pin: None,
+                _mr: m,
+            }) else {
+                return reply(qp, Status::NoResources);
+            };
+            let sge = [rnic::Sge {
+                addr: f.remote_addr,
+                length: f.len,
+                lkey,
+            }];
+            let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), opc, &sge)
+                .remote(f.local_addr, f.local_key);
+            if let Err(e) = qp.data.post_send(&[wr]) {
+                tracing::warn!(error = %e.err, "reverse operation not posted");
+                drop(qp.treqs.take(tid));
+                reply(qp, Status::RemoteOp);
+            }
+        }
+        Repr::ReadInline {
+            req_id,
+            remote_addr,
+            rkey,
+            len,
+        } => {
+            stats.served += 1;
+            let r = region(mrs, qp.pd, rkey);
+            let res = admit(
+                r.as_ref().map(|x| &x.1),
+                sh.mm.clone(),
+                remote_addr,
+                len as u64,
+                Access::REMOTE_READ,
+                false,
+            );
+            let (status, data) = match res {
+                Ok(g) => {
+                    let d = mem::read(remote_addr, len as usize);
+                    drop(g);
+                    (Status::Ok, d)
+                }
+                Err(s) => (s, Vec::new()),
+            };
+            qp.send_ctrl(
+                &ctrl,
+                &Repr::ReadInlineResp {
+                    req_id,
+                    status,
+                    data: Cow::Owned(data),
+                },
+            );
+        }
+        Repr::WriteInline {
+            req_id,
+            remote_addr,
+            rkey,
+            data,
+        } => {
+            stats.served += 1;
+            let r = region(mrs, qp.pd, rkey);
+            let res = admit(
+                r.as_ref().map(|x| &x.1),
+                sh.mm.clone(),
+                remote_addr,
+                data.len() as u64,
+                Access::REMOTE_WRITE,
+                false,
+            );
+            let status = match res {
+                Ok(g) => {
+                    mem::write(remote_addr, &data);
+                    drop(g);
+                    Status::Ok
+                }
+                Err(s) => s,
+            };
+            qp.send_ctrl(
+                &ctrl,
+                &Repr::Completion {
+                    req_id,
+                    status,
+                    byte_len: data.len() as u32,
+                },
+            );
+        }
+        Repr::Atomic(a) => {
+            stats.served += 1;
+            let r = region(mrs, qp.pd, a.rkey);
+            let res = admit(
+                r.as_ref().map(|x| &x.1),
+                sh.mm.clone(),
+                a.remote_addr,
+                8,
+                Access::REMOTE_ATOMIC,
+                true,
+            );
+            let (status, original) = match res {
+                Ok(g) => match mem::atomic_at(a.remote_addr) {
+                    Some(w) => {
+                        let v = apply_atomic(a.kind, a.compare_add, a.swap, w);
+                        drop(g);
+                        (Status::Ok, v)
+                    }
+                    None => (Status::RemoteInvalid, 0),
+                },
+                Err(s) => (s, 0),
+            };
+            qp.send_ctrl(
+                &ctrl,
+                &Repr::AtomicResp {
+                    req_id: a.req_id,
+                    status,
+                    original,
+                },
+            );
+        }
+        Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
+            qp.inbound.push_back(msg);
+            deliver_inbound(sh, st, qi);
+        }
+        Repr::Completion {
+            req_id,
+            status,
+            byte_len,
+        } => {
+            let Some(op) = qp.ops.get_mut(req_id) else {
+                return;
+            };
+            match op.stage {
+                Stage::TwoSided => {
+                    if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
+                        start_notify(sh, st, qi, req_id);
+                    } else if matches!(
+                        op.wr.op,
+                        AppOp::Read | AppOp::Write | AppOp::Send | AppOp::SendImm(_)
+                    ) {
+                        let len = if status == Status::Ok { byte_len } else { 0 };
+                        finish(st, qi, req_id, wc_status(status), len);
+                    }
+                }
+                Stage::ImmNotify => {
+                    let len = op.len as u32;
+                    finish(st, qi, req_id, wc_status(status), len);
+                }
+                _ => {}
+            }
+        }
+        Repr::ReadInlineResp {
+            req_id,
+            status,
+            data,
+        } => {
+            let Some(op) = qp.ops.get_mut(req_id) else {
+                return;
+            };
+            if !matches!(op.stage, Stage::TwoSided) || op.wr.op != AppOp::Read {
+                return;
+            }
+            let mut s = wc_status(status);
+            if status == Status::Ok {
+                if data.len() as u64 == op.len {
+                    mem::write(op.laddr, &data);
+                } else {
+                    s = wc_status(Status::RemoteInvalid);
+                }
+            }
+            let len = op.len as u32;
+            finish(st, qi, req_id, s, len);
+        }
+        Repr::AtomicResp {
+            req_id,
+            status,
+            original,
+        } => {
+            let Some(op) = qp.ops.get_mut(req_id) else {
+                return;
+            };
+            if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
+                return;
+            }
+            if status == Status::Ok {
+                mem::write(op.laddr, &original.to_le_bytes());
+            }
+            finish(st, qi, req_id, wc_status(status), 8);
+        }
+        other => {
+            tracing::debug!(op = ?other.opcode(), "control message ignored");
+        }
+    }
+}
+
+/// Match inbound messages (SEND, WRITE_WITH_IMM notices) with posted RECVs.
+fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
+    let ctrl = sh.cfg.ctrl;
+    let State { qps, mrs, .. } = &mut *st;
+    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        return;
+    };
+    while !qp.rdv_busy && !qp.inbound.is_empty() && !qp.recvs.is_empty() {
+        let msg = qp.inbound.pop_front().expect("non-empty");
+        let rwr = qp.recvs.pop_front().expect("non-empty");
+        let (raddr, rlen, rkey) = rwr
+            .sge
+            .map(|s| (s.addr, s.length as u64, s.lkey))
+            .unwrap_or((0, 0, 0));
+        let rmr = rwr
+            .sge
+            .and_then(|_| mrs.get(&rkey).cloned())
+            .filter(|m| {
+                m.pd == qp.pd
+                    && m.contains(raddr, rlen)
+                    && m.access.contains(Access::LOCAL_WRITE)
+            });
+        let valid = rwr.sge.is_none() || rmr.is_some();
+        let mut cqe = Completion {
+            wr_id: rwr.wr_id,
+            status: 0,
+            op: CompOp::Recv,
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+        };
+        let reply = |qp: &mut QpState, req_id, status, byte_len| {
+            qp.send_ctrl(
+                &ctrl,
+                &Repr::Completion {
+                    req_id,
+                    status,
+                    byte_len,
+                },
+            )
+        };
+        match msg {
+            Repr::SendInline {
+                req_id, imm, data, ..
+            } => {
+                cqe.imm = imm;
+                if imm.is_some() {
+                    cqe.op = CompOp::RecvWithImm;
+                }
+                if !valid {
+                    cqe.status = ST_LOC_PROT;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::RemoteOp, 0);
+                } else if data.len() as u64 > rlen {
+                    cqe.status = ST_LOC_LEN;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::RemoteInvalid, 0);
+                } else {
+                    mem::write(raddr, &data);
+                    cqe.byte_len = data.len() as u32;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::Ok, data.len() as u32);
+                }
+            }
+            Repr::WriteImmNotify {
+                req_id, len, imm, ..
+            } => {
+                cqe.op = CompOp::RecvWithImm;
+                cqe.imm = Some(imm);
+                cqe.byte_len = len;
+                qp.recv_cq.push(cqe);
+                reply(qp, req_id, Status::Ok, len);
+            }
+            Repr::SendRendezvous {
+                req_id,
+                addr,
+                len,
+                key,
+                imm,
+                ..
+            } => {
+                let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
+                    cqe.status = if valid { ST_LOC_LEN } else { ST_LOC_PROT };
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::RemoteInvalid, 0);
+                    continue;
+                };
+                if len == 0 {
+                    cqe.imm = imm;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::Ok, 0);
+                    continue;
+                }
+                let pin = match Pinned::new(sh.mm.clone(), raddr, len as u64) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        cqe.status = ST_LOC_PROT;
+                        qp.recv_cq.push(cqe);
+                        reply(qp, req_id, Status::NoResources, 0);
+                        continue;
+                    }
+                };
+                let _ = m.shadow.map_in(raddr, len as u64);
+                let lkey = m.write_lkey();
+                let Ok(tid) = qp.treqs.insert(TReq {
+                    reply: req_id,
+                    kind: TKind::Rendezvous {
+                        recv_wr_id: rwr.wr_id,
+                        len,
+                        imm,
+                    },
+                    _grant: None,
+                    _pin: Some(pin),
+                    _mr: m,
+                }) else {
+                    cqe.status = ST_LOC_PROT;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::NoResources, 0);
+                    continue;
+                };
+                let sge = [rnic::Sge {
+                    addr: raddr,
+                    length: len,
+                    lkey,
+                }];
+                let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), WrOpcode::Read, &sge)
+                    .remote(addr, key);
+                if let Err(e) = qp.data.post_send(&[wr]) {
+                    tracing::warn!(error = %e.err, "rendezvous READ not posted");
+                    drop(qp.treqs.take(tid));
+                    cqe.status = ST_LOC_PROT;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::RemoteOp, 0);
+                    continue;
+                }
+                qp.rdv_busy = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Tell every connected peer about a new MR.
+pub(crate) fn broadcast_keysync(sh: &Shared, st: &mut State, m: KeyMapping) {
+    for qp in st.qps.iter_mut().flatten() {
+        if qp.connected && !qp.dead {
+            qp.send_ctrl(
+                &sh.cfg.ctrl,
+                &Repr::KeySync {
+                    req_id: 0,
+                    more: false,
+                    entries: Cow::Owned(vec![m]),
+                },
+            );
+        }
+    }
+}
+
+/// Tell every connected peer to forget `rkey`.
+pub(crate) fn broadcast_revoke(sh: &Shared, st: &mut State, rkey: u32) {
+    for qp in st.qps.iter_mut().flatten() {
+        if qp.connected && !qp.dead {
+            qp.send_ctrl(&sh.cfg.ctrl, &Repr::KeyRevoke { req_id: 0, rkey });
+        }
+    }
+}
+
+/// Destroy QP `qi`: NIC QPs to ERR, every outstanding WR and RECV completes
+/// with WR_FLUSH_ERR, pins drop. Returns the state to drop outside the lock.
+pub(crate) fn destroy_qp(
+    _sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    gen: u8,
+) -> Option<QpState> {
+    if st.gens.get(qi) != Some(&gen) {
+        return None;
+    }
+    let mut qp = st.qps.get_mut(qi)?.take()?;
+    st.gens[qi] = st.gens[qi].wrapping_add(1);
+    st.ready.retain(|(q, _)| *q != qi);
+    let err = QpAttr {
+        qp_state: NicQpState::Err,
+        ..QpAttr::default()
+    };
+    let _ = qp.data.modify(&err, QpAttrMask::STATE);
+    let _ = qp.ctrl.modify(&err, QpAttrMask::STATE);
+    let mut ops: Vec<(u32, Op)> = qp.ops.drain();
+    ops.sort_by_key(|(_, o)| o.seq);
+    for (_, op) in ops {
+        let c = Completion {
+            wr_id: op.wr.wr_id,
+            status: ST_FLUSH,
+            op: comp_op(op.wr.op),
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+        };
+        let _ = qp.rob.finish(op.seq, false, c);
+    }
+    let mut out = Vec::new();
+    qp.rob.drain_ready(&mut out);
+    for c in out {
+        qp.send_cq.push(c);
+    }
+    for r in qp.recvs.drain(..) {
+        qp.recv_cq.push(Completion {
+            wr_id: r.wr_id,
+            status: ST_FLUSH,
+            op: CompOp::Recv,
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+        });
+    }
+    drop(qp.treqs.drain());
+    Some(qp)
+}

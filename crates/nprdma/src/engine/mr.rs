@@ -1,0 +1,250 @@
+//! Registration without pinning: one application MR = a Read MR and a
+//! Write MR over two IOVA ranges (mapped from residency) + a pinned Version
+//! MR, a swap listener, a pager registration and a frame-map range.
+
+use std::sync::Arc;
+
+use super::core::Shared;
+use super::Error;
+use crate::adapt::{rnic_access, RnicIommu, VmemMm};
+use crate::ctrl::KeyMapping;
+use crate::nic::{self, Access, IommuControl, MemoryManager, NicMr};
+use crate::shadow::MrShadow;
+
+/// Everything behind one application MR. Operations hold an `Arc` of it,
+/// so deregistration with operations in flight completes them first.
+pub(crate) struct MrEntry {
+    pub pd: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+    pub key: u32,
+    pub mapping: KeyMapping,
+    nic: Option<NicMrs>,
+    pub shadow: Arc<MrShadow<RnicIommu>>,
+    listener: nic::ListenerId,
+    mm: VmemMm,
+    region: vmem::RegionId,
+    host: rnic::Host,
+    track: usize,
+}
+
+struct NicMrs {
+    read: rnic::Mr,
+    write: rnic::Mr,
+    _ver: rnic::Mr,
+}
+
+impl MrEntry {
+    pub fn read_lkey(&self) -> u32 {
+        self.nic.as_ref().map(|m| m.read.lkey()).unwrap_or(0)
+    }
+    pub fn write_lkey(&self) -> u32 {
+        self.nic.as_ref().map(|m| m.write.lkey()).unwrap_or(0)
+    }
+    /// Whether `[addr, addr+len)` is inside the MR.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.addr + self.len)
+    }
+}
+
+impl Drop for MrEntry {
+    fn drop(&mut self) {
+        // Listener first (waits for a running call), then the NIC MRs (wait
+        // for DMA), then the IOVA ranges (shadow), frame map, pager.
+        self.mm.remove_swap_listener(self.listener);
+        drop(self.nic.take());
+        if let Err(e) = self.host.frames().untrack(self.track) {
+            tracing::warn!(error = %e, "untrack failed");
+        }
+        if let Err(e) = self.mm.0.unregister(self.region) {
+            tracing::warn!(error = %e, "pager unregister failed");
+        }
+    }
+}
+
+/// The application's handle of a registered MR. Dropping it deregisters
+/// (peers are told to forget its key).
+pub struct Mr {
+    sh: Arc<Shared>,
+    key: u32,
+    addr: u64,
+    len: u64,
+}
+
+impl Mr {
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// An SGE over `[addr()+off, +len)`.
+    pub fn sge(&self, off: u64, len: u32) -> nic::Sge {
+        nic::Sge {
+            addr: self.addr + off,
+            length: len,
+            lkey: self.key,
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let entry = {
+            let mut st = self.sh.st.lock();
+            let e = st.mrs.remove(&self.key);
+            st.keys.remove(self.key);
+            super::core::broadcast_revoke(&self.sh, &mut st, self.key);
+            e
+        };
+        drop(entry);
+    }
+}
+
+/// See `Pd::reg_mr`.
+///
+/// # Safety
+/// As `Pd::reg_mr`.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn register(
+    sh: &Arc<Shared>,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+) -> Result<Mr, Error> {
+    const PS: u64 = vmem::PAGE_SIZE as u64;
+    if len == 0 || addr == 0 || addr.checked_add(len).is_none() {
+        return Err(Error::Invalid("empty or wrapping MR"));
+    }
+    let first = addr & !(PS - 1);
+    let npages = (addr + len - 1) / PS - addr / PS + 1;
+    // SAFETY: forwarded contract (private anonymous memory that stays mapped).
+    let region = unsafe { sh.mm.0.register_raw(addr as usize, len as usize)? };
+    let unreg = |e: Error| {
+        let _ = sh.mm.0.unregister(region);
+        e
+    };
+    if let Err(e) = sh
+        .host
+        .frames()
+        .track(first as usize, (npages * PS) as usize, false)
+    {
+        return Err(unreg(e.into()));
+    }
+    let untrack = |e: Error| {
+        let _ = sh.host.frames().untrack(first as usize);
+        unreg(e)
+    };
+    let mut resident = Vec::new();
+    if let Err(e) = sh.mm.residency(first, npages * PS, &mut resident) {
+        return Err(untrack(e.into()));
+    }
+    let shadow = match MrShadow::new(sh.iommu.clone(), addr, len, PS, &resident) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return Err(untrack(Error::Other(e.to_string()))),
+    };
+    let listener = sh
+        .mm
+        .add_swap_listener(shadow.clone() as Arc<dyn nic::SwapListener>);
+    // Pages evicted between the residency scan and the listener: treat as a
+    // swap-out now (a page announced absent that is resident just goes
+    // two-sided on its first access).
+    let mut again = Vec::new();
+    if sh.mm.residency(first, npages * PS, &mut again).is_ok() {
+        let gone: Vec<u64> = resident
+            .iter()
+            .zip(&again)
+            .enumerate()
+            .filter(|(_, (a, b))| **a && !**b)
+            .map(|(i, _)| first + i as u64 * PS)
+            .collect();
+        if !gone.is_empty() {
+            let _ = shadow.swap_out(&gone);
+        }
+    }
+    let mut entry = MrEntry {
+        pd,
+        addr,
+        len,
+        access,
+        key: 0,
+        mapping: KeyMapping {
+            app_rkey: 0,
+            write_rkey: 0,
+            version_rkey: 0,
+            page_count: npages as u32,
+            region_va: addr,
+            region_len: len,
+            version_va: shadow.versions().addr(),
+        },
+        nic: None,
+        shadow: shadow.clone(),
+        listener,
+        mm: sh.mm.clone(),
+        region,
+        host: sh.host.clone(),
+        track: first as usize,
+    };
+    let vers = shadow.versions();
+    // SAFETY: the version table is heap memory owned by the shadow, which
+    // the entry keeps alive until after the MR is dropped (`nic` goes first).
+    let ver = unsafe {
+        sh.pd.reg_mr(
+            vers.addr() as usize,
+            vers.byte_len() as usize,
+            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ,
+        )?
+    };
+    let read_access = Access(access.0 & Access::REMOTE_READ.0);
+    let write_access = Access(Access::LOCAL_WRITE.0 | (access.0 & Access::REMOTE_WRITE.0));
+    // SAFETY: forwarded contract; the IOVA entries are maintained by the shadow.
+    let read = unsafe {
+        sh.iommu
+            .reg_mr_iova(addr, len, read_access, shadow.read_range())?
+    };
+    // SAFETY: as above.
+    let write = unsafe {
+        sh.iommu
+            .reg_mr_iova(addr, len, write_access, shadow.write_range())?
+    };
+    let _ = rnic_access;
+    entry.key = read.rkey();
+    entry.mapping.app_rkey = read.rkey();
+    entry.mapping.write_rkey = write.rkey();
+    entry.mapping.version_rkey = ver.rkey();
+    entry.nic = Some(NicMrs {
+        read: read.0,
+        write: write.0,
+        _ver: ver,
+    });
+    let key = entry.key;
+    let mapping = entry.mapping;
+    {
+        let mut st = sh.st.lock();
+        st.keys
+            .insert(mapping)
+            .map_err(|e| Error::Other(e.to_string()))?;
+        st.mrs.insert(key, Arc::new(entry));
+        super::core::broadcast_keysync(sh, &mut st, mapping);
+    }
+    Ok(Mr {
+        sh: sh.clone(),
+        key,
+        addr,
+        len,
+    })
+}

@@ -1,0 +1,46 @@
+//! The CPU's access to application memory on the two-sided path: copies in
+//! and out of registered ranges and the target-CPU atomics. The only place
+//! the engine dereferences application addresses.
+//!
+//! Every caller has validated the range against a registered application MR
+//! (key, bounds, rights); registration requires the memory to stay mapped
+//! while registered (`Pd::reg_mr`'s contract). A copy may take a page fault,
+//! which the pager's fault thread resolves.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::AtomicU64;
+
+/// Copy `len` bytes at `addr` out.
+pub fn read(addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: [addr, addr+len) lies inside a registered MR (validated by
+        // the caller), which stays mapped while registered; `v` is a fresh
+        // buffer that cannot overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, v.as_mut_ptr(), len) };
+    }
+    v
+}
+
+/// Copy `data` to `addr`.
+pub fn write(addr: u64, data: &[u8]) {
+    if !data.is_empty() {
+        // SAFETY: [addr, addr+len) lies inside a registered MR with
+        // LOCAL_WRITE (or a granted remote right), validated by the caller;
+        // `data` is engine-owned memory, not overlapping it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+    }
+}
+
+/// The 8-byte word at `addr` as an atomic.
+pub fn atomic_at<'a>(addr: u64) -> Option<&'a AtomicU64> {
+    if addr % 8 != 0 || addr == 0 {
+        return None;
+    }
+    // SAFETY: `addr` is 8-aligned, inside a registered MR granted for
+    // REMOTE_ATOMIC and pinned by the caller for the duration of the use;
+    // AtomicU64 has the layout of u64. All NP-RDMA atomics of this host go
+    // through this function on the same memory, so they are atomic with
+    // respect to each other.
+    Some(unsafe { &*(addr as *const AtomicU64) })
+}
