@@ -117,6 +117,15 @@ fn one(s: &Side, wr: &SendWr) {
 
 fn suite(name: &str, s: &Side, raddr: u64, rkey: u32, iters: usize, rows: &mut Vec<String>) {
     let local = s.pd.reg_mr_owned(vec![1u8; BUF], all()).unwrap();
+    // Warm-up (connection, caches, the NIC thread's adaptive spin), discarded.
+    {
+        let sge = [local.sge(0, 2)];
+        let wr = SendWr::new(0, WrOpcode::Read, &sge).remote(raddr, rkey);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(200) {
+            one(s, &wr);
+        }
+    }
     for op in [WrOpcode::Read, WrOpcode::Write] {
         let opn = if op == WrOpcode::Read { "READ" } else { "WRITE" };
         for &sz in &LAT_SIZES {

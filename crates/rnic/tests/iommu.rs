@@ -186,6 +186,19 @@ fn frame_byte(set: usize, page: usize, off: usize) -> u8 {
     ((set * 97 + page * 13 + off / 256 * 7 + off) % 251) as u8
 }
 
+/// Wait (bounded) until a background thread got going, so a loaded machine cannot
+/// make the stress tests vacuous.
+fn wait_until(f: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "background thread never ran"
+        );
+        std::thread::yield_now();
+    }
+}
+
 fn stress_iters() -> usize {
     if std::env::var("RNIC_LONG").is_ok() {
         20_000
@@ -250,6 +263,7 @@ fn torn_transfers_only_at_atom_boundaries() {
         };
         let local = buf(&a.pd, pages * PAGE, 0);
         let mut torn = 0;
+        wait_until(|| remaps.load(Ordering::Relaxed) > 100);
         for it in 0..stress_iters() {
             let off = (it * 4 * tlp) % PAGE; // atom-aligned start, varying
             let len = pages * PAGE - off;
@@ -338,6 +352,7 @@ fn flush_waits_for_in_flight_dma() {
         })
     };
     let local = buf(&a.pd, pages * PAGE, 0);
+    wait_until(|| b.host.stats().flushes > 2);
     for it in 0..stress_iters() / 4 {
         let sge = [local.sge(0, (pages * PAGE) as u32)];
         a.qp.post_send(&[SendWr::new(it as u64, WrOpcode::Read, &sge).remote(va.page(0) as u64, mr.rkey())])
