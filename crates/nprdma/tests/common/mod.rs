@@ -1,0 +1,110 @@
+//! Shared set-up of the engine integration tests: two software hosts in
+//! this process, each with its own pager, context, PD and CQs.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use nprdma::{Access, Completion, Config, Context, Cq, Mr, Pd, Qp};
+
+pub struct Side {
+    pub host: rnic::Host,
+    pub pager: vmem::Pager,
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub rcq: Cq,
+}
+
+pub fn side_with(cfg: Config) -> Side {
+    let host = rnic::Host::new(rnic::HostConfig::default()).expect("host");
+    let pager = vmem::Pager::new(vmem::PagerConfig {
+        swap_size: 256 << 20,
+        ..vmem::PagerConfig::default()
+    })
+    .expect("pager");
+    let ctx = Context::new(&host, &pager, cfg).expect("context");
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4096).expect("cq");
+    let rcq = ctx.create_cq(4096).expect("rcq");
+    Side {
+        host,
+        pager,
+        ctx,
+        pd,
+        cq,
+        rcq,
+    }
+}
+
+pub fn side() -> Side {
+    side_with(Config::default())
+}
+
+/// A connected QP pair `a.qp <-> b.qp`.
+pub fn connect(a: &Side, b: &Side, depth: u32) -> (Qp, Qp) {
+    let qa = a.pd.create_qp(&a.cq, &a.rcq, depth).expect("qp a");
+    let qb = b.pd.create_qp(&b.cq, &b.rcq, depth).expect("qp b");
+    qa.connect(&qb.endpoint()).expect("connect a");
+    qb.connect(&qa.endpoint()).expect("connect b");
+    (qa, qb)
+}
+
+/// Pager-managed memory registered as an NP-RDMA MR.
+pub struct Buf {
+    pub mr: Mr,
+    pub region: vmem::Region,
+}
+
+impl Buf {
+    /// An untouched (never faulted) buffer.
+    pub fn new(s: &Side, len: usize) -> Buf {
+        Self::with(s, len, None)
+    }
+
+    /// A buffer holding `data` before registration (resident pages start
+    /// mapped), or untouched if `None`.
+    pub fn with(s: &Side, len: usize, data: Option<&[u8]>) -> Buf {
+        let mut region = s.pager.alloc(len).expect("alloc");
+        if let Some(d) = data {
+            region.as_mut_slice()[..d.len()].copy_from_slice(d);
+        }
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        // SAFETY: the region is private anonymous memory; `Buf` drops the MR
+        // before the region (see Drop).
+        #[allow(unsafe_code)]
+        let mr = unsafe { s.pd.reg_mr(region.addr() as u64, len as u64, acc) }.expect("reg_mr");
+        Buf { region, mr }
+    }
+    pub fn addr(&self) -> u64 {
+        self.region.addr() as u64
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.region.as_slice()[..self.mr.len() as usize]
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.mr.len() as usize;
+        &mut self.region.as_mut_slice()[..n]
+    }
+    pub fn swap_out(&self) {
+        self.region.swap_out().expect("swap out");
+    }
+}
+
+/// Wait for exactly one completion (panics after 10 s).
+pub fn wait1(cq: &Cq) -> Completion {
+    let v = cq.poll_wait(1, Duration::from_secs(10));
+    assert_eq!(v.len(), 1, "no completion within 10 s");
+    v[0]
+}
+
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
