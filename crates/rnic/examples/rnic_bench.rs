@@ -128,7 +128,12 @@ fn suite(name: &str, s: &Side, raddr: u64, rkey: u32, iters: usize, rows: &mut V
     }
     for op in [WrOpcode::Read, WrOpcode::Write] {
         let opn = if op == WrOpcode::Read { "READ" } else { "WRITE" };
-        for &sz in &LAT_SIZES {
+        let lat_sizes: &[usize] = if std::env::var("RNIC_BENCH_TPUT_ONLY").is_ok() {
+            &[]
+        } else {
+            &LAT_SIZES
+        };
+        for &sz in lat_sizes {
             let sge = [local.sge(0, sz as u32)];
             let wr = SendWr::new(1, op, &sge).remote(raddr, rkey);
             let n = if sz >= 65536 { iters / 10 } else { iters };

@@ -465,6 +465,10 @@ fn post_help<'a>(h: &Help<'a>, read: bool, t: &[(u64, u64, u64)]) -> Option<&'a 
     hdr.src_qpn.store(h.src_qpn, Ordering::Relaxed);
     hdr.status.store(0, Ordering::Relaxed);
     hdr.result.store(0, Ordering::Relaxed);
+    // The helper declines the job if it runs on our CPU (sharing one core only adds
+    // switches); `swp` carries our CPU number.
+    // SAFETY: plain libc call without arguments.
+    hdr.swp.store(unsafe { libc::sched_getcpu() } as u64, Ordering::Relaxed);
     hdr.state.store(crate::segment::SLOT_REQ, Ordering::Release);
     h.seg.ring_doorbell(h.qp);
     Some(hdr)

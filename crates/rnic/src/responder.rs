@@ -260,6 +260,12 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     let qpn = r.qpn.load(Ordering::Relaxed);
     let mut result = 0u64;
     if op == segment::RING_HELP_READ || op == segment::RING_HELP_WRITE {
+        // Sharing the initiator's CPU would only serialize the copy: leave the job to
+        // the initiator (it cancels it when done).
+        // SAFETY: plain libc call without arguments.
+        if unsafe { libc::sched_getcpu() } as u64 == h.swp.load(Ordering::Relaxed) {
+            return false;
+        }
         // Take the job unless the initiator already did everything and cancelled it.
         if h.state
             .compare_exchange(
