@@ -108,6 +108,8 @@ pub struct MrShadow<I: IommuControl> {
     read: I::Range,
     write: I::Range,
     versions: Arc<VersionTable>,
+    /// Pins the layer itself holds per page (see [`MrShadow::pinned_map_in`]).
+    pins: Box<[AtomicU32]>,
     lock: Mutex<()>,
 }
 
@@ -162,6 +164,7 @@ impl<I: IommuControl> MrShadow<I> {
             read,
             write,
             versions: Arc::new(VersionTable::new(resident.iter().copied())),
+            pins: (0..npages).map(|_| AtomicU32::new(0)).collect(),
             lock: Mutex::new(()),
         };
         for (i, &r) in resident.iter().enumerate() {
@@ -247,7 +250,13 @@ impl<I: IommuControl> MrShadow<I> {
         if changed > 0 {
             self.iommu.flush().map_err(ShadowError::Iommu)?;
             for &p in pages {
-                if self.page_index(p).is_some() {
+                // A page the layer holds pinned stays resident (its eviction
+                // aborts), so the NIC model must keep seeing it resident:
+                // temporary MRs over it are in use.
+                if self
+                    .page_index(p)
+                    .is_some_and(|i| self.pins[i].load(Ordering::Acquire) == 0)
+                {
                     self.iommu
                         .set_resident(p & !(self.page_size - 1), self.page_size, false)
                         .map_err(ShadowError::Iommu)?;
@@ -255,6 +264,48 @@ impl<I: IommuControl> MrShadow<I> {
             }
         }
         Ok(changed)
+    }
+
+    /// Record that the caller now holds a pager pin on `[addr, addr+len)` and
+    /// map it in ([`MrShadow::map_in`]); also marks every page resident for
+    /// the NIC model. While recorded, a swap-out announcement for these
+    /// pages (which can arrive late, for an eviction the pin is aborting)
+    /// still remaps the IOVA views and bumps versions, but leaves the pages
+    /// resident for the NIC model, so plain (passthrough) MRs over the pinned
+    /// range keep working. Undo with [`MrShadow::unpinned`] *before* the
+    /// pager unpin.
+    pub fn pinned_map_in(&self, addr: u64, len: u64) -> Res<usize, I> {
+        let oob = ShadowError::OutOfRange { addr, len };
+        let end = addr.checked_add(len).ok_or(ShadowError::OutOfRange { addr, len })?;
+        if addr < self.addr || end > self.addr + self.len {
+            return Err(oob);
+        }
+        let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
+        {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            for k in 0..n {
+                if let Some(i) = self.page_index(first + k * self.page_size) {
+                    self.pins[i].fetch_add(1, Ordering::AcqRel);
+                    self.iommu
+                        .set_resident(first + k * self.page_size, self.page_size, true)
+                        .map_err(ShadowError::Iommu)?;
+                }
+            }
+        }
+        self.map_in(addr, len)
+    }
+
+    /// Undo one [`MrShadow::pinned_map_in`] of the same range.
+    pub fn unpinned(&self, addr: u64, len: u64) {
+        let Some((first, n)) = crate::check::page_span(addr, len, self.page_size as usize) else {
+            return;
+        };
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for k in 0..n {
+            if let Some(i) = self.page_index(first + k * self.page_size) {
+                let _ = self.pins[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+            }
+        }
     }
 
     /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on

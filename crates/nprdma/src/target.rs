@@ -55,17 +55,7 @@ pub fn admit<I: IommuControl, M: MemoryManager>(
     need: Access,
     atomic: bool,
 ) -> Result<Grant<M>, Status> {
-    let r = region.ok_or(Status::RemoteAccess)?;
-    let end = addr.checked_add(len).ok_or(Status::RemoteAccess)?;
-    if addr < r.shadow.addr() || end > r.shadow.addr() + r.shadow.len() {
-        return Err(Status::RemoteAccess);
-    }
-    if !r.access.contains(need) {
-        return Err(Status::RemoteAccess);
-    }
-    if atomic && (len != 8 || addr % 8 != 0) {
-        return Err(Status::RemoteInvalid);
-    }
+    let r = validate(region, addr, len, need, atomic)?;
     if len == 0 {
         return Ok(Grant {
             addr,
@@ -86,6 +76,29 @@ pub fn admit<I: IommuControl, M: MemoryManager>(
         len,
         _pin: Some(pin),
     })
+}
+
+/// The checks of [`admit`] without pinning: key (region present), bounds,
+/// access rights, atomic size/alignment.
+pub fn validate<'r, 'a, I: IommuControl>(
+    region: Option<&'r LocalRegion<'a, I>>,
+    addr: u64,
+    len: u64,
+    need: Access,
+    atomic: bool,
+) -> Result<&'r LocalRegion<'a, I>, Status> {
+    let r = region.ok_or(Status::RemoteAccess)?;
+    let end = addr.checked_add(len).ok_or(Status::RemoteAccess)?;
+    if addr < r.shadow.addr() || end > r.shadow.addr() + r.shadow.len() {
+        return Err(Status::RemoteAccess);
+    }
+    if !r.access.contains(need) {
+        return Err(Status::RemoteAccess);
+    }
+    if atomic && (len != 8 || addr % 8 != 0) {
+        return Err(Status::RemoteInvalid);
+    }
+    Ok(r)
 }
 
 /// Execute an atomic on the target CPU; returns the original value.

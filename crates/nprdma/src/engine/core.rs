@@ -31,7 +31,7 @@ use crate::pending::Pending;
 use crate::plan::{choose, nic_steps, order_desc, AppOp, LocalBuf, Strategy};
 use crate::rob::CompletionOrder;
 use crate::shadow::MrShadow;
-use crate::target::{admit, apply_atomic, wc_status, Grant, LocalRegion};
+use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
 
 const PS: u64 = vmem::PAGE_SIZE as u64;
 /// The control QP's number: the data QP's with this bit set.
@@ -166,7 +166,42 @@ impl State {
 #[derive(Default)]
 struct Hold {
     mr: Option<rnic::Mr>,
+    pin: Option<EnginePin>,
+}
+
+/// A pager pin recorded in the MR's shadow: released by noting the unpin
+/// in the shadow first, then unpinning.
+struct EnginePin {
+    shadow: Arc<MrShadow<RnicIommu>>,
+    addr: u64,
+    len: u64,
     pin: Option<Pinned<VmemMm>>,
+}
+
+impl Drop for EnginePin {
+    fn drop(&mut self) {
+        self.shadow.unpinned(self.addr, self.len);
+        drop(self.pin.take());
+    }
+}
+
+/// Pin `[addr, addr+len)` of `mr` (faulting it in on this thread) and map
+/// it into the NIC views.
+fn engine_pin(sh: &Shared, mr: &MrEntry, addr: u64, len: u64) -> Result<EnginePin, ()> {
+    let p = Pinned::new(sh.mm.clone(), addr, len).map_err(|e| {
+        tracing::warn!(addr, len, error = %e, "pin failed");
+    })?;
+    let g = EnginePin {
+        shadow: mr.shadow.clone(),
+        addr,
+        len,
+        pin: Some(p),
+    };
+    if let Err(e) = mr.shadow.pinned_map_in(addr, len) {
+        tracing::error!(error = %e, "map-in failed");
+        return Err(());
+    }
+    Ok(g)
 }
 
 enum Scratch {
@@ -202,6 +237,7 @@ struct Op {
     hold: Hold,
 }
 
+#[derive(Clone, Copy)]
 enum TKind {
     Fault { len: u32 },
     Rendezvous { recv_wr_id: u64, len: u32, imm: Option<u32> },
@@ -210,8 +246,8 @@ enum TKind {
 struct TReq {
     reply: u32,
     kind: TKind,
-    _grant: Option<Grant<VmemMm>>,
-    _pin: Option<Pinned<VmemMm>>,
+    _tmr: Option<rnic::Mr>,
+    _pin: Option<EnginePin>,
     _mr: Arc<MrEntry>,
 }
 
@@ -650,15 +686,9 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     let (laddr, len) = (op.laddr, op.len);
     if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
         stats.local_fixups += 1;
-        match Pinned::new(sh.mm.clone(), laddr, len) {
-            Ok(p) => {
-                if let Err(e) = lmr.shadow.map_in(laddr, len) {
-                    tracing::error!(error = %e, "local map-in failed");
-                }
-                drop(p);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "local pin failed");
+        match engine_pin(sh, &lmr, laddr, len) {
+            Ok(p) => drop(p),
+            Err(()) => {
                 finish(st, qi, id, ST_LOC_PROT, 0);
                 return;
             }
@@ -857,20 +887,11 @@ fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 }
 
 /// Pin the local buffer and map it into the NIC views.
-fn pin_local(sh: &Shared, op: &Op) -> Result<Option<Pinned<VmemMm>>, ()> {
-    if op.len == 0 {
-        return Ok(None);
+fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
+    match &op.lmr {
+        Some(m) if op.len > 0 => engine_pin(sh, m, op.laddr, op.len).map(Some),
+        _ => Ok(None),
     }
-    let p = Pinned::new(sh.mm.clone(), op.laddr, op.len).map_err(|e| {
-        tracing::warn!(error = %e, "pin failed");
-    })?;
-    if let Some(m) = &op.lmr {
-        if let Err(e) = m.shadow.map_in(op.laddr, op.len) {
-            tracing::error!(error = %e, "map-in failed");
-            return Err(());
-        }
-    }
-    Ok(Some(p))
 }
 
 fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::Mr, ()> {
@@ -1084,13 +1105,15 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
         K_REV => {
             let Some(t) = qp.treqs.take(id) else { return };
             let status = if ok { Status::Ok } else { Status::RemoteOp };
-            match t.kind {
+            let (reply, kind) = (t.reply, t.kind);
+            // Temporary MR first (waits for DMA), then the pin.
+            drop(t);
+            match kind {
                 TKind::Fault { len } => {
-                    drop(t._grant);
                     qp.send_ctrl(
                         &sh.cfg.ctrl,
                         &Repr::Completion {
-                            req_id: t.reply,
+                            req_id: reply,
                             status,
                             byte_len: if ok { len } else { 0 },
                         },
@@ -1101,7 +1124,6 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                     len,
                     imm,
                 } => {
-                    drop(t._pin);
                     qp.rdv_busy = false;
                     qp.recv_cq.push(Completion {
                         wr_id: recv_wr_id,
@@ -1118,7 +1140,7 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                     qp.send_ctrl(
                         &sh.cfg.ctrl,
                         &Repr::Completion {
-                            req_id: t.reply,
+                            req_id: reply,
                             status,
                             byte_len: if ok { len } else { 0 },
                         },
@@ -1197,6 +1219,25 @@ fn fail_qp(st: &mut State, qi: usize) {
     qp.key_wait.clear();
 }
 
+/// Target side: validate like the NIC would, then pin and map in.
+fn grant(
+    sh: &Shared,
+    r: Option<&(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+    addr: u64,
+    len: u64,
+    need: Access,
+    atomic: bool,
+) -> Result<Option<EnginePin>, Status> {
+    validate(r.map(|x| &x.1), addr, len, need, atomic)?;
+    let (m, _) = r.ok_or(Status::RemoteAccess)?;
+    if len == 0 {
+        return Ok(None);
+    }
+    engine_pin(sh, m, addr, len)
+        .map(Some)
+        .map_err(|()| Status::NoResources)
+}
+
 fn region<'a>(
     mrs: &'a HashMap<u32, Arc<MrEntry>>,
     pd: u32,
@@ -1253,14 +1294,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
                 Access::REMOTE_WRITE
             };
             let r = region(mrs, qp.pd, f.rkey);
-            let res = admit(
-                r.as_ref().map(|x| &x.1),
-                sh.mm.clone(),
-                f.remote_addr,
-                f.len as u64,
-                need,
-                false,
-            );
+            let res = grant(sh, r.as_ref(), f.remote_addr, f.len as u64, need, false);
             let reply = |qp: &mut QpState, status| {
                 qp.send_ctrl(
                     &ctrl,
@@ -1271,7 +1305,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
                     },
                 )
             };
-            let grant = match res {
+            let pin = match res {
                 Ok(g) => g,
                 Err(s) => return reply(qp, s),
             };
@@ -1279,16 +1313,20 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             if f.len == 0 {
                 return reply(qp, Status::Ok);
             }
-            let (lkey, opc) = if f.kind == FaultKind::Read {
-                (m.read_lkey(), WrOpcode::Write)
+            let opc = if f.kind == FaultKind::Read {
+                WrOpcode::Write
             } else {
-                (m.write_lkey(), WrOpcode::Read)
+                WrOpcode::Read
             };
+            let Ok(tmr) = temp_mr(sh, f.remote_addr, f.len as u64, rnic::Access::LOCAL_WRITE) else {
+                return reply(qp, Status::NoResources);
+            };
+            let lkey = tmr.lkey();
             let Ok(tid) = qp.treqs.insert(TReq {
                 reply: f.req_id,
                 kind: TKind::Fault { len: f.len },
-                _grant: Some(grant),
-                _pin: None,
+                _tmr: Some(tmr),
+                _pin: pin,
                 _mr: m,
             }) else {
                 return reply(qp, Status::NoResources);
@@ -1314,14 +1352,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         } => {
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
-            let res = admit(
-                r.as_ref().map(|x| &x.1),
-                sh.mm.clone(),
-                remote_addr,
-                len as u64,
-                Access::REMOTE_READ,
-                false,
-            );
+            let res = grant(sh, r.as_ref(), remote_addr, len as u64, Access::REMOTE_READ, false);
             let (status, data) = match res {
                 Ok(g) => {
                     let d = mem::read(remote_addr, len as usize);
@@ -1347,9 +1378,9 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         } => {
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
-            let res = admit(
-                r.as_ref().map(|x| &x.1),
-                sh.mm.clone(),
+            let res = grant(
+                sh,
+                r.as_ref(),
                 remote_addr,
                 data.len() as u64,
                 Access::REMOTE_WRITE,
@@ -1375,14 +1406,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         Repr::Atomic(a) => {
             stats.served += 1;
             let r = region(mrs, qp.pd, a.rkey);
-            let res = admit(
-                r.as_ref().map(|x| &x.1),
-                sh.mm.clone(),
-                a.remote_addr,
-                8,
-                Access::REMOTE_ATOMIC,
-                true,
-            );
+            let res = grant(sh, r.as_ref(), a.remote_addr, 8, Access::REMOTE_ATOMIC, true);
             let (status, original) = match res {
                 Ok(g) => match mem::atomic_at(a.remote_addr) {
                     Some(w) => {
@@ -1571,17 +1595,16 @@ fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     reply(qp, req_id, Status::Ok, 0);
                     continue;
                 }
-                let pin = match Pinned::new(sh.mm.clone(), raddr, len as u64) {
-                    Ok(p) => p,
-                    Err(_) => {
-                        cqe.status = ST_LOC_PROT;
-                        qp.recv_cq.push(cqe);
-                        reply(qp, req_id, Status::NoResources, 0);
-                        continue;
-                    }
+                let pinned = engine_pin(sh, &m, raddr, len as u64).and_then(|p| {
+                    temp_mr(sh, raddr, len as u64, rnic::Access::LOCAL_WRITE).map(|t| (p, t))
+                });
+                let Ok((pin, tmr)) = pinned else {
+                    cqe.status = ST_LOC_PROT;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, req_id, Status::NoResources, 0);
+                    continue;
                 };
-                let _ = m.shadow.map_in(raddr, len as u64);
-                let lkey = m.write_lkey();
+                let lkey = tmr.lkey();
                 let Ok(tid) = qp.treqs.insert(TReq {
                     reply: req_id,
                     kind: TKind::Rendezvous {
@@ -1589,7 +1612,7 @@ fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                         len,
                         imm,
                     },
-                    _grant: None,
+                    _tmr: Some(tmr),
                     _pin: Some(pin),
                     _mr: m,
                 }) else {
