@@ -92,6 +92,14 @@ impl<T> Pending<T> {
         v
     }
 
+    /// Live entries with their ids.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (gen, v))| v.as_ref().map(|v| (*gen << INDEX_BITS | i as u32, v)))
+    }
+
     /// Remove every outstanding request (QP error / teardown), oldest slot
     /// order not guaranteed; the caller completes each with a flush status.
     pub fn drain(&mut self) -> Vec<(u32, T)> {

@@ -46,6 +46,7 @@ const ST_LOC_LEN: u32 = 1;
 const ST_LOC_PROT: u32 = 4;
 const ST_FLUSH: u32 = 5;
 const ST_REM_ACCESS: u32 = 10;
+const ST_RETRY_EXC: u32 = 12;
 
 fn enc(qi: usize, gen: u8, kind: u64, step: u64, id: u32) -> u64 {
     (qi as u64) << 48 | (gen as u64) << 40 | kind << 36 | step << 32 | id as u64
@@ -120,6 +121,7 @@ pub(crate) struct State {
     pub next_pd: u32,
     pub stats: Stats,
     next_req: u32,
+    last_sweep: Instant,
 }
 
 impl State {
@@ -133,6 +135,7 @@ impl State {
             next_pd: 0,
             stats: Stats::default(),
             next_req: 1,
+            last_sweep: Instant::now(),
         }
     }
 
@@ -224,6 +227,8 @@ enum Stage {
 }
 
 struct Op {
+    /// When the current two-sided request was sent (for the timeout).
+    sent: Option<Instant>,
     wr: SendWr,
     laddr: u64,
     len: u64,
@@ -536,6 +541,7 @@ pub(crate) fn post_send(
         let seq = qp.rob.post(wr.signaled);
         let rlen = if is_atomic(wr.op) { 8 } else { len };
         let op = Op {
+            sent: None,
             wr: *wr,
             laddr,
             len,
@@ -874,6 +880,7 @@ fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         return;
     };
     op.stage = Stage::ImmNotify;
+    op.sent = Some(Instant::now());
     op.hold = Hold::default();
     let msg = Repr::WriteImmNotify {
         req_id: id,
@@ -1015,6 +1022,7 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     };
     op.hold = hold;
     op.stage = Stage::TwoSided;
+    op.sent = Some(Instant::now());
     qp.send_ctrl(&sh.cfg.ctrl, &msg);
 }
 
@@ -1079,7 +1087,31 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
         }
     }
     run_ready(sh, st);
+    if st.last_sweep.elapsed() >= std::time::Duration::from_millis(10) {
+        st.last_sweep = Instant::now();
+        sweep_timeouts(sh, st);
+    }
     total
+}
+
+/// Two-sided requests the peer never answered (it destroyed its QP or
+/// died) complete with RETRY_EXC_ERR, like an RC transport timeout.
+fn sweep_timeouts(sh: &Shared, st: &mut State) {
+    let limit = sh.cfg.two_sided_timeout;
+    let mut late = Vec::new();
+    for (qi, q) in st.qps.iter_mut().enumerate() {
+        let Some(qp) = q else { continue };
+        for (id, op) in qp.ops.iter() {
+            if op.sent.is_some_and(|t| t.elapsed() > limit) {
+                late.push((qi, id));
+            }
+        }
+    }
+    for (qi, id) in late {
+        tracing::warn!(qi, id, "two-sided request timed out");
+        finish(st, qi, id, ST_RETRY_EXC, 0);
+    }
+    run_ready(sh, st);
 }
 
 fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {

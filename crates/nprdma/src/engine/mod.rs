@@ -61,6 +61,9 @@ pub struct Config {
     pub retry_mode: bool,
     /// Entries of the NIC CQ shared by all QPs of the context.
     pub nic_cq_depth: u32,
+    /// A two-sided request unanswered this long completes with
+    /// RETRY_EXC_ERR (the peer destroyed its QP or died).
+    pub two_sided_timeout: Duration,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             ctrl: CtrlConfig::default(),
             retry_mode: false,
             nic_cq_depth: 32768,
+            two_sided_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -1,0 +1,142 @@
+//! Key synchronisation on first use, MR deregistration, and teardown with
+//! operations in flight (flush completions, no leaked pins, peer timeout).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nprdma::{Config, Opcode, SendWr};
+
+const LEN: usize = 256 * 1024;
+
+#[test]
+fn first_use_key_query_then_new_mr_push() {
+    let a = side();
+    let b = side();
+    // MRs exist before the QPs: the peer learns them by a KeyQuery.
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, _qb) = connect(&a, &b, 16);
+    qa.post_send(&[SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 4096)), rb.addr(), rb.mr.rkey())])
+        .unwrap();
+    let c = wait1(&a.cq);
+    assert_eq!(c.status, 0);
+    assert_eq!(&la.bytes()[..4096], &pattern(2, LEN)[..4096]);
+    assert_eq!(a.ctx.stats().key_queries, 1);
+    // A new MR after the QP is up is pushed to the peer (no extra query),
+    // or found by a single-key query if the push is not there yet.
+    let rb2 = Buf::with(&b, LEN, Some(&pattern(3, LEN)));
+    qa.post_send(&[SendWr::new(2, Opcode::Read, Some(la.mr.sge(0, 64)), rb2.addr() + 64, rb2.mr.rkey())])
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+    assert_eq!(&la.bytes()[..64], &pattern(3, LEN)[64..128]);
+    // A deregistered MR is revoked at the peer: later use is REM_ACCESS_ERR.
+    let key = rb2.mr.rkey();
+    let addr = rb2.addr();
+    drop(rb2);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(100) {
+        a.ctx.progress();
+    }
+    qa.post_send(&[SendWr::new(3, Opcode::Read, Some(la.mr.sge(0, 64)), addr, key)])
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, 10);
+    // The QP is still usable.
+    qa.post_send(&[SendWr::new(4, Opcode::Write, Some(la.mr.sge(0, 64)), rb.addr(), rb.mr.rkey())])
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+}
+
+fn all_swappable(p: &vmem::Pager, addr: u64, len: usize) {
+    p.swap_out(addr as usize, len).unwrap();
+    assert_eq!(p.resident_count(addr as usize, len).unwrap(), 0, "a page stayed pinned");
+}
+
+#[test]
+fn destroy_initiator_qp_with_ops_in_flight() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, qb) = connect(&a, &b, 64);
+    // Remote pages absent: everything goes two-sided.
+    rb.swap_out();
+    la.swap_out();
+    let mut wrs = Vec::new();
+    for i in 0..48u64 {
+        let off = (i as usize * 4096) % (LEN - 8192);
+        let op = match i % 4 {
+            0 => Opcode::Read,
+            1 => Opcode::Write,
+            2 => Opcode::FetchAdd { add: 1 },
+            _ => Opcode::Send,
+        };
+        let len = if matches!(op, Opcode::FetchAdd { .. }) { 8 } else { 1 + (i as u32 * 977) % 8192 };
+        let off = if len == 8 { off & !7 } else { off };
+        wrs.push(SendWr::new(i, op, Some(la.mr.sge(off as u64, len)), rb.addr() + off as u64, rb.mr.rkey()));
+    }
+    qa.post_send(&wrs).unwrap();
+    drop(qa);
+    // Exactly one completion per WR, success or flush, in post order.
+    let cs = a.cq.poll_wait(48, Duration::from_secs(10));
+    assert_eq!(cs.len(), 48);
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!(c.wr_id, i as u64);
+        assert!(c.status == 0 || c.status == 5, "{c:?}");
+    }
+    assert!(cs.iter().any(|c| c.status == 5), "nothing was in flight");
+    assert_eq!(a.cq.poll_wait(1, Duration::from_millis(100)).len(), 0);
+    // The target drops what it held (reverse ops fail, requests time out).
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        b.ctx.progress();
+    }
+    all_swappable(&a.pager, la.addr(), LEN);
+    all_swappable(&b.pager, rb.addr(), LEN);
+    drop(qb);
+    assert_eq!(a.ctx.nic_stats().nonresident_dma + b.ctx.nic_stats().nonresident_dma, 0);
+}
+
+#[test]
+fn peer_destroyed_two_sided_request_times_out() {
+    let cfg = Config {
+        two_sided_timeout: Duration::from_millis(300),
+        ..Config::default()
+    };
+    let a = side_with(cfg);
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let (qa, qb) = connect(&a, &b, 8);
+    // A SEND without a posted RECV waits at the peer; the peer then goes away.
+    qa.post_send(&[SendWr::new(9, Opcode::Send, Some(la.mr.sge(0, 100)), 0, 0)])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(qb);
+    let c = wait1(&a.cq);
+    assert_eq!((c.wr_id, c.status), (9, 12));
+    all_swappable(&a.pager, la.addr(), LEN);
+}
+
+#[test]
+fn drop_mr_handle_while_ops_run() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, _qb) = connect(&a, &b, 32);
+    rb.swap_out();
+    let wrs: Vec<SendWr> = (0..16u64)
+        .map(|i| SendWr::new(i, Opcode::Read, Some(la.mr.sge(i * 8192, 8192)), rb.addr() + i * 8192, rb.mr.rkey()))
+        .collect();
+    qa.post_send(&wrs).unwrap();
+    // The application drops its MR handle with reads in flight: they finish
+    // (the layer keeps the registration alive until they complete).
+    let Buf { mr, region } = la;
+    drop(mr);
+    let cs = a.cq.poll_wait(16, Duration::from_secs(10));
+    assert_eq!(cs.len(), 16);
+    assert!(cs.iter().all(|c| c.status == 0));
+    assert_eq!(&region.as_slice()[..16 * 8192], &pattern(2, LEN)[..16 * 8192]);
+    drop(region);
+}
