@@ -40,7 +40,9 @@ pub fn qp_attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask)
     }
     let m = QpAttrMask::from_bits_truncate(mask);
     if m.intersects(QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE) {
-        return Err(ShimError::Unsupported("alternate paths / path migration".into()));
+        return Err(ShimError::Unsupported(
+            "alternate paths / path migration".into(),
+        ));
     }
     let mut out = QpAttr {
         qp_state: QpState::from_u32(a.qp_state),
@@ -60,13 +62,19 @@ pub fn qp_attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask)
         ..Default::default()
     };
     if m.contains(QpAttrMask::STATE) && a.qp_state > IBV_QPS_ERR {
-        return Err(ShimError::InvalidArgument(format!("qp_state {}", a.qp_state)));
+        return Err(ShimError::InvalidArgument(format!(
+            "qp_state {}",
+            a.qp_state
+        )));
     }
     if m.contains(QpAttrMask::PATH_MTU) {
         out.path_mtu = mtu_bytes(a.path_mtu)?;
     }
     if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
-        return Err(ShimError::InvalidArgument(format!("port_num {}", a.port_num)));
+        return Err(ShimError::InvalidArgument(format!(
+            "port_num {}",
+            a.port_num
+        )));
     }
     if m.contains(QpAttrMask::AV) {
         if a.ah_attr.is_global == 0 {
@@ -149,7 +157,7 @@ pub unsafe fn wr_opcode(w: &ibv_send_wr) -> Result<(WrOpcode, u64, u32), ShimErr
 ///
 /// # Safety
 /// `sg` must point at `n` valid `ibv_sge`s (or `n == 0`).
-pub unsafe fn sges<'a>(sg: *const ibv_sge, n: i32, out: &'a mut [Sge]) -> Result<&'a [Sge], ShimError> {
+pub unsafe fn sges(sg: *const ibv_sge, n: i32, out: &mut [Sge]) -> Result<&[Sge], ShimError> {
     if n < 0 || n as usize > out.len() {
         return Err(ShimError::InvalidArgument(format!("num_sge {n}")));
     }
@@ -213,7 +221,10 @@ mod tests {
         let mask = (IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN) as i32;
         let (r, m) = qp_attr_from_c(&a, mask).unwrap();
         assert_eq!(r.dest, Some(h));
-        assert_eq!((r.path_mtu, r.dest_qp_num, r.qp_state), (1024, 0x123, QpState::Rtr));
+        assert_eq!(
+            (r.path_mtu, r.dest_qp_num, r.qp_state),
+            (1024, 0x123, QpState::Rtr)
+        );
         assert!(m.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN));
         let back = qp_attr_to_c(&r, a.cap);
         // SAFETY: byte view of the GID union.
@@ -221,7 +232,10 @@ mod tests {
         assert_eq!(back.path_mtu, IBV_MTU_1024);
         // No GRH: refused with a clear error.
         a.ah_attr.is_global = 0;
-        assert!(matches!(qp_attr_from_c(&a, mask), Err(ShimError::Unsupported(_))));
+        assert!(matches!(
+            qp_attr_from_c(&a, mask),
+            Err(ShimError::Unsupported(_))
+        ));
         // Rate limit: refused.
         assert!(matches!(
             qp_attr_from_c(&a, (IBV_QP_STATE | IBV_QP_RATE_LIMIT) as i32),
@@ -245,7 +259,10 @@ mod tests {
         assert_eq!((op, addr, rkey), (WrOpcode::FetchAdd { add: 5 }, 0x1000, 9));
         w.opcode = IBV_WR_LOCAL_INV;
         // SAFETY: a valid WR.
-        assert!(matches!(unsafe { wr_opcode(&w) }, Err(ShimError::Unsupported(_))));
+        assert!(matches!(
+            unsafe { wr_opcode(&w) },
+            Err(ShimError::Unsupported(_))
+        ));
     }
 
     #[test]
@@ -260,7 +277,14 @@ mod tests {
         assert!(unsafe { sges(c.as_ptr(), 3, &mut out) }.is_err());
         // SAFETY: as above.
         let s = unsafe { sges(c.as_ptr(), 2, &mut out) }.unwrap();
-        assert_eq!(s[1], Sge { addr: 1, length: 2, lkey: 3 });
+        assert_eq!(
+            s[1],
+            Sge {
+                addr: 1,
+                length: 2,
+                lkey: 3
+            }
+        );
         // SAFETY: n = -1 is rejected before any read.
         assert!(unsafe { sges(c.as_ptr(), -1, &mut out) }.is_err());
     }

@@ -15,7 +15,8 @@ const MAX_SGE: usize = 64;
 const MAX_INLINE: usize = 1024;
 /// Completions converted per backend poll.
 const POLL_CHUNK: usize = 32;
-const KNOWN_SEND_FLAGS: u32 = IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
+const KNOWN_SEND_FLAGS: u32 =
+    IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
 
 /// Point the context's data-path ops into this library.
 pub fn install_ops(ops: &mut ibv_context_ops) {
@@ -32,11 +33,15 @@ pub fn install_ops(ops: &mut ibv_context_ops) {
 /// `w` a valid WR whose SGEs (and inline source buffers) are readable.
 unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
     if w.send_flags & !KNOWN_SEND_FLAGS != 0 {
-        let e = ShimError::Unsupported(format!("send flags {:#x}", w.send_flags & !KNOWN_SEND_FLAGS));
+        let e = ShimError::Unsupported(format!(
+            "send flags {:#x}",
+            w.send_flags & !KNOWN_SEND_FLAGS
+        ));
         return Err(report("ibv_post_send", &e));
     }
     // SAFETY: valid WR per the contract.
-    let (opcode, remote_addr, rkey) = unsafe { wr_opcode(w) }.map_err(|e| report("ibv_post_send", &e))?;
+    let (opcode, remote_addr, rkey) =
+        unsafe { wr_opcode(w) }.map_err(|e| report("ibv_post_send", &e))?;
     let mut sgb = [Sge::default(); MAX_SGE];
     // SAFETY: the WR's sg_list has num_sge entries.
     let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }.map_err(|e| e.errno())?;
@@ -52,7 +57,11 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
             // SAFETY: inline SGEs name application memory readable at post time (the
             // IBV_SEND_INLINE contract); the destination range is within `inl`.
             unsafe {
-                std::ptr::copy_nonoverlapping(s.addr as usize as *const u8, inl.as_mut_ptr().add(inline_len), l)
+                std::ptr::copy_nonoverlapping(
+                    s.addr as usize as *const u8,
+                    inl.as_mut_ptr().add(inline_len),
+                    l,
+                )
             };
             inline_len += l;
         }
@@ -71,7 +80,11 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
         .map_err(|e| e.err.errno())
 }
 
-unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
@@ -94,7 +107,11 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
     0
 }
 
-unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
@@ -175,7 +192,11 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
     }
 }
 
-unsafe extern "C" fn post_srq_recv(_srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_srq_recv(
+    _srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     if !bad.is_null() {
         // SAFETY: caller-provided out pointer.
         unsafe { *bad = wr };

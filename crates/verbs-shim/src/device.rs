@@ -41,7 +41,10 @@ pub fn ibv_dev() -> *mut ibv_device {
         copy_cstr(&mut d.name, DEV_NAME);
         copy_cstr(&mut d.dev_name, "uverbs0");
         copy_cstr(&mut d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
-        copy_cstr(&mut d.ibdev_path, &format!("/sys/class/infiniband/{DEV_NAME}"));
+        copy_cstr(
+            &mut d.ibdev_path,
+            &format!("/sys/class/infiniband/{DEV_NAME}"),
+        );
         DevPtr(Box::into_raw(Box::new(d)))
     })
     .0
@@ -116,7 +119,11 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void;
         datapath::install_ops(&mut c.ops);
-        let ctx = Box::into_raw(Box::new(ShimContext { vctx, dev: d, async_fd }));
+        let ctx = Box::into_raw(Box::new(ShimContext {
+            vctx,
+            dev: d,
+            async_fd,
+        }));
         // SAFETY: just allocated.
         Ok(unsafe { (*ctx).ibv() })
     })
@@ -170,7 +177,10 @@ fn fill_device_attr(dev: &dyn crate::backend::Device, a: &mut ibv_device_attr) {
 /// # Safety
 /// `ctx` an open context; `attr` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
     guard_rc("ibv_query_device", || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
@@ -198,7 +208,9 @@ unsafe extern "C" fn query_device_ex_op(
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         let orig = std::mem::size_of::<ibv_device_attr>();
         if attr.is_null() || attr_size < orig {
-            return Err(ShimError::InvalidArgument("ibv_device_attr_ex too small".into()));
+            return Err(ShimError::InvalidArgument(
+                "ibv_device_attr_ex too small".into(),
+            ));
         }
         // SAFETY: plain C data.
         let mut a: ibv_device_attr_ex = unsafe { zeroed() };
@@ -235,12 +247,19 @@ fn check_port(ctx: *mut ibv_context, port: u8) -> Result<(), ShimError> {
     // SAFETY: caller contract of the enclosing verb.
     unsafe { ShimContext::from_ibv(ctx)? };
     if port != 1 {
-        return Err(ShimError::InvalidArgument(format!("port {port} (the device has port 1)")));
+        return Err(ShimError::InvalidArgument(format!(
+            "port {port} (the device has port 1)"
+        )));
     }
     Ok(())
 }
 
-unsafe extern "C" fn query_port_op(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: u64) -> c_int {
+unsafe extern "C" fn query_port_op(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: u64,
+) -> c_int {
     let len = len as usize;
     guard_rc("ibv_query_port", || {
         check_port(ctx, port)?;
@@ -263,7 +282,11 @@ unsafe extern "C" fn query_port_op(ctx: *mut ibv_context, port: u8, attr: *mut i
 /// # Safety
 /// `attr` points at a `struct _compat_ibv_port_attr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut _compat_ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut _compat_ibv_port_attr,
+) -> c_int {
     // SAFETY: forwarded; the compat struct is a prefix of ibv_port_attr.
     unsafe {
         query_port_op(
@@ -278,7 +301,9 @@ pub unsafe extern "C" fn ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *
 fn gid_of(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<[u8; 16], ShimError> {
     check_port(ctx, port)?;
     if index != 0 {
-        return Err(ShimError::InvalidArgument(format!("GID index {index} (the table has 1 entry)")));
+        return Err(ShimError::InvalidArgument(format!(
+            "GID index {index} (the table has 1 entry)"
+        )));
     }
     // SAFETY: checked by check_port.
     Ok(unsafe { ShimContext::from_ibv(ctx)? }.dev.gid())
@@ -287,7 +312,12 @@ fn gid_of(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<[u8; 16], Shi
 /// # Safety
 /// `gid` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     match gid_of(ctx, port, index) {
         Ok(g) if !gid.is_null() => {
             // SAFETY: caller-provided out struct.
@@ -312,7 +342,11 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     _flags: u32,
     entry_size: usize,
 ) -> c_int {
-    let g = match gid_of(ctx, port.min(255) as u8, index.min(i32::MAX as u32) as c_int) {
+    let g = match gid_of(
+        ctx,
+        port.min(255) as u8,
+        index.min(i32::MAX as u32) as c_int,
+    ) {
         Ok(g) => g,
         Err(_) => {
             crate::error::set_errno(libc::ENODATA);
@@ -339,7 +373,12 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 /// # Safety
 /// `ty` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: u32, ty: *mut u32) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: u32,
+    ty: *mut u32,
+) -> c_int {
     if gid_of(ctx, port, index.min(i32::MAX as u32) as c_int).is_err() || ty.is_null() {
         crate::error::set_errno(libc::EINVAL);
         return -1;
@@ -352,7 +391,12 @@ pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, ind
 /// # Safety
 /// `pkey` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     if check_port(ctx, port).is_err() || index != 0 || pkey.is_null() {
         crate::error::set_errno(libc::EINVAL);
         return -1;
@@ -376,7 +420,12 @@ pub extern "C" fn ibv_get_pkey_index(_ctx: *mut ibv_context, _port: u8, pkey: u1
 /// # Safety
 /// C strings valid.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_read_sysfs_file(dir: *const c_char, file: *const c_char, _buf: *mut c_char, _size: usize) -> c_int {
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
     if std::env::var_os("NPRDMA_TRACE").is_some() && !dir.is_null() && !file.is_null() {
         // SAFETY: caller passes NUL-terminated strings.
         let (d, f) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };

@@ -52,7 +52,10 @@ mod tests {
             ShimError::from(rnic::Error::QueueFull("sq")).errno(),
             libc::ENOMEM
         );
-        assert_eq!(report("test", &ShimError::InvalidArgument("y".into())), libc::EINVAL);
+        assert_eq!(
+            report("test", &ShimError::InvalidArgument("y".into())),
+            libc::EINVAL
+        );
         // SAFETY: reading this thread's errno.
         assert_eq!(unsafe { *libc::__errno_location() }, libc::EINVAL);
     }

@@ -30,4 +30,5 @@ mod device;
 pub mod error;
 pub mod ffi;
 mod objects;
+mod rdmacm;
 mod resources;

@@ -5,7 +5,9 @@
 use crate::convert::{qp_attr_from_c, qp_attr_to_c};
 use crate::error::{set_errno, ShimError};
 use crate::ffi::*;
-use crate::objects::{guard, guard_rc, shim, zeroed, ShimChannel, ShimContext, ShimCq, ShimMr, ShimPd, ShimQp};
+use crate::objects::{
+    guard, guard_rc, shim, zeroed, ShimChannel, ShimContext, ShimCq, ShimMr, ShimPd, ShimQp,
+};
 use parking_lot::Mutex;
 use rnic::{Access, QpInitAttr};
 use std::ffi::{c_int, c_void};
@@ -30,7 +32,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         let inner = s.dev.alloc_pd()?;
-        let pd = ibv_pd { context: ctx, handle: 0 };
+        let pd = ibv_pd {
+            context: ctx,
+            handle: 0,
+        };
         let p = Box::into_raw(Box::new(ShimPd {
             pd,
             inner,
@@ -64,7 +69,13 @@ const SUPPORTED_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
     | IBV_ACCESS_REMOTE_ATOMIC
     | IBV_ACCESS_RELAXED_ORDERING;
 
-unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> Result<*mut ibv_mr, ShimError> {
+unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> Result<*mut ibv_mr, ShimError> {
     // SAFETY: caller contract.
     let s: &ShimPd = unsafe { shim(pd, "PD")? };
     let access = access as u32;
@@ -101,7 +112,12 @@ unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, acce
 /// # Safety
 /// `pd` ours; memory stays mapped while registered.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: forwarded contract.
     guard("ibv_reg_mr", std::ptr::null_mut(), || unsafe {
         reg_mr(pd, addr, len, addr as u64, access)
@@ -111,7 +127,13 @@ pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usi
 /// # Safety
 /// As `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: forwarded contract.
     guard("ibv_reg_mr_iova", std::ptr::null_mut(), || unsafe {
         reg_mr(pd, addr, len, iova, access)
@@ -121,7 +143,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, len
 /// # Safety
 /// As `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: u32) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
     // SAFETY: forwarded contract.
     guard("ibv_reg_mr_iova2", std::ptr::null_mut(), || unsafe {
         reg_mr(pd, addr, len, iova, access as c_int)
@@ -226,13 +254,18 @@ pub unsafe extern "C" fn ibv_create_cq(
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
-            let efd = unsafe { &*p }.inner.event_fd().expect("CQ created with events");
+            let efd = unsafe { &*p }
+                .inner
+                .event_fd()
+                .expect("CQ created with events");
             let mut ev = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
                 u64: p as u64,
             };
             // SAFETY: valid epoll fd and event struct.
-            if unsafe { libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, efd, &mut ev) } != 0 {
+            if unsafe { libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, efd, &mut ev) }
+                != 0
+            {
                 let e = std::io::Error::last_os_error();
                 // SAFETY: allocated above, never shared.
                 drop(unsafe { Box::from_raw(p) });
@@ -260,7 +293,12 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             if let Some(efd) = s.inner.event_fd() {
                 // SAFETY: valid fds; a NULL event is allowed for DEL.
                 unsafe {
-                    libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, efd, std::ptr::null_mut());
+                    libc::epoll_ctl(
+                        ch.epfd.as_raw_fd(),
+                        libc::EPOLL_CTL_DEL,
+                        efd,
+                        std::ptr::null_mut(),
+                    );
                 }
             }
             ch.cqs.lock().retain(|&c| c != cq as usize);
@@ -276,7 +314,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 /// # Safety
 /// `channel` ours; out pointers writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
     guard("ibv_get_cq_event", -1, || {
         // SAFETY: caller contract.
         let ch: &ShimChannel = unsafe { shim(channel, "completion channel")? };
@@ -331,7 +373,10 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
 /// # Safety
 /// `pd` ours; `attr` valid.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
         // SAFETY: caller contract.
         let p: &ShimPd = unsafe { shim(pd, "PD")? };
@@ -389,7 +434,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
 /// # Safety
 /// `qp` ours; `attr` valid.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     guard_rc("ibv_modify_qp", || {
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
@@ -406,7 +455,12 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
 /// # Safety
 /// `qp` ours; out structs writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
     guard_rc("ibv_query_qp", || {
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
@@ -444,8 +498,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
         // SAFETY: PD and CQs outlive their QPs (their destroy refuses while in use).
-        let (pd, scq, rcq): (&ShimPd, &ShimCq, &ShimCq) =
-            unsafe { (shim(q.qp.pd, "PD")?, shim(q.qp.send_cq, "CQ")?, shim(q.qp.recv_cq, "CQ")?) };
+        let (pd, scq, rcq): (&ShimPd, &ShimCq, &ShimCq) = unsafe {
+            (
+                shim(q.qp.pd, "PD")?,
+                shim(q.qp.send_cq, "CQ")?,
+                shim(q.qp.recv_cq, "CQ")?,
+            )
+        };
         // SAFETY: allocated by ibv_create_qp.
         drop(unsafe { Box::from_raw(qp as *mut ShimQp) });
         pd.users.fetch_sub(1, Ordering::AcqRel);
@@ -548,7 +607,10 @@ pub extern "C" fn ibv_fork_init() -> c_int {
 /// # Safety
 /// `ctx` an open context.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, _ev: *mut ibv_async_event) -> c_int {
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut ibv_context,
+    _ev: *mut ibv_async_event,
+) -> c_int {
     guard("ibv_get_async_event", -1, || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };

@@ -36,7 +36,12 @@ pub trait Pd: Send + Sync {
     /// The memory must stay mapped until the returned MR is dropped.
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>>;
     /// An RC QP completing on `send_cq` / `recv_cq` (CQs of this device).
-    fn create_qp(&self, send_cq: &dyn Cq, recv_cq: &dyn Cq, attr: &QpInitAttr) -> Result<Box<dyn Qp>>;
+    fn create_qp(
+        &self,
+        send_cq: &dyn Cq,
+        recv_cq: &dyn Cq,
+        attr: &QpInitAttr,
+    ) -> Result<Box<dyn Qp>>;
 }
 
 /// A registered memory region; dropping it deregisters.
@@ -89,6 +94,50 @@ impl Mode {
     }
 }
 
+/// Default `ring_max` of the shim's NIC: 8 bytes, the least that still carries atomics
+/// (rnic refuses ring requests longer than `ring_max`, atomics included). Larger READ/
+/// WRITE are then copied by the initiator itself, so no NIC thread has to spin while
+/// both applications spin (ib_write_lat: 2 processes x (app + NIC thread) spinning on
+/// 2 cores gave ~3 ms latencies with rnic's 4 KiB default).
+pub const DEFAULT_RING_MAX: u32 = 8;
+/// Default NIC-thread spin window: 0 (it sleeps right after serving; see above).
+pub const DEFAULT_NIC_SPIN_US: u64 = 0;
+
+fn env_num(name: &str) -> Result<Option<u64>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| ShimError::InvalidArgument(format!("{name}={v:?} is not a number"))),
+    }
+}
+
+/// The NIC configuration: rnic defaults, tunable through the environment:
+/// `NPRDMA_RING_MAX` (bytes; READ/WRITE up to this size are served by the target's NIC
+/// thread, larger ones copied by the initiator itself), `NPRDMA_NIC_SPIN_US` (how long
+/// an idle NIC thread spins before sleeping), `NPRDMA_DMA_HELP` (0 = large transfers
+/// are not shared with the target's NIC thread).
+pub fn host_config_from_env() -> Result<rnic::HostConfig> {
+    let mut c = rnic::HostConfig {
+        ring_max: DEFAULT_RING_MAX,
+        nic_spin: std::time::Duration::from_micros(DEFAULT_NIC_SPIN_US),
+        ..Default::default()
+    };
+    if let Some(v) = env_num("NPRDMA_RING_MAX")? {
+        c.ring_max = u32::try_from(v)
+            .map_err(|_| ShimError::InvalidArgument("NPRDMA_RING_MAX too large".into()))?;
+    }
+    if let Some(v) = env_num("NPRDMA_NIC_SPIN_US")? {
+        c.nic_spin = std::time::Duration::from_micros(v);
+    }
+    if let Some(v) = env_num("NPRDMA_DMA_HELP")? {
+        c.dma_help = v != 0;
+    }
+    Ok(c)
+}
+
 static DEVICE: OnceLock<std::result::Result<Arc<dyn Device>, ShimError>> = OnceLock::new();
 
 /// The process's device, created on first use from the environment.
@@ -110,7 +159,10 @@ mod tests {
     #[test]
     fn mode_parsing() {
         assert_eq!(Mode::from_env_value(None).unwrap(), Mode::Pinned);
-        assert_eq!(Mode::from_env_value(Some(" pinned ")).unwrap(), Mode::Pinned);
+        assert_eq!(
+            Mode::from_env_value(Some(" pinned ")).unwrap(),
+            Mode::Pinned
+        );
         assert!(matches!(
             Mode::from_env_value(Some("nprdma")),
             Err(ShimError::Unsupported(_))

@@ -15,7 +15,7 @@ pub struct PinnedDevice {
 
 impl PinnedDevice {
     pub fn new() -> Result<PinnedDevice> {
-        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let host = rnic::Host::new(super::host_config_from_env()?)?;
         Ok(PinnedDevice {
             ctx: host.open_context()?,
         })
@@ -55,7 +55,12 @@ impl Pd for PinnedPd {
         let mr = unsafe { self.0.reg_mr(addr, len, access)? };
         Ok(Box::new(PinnedMr(mr)))
     }
-    fn create_qp(&self, send_cq: &dyn Cq, recv_cq: &dyn Cq, attr: &QpInitAttr) -> Result<Box<dyn Qp>> {
+    fn create_qp(
+        &self,
+        send_cq: &dyn Cq,
+        recv_cq: &dyn Cq,
+        attr: &QpInitAttr,
+    ) -> Result<Box<dyn Qp>> {
         let cq_of = |c: &dyn Cq| -> Result<rnic::Cq> {
             c.as_any()
                 .downcast_ref::<PinnedCq>()

@@ -1,0 +1,191 @@
+//! Harness for running unmodified libibverbs programs under `LD_PRELOAD=libnprdma.so`:
+//! locate the cdylib cargo built, skip (with a printed reason) when a program is not
+//! installed, run server + client as two processes with bounded time.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Per-process time limit.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// The libnprdma.so next to this test binary (target/<profile>/). Cargo does not build a
+/// cdylib-only library for integration tests, so (when run by cargo) build it here once,
+/// with the same cargo, target dir and profile.
+pub fn lib_path() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let exe = std::env::current_exe().expect("test exe path");
+    // target/<profile>/deps/<test> -> target/<profile>/libnprdma.so
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    BUILT.call_once(|| build_cdylib(dir));
+    let p = dir.join("libnprdma.so");
+    assert!(
+        p.exists(),
+        "{} not found: build it with `cargo build -p verbs-shim` (same profile/target dir)",
+        p.display()
+    );
+    p
+}
+
+fn build_cdylib(profile_dir: &Path) {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return;
+    };
+    let name = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let profile = if name == "debug" { "dev" } else { name };
+    let target = profile_dir.parent().expect("target dir");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let st = Command::new(cargo)
+        .args(["build", "--lib", "--profile", profile, "--manifest-path"])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", target)
+        .stdin(Stdio::null())
+        .status()
+        .expect("run cargo build for libnprdma.so");
+    assert!(st.success(), "cargo build of libnprdma.so failed");
+}
+
+/// Full path of `bin` in PATH, or None (the test then prints why it skips).
+pub fn find_bin(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/bin".into(), "/usr/sbin".into()])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+/// Returns the binaries' paths, or prints a SKIP line and returns None.
+pub fn require(bins: &[&str]) -> Option<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    for b in bins {
+        match find_bin(b) {
+            Some(p) => v.push(p),
+            None => {
+                println!(
+                    "SKIP: `{b}` is not installed (apt-get install -y perftest ibverbs-utils); test not run"
+                );
+                return None;
+            }
+        }
+    }
+    Some(v)
+}
+
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+    pub fn all(&self) -> String {
+        format!("--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr)
+    }
+}
+
+pub fn spawn(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+    let mut c = Command::new(bin);
+    c.args(args)
+        .env("LD_PRELOAD", lib_path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
+}
+
+/// Wait for `child` at most until `deadline`; kill it if it runs over.
+pub fn finish(mut child: Child, deadline: Instant) -> Output {
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let code = loop {
+        match child.try_wait().expect("try_wait") {
+            Some(st) => break st.code(),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    Output {
+        code,
+        stdout: to.join().unwrap_or_default(),
+        stderr: te.join().unwrap_or_default(),
+    }
+}
+
+pub fn run(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    finish(spawn(bin, args, env), Instant::now() + LIMIT)
+}
+
+/// Whether something listens on TCP `port` (IPv4 or IPv6).
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Run `bin server_args` and, once it listens on `port`, `bin client_args`; both bounded.
+pub fn run_pair(
+    bin: &Path,
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, Output) {
+    let deadline = Instant::now() + LIMIT;
+    let server = spawn(bin, server_args, env);
+    while !listening(port) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = spawn(bin, client_args, env);
+    let c = finish(client, deadline);
+    // The server normally finishes with the client; give it a few seconds more.
+    let s = finish(server, Instant::now() + Duration::from_secs(10).min(LIMIT));
+    (s, c)
+}
+
+/// The perftest result rows (lines starting with a number) of an output.
+pub fn result_rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .map(str::trim)
+        .filter(|l| l.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|t| t.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|r| r.len() >= 3)
+        .collect()
+}
