@@ -46,7 +46,7 @@ impl HostAddr {
     }
     pub fn from_hex(s: &str) -> Result<HostAddr> {
         let s = s.trim();
-        if s.len() != 32 {
+        if s.len() != 32 || !s.is_ascii() {
             return Err(Error::InvalidArgument("host address hex must be 32 chars"));
         }
         let mut b = [0u8; 16];
@@ -358,6 +358,7 @@ mod tests {
         assert_eq!(HostAddr::from_hex(&a.to_hex()).unwrap(), a);
         assert!(HostAddr::from_hex("xyz").is_err());
         assert!(HostAddr::from_hex(&"g".repeat(32)).is_err());
+        assert!(HostAddr::from_hex(&"é".repeat(16)).is_err(), "non-ASCII must not panic");
     }
 
     #[test]
