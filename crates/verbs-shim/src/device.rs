@@ -101,7 +101,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         }
         let d = device()?;
         // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if efd < 0 {
             return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
         }
@@ -277,23 +277,25 @@ unsafe extern "C" fn query_port_op(
     })
 }
 
-/// The exported (compat) `ibv_query_port`, used when the inline path cannot use the op.
+/// The exported `ibv_query_port` (`struct _compat_ibv_port_attr` is opaque in verbs.h;
+/// libibverbs' own version lets the provider fill a whole `struct ibv_port_attr`, the
+/// layout every caller allocates).
 ///
 /// # Safety
-/// `attr` points at a `struct _compat_ibv_port_attr`.
+/// `attr` points at a `struct ibv_port_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(
     ctx: *mut ibv_context,
     port: u8,
     attr: *mut _compat_ibv_port_attr,
 ) -> c_int {
-    // SAFETY: forwarded; the compat struct is a prefix of ibv_port_attr.
+    // SAFETY: forwarded; see above for the size.
     unsafe {
         query_port_op(
             ctx,
             port,
             attr as *mut ibv_port_attr,
-            std::mem::size_of::<_compat_ibv_port_attr>() as u64,
+            std::mem::size_of::<ibv_port_attr>() as u64,
         )
     }
 }

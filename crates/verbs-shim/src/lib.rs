@@ -23,6 +23,8 @@
 //! `objects` (C-visible objects, entry guard), `device` (device/port/GID verbs),
 //! `resources` (PD/MR/CQ/channel/QP verbs), `datapath` (ops), `convert` (C <-> backend).
 
+#[cfg(test)]
+mod abi_tests;
 pub mod backend;
 mod convert;
 mod datapath;

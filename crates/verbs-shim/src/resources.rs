@@ -615,6 +615,12 @@ pub unsafe extern "C" fn ibv_get_async_event(
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         let fd = s.async_fd.as_raw_fd();
+        // SAFETY: plain fcntl on our fd (the application may set O_NONBLOCK on it).
+        let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        if nonblock {
+            set_errno(libc::EAGAIN);
+            return Ok(-1);
+        }
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLIN,

@@ -1,0 +1,376 @@
+//! In-process tests of the exported C ABI, driven exactly as a C program would (the
+//! data path through `ibv_context.ops` like libibverbs' inline functions): a loopback
+//! RC connection moving data, completion events, and the refusal paths with errnos.
+
+use crate::device::*;
+use crate::ffi::*;
+use crate::objects::zeroed;
+use crate::resources::*;
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+
+fn errno() -> i32 {
+    // SAFETY: this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+struct Env {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+}
+
+fn open() -> Env {
+    // SAFETY: the calls follow the libibverbs contract (valid pointers, our objects).
+    unsafe {
+        let mut n = 0;
+        let list = ibv_get_device_list(&mut n);
+        assert_eq!(n, 1);
+        assert!((*list.add(1)).is_null());
+        let ctx = ibv_open_device(*list);
+        ibv_free_device_list(list);
+        assert!(!ctx.is_null());
+        assert_eq!((*ctx).abi_compat as usize, usize::MAX);
+        let pd = ibv_alloc_pd(ctx);
+        assert!(!pd.is_null());
+        Env { ctx, pd }
+    }
+}
+
+unsafe fn make_qp(e: &Env, cq: *mut ibv_cq) -> *mut ibv_qp {
+    // SAFETY: plain C data.
+    let mut a: ibv_qp_init_attr = unsafe { zeroed() };
+    a.send_cq = cq;
+    a.recv_cq = cq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = 16;
+    a.cap.max_recv_wr = 16;
+    a.cap.max_send_sge = 1;
+    a.cap.max_recv_sge = 1;
+    a.cap.max_inline_data = 64;
+    // SAFETY: valid PD and attr.
+    let qp = unsafe { ibv_create_qp(e.pd, &mut a) };
+    assert!(!qp.is_null());
+    qp
+}
+
+/// RESET -> INIT -> RTR (to `dest_qpn` at our own GID) -> RTS.
+unsafe fn connect(e: &Env, qp: *mut ibv_qp, dest_qpn: u32) {
+    // SAFETY: as in a C program.
+    unsafe {
+        let mut gid: ibv_gid = zeroed();
+        assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut gid), 0);
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qp_access_flags =
+            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+        let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+        assert_eq!(ibv_modify_qp(qp, &mut a, m as c_int), 0);
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = dest_qpn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 1;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = gid;
+        a.ah_attr.port_num = 1;
+        let m = IBV_QP_STATE
+            | IBV_QP_AV
+            | IBV_QP_PATH_MTU
+            | IBV_QP_DEST_QPN
+            | IBV_QP_RQ_PSN
+            | IBV_QP_MAX_DEST_RD_ATOMIC
+            | IBV_QP_MIN_RNR_TIMER;
+        assert_eq!(ibv_modify_qp(qp, &mut a, m as c_int), 0);
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 1;
+        let m = IBV_QP_STATE
+            | IBV_QP_TIMEOUT
+            | IBV_QP_RETRY_CNT
+            | IBV_QP_RNR_RETRY
+            | IBV_QP_SQ_PSN
+            | IBV_QP_MAX_QP_RD_ATOMIC;
+        assert_eq!(ibv_modify_qp(qp, &mut a, m as c_int), 0);
+        assert_eq!((*qp).state, IBV_QPS_RTS);
+    }
+}
+
+unsafe fn poll_one(ctx: *mut ibv_context, cq: *mut ibv_cq) -> ibv_wc {
+    // SAFETY: as in a C program (ibv_poll_cq inline).
+    unsafe {
+        let poll = (*ctx).ops.poll_cq.unwrap();
+        let mut wc: ibv_wc = zeroed();
+        let t = std::time::Instant::now();
+        loop {
+            let n = poll(cq, 1, &mut wc);
+            assert!(n >= 0);
+            if n == 1 {
+                return wc;
+            }
+            assert!(t.elapsed().as_secs() < 10, "no completion");
+        }
+    }
+}
+
+#[test]
+fn loopback_write_send_and_errors() {
+    let e = open();
+    // SAFETY: every call follows the libibverbs contract; buffers outlive their MRs.
+    unsafe {
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
+        connect(&e, a, (*b).qp_num);
+        connect(&e, b, (*a).qp_num);
+        let mut src = vec![0u8; 8192];
+        let mut dst = vec![0u8; 8192];
+        for (i, x) in src.iter_mut().enumerate() {
+            *x = (i % 251) as u8;
+        }
+        let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_RELAXED_ORDERING)
+            as c_int;
+        let smr = ibv_reg_mr(e.pd, src.as_mut_ptr() as *mut c_void, src.len(), acc);
+        let dmr = ibv_reg_mr_iova2(
+            e.pd,
+            dst.as_mut_ptr() as *mut c_void,
+            dst.len(),
+            dst.as_ptr() as u64,
+            acc as u32,
+        );
+        assert!(!smr.is_null() && !dmr.is_null());
+
+        // RDMA WRITE a -> b's buffer.
+        let mut sge = ibv_sge {
+            addr: src.as_ptr() as u64,
+            length: 8192,
+            lkey: (*smr).lkey,
+        };
+        let mut wr: ibv_send_wr = zeroed();
+        wr.wr_id = 7;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = dst.as_ptr() as u64;
+        wr.wr.rdma.rkey = (*dmr).rkey;
+        let mut bad = null_mut();
+        let post_send = (*e.ctx).ops.post_send.unwrap();
+        assert_eq!(post_send(a, &mut wr, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (7, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
+        );
+        assert_eq!(src, dst);
+
+        // Inline SEND with immediate into a posted receive.
+        let mut rsge = ibv_sge {
+            addr: dst.as_ptr() as u64,
+            length: 64,
+            lkey: (*dmr).lkey,
+        };
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.wr_id = 9;
+        rwr.sg_list = &mut rsge;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
+        let msg = *b"inline hello";
+        let mut isge = ibv_sge {
+            addr: msg.as_ptr() as u64,
+            length: msg.len() as u32,
+            lkey: 0,
+        };
+        let mut swr: ibv_send_wr = zeroed();
+        swr.wr_id = 8;
+        swr.sg_list = &mut isge;
+        swr.num_sge = 1;
+        swr.opcode = IBV_WR_SEND_WITH_IMM;
+        swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        swr.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+        assert_eq!(post_send(a, &mut swr, &mut bad), 0);
+        let mut got = [poll_one(e.ctx, cq), poll_one(e.ctx, cq)];
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!((got[0].wr_id, got[0].status), (8, IBV_WC_SUCCESS));
+        assert_eq!(
+            (got[1].wr_id, got[1].opcode, got[1].byte_len),
+            (9, IBV_WC_RECV, 12)
+        );
+        assert_eq!(got[1].wc_flags & IBV_WC_WITH_IMM, IBV_WC_WITH_IMM);
+        assert_eq!(got[1].__bindgen_anon_1.imm_data, 0x1234_5678u32.to_be());
+        assert_eq!(&dst[..12], b"inline hello");
+
+        // Unsupported opcode: EOPNOTSUPP, bad_wr points at it, nothing completes.
+        let mut wr2 = wr;
+        wr2.opcode = IBV_WR_LOCAL_INV;
+        wr.next = &mut wr2;
+        assert_eq!(post_send(a, &mut wr, &mut bad), libc::EOPNOTSUPP);
+        assert_eq!(bad, &mut wr2 as *mut _);
+        let wc = poll_one(e.ctx, cq); // the first WR of the list was posted
+        assert_eq!(wc.wr_id, 7);
+        let mut none: ibv_wc = zeroed();
+        assert_eq!((*e.ctx).ops.poll_cq.unwrap()(cq, 1, &mut none), 0);
+
+        // query_qp reflects the connection.
+        let mut qa: ibv_qp_attr = zeroed();
+        let mut qi: ibv_qp_init_attr = zeroed();
+        assert_eq!(ibv_query_qp(a, &mut qa, 0, &mut qi), 0);
+        assert_eq!(
+            (qa.qp_state, qa.dest_qp_num, qa.path_mtu),
+            (IBV_QPS_RTS, (*b).qp_num, IBV_MTU_1024)
+        );
+        assert_eq!(qi.send_cq, cq);
+
+        // Objects in use cannot be destroyed.
+        assert_eq!(ibv_dealloc_pd(e.pd), libc::EBUSY);
+        assert_eq!(ibv_destroy_cq(cq), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(smr), 0);
+        assert_eq!(ibv_dereg_mr(dmr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
+#[test]
+fn completion_events_through_the_channel() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let ch = ibv_create_comp_channel(e.ctx);
+        assert!(!ch.is_null());
+        let tag = 0x55usize as *mut c_void;
+        let cq = ibv_create_cq(e.ctx, 16, tag, ch, 0);
+        assert!(!cq.is_null());
+        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
+        connect(&e, a, (*b).qp_num);
+        connect(&e, b, (*a).qp_num);
+        // Non-blocking channel with nothing pending: EAGAIN.
+        let fl = libc::fcntl((*ch).fd, libc::F_GETFL);
+        libc::fcntl((*ch).fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        let (mut ecq, mut ectx) = (null_mut(), null_mut());
+        assert_eq!(ibv_get_cq_event(ch, &mut ecq, &mut ectx), -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        libc::fcntl((*ch).fd, libc::F_SETFL, fl);
+        assert_eq!((*e.ctx).ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut buf = [0u8; 8];
+        let mr = ibv_reg_mr(
+            e.pd,
+            buf.as_mut_ptr() as *mut c_void,
+            8,
+            IBV_ACCESS_LOCAL_WRITE as c_int,
+        );
+        let mut sge = ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 8,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.sg_list = &mut sge;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
+        let mut swr: ibv_send_wr = zeroed();
+        swr.sg_list = &mut sge;
+        swr.num_sge = 1;
+        swr.opcode = IBV_WR_SEND;
+        swr.send_flags = IBV_SEND_SIGNALED;
+        let mut bad = null_mut();
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(a, &mut swr, &mut bad), 0);
+        // Blocking wait (the event is already pending or arrives shortly).
+        assert_eq!(ibv_get_cq_event(ch, &mut ecq, &mut ectx), 0);
+        assert_eq!((ecq, ectx), (cq, tag));
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!((*cq).comp_events_completed, 1);
+        poll_one(e.ctx, cq);
+        poll_one(e.ctx, cq);
+        assert_eq!(ibv_destroy_comp_channel(ch), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
+#[test]
+fn refusals_set_errno() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let mut buf = vec![0u8; 4096];
+        let p = buf.as_mut_ptr() as *mut c_void;
+        // iova != addr and unknown access flags.
+        assert!(ibv_reg_mr_iova(e.pd, p, 4096, 0x1000, IBV_ACCESS_LOCAL_WRITE as c_int).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(ibv_reg_mr(e.pd, p, 4096, IBV_ACCESS_ON_DEMAND as c_int).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        // REMOTE_WRITE without LOCAL_WRITE: the NIC's EINVAL.
+        assert!(ibv_reg_mr(e.pd, p, 4096, IBV_ACCESS_REMOTE_WRITE as c_int).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // UD QPs, SRQs, AHs.
+        let cq = ibv_create_cq(e.ctx, 4, null_mut(), null_mut(), 0);
+        let mut a: ibv_qp_init_attr = zeroed();
+        a.send_cq = cq;
+        a.recv_cq = cq;
+        a.qp_type = IBV_QPT_UD;
+        a.cap.max_send_wr = 1;
+        assert!(ibv_create_qp(e.pd, &mut a).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(ibv_create_srq(e.pd, null_mut()).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(ibv_create_ah(e.pd, null_mut()).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(ibv_qp_to_qp_ex(null_mut()).is_null());
+        // No async events: a non-blocking async fd reports EAGAIN.
+        let afd = (*e.ctx).async_fd;
+        libc::fcntl(
+            afd,
+            libc::F_SETFL,
+            libc::fcntl(afd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+        let mut ev: ibv_async_event = zeroed();
+        assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        // Bad port / GID index.
+        let mut gid: ibv_gid = zeroed();
+        assert_eq!(ibv_query_gid(e.ctx, 2, 0, &mut gid), -1);
+        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), -1);
+        let mut pa: ibv_port_attr = zeroed();
+        let compat = &mut pa as *mut ibv_port_attr as *mut _compat_ibv_port_attr;
+        assert_eq!(ibv_query_port(e.ctx, 1, compat), 0);
+        assert_eq!(
+            (pa.state, pa.link_layer),
+            (IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET as u8)
+        );
+        assert_eq!(ibv_query_port(e.ctx, 3, compat), libc::EINVAL);
+        // The verbs_context op (what the ibv_query_port inline uses) with a short struct.
+        let vctx = (e.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *mut verbs_context;
+        assert_eq!((*vctx).sz as usize, std::mem::size_of::<verbs_context>());
+        let mut pb: ibv_port_attr = zeroed();
+        assert_eq!((*vctx).query_port.unwrap()(e.ctx, 1, &mut pb, 8), 0);
+        assert_eq!(
+            (pb.state, pb.max_mtu, pb.link_layer),
+            (IBV_PORT_ACTIVE, IBV_MTU_4096, 0)
+        );
+        assert!(ibv_create_cq(e.ctx, 0, null_mut(), null_mut(), 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+        assert_eq!(
+            std::ffi::CStr::from_ptr(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)),
+            c"remote access error"
+        );
+    }
+}
