@@ -44,3 +44,20 @@ pub fn atomic_at<'a>(addr: u64) -> Option<&'a AtomicU64> {
     // respect to each other.
     Some(unsafe { &*(addr as *const AtomicU64) })
 }
+
+/// Run `f` over the bytes at `[addr, addr+len)` without copying them.
+///
+/// For the checks after a NIC operation completed: the range is quiescent
+/// (the operation is done, the ordering table keeps conflicting operations
+/// of the layer out, and the application must not touch the buffers of an
+/// in-flight WR, the verbs contract).
+pub fn with_slice<R>(addr: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    if len == 0 || addr == 0 {
+        return f(&[]);
+    }
+    // SAFETY: [addr, addr+len) lies inside a registered MR or an engine-owned
+    // buffer (validated by the caller) that stays mapped for the call; the
+    // range is not written during the call (see above).
+    let s = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    f(s)
+}

@@ -19,7 +19,7 @@ use super::ucq::UCq;
 use super::{Config, Error, RecvWr, SendWr, Stats};
 use crate::adapt::{RnicIommu, VmemMm};
 use crate::check::{
-    check_read, check_readback, check_versions, page_span, precheck_local, CheckConfig,
+    check_read, check_readback, page_span, precheck_local, CheckConfig,
 };
 use crate::cmdq::{self, Reassembler};
 use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, KeyMapping, Repr, Status, SLOT};
@@ -456,13 +456,6 @@ impl QpState {
         }
     }
 
-    fn scratch_read(&self, s: &Scratch, off: usize, out: &mut [u8]) {
-        match s {
-            Scratch::Slot(i) => self.scratch.read(*i as usize * self.slot_size + off, out),
-            Scratch::Own(m) => m.read(off, out),
-        }
-    }
-
     fn release_scratch(&mut self, s: Option<Scratch>) {
         if let Some(Scratch::Slot(i)) = s {
             self.scratch_free.push(i);
@@ -836,26 +829,27 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     let mut ok = now == lver && now.iter().all(|v| v % 2 == 1);
     if ok {
         ok = match strat {
-            Strategy::ReadMagic => {
-                check_read(&mem::read(laddr, len as usize), laddr, raddr, &sh.check).is_ok()
-            }
+            Strategy::ReadMagic => mem::with_slice(laddr, len as usize, |d| {
+                check_read(d, laddr, raddr, &sh.check).is_ok()
+            }),
             Strategy::WriteReadback { .. } => {
                 let s = scratch.as_ref().expect("read-back buffer");
-                let mut rb = vec![0u8; len as usize];
-                qp.scratch_read(s, 0, &mut rb);
-                let src = mem::read(laddr, len as usize);
-                check_readback(&src, &rb, raddr, &sh.check).is_ok()
+                let (sa, _) = qp.scratch_addr(s);
+                mem::with_slice(sa, len as usize, |rb| {
+                    mem::with_slice(laddr, len as usize, |src| {
+                        check_readback(src, rb, raddr, &sh.check).is_ok()
+                    })
+                })
             }
             Strategy::ReadVersioned | Strategy::WriteVersioned => {
                 let s = scratch.as_ref().expect("version buffer");
-                let mut b = vec![0u8; 2 * vlen as usize];
-                qp.scratch_read(s, 0, &mut b);
-                let w: Vec<u32> = b
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                let (before, after) = w.split_at(w.len() / 2);
-                check_versions(before, after).is_ok()
+                let (sa, _) = qp.scratch_addr(s);
+                mem::with_slice(sa, 2 * vlen as usize, |b| {
+                    let (x, y) = b.split_at(vlen as usize);
+                    x.chunks_exact(4).zip(y.chunks_exact(4)).all(|(p, q)| {
+                        p == q && u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1
+                    })
+                })
             }
             Strategy::TwoSided(_) => false,
         };
