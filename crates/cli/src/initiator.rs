@@ -1,0 +1,196 @@
+//! The initiating side of a run: its host, a local buffer in the run's memory mode,
+//! one QP, and post / poll in that mode's verbs.
+
+use crate::error::{CliError, Result};
+use crate::mem::PinnedBuf;
+use crate::spec::{Mode, Op};
+use crate::target::{new_pager, np_access, rnic_access, QpAddr};
+
+enum Inner {
+    Pinned {
+        qp: rnic::Qp,
+        mr: rnic::Mr,
+        cq: rnic::Cq,
+        _pd: rnic::Pd,
+        _ctx: rnic::Context,
+        buf: PinnedBuf,
+    },
+    Np {
+        qp: nprdma::Qp,
+        mr: nprdma::Mr,
+        cq: nprdma::Cq,
+        _rcq: nprdma::Cq,
+        _pd: nprdma::Pd,
+        ctx: nprdma::Context,
+        _region: vmem::Region,
+        _pager: vmem::Pager,
+    },
+}
+
+/// The initiator of a run.
+pub struct Initiator {
+    inner: Inner,
+    wc: Vec<rnic::Wc>,
+    nwc: Vec<nprdma::Completion>,
+    host: rnic::Host,
+}
+
+impl Initiator {
+    /// An initiator with a `buf_len`-byte local buffer (resident, and for NP-RDMA
+    /// written before registration so its pages start mapped) and a QP of `depth`.
+    pub fn new(mode: Mode, buf_len: usize, depth: usize, np_cfg: nprdma::Config) -> Result<Initiator> {
+        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let buf_len = buf_len.max(8);
+        let inner = match mode {
+            Mode::Pinned => {
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let cq = ctx.create_cq(4096, None)?;
+                let attr = rnic::QpInitAttr {
+                    max_send_wr: depth as u32,
+                    max_recv_wr: 8,
+                    ..rnic::QpInitAttr::default()
+                };
+                let qp = pd.create_qp(&cq, &cq, &attr)?;
+                let buf = PinnedBuf::new(buf_len)?;
+                // SAFETY: `buf` outlives `mr` (declared after it in `Inner::Pinned`).
+                let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
+                Inner::Pinned {
+                    qp,
+                    mr,
+                    cq,
+                    _pd: pd,
+                    _ctx: ctx,
+                    buf,
+                }
+            }
+            Mode::Nprdma => {
+                let pager = new_pager()?;
+                let ctx = nprdma::Context::new(&host, &pager, np_cfg)?;
+                let pd = ctx.alloc_pd();
+                let cq = ctx.create_cq(4096)?;
+                let rcq = ctx.create_cq(64)?;
+                let qp = pd.create_qp(&cq, &rcq, depth as u32)?;
+                let mut region = pager.alloc(buf_len)?;
+                region.as_mut_slice().fill(0xa5);
+                // SAFETY: private anonymous pager memory that outlives the MR
+                // (`_region` is declared after `mr`).
+                #[allow(unsafe_code)]
+                let mr = unsafe { pd.reg_mr(region.addr() as u64, buf_len as u64, np_access()) }?;
+                Inner::Np {
+                    qp,
+                    mr,
+                    cq,
+                    _rcq: rcq,
+                    _pd: pd,
+                    ctx,
+                    _region: region,
+                    _pager: pager,
+                }
+            }
+            Mode::Odp => return Err(crate::target::odp_unavailable()),
+        };
+        Ok(Initiator {
+            inner,
+            wc: vec![rnic::Wc::default(); 64],
+            nwc: vec![nprdma::Completion::default(); 64],
+            host,
+        })
+    }
+
+    pub fn qp_addr(&self) -> QpAddr {
+        let qpn = match &self.inner {
+            Inner::Pinned { qp, .. } => qp.qpn(),
+            Inner::Np { qp, .. } => qp.qpn(),
+        };
+        QpAddr {
+            host: self.host.addr().to_hex(),
+            qpn,
+        }
+    }
+
+    pub fn connect(&mut self, peer: &QpAddr) -> Result<()> {
+        let addr = rnic::HostAddr::from_hex(&peer.host)?;
+        match &self.inner {
+            Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
+                addr: addr.to_bytes(),
+                qpn: peer.qpn,
+            })?,
+        }
+        Ok(())
+    }
+
+    /// Post one WR of `len` bytes from/to local offset 0.
+    pub fn post(&mut self, op: Op, wr_id: u64, len: usize, raddr: u64, rkey: u32, signaled: bool) -> Result<()> {
+        match &mut self.inner {
+            Inner::Pinned { qp, mr, .. } => {
+                let sge = [mr.sge(0, len as u32)];
+                let opcode = match op {
+                    Op::Read => rnic::WrOpcode::Read,
+                    Op::Write => rnic::WrOpcode::Write,
+                    Op::Send => rnic::WrOpcode::Send,
+                    Op::Atomic => rnic::WrOpcode::FetchAdd { add: 1 },
+                };
+                let flags = if signaled {
+                    rnic::SendFlags::SIGNALED
+                } else {
+                    rnic::SendFlags::empty()
+                };
+                let mut wr = rnic::SendWr::new(wr_id, opcode, &sge).flags(flags);
+                if op != Op::Send {
+                    wr = wr.remote(raddr, rkey);
+                }
+                qp.post_send(&[wr]).map_err(|e| CliError::Nic(e.err))
+            }
+            Inner::Np { qp, mr, .. } => {
+                let opcode = match op {
+                    Op::Read => nprdma::Opcode::Read,
+                    Op::Write => nprdma::Opcode::Write,
+                    Op::Send => nprdma::Opcode::Send,
+                    Op::Atomic => nprdma::Opcode::FetchAdd { add: 1 },
+                };
+                let mut wr = nprdma::SendWr::new(wr_id, opcode, Some(mr.sge(0, len as u32)), raddr, rkey);
+                wr.signaled = signaled;
+                qp.post_send(&[wr]).map_err(|(_, e)| CliError::Np(e))
+            }
+        }
+    }
+
+    /// Poll the send CQ once (non-blocking); returns the number of successful
+    /// completions, or an error for a failed one.
+    pub fn poll(&mut self) -> Result<usize> {
+        match &mut self.inner {
+            Inner::Pinned { cq, .. } => {
+                let n = cq.poll(&mut self.wc)?;
+                for w in &self.wc[..n] {
+                    if w.status != rnic::WcStatus::Success {
+                        return Err(CliError::Completion(format!("wr {} {:?}", w.wr_id, w.status)));
+                    }
+                }
+                Ok(n)
+            }
+            Inner::Np { cq, .. } => {
+                let n = cq.poll(&mut self.nwc);
+                for w in &self.nwc[..n] {
+                    if !w.is_ok() {
+                        return Err(CliError::Completion(format!("wr {} status {}", w.wr_id, w.status)));
+                    }
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// NP-RDMA engine counters (None for other modes).
+    pub fn np_stats(&self) -> Option<nprdma::Stats> {
+        match &self.inner {
+            Inner::Np { ctx, .. } => Some(ctx.stats()),
+            _ => None,
+        }
+    }
+
+    pub fn nic_stats(&self) -> rnic::NicStats {
+        self.host.stats()
+    }
+}

@@ -1,0 +1,151 @@
+//! Memory the CLI owns directly: pinned (mlock'ed, resident) anonymous buffers for
+//! the standard-RDMA baseline, and resident-set readings from /proc.
+
+use crate::error::{CliError, Result};
+
+/// An anonymous mapping locked in RAM (`mlock`): every page resident, as a pinned
+/// RDMA registration requires.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is exclusively owned by this value; the raw pointer is only
+// an address, and access goes through the NIC or `&mut self`.
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    /// Map `len` bytes (rounded up to pages), lock and touch them.
+    pub fn new(len: usize) -> Result<PinnedBuf> {
+        let len = round_up(len.max(1), page_size());
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(CliError::Io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: [ptr, ptr+len) is the mapping created above.
+        let rc = unsafe { libc::mlock(ptr, len) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: unmapping the mapping created above, not used afterwards.
+            unsafe { libc::munmap(ptr, len) };
+            return Err(CliError::Io(e));
+        }
+        let mut b = PinnedBuf { ptr: ptr as *mut u8, len };
+        // mlock already faulted the pages in; write them so they are private copies.
+        b.as_mut_slice().fill(0x5a);
+        Ok(b)
+    }
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is valid for `len` bytes and exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: the mapping created in `new`; MRs over it are dropped first by
+        // their owners (field order), so the NIC no longer uses it.
+        unsafe {
+            libc::munlock(self.ptr as *const libc::c_void, self.len);
+            libc::munmap(self.ptr as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+pub fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Resident set size of this process in bytes (/proc/self/statm).
+pub fn rss_bytes() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .ok_or_else(|| CliError::Peer("unreadable /proc/self/statm".into()))?;
+    Ok(pages * page_size() as u64)
+}
+
+/// MemAvailable from /proc/meminfo in bytes.
+pub fn mem_available() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo")?;
+    for l in s.lines() {
+        if let Some(rest) = l.strip_prefix("MemAvailable:") {
+            let kb: u64 = rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .map_err(|_| CliError::Peer("unreadable /proc/meminfo".into()))?;
+            return Ok(kb * 1024);
+        }
+    }
+    Err(CliError::Peer("no MemAvailable in /proc/meminfo".into()))
+}
+
+/// Parse a size like `4096`, `64K`, `8M`, `16G` (binary units).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t.trim_end_matches(['b', 'B']), 1),
+    };
+    let n: u64 = num
+        .trim_end_matches("i")
+        .parse()
+        .map_err(|_| format!("not a size: {s:?} (examples: 4096, 64K, 8M, 16G)"))?;
+    n.checked_mul(mul).ok_or_else(|| format!("size too large: {s}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("8M"), Ok(8 << 20));
+        assert_eq!(parse_size("16G"), Ok(16 << 30));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn pinned_buffer_is_resident() {
+        let mut b = PinnedBuf::new(3 * page_size() + 1).unwrap();
+        assert_eq!(b.len(), 4 * page_size());
+        assert!(b.as_mut_slice().iter().all(|&x| x == 0x5a));
+        assert!(rss_bytes().unwrap() >= b.len() as u64);
+    }
+}

@@ -1,0 +1,129 @@
+//! perftest-like text tables and JSON lines for perf results.
+
+use crate::perf::PerfResult;
+use crate::spec::Test;
+
+/// The table header for latency or bandwidth rows.
+pub fn header(test: Test) -> String {
+    match test {
+        Test::Lat => format!(
+            "{:>10} {:>11} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "#bytes", "#iterations", "t_min[us]", "t_typical[us]", "t_avg[us]", "p99[us]", "p99.9[us]", "t_max[us]"
+        ),
+        Test::Bw => format!(
+            "{:>10} {:>11} {:>16} {:>12}",
+            "#bytes", "#iterations", "BW average[GB/s]", "MsgRate[Mpps]"
+        ),
+    }
+}
+
+/// One table row.
+pub fn row(r: &PerfResult) -> String {
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+    match r.test {
+        Test::Lat => format!(
+            "{:>10} {:>11} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            r.bytes,
+            r.iterations,
+            f(r.t_min_us),
+            f(r.t_typical_us),
+            f(r.t_avg_us),
+            f(r.p99_us),
+            f(r.p99_9_us),
+            f(r.t_max_us)
+        ),
+        Test::Bw => format!(
+            "{:>10} {:>11} {:>16} {:>12}",
+            r.bytes,
+            r.iterations,
+            r.bw_avg_gbps.map_or("-".into(), |v| format!("{v:.3}")),
+            r.mops.map_or("-".into(), |v| format!("{v:.3}"))
+        ),
+    }
+}
+
+/// The banner printed above a table.
+pub fn banner(r: &PerfResult) -> String {
+    let pinned_note = if r.mode == crate::spec::Mode::Pinned && r.fault != crate::spec::Fault::None {
+        " (pinned memory cannot fault: pinned reference)"
+    } else {
+        ""
+    };
+    format!(
+        "# {} {} test, mode {}, fault {}{}, transport {}, tx-depth {}, signal every {}",
+        r.op.name().to_uppercase(),
+        match r.test {
+            Test::Lat => "latency",
+            Test::Bw => "bandwidth",
+        },
+        r.mode_label,
+        r.fault.name(),
+        pinned_note,
+        r.transport,
+        r.tx_depth,
+        r.signal_every
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Fault, Mode, Op};
+
+    fn sample(test: Test) -> PerfResult {
+        let lat = test == Test::Lat;
+        PerfResult {
+            op: Op::Read,
+            mode: Mode::Pinned,
+            mode_label: "pinned RDMA".into(),
+            fault: Fault::None,
+            test,
+            transport: "inproc".into(),
+            bytes: 64,
+            iterations: 10,
+            tx_depth: 1,
+            signal_every: 1,
+            t_min_us: lat.then_some(1.0),
+            t_typical_us: lat.then_some(1.5),
+            t_avg_us: lat.then_some(1.6),
+            p99_us: lat.then_some(2.0),
+            p99_9_us: lat.then_some(2.5),
+            t_max_us: lat.then_some(3.0),
+            bw_avg_gbps: (!lat).then_some(1.25),
+            mops: (!lat).then_some(0.5),
+            fault_pages_prepared: 0,
+            target_minor_faults: 0,
+            target_major_faults: 0,
+            np_optimistic_ok: None,
+            np_two_sided: None,
+            nonresident_dma: 0,
+        }
+    }
+
+    #[test]
+    fn lat_row_has_all_columns() {
+        let r = sample(Test::Lat);
+        let cols: Vec<_> = row(&r).split_whitespace().map(String::from).collect();
+        assert_eq!(cols, ["64", "10", "1.00", "1.50", "1.60", "2.00", "2.50", "3.00"]);
+        assert_eq!(header(Test::Lat).split_whitespace().count(), 8);
+        assert!(r.all_finite());
+    }
+
+    #[test]
+    fn bw_row_and_json_round_trip() {
+        let r = sample(Test::Bw);
+        let cols: Vec<_> = row(&r).split_whitespace().map(String::from).collect();
+        assert_eq!(cols, ["64", "10", "1.250", "0.500"]);
+        let j = serde_json::to_string(&r).unwrap();
+        let back: PerfResult = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, r);
+        assert!(j.contains("\"bw_avg_gbps\":1.25"));
+    }
+
+    #[test]
+    fn non_finite_is_detected() {
+        let mut r = sample(Test::Lat);
+        r.t_avg_us = Some(f64::NAN);
+        assert!(!r.all_finite());
+    }
+}

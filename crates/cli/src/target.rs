@@ -1,0 +1,380 @@
+//! The target side of a run: its host, its buffer in the run's memory mode, the
+//! receives it keeps posted, and how it produces each fault scenario before a window.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CliError, Result};
+use crate::mem::{page_size, PinnedBuf};
+use crate::spec::{Fault, Mode, RECV_DEPTH};
+
+/// Never-touched target memory handed out for minor faults before a fresh region
+/// is allocated.
+const MINOR_REGION: usize = 256 << 20;
+
+/// Access rights of every buffer of a run.
+pub fn rnic_access() -> rnic::Access {
+    rnic::Access::LOCAL_WRITE
+        | rnic::Access::REMOTE_READ
+        | rnic::Access::REMOTE_WRITE
+        | rnic::Access::REMOTE_ATOMIC
+}
+
+pub fn np_access() -> nprdma::Access {
+    nprdma::Access::LOCAL_WRITE
+        | nprdma::Access::REMOTE_READ
+        | nprdma::Access::REMOTE_WRITE
+        | nprdma::Access::REMOTE_ATOMIC
+}
+
+/// A host address + QPN, exchanged out of band.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QpAddr {
+    pub host: String,
+    pub qpn: u32,
+}
+
+/// Where the next window's operations go.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Window {
+    /// First target address of the window; op i targets `base + i * stride`.
+    pub base: u64,
+    pub rkey: u32,
+    /// A page of the same MR outside the window, for an untimed warm-up op
+    /// (first-use key synchronisation) after the MR changed.
+    pub sync_addr: u64,
+    /// The MR changed since the previous window.
+    pub renewed: bool,
+    /// Pages the scenario made non-resident for this window.
+    pub pages_prepared: u64,
+}
+
+/// A pager with a swap file large enough for the biggest window.
+pub fn new_pager() -> Result<vmem::Pager> {
+    Ok(vmem::Pager::new(vmem::PagerConfig {
+        swap_size: 1 << 30,
+        ..vmem::PagerConfig::default()
+    })?)
+}
+
+/// A pager region registered with NP-RDMA; the MR is dropped before the region.
+struct NpBuf {
+    mr: nprdma::Mr,
+    region: vmem::Region,
+}
+
+impl NpBuf {
+    fn new(pd: &nprdma::Pd, pager: &vmem::Pager, len: usize, fill: Option<u8>) -> Result<NpBuf> {
+        let mut region = pager.alloc(len)?;
+        if let Some(b) = fill {
+            region.as_mut_slice().fill(b);
+        }
+        // SAFETY: the region is private anonymous memory owned by this NpBuf, and
+        // the MR field is declared (so dropped) before the region.
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.reg_mr(region.addr() as u64, len as u64, np_access()) }?;
+        Ok(NpBuf { mr, region })
+    }
+}
+
+/// A pinned buffer registered with the software RNIC (MR dropped first).
+struct RnicBuf {
+    mr: rnic::Mr,
+    buf: PinnedBuf,
+}
+
+impl RnicBuf {
+    fn new(pd: &rnic::Pd, len: usize) -> Result<RnicBuf> {
+        let buf = PinnedBuf::new(len)?;
+        // SAFETY: the mapping lives in this struct and outlives the MR (drop order).
+        let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
+        Ok(RnicBuf { mr, buf })
+    }
+}
+
+enum Inner {
+    Pinned {
+        qp: rnic::Qp,
+        data: RnicBuf,
+        recv: RnicBuf,
+        cq: rnic::Cq,
+        rcq: rnic::Cq,
+        _pd: rnic::Pd,
+        _ctx: rnic::Context,
+    },
+    Np {
+        qp: nprdma::Qp,
+        data: Option<NpBuf>,
+        recv: NpBuf,
+        _cq: nprdma::Cq,
+        rcq: nprdma::Cq,
+        pd: nprdma::Pd,
+        _ctx: nprdma::Context,
+    },
+}
+
+/// The target of a run (in this process, or in the shm peer process).
+pub struct Target {
+    inner: Inner,
+    mode: Mode,
+    data_len: usize,
+    recv_len: usize,
+    posted: usize,
+    minor_cursor: usize,
+    major_filled: bool,
+    pager: Option<vmem::Pager>,
+    host: rnic::Host,
+}
+
+impl Target {
+    /// A target whose data buffer covers `data_len` bytes and whose receives hold
+    /// `recv_len` bytes each.
+    pub fn new(mode: Mode, data_len: usize, recv_len: usize) -> Result<Target> {
+        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let data_len = data_len.max(8);
+        let recv_len = recv_len.max(8);
+        let (inner, pager) = match mode {
+            Mode::Pinned => {
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let cq = ctx.create_cq(4096, None)?;
+                let rcq = ctx.create_cq(4096, None)?;
+                let attr = rnic::QpInitAttr {
+                    max_send_wr: 64,
+                    max_recv_wr: RECV_DEPTH as u32 + 8,
+                    ..rnic::QpInitAttr::default()
+                };
+                let qp = pd.create_qp(&cq, &rcq, &attr)?;
+                let data = RnicBuf::new(&pd, data_len)?;
+                let recv = RnicBuf::new(&pd, recv_len)?;
+                (
+                    Inner::Pinned {
+                        qp,
+                        data,
+                        recv,
+                        cq,
+                        rcq,
+                        _pd: pd,
+                        _ctx: ctx,
+                    },
+                    None,
+                )
+            }
+            Mode::Nprdma => {
+                let pager = new_pager()?;
+                let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
+                let pd = ctx.alloc_pd();
+                let cq = ctx.create_cq(4096)?;
+                let rcq = ctx.create_cq(4096)?;
+                let qp = pd.create_qp(&cq, &rcq, RECV_DEPTH as u32 + 8)?;
+                let recv = NpBuf::new(&pd, &pager, recv_len, Some(0))?;
+                (
+                    Inner::Np {
+                        qp,
+                        data: None,
+                        recv,
+                        _cq: cq,
+                        rcq,
+                        pd,
+                        _ctx: ctx,
+                    },
+                    Some(pager),
+                )
+            }
+            Mode::Odp => return Err(odp_unavailable()),
+        };
+        Ok(Target {
+            inner,
+            mode,
+            data_len,
+            recv_len,
+            posted: 0,
+            minor_cursor: usize::MAX,
+            major_filled: false,
+            pager,
+            host,
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// This target QP's address for the initiator.
+    pub fn qp_addr(&self) -> QpAddr {
+        let qpn = match &self.inner {
+            Inner::Pinned { qp, .. } => qp.qpn(),
+            Inner::Np { qp, .. } => qp.qpn(),
+        };
+        QpAddr {
+            host: self.host.addr().to_hex(),
+            qpn,
+        }
+    }
+
+    /// Connect to the initiator's QP.
+    pub fn connect(&mut self, peer: &QpAddr) -> Result<()> {
+        let addr = rnic::HostAddr::from_hex(&peer.host)?;
+        match &self.inner {
+            Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
+                addr: addr.to_bytes(),
+                qpn: peer.qpn,
+            })?,
+        }
+        Ok(())
+    }
+
+    /// Reap consumed receives and keep `RECV_DEPTH` posted.
+    fn refill_recvs(&mut self) -> Result<()> {
+        match &mut self.inner {
+            Inner::Pinned { qp, recv, rcq, .. } => {
+                let mut wc = [rnic::Wc::default(); 64];
+                loop {
+                    let n = rcq.poll(&mut wc)?;
+                    for w in &wc[..n] {
+                        if w.status != rnic::WcStatus::Success {
+                            return Err(CliError::Completion(format!("target receive: {:?}", w.status)));
+                        }
+                    }
+                    self.posted -= n.min(self.posted);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                let sge = [recv.mr.sge(0, self.recv_len as u32)];
+                while self.posted < RECV_DEPTH {
+                    qp.post_recv(&[rnic::RecvWr { wr_id: 1, sg_list: &sge }])
+                        .map_err(|e| e.err)?;
+                    self.posted += 1;
+                }
+            }
+            Inner::Np { qp, recv, rcq, .. } => {
+                let mut wc = [nprdma::Completion::default(); 64];
+                loop {
+                    let n = rcq.poll(&mut wc);
+                    for w in &wc[..n] {
+                        if !w.is_ok() {
+                            return Err(CliError::Completion(format!("target receive: status {}", w.status)));
+                        }
+                    }
+                    self.posted -= n.min(self.posted);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                let sge = recv.mr.sge(0, self.recv_len as u32);
+                while self.posted < RECV_DEPTH {
+                    qp.post_recv(&[nprdma::RecvWr { wr_id: 1, sge: Some(sge) }])
+                        .map_err(|(_, e)| e)?;
+                    self.posted += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepare the next window of `bytes` under `fault` (untimed by the initiator).
+    ///
+    /// * `None`: the data buffer as is (resident; NP-RDMA pages mapped).
+    /// * `Minor`: NP-RDMA: the next `bytes` of a fresh pager region that nobody has
+    ///   touched yet (a new region + MR when the current one is used up).
+    /// * `Major`: NP-RDMA: one region, written once, then `vmem` swap-out of the
+    ///   window's pages before every window (they go to the swap file; the NIC
+    ///   views are remapped to the signature / black-hole frames by the listener).
+    /// * Pinned memory cannot fault: `Minor`/`Major` leave it resident
+    ///   (`pages_prepared` = 0 tells the initiator so).
+    pub fn prepare(&mut self, fault: Fault, bytes: usize) -> Result<Window> {
+        self.refill_recvs()?;
+        let page = page_size();
+        let bytes = bytes.max(8);
+        match &mut self.inner {
+            Inner::Pinned { data, .. } => {
+                if bytes > data.buf.len() {
+                    return Err(CliError::Arg(format!("window of {bytes} B exceeds the target buffer")));
+                }
+                Ok(Window {
+                    base: data.buf.addr() as u64,
+                    rkey: data.mr.rkey(),
+                    sync_addr: data.buf.addr() as u64,
+                    renewed: false,
+                    pages_prepared: 0,
+                })
+            }
+            Inner::Np { data, pd, .. } => {
+                let pager = self.pager.as_ref().expect("NP-RDMA target has a pager");
+                let mut renewed = false;
+                let (off, pages) = match fault {
+                    Fault::None => {
+                        if data.is_none() {
+                            *data = Some(NpBuf::new(pd, pager, self.data_len, Some(0x3c))?);
+                            renewed = true;
+                        }
+                        (0, 0)
+                    }
+                    Fault::Minor => {
+                        let cap = data.as_ref().map_or(0, |d| d.mr.len() as usize - page);
+                        if data.is_none() || self.minor_cursor.saturating_add(bytes) > cap {
+                            *data = None;
+                            let len = bytes.max(MINOR_REGION) + page;
+                            *data = Some(NpBuf::new(pd, pager, len, None)?);
+                            self.minor_cursor = 0;
+                            renewed = true;
+                        }
+                        let off = self.minor_cursor;
+                        self.minor_cursor += crate::mem::round_up(bytes, page);
+                        (off, bytes.div_ceil(page) as u64)
+                    }
+                    Fault::Major => {
+                        if data.is_none() || (data.as_ref().unwrap().mr.len() as usize) < bytes + page {
+                            *data = None;
+                            *data = Some(NpBuf::new(pd, pager, bytes + page, Some(0x3c))?);
+                            self.major_filled = true;
+                            renewed = true;
+                        }
+                        let d = data.as_ref().unwrap();
+                        let n = pager.swap_out(d.region.addr(), bytes)?;
+                        (0, n as u64)
+                    }
+                };
+                let d = data.as_ref().unwrap();
+                let len = d.mr.len() as usize;
+                Ok(Window {
+                    base: d.mr.addr() + off as u64,
+                    rkey: d.mr.rkey(),
+                    sync_addr: d.mr.addr() + (len - 8) as u64,
+                    renewed,
+                    pages_prepared: pages,
+                })
+            }
+        }
+    }
+
+    /// Pager and NIC counters of the target, for the run's record.
+    pub fn counters(&self) -> TargetCounters {
+        let ps = self.pager.as_ref().map(|p| p.stats());
+        let ns = self.host.stats();
+        TargetCounters {
+            minor_faults: ps.as_ref().map_or(0, |s| s.minor_faults + s.zero_fills),
+            major_faults: ps.as_ref().map_or(0, |s| s.swap_ins),
+            swap_outs: ps.as_ref().map_or(0, |s| s.swap_outs),
+            nonresident_dma: ns.nonresident_dma,
+        }
+    }
+}
+
+/// Target-side counters reported with a run.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TargetCounters {
+    /// Pages brought in as zeroes (first touch by fault, pin or prefetch).
+    pub minor_faults: u64,
+    /// Pages brought back from swap (fault, pin or prefetch).
+    pub major_faults: u64,
+    pub swap_outs: u64,
+    pub nonresident_dma: u64,
+}
+
+pub fn odp_unavailable() -> CliError {
+    CliError::Unavailable(
+        "the ODP model is not in this build of the software RNIC (crates/rnic has no ON_DEMAND MRs yet)".into(),
+    )
+}
