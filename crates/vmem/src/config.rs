@@ -18,7 +18,8 @@ pub struct PagerConfig {
     /// Leave the swap file on disk (otherwise it is unlinked at creation).
     pub keep_swap_file: bool,
     /// Call `SwapListener::after_swap_in` whenever the pager brings a page in
-    /// (beyond Linux/the paper, which only notify swap-outs).
+    /// (fault, pin, prefetch; beyond Linux/the paper, which only notify
+    /// swap-outs). A page is not evicted before its notification returned.
     pub eager_swap_in_notify: bool,
     /// How long the fault thread keeps polling without blocking after a fault.
     pub spin: Duration,

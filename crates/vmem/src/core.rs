@@ -6,8 +6,8 @@ use crate::error::{Error, Result};
 use crate::listener::Listeners;
 use crate::space::{RegInfo, RegionId, Segment, Space};
 use crate::state::{
-    self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOEVICT, PIN_ONE, REF, RESIDENT, SWAPPED,
-    UNTOUCHED,
+    self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOEVICT, NOTIFYING, PIN_ONE, REF, RESIDENT,
+    SWAPPED, UNTOUCHED,
 };
 use crate::stats::{inc, Stats};
 use crate::swap::SwapDevice;
@@ -366,12 +366,22 @@ impl Inner {
                 ));
             }
         };
+        // Pinned pages cannot be evicted before their notification anyway;
+        // the caller clears NOTIFYING after notifying (outcomes Zero/Swap).
+        let notifying = if self.cfg.eager_swap_in_notify
+            && why != Why::Pin
+            && matches!(outcome, Brought::Zero | Brought::Swap)
+        {
+            NOTIFYING
+        } else {
+            0
+        };
         if let Some(s) = state::slot(v) {
             self.swap.free(s);
         }
         let _ = state::update(w, |cur| {
             let resident = state::with_slot(state::with_kind(cur, RESIDENT), None) | REF;
-            Some((resident + add_pin) & !(BUSY | EVICTING))
+            Some(((resident + add_pin) & !(BUSY | EVICTING)) | notifying)
         });
         // Every path here turns a non-resident page resident.
         self.resident.fetch_add(1, Relaxed);
@@ -466,23 +476,25 @@ impl Inner {
     pub fn prefetch(&self, addr: usize, len: usize) -> Result<usize> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
-        let mut n = 0;
-        let mut brought = Vec::new();
-        Self::with_bounce(|buf| -> Result<()> {
+        let mut brought: Vec<(&PageArray, usize)> = Vec::new();
+        let r = Self::with_bounce(|buf| -> Result<()> {
             for s in segs.iter().filter(|s| !s.arr.external) {
                 for p in s.start.max(p0)..s.end.min(p1) {
                     if self.bring_in_wait(&s.arr, p, Why::Prefetch, buf)? != Brought::Already {
-                        n += 1;
-                        brought.push(p << PAGE_SHIFT);
+                        brought.push((&s.arr, p));
                     }
                 }
             }
             Ok(())
-        })?;
+        });
         if self.cfg.eager_swap_in_notify {
-            self.listeners.after_swap_in(&brought);
+            let addrs: Vec<usize> = brought.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
+            self.listeners.after_swap_in(&addrs);
+            for (arr, p) in &brought {
+                arr.word(*p).fetch_and(!NOTIFYING, Release);
+            }
         }
-        Ok(n)
+        r.map(|()| brought.len())
     }
 
     pub fn is_resident(&self, addr: usize) -> bool {

@@ -11,7 +11,9 @@
 
 use crate::core::Inner;
 use crate::error::{Error, Result};
-use crate::state::{self, PageArray, BUSY, EVICTING, NOEVICT, REF, RESIDENT, SWAPPED, UNTOUCHED};
+use crate::state::{
+    self, PageArray, BUSY, EVICTING, NOEVICT, NOTIFYING, REF, RESIDENT, SWAPPED, UNTOUCHED,
+};
 use crate::stats::inc;
 use crate::swap::Slot;
 use crate::sys::{self, PAGE, PAGE_SHIFT};
@@ -55,7 +57,10 @@ type Victim = (Arc<PageArray>, usize);
 fn try_mark(arr: &PageArray, p: usize, clock: bool) -> bool {
     let w = arr.word(p);
     let v = w.load(Acquire);
-    if state::kind(v) != RESIDENT || v & (BUSY | EVICTING | NOEVICT) != 0 || state::pins(v) != 0 {
+    if state::kind(v) != RESIDENT
+        || v & (BUSY | EVICTING | NOEVICT | NOTIFYING) != 0
+        || state::pins(v) != 0
+    {
         return false;
     }
     if clock && v & REF != 0 {

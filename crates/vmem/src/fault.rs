@@ -123,8 +123,11 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
     match inner.bring_in(&arr, p, Why::Fault { write }, buf) {
         Ok(b) => {
             if matches!(b, Brought::Swap | Brought::Zero | Brought::Hole) {
-                if b == Brought::Swap && inner.cfg.eager_swap_in_notify {
+                if inner.cfg.eager_swap_in_notify && b != Brought::Hole {
+                    // The page was published NOTIFYING (not evictable) by
+                    // this fill; release it once the listeners know.
                     inner.listeners.after_swap_in(&[addr]);
+                    arr.word(p).fetch_and(!crate::state::NOTIFYING, Release);
                 }
                 inner.stats.record_fault(
                     t0.elapsed().as_nanos() as u64,

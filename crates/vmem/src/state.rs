@@ -25,6 +25,10 @@ pub const EVICTING: u64 = 1 << 4;
 /// The kernel refused to move this page (mlocked, shared, other protection):
 /// eviction skips it from now on.
 pub const NOEVICT: u64 = 1 << 5;
+/// Just brought in and its eager swap-in notification not yet delivered:
+/// eviction skips it, so that notification always precedes the page's next
+/// swap-out announcement.
+pub const NOTIFYING: u64 = 1 << 6;
 const PIN_SHIFT: u32 = 8;
 const PIN_BITS: u32 = 24;
 pub const PIN_ONE: u64 = 1 << PIN_SHIFT;

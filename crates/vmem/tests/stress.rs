@@ -352,7 +352,18 @@ fn faults_while_the_application_unmaps() {
 /// write the same pages and the evictor runs under a small budget.
 #[test]
 fn nic_model_never_touches_absent_pages() {
-    with_timeout(secs() + 120, || {
+    nic_model(false);
+}
+
+/// The same with eager swap-in notifications: the NIC maps pages as soon as
+/// the pager brings them in (faults, pins, prefetches).
+#[test]
+fn nic_model_with_eager_swap_in() {
+    nic_model(true);
+}
+
+fn nic_model(eager: bool) {
+    with_timeout(secs() + 120, move || {
         const PAGES: usize = 256;
         struct Nic {
             mapped: parking_lot::Mutex<Vec<bool>>,
@@ -365,14 +376,39 @@ fn nic_model_never_touches_absent_pages() {
                     m[(a - self.base) / PG] = false;
                 }
             }
+            fn after_swap_in(&self, pages: &[usize]) {
+                let mut m = self.mapped.lock();
+                for &a in pages {
+                    if let Some(x) = m.get_mut(a.wrapping_sub(self.base) / PG) {
+                        *x = true;
+                    }
+                }
+            }
         }
-        let p = Pager::new(PagerConfig {
+        let cfg = PagerConfig {
             budget_pages: Some(48),
+            eager_swap_in_notify: eager,
             ..small_cfg()
-        })
-        .unwrap();
+        };
+        let p = Pager::new(cfg).unwrap();
         let r = p.alloc(PAGES * PG).unwrap();
         let base = r.addr();
+        let swapper = {
+            let (p, stop) = (p.clone(), Arc::new(AtomicBool::new(false)));
+            let st = stop.clone();
+            let h = std::thread::spawn(move || {
+                let mut rng = Rng(31337);
+                while !st.load(Relaxed) {
+                    let a = rng.below(PAGES);
+                    let n = 1 + rng.below(16.min(PAGES - a));
+                    p.swap_out(base + a * PG, n * PG).unwrap();
+                    let a = rng.below(PAGES);
+                    p.prefetch(base + a * PG, PG).unwrap();
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+            (stop, h)
+        };
         let nic = Arc::new(Nic {
             mapped: parking_lot::Mutex::new(vec![false; PAGES]),
             base,
@@ -441,6 +477,8 @@ fn nic_model_never_touches_absent_pages() {
         stop.store(true, Relaxed);
         let ops: u64 = apps.into_iter().map(|h| h.join().unwrap()).sum();
         let (one, two, violations) = nic_thread.join().unwrap();
+        swapper.0.store(true, Relaxed);
+        swapper.1.join().unwrap();
         let s = p.stats();
         eprintln!("app ops {ops} nic one-sided {one} two-sided {two} stats {s:?}");
         assert_eq!(violations, 0, "the NIC found a mapped page absent");
