@@ -15,8 +15,17 @@ pub struct PinnedBuf {
 unsafe impl Send for PinnedBuf {}
 
 impl PinnedBuf {
-    /// Map `len` bytes (rounded up to pages), lock and touch them.
+    /// Map `len` bytes (rounded up to pages), lock and write them.
     pub fn new(len: usize) -> Result<PinnedBuf> {
+        let mut b = Self::locked(len)?;
+        // mlock already faulted the pages in; write them so they hold a pattern.
+        b.as_mut_slice().fill(0x5a);
+        Ok(b)
+    }
+
+    /// Map `len` bytes (rounded up to pages) and lock them (mlock faults every page
+    /// in: this is the pinning cost of a standard registration).
+    pub fn locked(len: usize) -> Result<PinnedBuf> {
         let len = round_up(len.max(1), page_size());
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
         let ptr = unsafe {
@@ -40,10 +49,7 @@ impl PinnedBuf {
             unsafe { libc::munmap(ptr, len) };
             return Err(CliError::Io(e));
         }
-        let mut b = PinnedBuf { ptr: ptr as *mut u8, len };
-        // mlock already faulted the pages in; write them so they are private copies.
-        b.as_mut_slice().fill(0x5a);
-        Ok(b)
+        Ok(PinnedBuf { ptr: ptr as *mut u8, len })
     }
     pub fn addr(&self) -> usize {
         self.ptr as usize
