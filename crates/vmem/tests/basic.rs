@@ -337,15 +337,21 @@ fn eager_swap_in_notification() {
         let rec = Arc::new(Recorder::default());
         p.add_listener(rec.clone());
         let mut r = p.alloc(4 * PG).unwrap();
-        r.as_mut_slice().fill(3);
-        r.swap_out().unwrap();
+        r.as_mut_slice().fill(3); // 4 first-touch faults
+                                  // Fault notifications run on the fault thread just after the wake-up;
+                                  // until each returns, its page is not evictable.
+        assert!(wait_until(5, || rec.ins.lock().unwrap().len() == 4));
+        assert_eq!(r.swap_out().unwrap(), 4);
+        rec.ins.lock().unwrap().clear();
         let _ = r.as_slice()[0]; // fault
         r.pin(PG, PG).unwrap(); // pin
         r.prefetch().unwrap(); // rest
+        assert!(wait_until(5, || rec.ins.lock().unwrap().len() == 4));
         let mut ins = rec.ins.lock().unwrap().clone();
         ins.sort();
         assert_eq!(ins, (0..4).map(|i| r.addr() + i * PG).collect::<Vec<_>>());
         r.unpin(PG, PG).unwrap();
+        assert_eq!(r.swap_out().unwrap(), 4);
     });
 }
 
