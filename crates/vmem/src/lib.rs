@@ -15,8 +15,9 @@
 //!   swap file with `UFFDIO_COPY`). Kept in one atomic word per page, so
 //!   [`Pager::is_resident`] / [`Pager::resident_bitmap`] are memory reads.
 //! * **Swap device**: a swap file (path, size, O_DIRECT optional; unlinked at
-//!   creation unless `keep_swap_file`), next-fit slot allocation, batched
-//!   write-out. Swap full is [`Error::SwapFull`] and the pages stay resident.
+//!   creation unless `keep_swap_file`; blocks reserved with fallocate),
+//!   low-first slot allocation (freed slots are reused while still in the
+//!   page cache), batched write-out. Swap full is [`Error::SwapFull`] and the pages stay resident.
 //! * **Eviction**: a resident-page budget enforced by a background CLOCK
 //!   evictor; explicit [`Pager::swap_out`] / [`Pager::prefetch`]. A victim is
 //!   moved out of the application's mapping atomically with `UFFDIO_MOVE`
@@ -39,13 +40,15 @@
 //!
 //! Each page has one atomic state word (`state.rs`): kind (never-touched,
 //! resident, swapped, gone), a BUSY lock bit held across a transition, the
-//! CLOCK reference bit, an EVICTING bit, a NOEVICT bit, the pin count and the
-//! swap slot. The invariant is *resident ⇔ mapped*, except while BUSY.
+//! CLOCK reference bit, EVICTING, NOEVICT and NOTIFYING bits, the pin count
+//! and the swap slot. The invariant is *resident ⇔ mapped*, except while BUSY.
 //!
 //! * **In** (fault thread, `pin`, `prefetch`): take BUSY, fill the page with
 //!   `UFFDIO_ZEROPAGE` / `UFFDIO_COPY` (zeroes, or the slot read with pread),
 //!   publish RESIDENT (+1 pin for `pin`), free the slot; for a fault, only
-//!   then wake the faulting thread.
+//!   then wake the faulting thread. With eager swap-in notification the page
+//!   is published NOTIFYING (not evictable) until `after_swap_in` returned,
+//!   so that notification always precedes the page's next `before_swap_out`.
 //! * **Out** (evictor, `swap_out`): allocate slots; mark victims EVICTING
 //!   (resident, unpinned, idle); call the listeners; lock each victim
 //!   EVICTING → BUSY unless a pin arrived meanwhile (that page stays, pinned);
@@ -71,8 +74,9 @@
 //!
 //! Limits and known issues:
 //! * Regions must be private anonymous memory. Pages the kernel refuses to
-//!   move (mlocked, other protection, shared with a forked child, KSM) stay
-//!   resident, count in `evict_failures`, and are not tried again.
+//!   move stay resident and count in `evict_failures`; mlocked pages or pages
+//!   of a mapping with other protection are not tried again, pages the kernel
+//!   reports busy (shared with a forked child, KSM) are retried later.
 //! * A page only partly covered by a foreign registration (unaligned start or
 //!   end) may hold other heap data, possibly the pager's own structures; it
 //!   is managed and pinnable but never evicted (the fault thread must never
@@ -84,6 +88,12 @@
 //!   zeroes, or the next eviction, which notices the hole.
 //! * munmap / mremap are followed (UNMAP / REMAP events): the pages leave
 //!   management; a moved (mremapped) range is not managed at its new place.
+//!   Registration waits until the fault thread has handled every such event
+//!   already read. Residual race: if the application unmaps a range and maps
+//!   new memory at the same address in the microseconds between the kernel
+//!   handing over the UNMAP event and the fault thread handling it, an
+//!   eviction already in flight for that address could move the new page
+//!   (UFFDIO_MOVE does not check the source mapping's registration).
 //! * A forked child does not inherit the registration: pages swapped out at
 //!   fork time read as zeroes in the child.
 //!
