@@ -21,7 +21,8 @@ use std::sync::Arc;
 ///
 /// `after_swap_in` is only called when `PagerConfig::eager_swap_in_notify` is
 /// set (or through `Pager::notify_swapped_in`); it may run on the fault-handler
-/// thread, so it must not touch non-resident pager-managed memory.
+/// thread, so it must not touch non-resident pager-managed memory nor call
+/// `pin`/`prefetch` (they may need the fault thread to make progress).
 ///
 /// The pager owns its listeners: a listener that needs the pager should keep
 /// a [`crate::WeakPager`], not a `Pager` clone (which would keep it alive).

@@ -757,3 +757,49 @@ fn last_handle_dropped_inside_a_listener() {
         assert!(v.iter().all(|&b| b == 3), "contents restored at shutdown");
     });
 }
+
+#[test]
+fn transparent_huge_pages_are_split_and_evicted() {
+    with_timeout(60, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let huge = 2 << 20;
+        // SAFETY: fresh anonymous mapping owned by this test.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * huge,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as usize;
+        let m = raw.div_ceil(huge) * huge;
+        // SAFETY: inside our mapping; THP is a hint.
+        unsafe { libc::madvise(m as *mut _, huge, libc::MADV_HUGEPAGE) };
+        for i in 0..huge {
+            // SAFETY: inside our mapping.
+            unsafe { *((m + i) as *mut u8) = pat(9, i) };
+        }
+        let smaps = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+        let thp = smaps
+            .lines()
+            .find(|l| l.starts_with("AnonHugePages:"))
+            .unwrap_or("")
+            .to_string();
+        // SAFETY: the mapping outlives the region.
+        let r = unsafe { p.register(m, huge) }.unwrap();
+        let n = r.swap_out().unwrap();
+        let s = p.stats();
+        eprintln!("{thp}; swapped {n} of 512, failures {}", s.evict_failures);
+        assert_eq!(n as u64 + s.evict_failures, 512);
+        assert!(n > 0);
+        for i in 0..huge {
+            // SAFETY: inside our mapping.
+            assert_eq!(unsafe { *((m + i) as *const u8) }, pat(9, i), "byte {i}");
+        }
+        drop(r);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(raw as *mut _, 3 * huge) };
+    });
+}
