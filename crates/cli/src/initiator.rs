@@ -13,7 +13,7 @@ enum Inner {
         cq: rnic::Cq,
         _pd: rnic::Pd,
         _ctx: rnic::Context,
-        buf: PinnedBuf,
+        _buf: PinnedBuf,
     },
     Np {
         qp: nprdma::Qp,
@@ -61,7 +61,7 @@ impl Initiator {
                     cq,
                     _pd: pd,
                     _ctx: ctx,
-                    buf,
+                    _buf: buf,
                 }
             }
             Mode::Nprdma => {
@@ -188,9 +188,5 @@ impl Initiator {
             Inner::Np { ctx, .. } => Some(ctx.stats()),
             _ => None,
         }
-    }
-
-    pub fn nic_stats(&self) -> rnic::NicStats {
-        self.host.stats()
     }
 }

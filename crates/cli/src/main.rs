@@ -2,6 +2,7 @@
 //! project's software RNIC (`perf`), MR registration cost (`reg`), and the paper's
 //! evaluation as a Markdown + SVG report (`eval`).
 
+mod ctrlplane;
 mod error;
 mod eval;
 mod initiator;

@@ -96,7 +96,7 @@ enum Inner {
         qp: rnic::Qp,
         data: RnicBuf,
         recv: RnicBuf,
-        cq: rnic::Cq,
+        _cq: rnic::Cq,
         rcq: rnic::Cq,
         _pd: rnic::Pd,
         _ctx: rnic::Context,
@@ -115,12 +115,12 @@ enum Inner {
 /// The target of a run (in this process, or in the shm peer process).
 pub struct Target {
     inner: Inner,
-    mode: Mode,
     data_len: usize,
     recv_len: usize,
     posted: usize,
     minor_cursor: usize,
-    major_filled: bool,
+    /// The scenario the current NP-RDMA data buffer was prepared for.
+    data_kind: Option<Fault>,
     pager: Option<vmem::Pager>,
     host: rnic::Host,
 }
@@ -151,7 +151,7 @@ impl Target {
                         qp,
                         data,
                         recv,
-                        cq,
+                        _cq: cq,
                         rcq,
                         _pd: pd,
                         _ctx: ctx,
@@ -184,19 +184,14 @@ impl Target {
         };
         Ok(Target {
             inner,
-            mode,
             data_len,
             recv_len,
             posted: 0,
             minor_cursor: usize::MAX,
-            major_filled: false,
+            data_kind: None,
             pager,
             host,
         })
-    }
-
-    pub fn mode(&self) -> Mode {
-        self.mode
     }
 
     /// This target QP's address for the initiator.
@@ -303,10 +298,16 @@ impl Target {
             Inner::Np { data, pd, .. } => {
                 let pager = self.pager.as_ref().expect("NP-RDMA target has a pager");
                 let mut renewed = false;
+                if self.data_kind != Some(fault) {
+                    // Never reuse another scenario's buffer (untouched or swapped pages).
+                    *data = None;
+                    self.data_kind = Some(fault);
+                }
                 let (off, pages) = match fault {
                     Fault::None => {
-                        if data.is_none() {
-                            *data = Some(NpBuf::new(pd, pager, self.data_len, Some(0x3c))?);
+                        if data.as_ref().is_none_or(|d| (d.mr.len() as usize) < bytes) {
+                            *data = None;
+                            *data = Some(NpBuf::new(pd, pager, self.data_len.max(bytes), Some(0x3c))?);
                             renewed = true;
                         }
                         (0, 0)
@@ -328,7 +329,6 @@ impl Target {
                         if data.is_none() || (data.as_ref().unwrap().mr.len() as usize) < bytes + page {
                             *data = None;
                             *data = Some(NpBuf::new(pd, pager, bytes + page, Some(0x3c))?);
-                            self.major_filled = true;
                             renewed = true;
                         }
                         let d = data.as_ref().unwrap();
