@@ -718,10 +718,19 @@ impl Inner {
     fn retire(&self, s: &Segment, owned: bool) {
         let mut buf = PageBuf::new(1);
         let mut was_resident = 0usize;
+        // Runs of pages still mapped by the registration (not unmapped by the
+        // application): only those are unregistered / unmapped, so memory
+        // mapped anew at an unmapped address is never touched.
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let mut mark_live = |p: usize| match live.last_mut() {
+            Some((_, e)) if *e == p => *e = p + 1,
+            _ => live.push((p, p + 1)),
+        };
         for p in s.start..s.end {
             let w = s.arr.word(p);
             // Fast path: a never-touched idle page has nothing to clean up.
             if w.compare_exchange(UNTOUCHED, GONE, AcqRel, Acquire).is_ok() {
+                mark_live(p);
                 continue;
             }
             let t = std::time::Instant::now();
@@ -765,18 +774,24 @@ impl Inner {
             if let Some(sl) = state::slot(v) {
                 self.swap.free(sl);
             }
+            if state::kind(v) != GONE {
+                mark_live(p);
+            }
             w.store(GONE, Release);
         }
         if !s.arr.external {
             self.resident.fetch_sub(was_resident, Relaxed);
             self.registered.fetch_sub(s.end - s.start, Relaxed);
-            let (a, l) = (s.start << PAGE_SHIFT, (s.end - s.start) * PAGE);
-            let _ = self.uffd.unregister(a, l);
-            if owned {
-                // SAFETY: the pager created this mapping in alloc(); no
-                // registration references these pages any more.
-                if let Err(e) = unsafe { sys::munmap(a, l) } {
-                    tracing::error!(%e, "munmap of pager-owned region failed");
+            for (a, b) in live {
+                let (a, l) = (a << PAGE_SHIFT, (b - a) * PAGE);
+                let _ = self.uffd.unregister(a, l);
+                if owned {
+                    // SAFETY: the pager created this mapping in alloc(); no
+                    // registration references these pages any more, and the
+                    // application did not unmap them.
+                    if let Err(e) = unsafe { sys::munmap(a, l) } {
+                        tracing::error!(%e, "munmap of pager-owned region failed");
+                    }
                 }
             }
         }

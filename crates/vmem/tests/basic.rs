@@ -803,3 +803,50 @@ fn transparent_huge_pages_are_split_and_evicted() {
         unsafe { libc::munmap(raw as *mut _, 3 * huge) };
     });
 }
+
+#[test]
+fn unregister_leaves_memory_mapped_anew_alone() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(8 * PG).unwrap();
+        r.as_mut_slice().fill(1);
+        let hole = r.addr() + 2 * PG;
+        // The application unmaps part of the pager's mapping...
+        // SAFETY: unmapping two pages of a mapping this test owns via `r`.
+        unsafe { libc::munmap(hole as *mut _, 2 * PG) };
+        assert!(wait_until(5, || matches!(
+            p.pin(hole, PG),
+            Err(Error::Unmapped(_))
+        )));
+        // ...and maps new memory there.
+        // SAFETY: fixed-address mapping into the hole we just made.
+        let m = unsafe {
+            libc::mmap(
+                hole as *mut _,
+                2 * PG,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        } as usize;
+        if m != hole {
+            return; // another test took the address; nothing to check
+        }
+        // SAFETY: the new mapping is live.
+        unsafe { std::ptr::write_bytes(m as *mut u8, 0x5c, 2 * PG) };
+        drop(r);
+        // The pager unmapped only what it still owned.
+        let mut v = [0u8; 2];
+        // SAFETY: two pages, two output bytes.
+        assert_eq!(
+            unsafe { libc::mincore(m as *mut _, 2 * PG, v.as_mut_ptr()) },
+            0,
+            "new mapping still there"
+        );
+        // SAFETY: still mapped (checked above).
+        assert!((0..2 * PG).all(|i| unsafe { *((m + i) as *const u8) } == 0x5c));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(m as *mut _, 2 * PG) };
+    });
+}
