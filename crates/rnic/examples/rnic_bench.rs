@@ -235,13 +235,16 @@ fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
         };
         assert_eq!(n, sz as isize);
     };
-    for &sz in &LAT_SIZES {
-        let st = lat(&mut || pvm(sz, false, &mut dst), iters);
-        rows.push(format!(
-            "| baseline | process_vm_readv latency | {sz} B | median {:.2} us | p99 {:.2} us |",
-            st.median_ns as f64 / 1e3,
-            st.p99_ns as f64 / 1e3
-        ));
+    for write in [false, true] {
+        let nm = if write { "process_vm_writev" } else { "process_vm_readv" };
+        for &sz in &LAT_SIZES {
+            let st = lat(&mut || pvm(sz, write, &mut dst), iters);
+            rows.push(format!(
+                "| baseline | {nm} latency | {sz} B | median {:.2} us | p99 {:.2} us |",
+                st.median_ns as f64 / 1e3,
+                st.p99_ns as f64 / 1e3
+            ));
+        }
     }
     for &sz in &TPUT_SIZES {
         for write in [false, true] {
