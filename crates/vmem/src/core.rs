@@ -575,6 +575,27 @@ impl Inner {
         };
         self.quiesce_events();
         let res_at = |p: usize| external || scanned.as_ref().is_some_and(|v| v[p - p0] & 1 != 0);
+        let build = |a: usize, b: usize| {
+            let arr = PageArray::new(
+                a,
+                b - a,
+                |i| {
+                    if res_at(a + i) {
+                        RESIDENT | REF
+                    } else {
+                        UNTOUCHED
+                    }
+                },
+                external,
+            );
+            let resident = (a..b).filter(|&p| res_at(p)).count();
+            (a, b, Arc::new(arr), resident)
+        };
+        // Build the state arrays of the new runs before taking the write lock
+        // (many GiB = millions of words), so faults elsewhere do not stall;
+        // rebuilt under the lock only if the gaps changed meanwhile.
+        let prebuilt_gaps = self.space.read().gaps(p0, p1);
+        let mut prebuilt: Vec<_> = prebuilt_gaps.iter().map(|&(a, b)| build(a, b)).collect();
         let mut sp = self.space.write();
         let existing = sp.overlapping(p0, p1);
         if existing.iter().any(|s| s.arr.external != external) {
@@ -640,25 +661,16 @@ impl Inner {
         sp.split_at(p1);
         let _ = sp.add_refs(p0, p1, 1);
         let mut new_pages = 0;
-        for (a, b) in gaps {
-            let arr = PageArray::new(
-                a,
-                b - a,
-                |i| {
-                    if res_at(a + i) {
-                        RESIDENT | REF
-                    } else {
-                        UNTOUCHED
-                    }
-                },
-                external,
-            );
-            resident += (a..b).filter(|&p| res_at(p)).count();
+        if gaps != prebuilt_gaps {
+            prebuilt = gaps.iter().map(|&(a, b)| build(a, b)).collect();
+        }
+        for (a, b, arr, res) in prebuilt {
+            resident += res;
             new_pages += b - a;
             sp.insert(Segment {
                 start: a,
                 end: b,
-                arr: Arc::new(arr),
+                arr,
                 refs: 1,
             });
         }
