@@ -33,10 +33,12 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
             &msgs[..0]
         };
         let retry = std::mem::take(&mut deferred);
-        for m in retry.iter().chain(fresh) {
+        let nretry = retry.len();
+        for (i, m) in retry.iter().chain(fresh).enumerate() {
+            let first = i >= nretry;
             // A bug must not leave faulting threads hanging forever.
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                handle(&inner, m, &mut buf)
+                handle(&inner, m, &mut buf, first)
             }));
             match res {
                 Ok(true) => {}
@@ -91,9 +93,9 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
 }
 
 /// Handles one message; `false` = retry it later.
-fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
+fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
     match m.event {
-        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf),
+        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, first),
         uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
         uffd::EVENT_REMOVE => {}
         uffd::EVENT_REMAP => {
@@ -108,7 +110,7 @@ fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
 }
 
 /// Resolves one fault; `false` = retry later (the thread stays blocked).
-fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
+fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
     let t0 = Instant::now();
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
@@ -149,7 +151,9 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf) -> bool {
         Err(e) => {
             // Unexpected (e.g. swap I/O error): keep the thread blocked and
             // retry rather than hand it a wrong page.
-            tracing::error!(addr, %e, "could not resolve fault; will retry");
+            if first {
+                tracing::error!(addr, %e, "could not resolve fault; will retry");
+            }
             inc(&inner.stats.c.fault_retries);
             return false;
         }
