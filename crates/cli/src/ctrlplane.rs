@@ -115,7 +115,11 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         drop(buf);
         Ok(us)
     };
-    c.mr_base_us = median_us((0..reps).map(|_| reg_pinned(page)).collect::<Result<Vec<_>>>()?);
+    c.mr_base_us = median_us(
+        (0..reps)
+            .map(|_| reg_pinned(page))
+            .collect::<Result<Vec<_>>>()?,
+    );
     let big_us = reg_pinned(big as usize)?;
     c.mr_per_gib_ms = (big_us - c.mr_base_us) / 1e3 / (big as f64 / (1u64 << 30) as f64);
     let cq = ctx.create_cq(1024, None)?;
@@ -160,7 +164,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
             for _ in 0..5 {
                 let sge = [mr_a.sge(0, 8)];
                 let t = Instant::now();
-                qa.post_send(&[rnic::SendWr::new(1, rnic::WrOpcode::Read, &sge).remote(buf_b.addr() as u64, mr_b.rkey())])
+                qa.post_send(&[rnic::SendWr::new(1, rnic::WrOpcode::Read, &sge)
+                    .remote(buf_b.addr() as u64, mr_b.rkey())])
                     .map_err(|e| e.err)?;
                 let wc = cq.poll_wait(1, std::time::Duration::from_secs(10))?;
                 if wc.len() != 1 || wc[0].status != rnic::WcStatus::Success {
@@ -177,11 +182,15 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     let pager = new_pager()?;
     c.swap_out_us = swap_out_us(&pager, None, reps)?;
     let before = rss_bytes()?;
-    let qps: Vec<_> = (0..16).map(|_| pd.create_qp(&cq, &cq, &rnic::QpInitAttr::default())).collect::<std::result::Result<_, _>>()?;
+    let qps: Vec<_> = (0..16)
+        .map(|_| pd.create_qp(&cq, &cq, &rnic::QpInitAttr::default()))
+        .collect::<std::result::Result<_, _>>()?;
     c.state_per_qp_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(qps);
     let before = rss_bytes()?;
-    let cqs: Vec<_> = (0..16).map(|_| ctx.create_cq(1024, None)).collect::<std::result::Result<_, _>>()?;
+    let cqs: Vec<_> = (0..16)
+        .map(|_| ctx.create_cq(1024, None))
+        .collect::<std::result::Result<_, _>>()?;
     c.state_per_cq_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(cqs);
     // Pinned registration adds no per-page state beyond the (resident) page itself.
@@ -222,7 +231,11 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         drop(region);
         Ok(us)
     };
-    c.mr_base_us = median_us((0..reps).map(|_| reg_np(page)).collect::<Result<Vec<_>>>()?);
+    c.mr_base_us = median_us(
+        (0..reps)
+            .map(|_| reg_np(page))
+            .collect::<Result<Vec<_>>>()?,
+    );
     let big_us = reg_np(big as usize)?;
     c.mr_per_gib_ms = (big_us - c.mr_base_us) / 1e3 / (big as f64 / (1u64 << 30) as f64);
     let cq = ctx.create_cq(1024)?;
@@ -270,8 +283,14 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
             let mut lat = Vec::new();
             for i in 0..5 {
                 let t = Instant::now();
-                qa.post_send(&[nprdma::SendWr::new(i, nprdma::Opcode::Read, Some(mr_a.sge(0, 8)), mr_b.addr(), mr_b.rkey())])
-                    .map_err(|(_, e)| e)?;
+                qa.post_send(&[nprdma::SendWr::new(
+                    i,
+                    nprdma::Opcode::Read,
+                    Some(mr_a.sge(0, 8)),
+                    mr_b.addr(),
+                    mr_b.rkey(),
+                )])
+                .map_err(|(_, e)| e)?;
                 let wc = cq.poll_wait(1, std::time::Duration::from_secs(10));
                 if wc.len() != 1 || !wc[0].is_ok() {
                     return Err(crate::error::CliError::Completion(format!("{wc:?}")));
@@ -289,11 +308,15 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     // NIC views and flushes the IOMMU before the page leaves).
     c.swap_out_us = swap_out_us(&pager_a, Some(&pd), reps)?;
     let before = rss_bytes()?;
-    let qps: Vec<_> = (0..16).map(|_| pd.create_qp(&cq, &cq, 128)).collect::<std::result::Result<_, _>>()?;
+    let qps: Vec<_> = (0..16)
+        .map(|_| pd.create_qp(&cq, &cq, 128))
+        .collect::<std::result::Result<_, _>>()?;
     c.state_per_qp_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(qps);
     let before = rss_bytes()?;
-    let cqs: Vec<_> = (0..16).map(|_| ctx.create_cq(1024)).collect::<std::result::Result<_, _>>()?;
+    let cqs: Vec<_> = (0..16)
+        .map(|_| ctx.create_cq(1024))
+        .collect::<std::result::Result<_, _>>()?;
     c.state_per_cq_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(cqs);
     c.state_per_page_b = {
@@ -319,7 +342,9 @@ fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Res
     let mr = match pd {
         // SAFETY: the region outlives the MR (dropped below, before the region).
         #[allow(unsafe_code)]
-        Some(pd) => Some(unsafe { pd.reg_mr(region.addr() as u64, (page * reps) as u64, np_access()) }?),
+        Some(pd) => {
+            Some(unsafe { pd.reg_mr(region.addr() as u64, (page * reps) as u64, np_access()) }?)
+        }
         None => None,
     };
     let mut v = Vec::new();
@@ -328,7 +353,9 @@ fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Res
         let n = pager.swap_out(region.addr() + i * page, page)?;
         v.push(us_since(t));
         if n != 1 {
-            return Err(crate::error::CliError::Peer(format!("swap_out moved {n} pages, expected 1")));
+            return Err(crate::error::CliError::Peer(format!(
+                "swap_out moved {n} pages, expected 1"
+            )));
         }
     }
     drop(mr);

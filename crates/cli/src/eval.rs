@@ -63,7 +63,12 @@ pub struct EvalResults {
 impl EvalResults {
     /// Every numeric figure is finite (the smoke check).
     pub fn check_finite(&self) -> std::result::Result<(), String> {
-        for r in self.perf.iter().chain(&self.signature).chain(&self.versioning) {
+        for r in self
+            .perf
+            .iter()
+            .chain(&self.signature)
+            .chain(&self.versioning)
+        {
             if !r.all_finite() {
                 return Err(format!("non-finite figure in {:?}", r));
             }
@@ -96,14 +101,14 @@ impl Plan {
         let (budget, lo, hi) = match (self.lvl, test, fault) {
             (Level::Smoke, Test::Lat, _) => (0, 3, 3),
             (Level::Smoke, Test::Bw, _) => (0, 16, 16),
-            (Level::Quick, Test::Lat, Fault::None) => (16 << 20, 20, 300),
-            (Level::Quick, Test::Lat, _) => (8 << 20, 3, 20),
-            (Level::Quick, Test::Bw, Fault::None) => (128 << 20, 50, 3000),
-            (Level::Quick, Test::Bw, _) => (16 << 20, 8, 200),
-            (Level::Full, Test::Lat, Fault::None) => (128 << 20, 50, 1000),
-            (Level::Full, Test::Lat, _) => (32 << 20, 5, 100),
-            (Level::Full, Test::Bw, Fault::None) => (1 << 30, 100, 20000),
-            (Level::Full, Test::Bw, _) => (96 << 20, 10, 1000),
+            (Level::Quick, Test::Lat, Fault::None) => (64 << 20, 100, 1000),
+            (Level::Quick, Test::Lat, _) => (64 << 20, 20, 200),
+            (Level::Quick, Test::Bw, Fault::None) => (512 << 20, 200, 20000),
+            (Level::Quick, Test::Bw, _) => (128 << 20, 16, 1000),
+            (Level::Full, Test::Lat, Fault::None) => (512 << 20, 200, 5000),
+            (Level::Full, Test::Lat, _) => (256 << 20, 20, 1000),
+            (Level::Full, Test::Bw, Fault::None) => (4 << 30, 1000, 100_000),
+            (Level::Full, Test::Bw, _) => (512 << 20, 32, 5000),
         };
         clampi(budget / size.max(1), lo, hi)
     }
@@ -127,7 +132,9 @@ impl Plan {
 }
 
 fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = crate::mem::mem_available().unwrap_or(0) >> 30;
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!("{cpus} CPUs, {mem} GiB available, Linux {}", kernel.trim())
@@ -229,7 +236,10 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
                 svg::size_label(spec.size as f64)
             ));
             let r = session.run(spec).map_err(|e| {
-                CliError::Peer(format!("{name} {:?} {:?} {:?} {} B: {e}", spec.op, spec.fault, spec.test, spec.size))
+                CliError::Peer(format!(
+                    "{name} {:?} {:?} {:?} {} B: {e}",
+                    spec.op, spec.fault, spec.test, spec.size
+                ))
             })?;
             match name {
                 "signature" => res.signature.push(r),
@@ -256,12 +266,17 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     pb.finish_with_message("done");
     res.seconds = t_start.elapsed().as_secs_f64();
 
-    std::fs::write(a.out.join("results.json"), serde_json::to_string_pretty(&res)?)?;
+    std::fs::write(
+        a.out.join("results.json"),
+        serde_json::to_string_pretty(&res)?,
+    )?;
     let plots = write_plots(&a.out, &res)?;
     let md = report(&res, &plots);
     std::fs::write(a.out.join("report.md"), md)?;
     if let Err(e) = res.check_finite() {
-        return Err(CliError::Completion(format!("evaluation produced a bad figure: {e}")));
+        return Err(CliError::Completion(format!(
+            "evaluation produced a bad figure: {e}"
+        )));
     }
     println!(
         "nprdma eval ({}): {} data-plane rows, {} plots in {:.0} s -> {}",
@@ -274,9 +289,17 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     Ok(())
 }
 
-fn find<'a>(v: &'a [PerfResult], op: Op, mode: Mode, fault: Fault, test: Test, size: usize) -> Option<&'a PerfResult> {
-    v.iter()
-        .find(|r| r.op == op && r.mode == mode && r.fault == fault && r.test == test && r.bytes == size)
+fn find(
+    v: &[PerfResult],
+    op: Op,
+    mode: Mode,
+    fault: Fault,
+    test: Test,
+    size: usize,
+) -> Option<&PerfResult> {
+    v.iter().find(|r| {
+        r.op == op && r.mode == mode && r.fault == fault && r.test == test && r.bytes == size
+    })
 }
 
 fn fig(r: &PerfResult) -> f64 {
@@ -294,7 +317,11 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
             for fault in [Fault::None, Fault::Minor, Fault::Major] {
                 let mut series = Vec::new();
                 for mode in [Mode::Pinned, Mode::Nprdma, Mode::Odp] {
-                    let f = if mode == Mode::Pinned { Fault::None } else { fault };
+                    let f = if mode == Mode::Pinned {
+                        Fault::None
+                    } else {
+                        fault
+                    };
                     let pts: Vec<(f64, f64)> = res
                         .perf
                         .iter()
@@ -309,15 +336,37 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
                     } else {
                         mode.label().to_string()
                     };
-                    series.push(Series { label, points: pts, dashed: mode == Mode::Odp });
+                    series.push(Series {
+                        label,
+                        points: pts,
+                        dashed: mode == Mode::Odp,
+                    });
                 }
                 let (what, unit) = match test {
                     Test::Lat => ("latency", "average latency (µs)"),
                     Test::Bw => ("throughput", "throughput (GB/s)"),
                 };
-                let title = format!("{} {} vs size, {} page faults", op.name().to_uppercase(), what, fault.name());
-                let name = format!("{}_{}_{}.svg", op.name(), if test == Test::Lat { "lat" } else { "bw" }, fault.name());
-                let svg = svg::render(&Plot { title: &title, x_label: "message size (bytes)", y_label: unit, log_y: true }, &series);
+                let title = format!(
+                    "{} {} vs size, {} page faults",
+                    op.name().to_uppercase(),
+                    what,
+                    fault.name()
+                );
+                let name = format!(
+                    "{}_{}_{}.svg",
+                    op.name(),
+                    if test == Test::Lat { "lat" } else { "bw" },
+                    fault.name()
+                );
+                let svg = svg::render(
+                    &Plot {
+                        title: &title,
+                        x_label: "message size (bytes)",
+                        y_label: unit,
+                        log_y: true,
+                    },
+                    &series,
+                );
                 std::fs::write(out.join(&name), svg)?;
                 files.push((name, title));
             }
@@ -326,15 +375,34 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
     for op in [Op::Read, Op::Write] {
         let mk = |v: &[PerfResult], label: &str| Series {
             label: label.into(),
-            points: v.iter().filter(|r| r.op == op).map(|r| (r.bytes as f64, fig(r))).collect(),
+            points: v
+                .iter()
+                .filter(|r| r.op == op)
+                .map(|r| (r.bytes as f64, fig(r)))
+                .collect(),
             dashed: false,
         };
-        let title = format!("NP-RDMA {}: signature vs page versioning (no faults)", op.name().to_uppercase());
+        let title = format!(
+            "NP-RDMA {}: signature vs page versioning (no faults)",
+            op.name().to_uppercase()
+        );
         let name = format!("{}_signature_vs_versioning.svg", op.name());
         let svg = svg::render(
-            &Plot { title: &title, x_label: "message size (bytes)", y_label: "average latency (µs)", log_y: true },
+            &Plot {
+                title: &title,
+                x_label: "message size (bytes)",
+                y_label: "average latency (µs)",
+                log_y: true,
+            },
             &[
-                mk(&res.signature, if op == Op::Read { "signature (per-atom magic)" } else { "signature (read-back)" }),
+                mk(
+                    &res.signature,
+                    if op == Op::Read {
+                        "signature (per-atom magic)"
+                    } else {
+                        "signature (read-back)"
+                    },
+                ),
                 mk(&res.versioning, "page versioning"),
             ],
         );
@@ -390,24 +458,52 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     let _ = writeln!(w, "Fault scenarios (at the target buffer, prepared before each window of operations, outside the timing): *none* = resident, mapped pages; *minor* = each operation hits never-touched pages of a fresh pager region; *major* = each operation hits pages swapped out to the pager's swap file just before. Pinned memory cannot fault, so its no-fault curve is drawn in every scenario as the reference.\n");
 
     // Summary.
-    let _ = writeln!(w, "## Summary: our figures next to the paper's headline figures\n");
+    let _ = writeln!(
+        w,
+        "## Summary: our figures next to the paper's headline figures\n"
+    );
     let _ = writeln!(w, "| what | paper (quoted) | measured here | ratio here |");
     let _ = writeln!(w, "|---|---|---|---|");
     let p = &res.perf;
-    let lat = |op, mode, fault, size| find(p, op, mode, fault, Test::Lat, size).and_then(|r| r.t_avg_us);
-    let bw = |op, mode, fault, size| find(p, op, mode, fault, Test::Bw, size).and_then(|r| r.bw_avg_gbps);
-    let small = *[2usize, 64, 4096].iter().find(|&&s| lat(Op::Read, Mode::Pinned, Fault::None, s).is_some()).unwrap_or(&2);
+    let lat =
+        |op, mode, fault, size| find(p, op, mode, fault, Test::Lat, size).and_then(|r| r.t_avg_us);
+    let bw = |op, mode, fault, size| {
+        find(p, op, mode, fault, Test::Bw, size).and_then(|r| r.bw_avg_gbps)
+    };
+    let small = *[2usize, 64, 4096]
+        .iter()
+        .find(|&&s| lat(Op::Read, Mode::Pinned, Fault::None, s).is_some())
+        .unwrap_or(&2);
     let biggest = p.iter().map(|r| r.bytes).max().unwrap_or(0);
-    let mb1 = if p.iter().any(|r| r.bytes == 1 << 20) { 1 << 20 } else { biggest };
+    let mb1 = if p.iter().any(|r| r.bytes == 1 << 20) {
+        1 << 20
+    } else {
+        biggest
+    };
     let row = |w: &mut String, what: String, paper: &str, here: String, r: Option<f64>| {
-        let _ = writeln!(w, "| {what} | {paper} | {here} | {} |", r.map_or("n/a".into(), |x| format!("{x:.2}x")));
+        let _ = writeln!(
+            w,
+            "| {what} | {paper} | {here} | {} |",
+            r.map_or("n/a".into(), |x| format!("{x:.2}x"))
+        );
     };
     for op in [Op::Read, Op::Write] {
-        let (pn, nn) = (lat(op, Mode::Pinned, Fault::None, small), lat(op, Mode::Nprdma, Fault::None, small));
+        let (pn, nn) = (
+            lat(op, Mode::Pinned, Fault::None, small),
+            lat(op, Mode::Nprdma, Fault::None, small),
+        );
         row(
             w,
-            format!("{} {} B latency, no fault: NP-RDMA vs pinned", op.name().to_uppercase(), small),
-            if op == Op::Read { "+0.4–1 %" } else { "+0.5 µs (data placed), 2x (confirmed)" },
+            format!(
+                "{} {} B latency, no fault: NP-RDMA vs pinned",
+                op.name().to_uppercase(),
+                small
+            ),
+            if op == Op::Read {
+                "+0.4–1 %"
+            } else {
+                "+0.5 µs (data placed), 2x (confirmed)"
+            },
             format!("{} µs vs {} µs", f2(nn), f2(pn)),
             ratio(nn, pn),
         );
@@ -417,8 +513,16 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         let o = lat(op, Mode::Odp, Fault::Minor, small);
         row(
             w,
-            format!("{} {} B, minor fault: NP-RDMA latency (ODP/NP-RDMA ratio)", op.name().to_uppercase(), small),
-            if op == Op::Read { "3.5 µs; ODP 594x slower" } else { "5.7 µs; ODP 364x slower" },
+            format!(
+                "{} {} B, minor fault: NP-RDMA latency (ODP/NP-RDMA ratio)",
+                op.name().to_uppercase(),
+                small
+            ),
+            if op == Op::Read {
+                "3.5 µs; ODP 594x slower"
+            } else {
+                "5.7 µs; ODP 364x slower"
+            },
             format!("{} µs (ODP (model) {} µs)", f2(n), f2(o)),
             ratio(o, n),
         );
@@ -428,7 +532,11 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         let pn = lat(op, Mode::Pinned, Fault::None, small);
         row(
             w,
-            format!("{} {} B, major fault: NP-RDMA latency (vs pinned, no fault)", op.name().to_uppercase(), small),
+            format!(
+                "{} {} B, major fault: NP-RDMA latency (vs pinned, no fault)",
+                op.name().to_uppercase(),
+                small
+            ),
             if op == Op::Read { "60 µs" } else { "57 µs" },
             format!("{} µs", f2(n)),
             ratio(n, pn),
@@ -437,33 +545,108 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     {
         let n = lat(Op::Read, Mode::Nprdma, Fault::Minor, biggest);
         let pn = lat(Op::Read, Mode::Pinned, Fault::None, biggest);
-        row(w, format!("READ {} minor fault: NP-RDMA vs pinned", svg::size_label(biggest as f64)), "1.67x (8 MB)", format!("{} µs vs {} µs", f2(n), f2(pn)), ratio(n, pn));
+        row(
+            w,
+            format!(
+                "READ {} minor fault: NP-RDMA vs pinned",
+                svg::size_label(biggest as f64)
+            ),
+            "1.67x (8 MB)",
+            format!("{} µs vs {} µs", f2(n), f2(pn)),
+            ratio(n, pn),
+        );
         let m = lat(Op::Read, Mode::Nprdma, Fault::Major, biggest);
-        row(w, format!("READ {}: major vs minor fault (NP-RDMA)", svg::size_label(biggest as f64)), "1.7x (8 MB)", format!("{} µs vs {} µs", f2(m), f2(n)), ratio(m, n));
+        row(
+            w,
+            format!(
+                "READ {}: major vs minor fault (NP-RDMA)",
+                svg::size_label(biggest as f64)
+            ),
+            "1.7x (8 MB)",
+            format!("{} µs vs {} µs", f2(m), f2(n)),
+            ratio(m, n),
+        );
     }
     for op in [Op::Read, Op::Write] {
         let n = bw(op, Mode::Nprdma, Fault::Major, mb1);
         let o = bw(op, Mode::Odp, Fault::Major, mb1);
         row(
             w,
-            format!("{} {} throughput under major faults: NP-RDMA / ODP (model)", op.name().to_uppercase(), svg::size_label(mb1 as f64)),
-            if op == Op::Read { "19x (1 MB)" } else { "7x (1 MB)" },
+            format!(
+                "{} {} throughput under major faults: NP-RDMA / ODP (model)",
+                op.name().to_uppercase(),
+                svg::size_label(mb1 as f64)
+            ),
+            if op == Op::Read {
+                "19x (1 MB)"
+            } else {
+                "7x (1 MB)"
+            },
             format!("{} GB/s vs {} GB/s", f2(n), f2(o)),
             ratio(n, o),
         );
     }
     for op in [Op::Read, Op::Write] {
         let s = 65536.min(biggest);
-        let (n, pn) = (bw(op, Mode::Nprdma, Fault::None, s), bw(op, Mode::Pinned, Fault::None, s));
-        row(w, format!("{} {} throughput, no fault: NP-RDMA / pinned", op.name().to_uppercase(), svg::size_label(s as f64)), "≈1x (\"almost the same\")", format!("{} GB/s vs {} GB/s", f2(n), f2(pn)), ratio(n, pn));
+        let (n, pn) = (
+            bw(op, Mode::Nprdma, Fault::None, s),
+            bw(op, Mode::Pinned, Fault::None, s),
+        );
+        row(
+            w,
+            format!(
+                "{} {} throughput, no fault: NP-RDMA / pinned",
+                op.name().to_uppercase(),
+                svg::size_label(s as f64)
+            ),
+            "≈1x (\"almost the same\")",
+            format!("{} GB/s vs {} GB/s", f2(n), f2(pn)),
+            ratio(n, pn),
+        );
     }
     let c = &res.control;
-    row(w, "MR registration per GiB: pinned / NP-RDMA".into(), "400 ms vs 20 ms per GB (20x)", format!("{} ms vs {} ms", f2(Some(c.pinned.mr_per_gib_ms)), f2(Some(c.nprdma.mr_per_gib_ms))), ratio(Some(c.pinned.mr_per_gib_ms), Some(c.nprdma.mr_per_gib_ms)));
-    row(w, "library init: NP-RDMA / pinned".into(), "49 ms vs 43 ms (1.14x)", format!("{} µs vs {} µs", f2(Some(c.nprdma.library_init_us)), f2(Some(c.pinned.library_init_us))), ratio(Some(c.nprdma.library_init_us), Some(c.pinned.library_init_us)));
-    row(w, "swap-out of a page: NP-RDMA / pinned-less baseline".into(), "78 µs vs 75 µs (+3 µs)", format!("{} µs vs {} µs", f2(Some(c.nprdma.swap_out_us)), f2(Some(c.pinned.swap_out_us))), ratio(Some(c.nprdma.swap_out_us), Some(c.pinned.swap_out_us)));
+    row(
+        w,
+        "MR registration per GiB: pinned / NP-RDMA".into(),
+        "400 ms vs 20 ms per GB (20x)",
+        format!(
+            "{} ms vs {} ms",
+            f2(Some(c.pinned.mr_per_gib_ms)),
+            f2(Some(c.nprdma.mr_per_gib_ms))
+        ),
+        ratio(Some(c.pinned.mr_per_gib_ms), Some(c.nprdma.mr_per_gib_ms)),
+    );
+    row(
+        w,
+        "library init: NP-RDMA / pinned".into(),
+        "49 ms vs 43 ms (1.14x)",
+        format!(
+            "{} µs vs {} µs",
+            f2(Some(c.nprdma.library_init_us)),
+            f2(Some(c.pinned.library_init_us))
+        ),
+        ratio(
+            Some(c.nprdma.library_init_us),
+            Some(c.pinned.library_init_us),
+        ),
+    );
+    row(
+        w,
+        "swap-out of a page: NP-RDMA / pinned-less baseline".into(),
+        "78 µs vs 75 µs (+3 µs)",
+        format!(
+            "{} µs vs {} µs",
+            f2(Some(c.nprdma.swap_out_us)),
+            f2(Some(c.pinned.swap_out_us))
+        ),
+        ratio(Some(c.nprdma.swap_out_us), Some(c.pinned.swap_out_us)),
+    );
 
     // Plots.
-    let _ = writeln!(w, "\n## Data plane: latency and throughput vs message size\n");
+    let _ = writeln!(
+        w,
+        "\n## Data plane: latency and throughput vs message size\n"
+    );
     let _ = writeln!(w, "Latency = average of one signaled WR posted and polled to completion (perftest ib_*_lat style; for WRITE this is the time until the initiator knows the WRITE succeeded). Throughput = `tx-depth` 128 WRs in flight, one in 100 signaled (ib_*_bw style).\n");
     for (f, t) in plots {
         let _ = writeln!(w, "### {t}\n\n![{t}]({f})\n");
@@ -472,8 +655,15 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     // Tables.
     let _ = writeln!(w, "## All data-plane rows\n");
     let _ = writeln!(w, "| op | mode | fault | test | bytes | iters | t_min µs | t_typ µs | t_avg µs | p99 µs | p99.9 µs | t_max µs | GB/s | Mops/s | NP opt. ok | NP two-sided |");
-    let _ = writeln!(w, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (tag, v) in [("", &res.perf), (" (signature)", &res.signature), (" (versioning)", &res.versioning)] {
+    let _ = writeln!(
+        w,
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (tag, v) in [
+        ("", &res.perf),
+        (" (signature)", &res.signature),
+        (" (versioning)", &res.versioning),
+    ] {
         for r in v.iter() {
             let _ = writeln!(
                 w,
@@ -500,33 +690,121 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     }
 
     // Control plane.
-    let _ = writeln!(w, "\n## Control plane (medians of {} repetitions; large MR {} MiB)\n", c.reps, c.big_mr_bytes >> 20);
-    let _ = writeln!(w, "| | pinned RDMA (here) | NP-RDMA (here) | paper: original | paper: NP-RDMA |");
+    let _ = writeln!(
+        w,
+        "\n## Control plane (medians of {} repetitions; large MR {} MiB)\n",
+        c.reps,
+        c.big_mr_bytes >> 20
+    );
+    let _ = writeln!(
+        w,
+        "| | pinned RDMA (here) | NP-RDMA (here) | paper: original | paper: NP-RDMA |"
+    );
     let _ = writeln!(w, "|---|---:|---:|---:|---:|");
     let lines: [(&str, f64, f64, &str, &str); 8] = [
-        ("library init (µs)", c.pinned.library_init_us, c.nprdma.library_init_us, "43 ms", "49 ms"),
-        ("create MR, base (µs)", c.pinned.mr_base_us, c.nprdma.mr_base_us, "50 µs", "135 µs"),
-        ("create MR, per GiB (ms)", c.pinned.mr_per_gib_ms, c.nprdma.mr_per_gib_ms, "400 ms/GB", "20 ms/GB"),
-        ("create QP (µs)", c.pinned.create_qp_us, c.nprdma.create_qp_us, "45 µs", "67 µs"),
-        ("create CQ (µs)", c.pinned.create_cq_us, c.nprdma.create_cq_us, "29 µs", "56 µs"),
-        ("QP init / connect (µs)", c.pinned.qp_init_us, c.nprdma.qp_init_us, "12 µs", "19 µs"),
-        ("first op on a new QP, extra (µs)", c.pinned.first_op_extra_us, c.nprdma.first_op_extra_us, "–", "(key exchange)"),
-        ("swap out one page (µs)", c.pinned.swap_out_us, c.nprdma.swap_out_us, "75 µs", "78 µs"),
+        (
+            "library init (µs)",
+            c.pinned.library_init_us,
+            c.nprdma.library_init_us,
+            "43 ms",
+            "49 ms",
+        ),
+        (
+            "create MR, base (µs)",
+            c.pinned.mr_base_us,
+            c.nprdma.mr_base_us,
+            "50 µs",
+            "135 µs",
+        ),
+        (
+            "create MR, per GiB (ms)",
+            c.pinned.mr_per_gib_ms,
+            c.nprdma.mr_per_gib_ms,
+            "400 ms/GB",
+            "20 ms/GB",
+        ),
+        (
+            "create QP (µs)",
+            c.pinned.create_qp_us,
+            c.nprdma.create_qp_us,
+            "45 µs",
+            "67 µs",
+        ),
+        (
+            "create CQ (µs)",
+            c.pinned.create_cq_us,
+            c.nprdma.create_cq_us,
+            "29 µs",
+            "56 µs",
+        ),
+        (
+            "QP init / connect (µs)",
+            c.pinned.qp_init_us,
+            c.nprdma.qp_init_us,
+            "12 µs",
+            "19 µs",
+        ),
+        (
+            "first op on a new QP, extra (µs)",
+            c.pinned.first_op_extra_us,
+            c.nprdma.first_op_extra_us,
+            "–",
+            "(key exchange)",
+        ),
+        (
+            "swap out one page (µs)",
+            c.pinned.swap_out_us,
+            c.nprdma.swap_out_us,
+            "75 µs",
+            "78 µs",
+        ),
     ];
     for (k, a, b, pa, pb) in lines {
-        let _ = writeln!(w, "| {k} | {} | {} | {pa} | {pb} |", f2(Some(a)), f2(Some(b)));
+        let _ = writeln!(
+            w,
+            "| {k} | {} | {} | {pa} | {pb} |",
+            f2(Some(a)),
+            f2(Some(b))
+        );
     }
     let _ = writeln!(w, "\nLibrary init: pinned = open the device context + PD; NP-RDMA = `nprdma::Context::new` (NIC context, PD, completion channel, shared NIC CQ, polling thread). MR creation includes preparing the memory (pinned: mmap + mlock, which faults every page in; NP-RDMA: a pager region) and the registration call. Swap out: `vmem` swap-out of one resident page; the pinned column is a region nobody registered (no listener), NP-RDMA's is registered (the listener remaps the NIC views and flushes the IOMMU first).\n");
-    let _ = writeln!(w, "### State (resident memory added, measured from /proc/self/statm)\n");
-    let _ = writeln!(w, "| | pinned RDMA (here) | NP-RDMA (here) | paper: NP-RDMA |");
+    let _ = writeln!(
+        w,
+        "### State (resident memory added, measured from /proc/self/statm)\n"
+    );
+    let _ = writeln!(
+        w,
+        "| | pinned RDMA (here) | NP-RDMA (here) | paper: NP-RDMA |"
+    );
     let _ = writeln!(w, "|---|---:|---:|---|");
-    let _ = writeln!(w, "| per registered page (B) | {} | {} | 12 B (2 PTEs + version) |", f2(Some(c.pinned.state_per_page_b)), f2(Some(c.nprdma.state_per_page_b)));
-    let _ = writeln!(w, "| per QP (B) | {} | {} | ≈1.2 MB + 16 B per remote MR |", f2(Some(c.pinned.state_per_qp_b)), f2(Some(c.nprdma.state_per_qp_b)));
-    let _ = writeln!(w, "| per CQ (B) | {} | {} | 128 KB |", f2(Some(c.pinned.state_per_cq_b)), f2(Some(c.nprdma.state_per_cq_b)));
+    let _ = writeln!(
+        w,
+        "| per registered page (B) | {} | {} | 12 B (2 PTEs + version) |",
+        f2(Some(c.pinned.state_per_page_b)),
+        f2(Some(c.nprdma.state_per_page_b))
+    );
+    let _ = writeln!(
+        w,
+        "| per QP (B) | {} | {} | ≈1.2 MB + 16 B per remote MR |",
+        f2(Some(c.pinned.state_per_qp_b)),
+        f2(Some(c.nprdma.state_per_qp_b))
+    );
+    let _ = writeln!(
+        w,
+        "| per CQ (B) | {} | {} | 128 KB |",
+        f2(Some(c.pinned.state_per_cq_b)),
+        f2(Some(c.nprdma.state_per_cq_b))
+    );
     let _ = writeln!(w, "\n(Page-granular RSS: per-QP/CQ figures are averages over 16 objects; state the software NIC keeps in its shared segment is allocated per host, not per object, and does not appear here.)\n");
 
-    let _ = writeln!(w, "## Registration of a large MR (Spark-initialisation experiment, scaled)\n");
-    let _ = writeln!(w, "| mode | bytes | prepare ms | reg_mr ms | total ms | ms per GiB | RSS added MiB |");
+    let _ = writeln!(
+        w,
+        "## Registration of a large MR (Spark-initialisation experiment, scaled)\n"
+    );
+    let _ = writeln!(
+        w,
+        "| mode | bytes | prepare ms | reg_mr ms | total ms | ms per GiB | RSS added MiB |"
+    );
     let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|");
     for r in &res.reg {
         let _ = writeln!(
@@ -541,6 +819,9 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             f2(Some(r.rss_delta as f64 / 1048576.0))
         );
     }
-    let _ = writeln!(w, "\n`nprdma reg --size 16G --mode pinned|nprdma` runs the full-size version.");
+    let _ = writeln!(
+        w,
+        "\n`nprdma reg --size 16G --mode pinned|nprdma` runs the full-size version."
+    );
     s
 }

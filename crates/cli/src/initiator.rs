@@ -38,7 +38,12 @@ pub struct Initiator {
 impl Initiator {
     /// An initiator with a `buf_len`-byte local buffer (resident, and for NP-RDMA
     /// written before registration so its pages start mapped) and a QP of `depth`.
-    pub fn new(mode: Mode, buf_len: usize, depth: usize, np_cfg: nprdma::Config) -> Result<Initiator> {
+    pub fn new(
+        mode: Mode,
+        buf_len: usize,
+        depth: usize,
+        np_cfg: nprdma::Config,
+    ) -> Result<Initiator> {
         let host = rnic::Host::new(rnic::HostConfig::default())?;
         let buf_len = buf_len.max(8);
         let inner = match mode {
@@ -122,7 +127,15 @@ impl Initiator {
     }
 
     /// Post one WR of `len` bytes from/to local offset 0.
-    pub fn post(&mut self, op: Op, wr_id: u64, len: usize, raddr: u64, rkey: u32, signaled: bool) -> Result<()> {
+    pub fn post(
+        &mut self,
+        op: Op,
+        wr_id: u64,
+        len: usize,
+        raddr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<()> {
         match &mut self.inner {
             Inner::Pinned { qp, mr, .. } => {
                 let sge = [mr.sge(0, len as u32)];
@@ -150,7 +163,8 @@ impl Initiator {
                     Op::Send => nprdma::Opcode::Send,
                     Op::Atomic => nprdma::Opcode::FetchAdd { add: 1 },
                 };
-                let mut wr = nprdma::SendWr::new(wr_id, opcode, Some(mr.sge(0, len as u32)), raddr, rkey);
+                let mut wr =
+                    nprdma::SendWr::new(wr_id, opcode, Some(mr.sge(0, len as u32)), raddr, rkey);
                 wr.signaled = signaled;
                 qp.post_send(&[wr]).map_err(|(_, e)| CliError::Np(e))
             }
@@ -165,7 +179,10 @@ impl Initiator {
                 let n = cq.poll(&mut self.wc)?;
                 for w in &self.wc[..n] {
                     if w.status != rnic::WcStatus::Success {
-                        return Err(CliError::Completion(format!("wr {} {:?}", w.wr_id, w.status)));
+                        return Err(CliError::Completion(format!(
+                            "wr {} {:?}",
+                            w.wr_id, w.status
+                        )));
                     }
                 }
                 Ok(n)
@@ -174,7 +191,10 @@ impl Initiator {
                 let n = cq.poll(&mut self.nwc);
                 for w in &self.nwc[..n] {
                     if !w.is_ok() {
-                        return Err(CliError::Completion(format!("wr {} status {}", w.wr_id, w.status)));
+                        return Err(CliError::Completion(format!(
+                            "wr {} status {}",
+                            w.wr_id, w.status
+                        )));
                     }
                 }
                 Ok(n)

@@ -18,9 +18,12 @@ mod wire;
 
 use clap::{Parser, Subcommand};
 
-
 #[derive(Parser, Debug)]
-#[command(name = "nprdma", version, about = "NP-RDMA (RDMA without pinning) on a software RNIC: perftest-style runs, registration cost, and the paper's evaluation report")]
+#[command(
+    name = "nprdma",
+    version,
+    about = "NP-RDMA (RDMA without pinning) on a software RNIC: perftest-style runs, registration cost, and the paper's evaluation report"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -97,4 +100,3 @@ fn tracing_subscriber_init() {
     // Logs go through `tracing`; without a subscriber they are dropped. The
     // libraries only log errors, which also surface as CLI errors.
 }
-

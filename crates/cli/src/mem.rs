@@ -49,7 +49,10 @@ impl PinnedBuf {
             unsafe { libc::munmap(ptr, len) };
             return Err(CliError::Io(e));
         }
-        Ok(PinnedBuf { ptr: ptr as *mut u8, len })
+        Ok(PinnedBuf {
+            ptr: ptr as *mut u8,
+            len,
+        })
     }
     pub fn addr(&self) -> usize {
         self.ptr as usize
@@ -130,7 +133,8 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .trim_end_matches("i")
         .parse()
         .map_err(|_| format!("not a size: {s:?} (examples: 4096, 64K, 8M, 16G)"))?;
-    n.checked_mul(mul).ok_or_else(|| format!("size too large: {s}"))
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size too large: {s}"))
 }
 
 #[cfg(test)]

@@ -8,7 +8,14 @@ pub fn header(test: Test) -> String {
     match test {
         Test::Lat => format!(
             "{:>10} {:>11} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
-            "#bytes", "#iterations", "t_min[us]", "t_typical[us]", "t_avg[us]", "p99[us]", "p99.9[us]", "t_max[us]"
+            "#bytes",
+            "#iterations",
+            "t_min[us]",
+            "t_typical[us]",
+            "t_avg[us]",
+            "p99[us]",
+            "p99.9[us]",
+            "t_max[us]"
         ),
         Test::Bw => format!(
             "{:>10} {:>11} {:>16} {:>12}",
@@ -44,7 +51,8 @@ pub fn row(r: &PerfResult) -> String {
 
 /// The banner printed above a table.
 pub fn banner(r: &PerfResult) -> String {
-    let pinned_note = if r.mode == crate::spec::Mode::Pinned && r.fault != crate::spec::Fault::None {
+    let pinned_note = if r.mode == crate::spec::Mode::Pinned && r.fault != crate::spec::Fault::None
+    {
         " (pinned memory cannot fault: pinned reference)"
     } else {
         ""
@@ -104,7 +112,10 @@ mod tests {
     fn lat_row_has_all_columns() {
         let r = sample(Test::Lat);
         let cols: Vec<_> = row(&r).split_whitespace().map(String::from).collect();
-        assert_eq!(cols, ["64", "10", "1.00", "1.50", "1.60", "2.00", "2.50", "3.00"]);
+        assert_eq!(
+            cols,
+            ["64", "10", "1.00", "1.50", "1.60", "2.00", "2.50", "3.00"]
+        );
         assert_eq!(header(Test::Lat).split_whitespace().count(), 8);
         assert!(r.all_finite());
     }

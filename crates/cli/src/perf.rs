@@ -84,7 +84,12 @@ fn wait_one(ini: &mut Initiator, deadline: Instant) -> Result<usize> {
 }
 
 /// Run `spec` between `ini` and `tgt` (both already connected).
-pub fn run(spec: &Spec, ini: &mut Initiator, tgt: &mut dyn TargetHandle, transport: &str) -> Result<PerfResult> {
+pub fn run(
+    spec: &Spec,
+    ini: &mut Initiator,
+    tgt: &mut dyn TargetHandle,
+    transport: &str,
+) -> Result<PerfResult> {
     spec.validate().map_err(CliError::Arg)?;
     let page = page_size();
     let len = spec.msg_len();
@@ -131,7 +136,8 @@ pub fn run(spec: &Spec, ini: &mut Initiator, tgt: &mut dyn TargetHandle, transpo
                     ini.post(spec.op, wr_id, len, raddr, w.rkey, true)?;
                     wait_one(ini, t0 + COMPLETION_TIMEOUT)?;
                     let ns = t0.elapsed().as_nanos() as u64;
-                    hist.record(ns.max(1)).map_err(|e| CliError::Arg(e.to_string()))?;
+                    hist.record(ns.max(1))
+                        .map_err(|e| CliError::Arg(e.to_string()))?;
                     sum_ns += ns as u128;
                     min_ns = min_ns.min(ns);
                     max_ns = max_ns.max(ns);

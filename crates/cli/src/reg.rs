@@ -53,57 +53,65 @@ pub fn measure(mode: Mode, bytes: u64) -> Result<RegResult> {
     let mut hc = rnic::HostConfig::default();
     hc.iova_pages = hc.iova_pages.max(2 * pages + 4096);
     let host = rnic::Host::new(hc)?;
-    let r = match mode {
-        Mode::Pinned => {
-            let avail = mem_available()?;
-            if bytes > avail.saturating_sub(1 << 30) {
-                return Err(CliError::Arg(format!(
-                    "pinning {} GiB needs that much free RAM; MemAvailable is {:.1} GiB",
-                    bytes as f64 / (1u64 << 30) as f64,
-                    avail as f64 / (1u64 << 30) as f64
-                )));
+    let r =
+        match mode {
+            Mode::Pinned => {
+                let avail = mem_available()?;
+                if bytes > avail.saturating_sub(1 << 30) {
+                    return Err(CliError::Arg(format!(
+                        "pinning {} GiB needs that much free RAM; MemAvailable is {:.1} GiB",
+                        bytes as f64 / (1u64 << 30) as f64,
+                        avail as f64 / (1u64 << 30) as f64
+                    )));
+                }
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let rss_before = rss_bytes()?;
+                let t0 = Instant::now();
+                let buf = PinnedBuf::locked(len)?;
+                let t1 = Instant::now();
+                // SAFETY: `buf` outlives the MR (dropped at the end of this block, after `mr`).
+                let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
+                let t2 = Instant::now();
+                let rss_after = rss_bytes()?;
+                drop(mr);
+                drop(buf);
+                result(mode, bytes, t0, t1, t2, rss_before, rss_after)
             }
-            let ctx = host.open_context()?;
-            let pd = ctx.alloc_pd()?;
-            let rss_before = rss_bytes()?;
-            let t0 = Instant::now();
-            let buf = PinnedBuf::locked(len)?;
-            let t1 = Instant::now();
-            // SAFETY: `buf` outlives the MR (dropped at the end of this block, after `mr`).
-            let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
-            let t2 = Instant::now();
-            let rss_after = rss_bytes()?;
-            drop(mr);
-            drop(buf);
-            result(mode, bytes, t0, t1, t2, rss_before, rss_after)
-        }
-        Mode::Nprdma => {
-            let pager = new_pager()?;
-            let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
-            let pd = ctx.alloc_pd();
-            let rss_before = rss_bytes()?;
-            let t0 = Instant::now();
-            let region = pager.alloc(len)?;
-            let t1 = Instant::now();
-            // SAFETY: the region is private anonymous memory that outlives the MR.
-            #[allow(unsafe_code)]
-            let mr = unsafe { pd.reg_mr(region.addr() as u64, len as u64, np_access()) }?;
-            let t2 = Instant::now();
-            let rss_after = rss_bytes()?;
-            drop(mr);
-            drop(region);
-            result(mode, bytes, t0, t1, t2, rss_before, rss_after)
-        }
-        Mode::Odp => {
-            return Err(CliError::Arg(
-                "reg compares pinned and nprdma (an ODP registration pins nothing, like nprdma)".into(),
-            ))
-        }
-    };
+            Mode::Nprdma => {
+                let pager = new_pager()?;
+                let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
+                let pd = ctx.alloc_pd();
+                let rss_before = rss_bytes()?;
+                let t0 = Instant::now();
+                let region = pager.alloc(len)?;
+                let t1 = Instant::now();
+                // SAFETY: the region is private anonymous memory that outlives the MR.
+                #[allow(unsafe_code)]
+                let mr = unsafe { pd.reg_mr(region.addr() as u64, len as u64, np_access()) }?;
+                let t2 = Instant::now();
+                let rss_after = rss_bytes()?;
+                drop(mr);
+                drop(region);
+                result(mode, bytes, t0, t1, t2, rss_before, rss_after)
+            }
+            Mode::Odp => return Err(CliError::Arg(
+                "reg compares pinned and nprdma (an ODP registration pins nothing, like nprdma)"
+                    .into(),
+            )),
+        };
     Ok(r)
 }
 
-fn result(mode: Mode, bytes: u64, t0: Instant, t1: Instant, t2: Instant, before: u64, after: u64) -> RegResult {
+fn result(
+    mode: Mode,
+    bytes: u64,
+    t0: Instant,
+    t1: Instant,
+    t2: Instant,
+    before: u64,
+    after: u64,
+) -> RegResult {
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     let total = ms(t0, t2);
     RegResult {
@@ -128,7 +136,13 @@ pub fn cmd_reg(a: RegArgs) -> Result<()> {
         println!("# MR registration, mode {}", r.mode.label());
         println!(
             "{:>14} {:>12} {:>12} {:>12} {:>12} {:>14} {:>14}",
-            "#bytes", "prepare[ms]", "reg_mr[ms]", "total[ms]", "ms/GiB", "RSS before[MiB]", "RSS after[MiB]"
+            "#bytes",
+            "prepare[ms]",
+            "reg_mr[ms]",
+            "total[ms]",
+            "ms/GiB",
+            "RSS before[MiB]",
+            "RSS after[MiB]"
         );
         println!(
             "{:>14} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>14.1} {:>14.1}",

@@ -100,7 +100,11 @@ impl PerfArgs {
                 size,
                 iters: self.iters,
                 tx_depth: if test == Test::Lat { 1 } else { self.tx_depth },
-                signal_every: if test == Test::Lat { 1 } else { self.signal_every },
+                signal_every: if test == Test::Lat {
+                    1
+                } else {
+                    self.signal_every
+                },
             })
             .collect();
         for s in &specs {
@@ -139,7 +143,11 @@ impl Drop for PeerProcess {
 /// Target and initiator sizes that fit every spec.
 fn sizing(specs: &[Spec]) -> (usize, usize, usize, usize) {
     let page = page_size();
-    let data = specs.iter().map(|s| s.window_bytes(page)).max().unwrap_or(8);
+    let data = specs
+        .iter()
+        .map(|s| s.window_bytes(page))
+        .max()
+        .unwrap_or(8);
     let msg = specs.iter().map(|s| s.msg_len()).max().unwrap_or(8);
     let depth = specs.iter().map(|s| s.tx_depth).max().unwrap_or(1);
     (data, msg, msg, depth)
@@ -157,7 +165,11 @@ impl Session {
         let (data_len, recv_len, buf_len, depth) = sizing(specs);
         let (mut tgt, peer, name): (Box<dyn TargetHandle>, Option<PeerProcess>, &'static str) =
             match (transport, client) {
-                (Transport::Inproc, None) => (Box::new(Target::new(mode, data_len, recv_len)?), None, "inproc"),
+                (Transport::Inproc, None) => (
+                    Box::new(Target::new(mode, data_len, recv_len)?),
+                    None,
+                    "inproc",
+                ),
                 (Transport::Inproc, Some(_)) => {
                     return Err(CliError::Arg("--client needs --transport shm".into()));
                 }
@@ -199,7 +211,10 @@ fn spawn_peer() -> Result<(Child, u16)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
-    let out = child.stdout.take().ok_or_else(|| CliError::Peer("no stdout".into()))?;
+    let out = child
+        .stdout
+        .take()
+        .ok_or_else(|| CliError::Peer("no stdout".into()))?;
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line)?;
     let port = line
@@ -208,7 +223,9 @@ fn spawn_peer() -> Result<(Child, u16)> {
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| {
             let _ = child.kill();
-            CliError::Peer(format!("peer process did not report its port (got {line:?})"))
+            CliError::Peer(format!(
+                "peer process did not report its port (got {line:?})"
+            ))
         })?;
     Ok((child, port))
 }
@@ -234,7 +251,13 @@ pub fn cmd_perf(a: PerfArgs) -> Result<()> {
     }
     let specs = a.specs()?;
     let client = a.client.as_deref().map(|h| (h, a.port));
-    let mut s = Session::open(a.mode, &specs, a.transport, client, nprdma::Config::default())?;
+    let mut s = Session::open(
+        a.mode,
+        &specs,
+        a.transport,
+        client,
+        nprdma::Config::default(),
+    )?;
     let mut first = true;
     for spec in &specs {
         let r = s.run(spec)?;

@@ -149,7 +149,10 @@ impl Spec {
             return Err("--iters must be at least 1".into());
         }
         if self.tx_depth == 0 || self.tx_depth > 1024 {
-            return Err(format!("--tx-depth must be 1..=1024 (got {})", self.tx_depth));
+            return Err(format!(
+                "--tx-depth must be 1..=1024 (got {})",
+                self.tx_depth
+            ));
         }
         if self.signal_every == 0 || self.signal_every > self.tx_depth {
             return Err(format!(

@@ -25,10 +25,14 @@ const L: f64 = 80.0;
 const R: f64 = 200.0;
 const T: f64 = 40.0;
 const B: f64 = 60.0;
-const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A size label: 2, 1K, 8M.
@@ -47,16 +51,30 @@ pub fn size_label(b: f64) -> String {
 /// log axes (and counted in a note), never silently invented.
 pub fn render(p: &Plot, series: &[Series]) -> String {
     let ok = |x: f64, y: f64| x.is_finite() && y.is_finite() && x > 0.0 && (!p.log_y || y > 0.0);
-    let pts: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().copied()).filter(|&(x, y)| ok(x, y)).collect();
+    let pts: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|&(x, y)| ok(x, y))
+        .collect();
     let mut out = String::new();
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(out, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(out, r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#, (L + W - R) / 2.0, esc(p.title));
+    let _ = writeln!(
+        out,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
+        (L + W - R) / 2.0,
+        esc(p.title)
+    );
     if pts.is_empty() {
-        let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">no data</text></svg>"#, W / 2.0, H / 2.0);
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{}" text-anchor="middle">no data</text></svg>"#,
+            W / 2.0,
+            H / 2.0
+        );
         return out;
     }
     let (mut x0, mut x1) = (f64::MAX, f64::MIN);
@@ -84,27 +102,64 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
         H - B - (v - y0) / (y1 - y0) * (H - T - B)
     };
     // Axes and grid.
-    let _ = writeln!(out, r#"<rect x="{L}" y="{T}" width="{}" height="{}" fill="none" stroke="black"/>"#, W - L - R, H - T - B);
+    let _ = writeln!(
+        out,
+        r#"<rect x="{L}" y="{T}" width="{}" height="{}" fill="none" stroke="black"/>"#,
+        W - L - R,
+        H - T - B
+    );
     let mut e = x0.ceil() as i64;
     let step = (((x1 - x0) / 12.0).ceil() as i64).max(1);
     while e as f64 <= x1 {
         let x = L + (e as f64 - x0) / (x1 - x0) * (W - L - R);
-        let _ = writeln!(out, r##"<line x1="{x:.1}" y1="{T}" x2="{x:.1}" y2="{}" stroke="#ddd"/>"##, H - B);
-        let _ = writeln!(out, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, H - B + 16.0, size_label(2f64.powi(e as i32)));
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.1}" y1="{T}" x2="{x:.1}" y2="{}" stroke="#ddd"/>"##,
+            H - B
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            H - B + 16.0,
+            size_label(2f64.powi(e as i32))
+        );
         e += step;
     }
     let ticks: Vec<f64> = if p.log_y {
-        (y0 as i64..=y1 as i64).map(|k| 10f64.powi(k as i32)).collect()
+        (y0 as i64..=y1 as i64)
+            .map(|k| 10f64.powi(k as i32))
+            .collect()
     } else {
         (0..=5).map(|k| y0 + (y1 - y0) * k as f64 / 5.0).collect()
     };
     for t in ticks {
         let y = py(t);
-        let _ = writeln!(out, r##"<line x1="{L}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##, W - R);
-        let lab = if t >= 100.0 || t == 0.0 { format!("{t:.0}") } else if t >= 1.0 { format!("{t:.1}") } else { format!("{t}") };
-        let _ = writeln!(out, r#"<text x="{}" y="{:.1}" text-anchor="end">{lab}</text>"#, L - 6.0, y + 4.0);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{L}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##,
+            W - R
+        );
+        let lab = if t >= 100.0 || t == 0.0 {
+            format!("{t:.0}")
+        } else if t >= 1.0 {
+            format!("{t:.1}")
+        } else {
+            format!("{t}")
+        };
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{lab}</text>"#,
+            L - 6.0,
+            y + 4.0
+        );
     }
-    let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, (L + W - R) / 2.0, H - 18.0, esc(p.x_label));
+    let _ = writeln!(
+        out,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        (L + W - R) / 2.0,
+        H - 18.0,
+        esc(p.x_label)
+    );
     let _ = writeln!(
         out,
         r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">{}</text>"#,
@@ -115,20 +170,51 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
     // Series.
     for (i, s) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
-        let dash = if s.dashed { r#" stroke-dasharray="6 4""# } else { "" };
-        let mut v: Vec<(f64, f64)> = s.points.iter().copied().filter(|&(x, y)| ok(x, y)).collect();
+        let dash = if s.dashed {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
+        let mut v: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|&(x, y)| ok(x, y))
+            .collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let path: Vec<String> = v.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+        let path: Vec<String> = v
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
         if !path.is_empty() {
-            let _ = writeln!(out, r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"{dash}/>"#, path.join(" "));
+            let _ = writeln!(
+                out,
+                r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"{dash}/>"#,
+                path.join(" ")
+            );
         }
         for &(x, y) in &v {
-            let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(y));
+            let _ = writeln!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
+                px(x),
+                py(y)
+            );
         }
         let ly = T + 10.0 + i as f64 * 18.0;
         let lx = W - R + 10.0;
-        let _ = writeln!(out, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"{dash}/>"#, lx + 24.0);
-        let _ = writeln!(out, r#"<text x="{}" y="{}">{}</text>"#, lx + 30.0, ly + 4.0, esc(&s.label));
+        let _ = writeln!(
+            out,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"{dash}/>"#,
+            lx + 24.0
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            lx + 30.0,
+            ly + 4.0,
+            esc(&s.label)
+        );
     }
     out.push_str("</svg>\n");
     out
@@ -141,10 +227,26 @@ mod tests {
     #[test]
     fn renders_series_and_skips_bad_points() {
         let s = vec![
-            Series { label: "a<b".into(), points: vec![(2.0, 1.0), (4.0, 10.0), (8.0, f64::NAN)], dashed: false },
-            Series { label: "ODP (model)".into(), points: vec![(2.0, 2000.0)], dashed: true },
+            Series {
+                label: "a<b".into(),
+                points: vec![(2.0, 1.0), (4.0, 10.0), (8.0, f64::NAN)],
+                dashed: false,
+            },
+            Series {
+                label: "ODP (model)".into(),
+                points: vec![(2.0, 2000.0)],
+                dashed: true,
+            },
         ];
-        let svg = render(&Plot { title: "t", x_label: "x", y_label: "y", log_y: true }, &s);
+        let svg = render(
+            &Plot {
+                title: "t",
+                x_label: "x",
+                y_label: "y",
+                log_y: true,
+            },
+            &s,
+        );
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert_eq!(svg.matches("<circle").count(), 3);
         assert!(svg.contains("a&lt;b") && svg.contains("stroke-dasharray"));
@@ -153,7 +255,15 @@ mod tests {
 
     #[test]
     fn empty_plot_says_so() {
-        let svg = render(&Plot { title: "t", x_label: "x", y_label: "y", log_y: false }, &[]);
+        let svg = render(
+            &Plot {
+                title: "t",
+                x_label: "x",
+                y_label: "y",
+                log_y: false,
+            },
+            &[],
+        );
         assert!(svg.contains("no data"));
     }
 

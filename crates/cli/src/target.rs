@@ -228,7 +228,10 @@ impl Target {
                     let n = rcq.poll(&mut wc)?;
                     for w in &wc[..n] {
                         if w.status != rnic::WcStatus::Success {
-                            return Err(CliError::Completion(format!("target receive: {:?}", w.status)));
+                            return Err(CliError::Completion(format!(
+                                "target receive: {:?}",
+                                w.status
+                            )));
                         }
                     }
                     self.posted -= n.min(self.posted);
@@ -238,8 +241,11 @@ impl Target {
                 }
                 let sge = [recv.mr.sge(0, self.recv_len as u32)];
                 while self.posted < RECV_DEPTH {
-                    qp.post_recv(&[rnic::RecvWr { wr_id: 1, sg_list: &sge }])
-                        .map_err(|e| e.err)?;
+                    qp.post_recv(&[rnic::RecvWr {
+                        wr_id: 1,
+                        sg_list: &sge,
+                    }])
+                    .map_err(|e| e.err)?;
                     self.posted += 1;
                 }
             }
@@ -249,7 +255,10 @@ impl Target {
                     let n = rcq.poll(&mut wc);
                     for w in &wc[..n] {
                         if !w.is_ok() {
-                            return Err(CliError::Completion(format!("target receive: status {}", w.status)));
+                            return Err(CliError::Completion(format!(
+                                "target receive: status {}",
+                                w.status
+                            )));
                         }
                     }
                     self.posted -= n.min(self.posted);
@@ -259,8 +268,11 @@ impl Target {
                 }
                 let sge = recv.mr.sge(0, self.recv_len as u32);
                 while self.posted < RECV_DEPTH {
-                    qp.post_recv(&[nprdma::RecvWr { wr_id: 1, sge: Some(sge) }])
-                        .map_err(|(_, e)| e)?;
+                    qp.post_recv(&[nprdma::RecvWr {
+                        wr_id: 1,
+                        sge: Some(sge),
+                    }])
+                    .map_err(|(_, e)| e)?;
                     self.posted += 1;
                 }
             }
@@ -285,7 +297,9 @@ impl Target {
         match &mut self.inner {
             Inner::Pinned { data, .. } => {
                 if bytes > data.buf.len() {
-                    return Err(CliError::Arg(format!("window of {bytes} B exceeds the target buffer")));
+                    return Err(CliError::Arg(format!(
+                        "window of {bytes} B exceeds the target buffer"
+                    )));
                 }
                 Ok(Window {
                     base: data.buf.addr() as u64,
@@ -305,9 +319,13 @@ impl Target {
                 }
                 let (off, pages) = match fault {
                     Fault::None => {
-                        if data.as_ref().is_none_or(|d| (d.mr.len() as usize) < bytes) {
+                        if data
+                            .as_ref()
+                            .map_or(true, |d| (d.mr.len() as usize) < bytes)
+                        {
                             *data = None;
-                            *data = Some(NpBuf::new(pd, pager, self.data_len.max(bytes), Some(0x3c))?);
+                            *data =
+                                Some(NpBuf::new(pd, pager, self.data_len.max(bytes), Some(0x3c))?);
                             renewed = true;
                         }
                         (0, 0)
@@ -326,7 +344,9 @@ impl Target {
                         (off, bytes.div_ceil(page) as u64)
                     }
                     Fault::Major => {
-                        if data.is_none() || (data.as_ref().unwrap().mr.len() as usize) < bytes + page {
+                        if data.is_none()
+                            || (data.as_ref().unwrap().mr.len() as usize) < bytes + page
+                        {
                             *data = None;
                             *data = Some(NpBuf::new(pd, pager, bytes + page, Some(0x3c))?);
                             renewed = true;

@@ -17,9 +17,18 @@ use crate::target::{QpAddr, Target, TargetCounters, Window};
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "lowercase")]
 pub enum Req {
-    Hello { mode: Mode, data_len: usize, recv_len: usize },
-    Connect { peer: QpAddr },
-    Prepare { fault: Fault, bytes: usize },
+    Hello {
+        mode: Mode,
+        data_len: usize,
+        recv_len: usize,
+    },
+    Connect {
+        peer: QpAddr,
+    },
+    Prepare {
+        fault: Fault,
+        bytes: usize,
+    },
     Counters,
     Bye,
 }
@@ -82,7 +91,13 @@ fn recv<T: for<'a> Deserialize<'a>>(r: &mut BufReader<TcpStream>) -> Result<T> {
 
 impl RemoteTarget {
     /// Connect to a server at `host:port` and set up its target.
-    pub fn connect(host: &str, port: u16, mode: Mode, data_len: usize, recv_len: usize) -> Result<RemoteTarget> {
+    pub fn connect(
+        host: &str,
+        port: u16,
+        mode: Mode,
+        data_len: usize,
+        recv_len: usize,
+    ) -> Result<RemoteTarget> {
         let mut last = None;
         let mut stream = None;
         // The server may still be starting: retry for up to 10 s.
@@ -98,12 +113,21 @@ impl RemoteTarget {
                 }
             }
         }
-        let s = stream.ok_or_else(|| CliError::Peer(format!("cannot connect to {host}:{port}: {:?}", last)))?;
+        let s = stream.ok_or_else(|| {
+            CliError::Peer(format!("cannot connect to {host}:{port}: {:?}", last))
+        })?;
         s.set_read_timeout(Some(Duration::from_secs(120)))?;
         s.set_nodelay(true)?;
         let mut wr = s.try_clone()?;
         let mut rd = BufReader::new(s);
-        send(&mut wr, &Req::Hello { mode, data_len, recv_len })?;
+        send(
+            &mut wr,
+            &Req::Hello {
+                mode,
+                data_len,
+                recv_len,
+            },
+        )?;
         let qp = match recv(&mut rd)? {
             Resp::Qp { qp } => qp,
             Resp::Error { msg } => return Err(CliError::Peer(msg)),
@@ -167,7 +191,14 @@ pub fn serve_one(listener: &TcpListener) -> Result<()> {
         };
         let resp = match (req, target.as_mut()) {
             (Req::Bye, _) => return Ok(()),
-            (Req::Hello { mode, data_len, recv_len }, _) => match Target::new(mode, data_len, recv_len) {
+            (
+                Req::Hello {
+                    mode,
+                    data_len,
+                    recv_len,
+                },
+                _,
+            ) => match Target::new(mode, data_len, recv_len) {
                 Ok(t) => {
                     let qp = t.qp_addr();
                     target = Some(t);
@@ -186,7 +217,9 @@ pub fn serve_one(listener: &TcpListener) -> Result<()> {
                 Ok(w) => Resp::Window { w },
                 Err(e) => Resp::Error { msg: e.to_string() },
             },
-            (Req::Counters, Some(t)) => Resp::Counters { c: Target::counters(t) },
+            (Req::Counters, Some(t)) => Resp::Counters {
+                c: Target::counters(t),
+            },
         };
         send(&mut wr, &resp)?;
     }
