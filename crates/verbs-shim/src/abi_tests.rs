@@ -341,6 +341,24 @@ fn refusals_set_errno() {
         let mut ev: ibv_async_event = zeroed();
         assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
         assert_eq!(errno(), libc::EAGAIN);
+        // GID table: one RoCE v2 entry equal to GID 0.
+        let mut tab: [ibv_gid_entry; 4] = zeroed();
+        let n = _ibv_query_gid_table(
+            e.ctx,
+            tab.as_mut_ptr(),
+            4,
+            0,
+            std::mem::size_of::<ibv_gid_entry>(),
+        );
+        assert_eq!(n, 1);
+        let mut g0: ibv_gid = zeroed();
+        assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut g0), 0);
+        assert_eq!(
+            (tab[0].gid.raw, tab[0].gid_type),
+            (g0.raw, IBV_GID_TYPE_ROCE_V2)
+        );
+        assert!(ibv_import_pd(e.ctx, 1).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
         // Bad port / GID index.
         let mut gid: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 2, 0, &mut gid), -1);

@@ -436,3 +436,26 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     crate::error::set_errno(libc::ENOENT);
     -1
 }
+
+/// The GID table: one entry (GID 0). Returns the number of entries written.
+///
+/// # Safety
+/// `entries` has `max_entries` entries of `entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if max_entries == 0 || entries.is_null() {
+        crate::error::set_errno(libc::EINVAL);
+        return -(libc::EINVAL as isize);
+    }
+    // SAFETY: forwarded contract (first entry).
+    match unsafe { _ibv_query_gid_ex(ctx, 1, 0, entries, flags, entry_size) } {
+        0 => 1,
+        e => -(e as isize),
+    }
+}

@@ -635,3 +635,20 @@ pub unsafe extern "C" fn ibv_get_async_event(
 
 #[no_mangle]
 pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
+
+/// Data placement order is not guaranteed beyond RC semantics: report "not in order"
+/// (0), as providers without the capability do.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
+    0
+}
+
+refuse_ptr!(ibv_import_device, "importing devices (no kernel command fd)", (fd: c_int) -> *mut ibv_context);
+refuse_ptr!(ibv_import_pd, "importing PDs", (c: *mut ibv_context, h: u32) -> *mut ibv_pd);
+refuse_ptr!(ibv_import_mr, "importing MRs", (pd: *mut ibv_pd, h: u32) -> *mut ibv_mr);
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_mr(_mr: *mut ibv_mr) {}

@@ -125,3 +125,45 @@ fn rdma_cm_fails_cleanly() {
         out.all()
     );
 }
+
+#[test]
+fn ib_atomic_lat_cmp_and_swap() {
+    perftest(
+        "ib_atomic_lat",
+        18622,
+        &["-A", "CMP_AND_SWAP", "-n", "200", "-s", "8"],
+        false,
+    );
+}
+
+#[test]
+fn ib_write_bw_bidirectional() {
+    perftest(
+        "ib_write_bw",
+        18623,
+        &["-b", "-n", "200", "-s", "4096"],
+        true,
+    );
+}
+
+#[test]
+fn ib_send_bw_with_completion_events() {
+    // -e: completion channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events.
+    perftest(
+        "ib_send_bw",
+        18624,
+        &["-e", "-n", "200", "-s", "4096"],
+        true,
+    );
+}
+
+#[test]
+fn ib_send_lat_inline_and_sizes() {
+    perftest(
+        "ib_send_lat",
+        18625,
+        &["-I", "128", "-n", "200", "-s", "100"],
+        false,
+    );
+    perftest("ib_send_lat", 18626, &["-n", "100", "-s", "65536"], false);
+}
