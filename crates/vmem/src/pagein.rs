@@ -1,0 +1,318 @@
+//! Bringing pages in (fault thread, `pin`, `prefetch`) and pin counts: the
+//! non-resident → resident transitions of the page state words.
+
+use crate::core::{kernel, page_range, Brought, Inner, Why, BOUNCE};
+use crate::error::{Error, Result};
+use crate::state::{
+    self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOTIFYING, PIN_ONE, REF, RESIDENT, SWAPPED,
+};
+use crate::stats::inc;
+use crate::sys::{self, PageBuf, PAGE, PAGE_SHIFT};
+use std::sync::atomic::Ordering::*;
+
+impl Inner {
+    /// Brings page `p` in (or pins it if resident). `buf` is a one-page bounce
+    /// buffer for swap reads. Runs in the calling thread; never takes a fault.
+    pub fn bring_in(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        why: Why,
+        buf: &mut PageBuf,
+    ) -> Result<Brought> {
+        let w = arr.word(p);
+        let addr = p << PAGE_SHIFT;
+        loop {
+            let v = state::wait_not_busy(w);
+            match state::kind(v) {
+                RESIDENT => match why {
+                    Why::Prefetch => return Ok(Brought::Already),
+                    Why::Pin => {
+                        // Clearing EVICTING cancels an eviction whose listeners
+                        // already ran: whoever pinned may re-establish access
+                        // (e.g. a NIC mapping) even if it unpins before the
+                        // evictor gets to this page.
+                        if state::pins(v) >= MAX_PINS {
+                            return Err(Error::PinOverflow(addr));
+                        }
+                        if w.compare_exchange(v, ((v + PIN_ONE) | REF) & !EVICTING, AcqRel, Acquire)
+                            .is_ok()
+                        {
+                            return Ok(Brought::Already);
+                        }
+                    }
+                    Why::Fault { .. } => {
+                        if arr.external {
+                            return Ok(Brought::Already);
+                        }
+                        // Spurious, or the application dropped the page itself:
+                        // a zero page fills a hole and is refused if present.
+                        if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+                            continue;
+                        }
+                        let r = self.uffd.zeropage(addr, PAGE, false);
+                        w.fetch_and(!BUSY, Release);
+                        return match r {
+                            Ok(()) => {
+                                inc(&self.stats.c.minor_faults);
+                                let _ = self.uffd.wake(addr, PAGE);
+                                Ok(Brought::Hole)
+                            }
+                            Err(e) if e.err.raw_os_error() == Some(libc::EEXIST) => {
+                                inc(&self.stats.c.spurious_faults);
+                                let _ = self.uffd.wake(addr, PAGE);
+                                Ok(Brought::Already)
+                            }
+                            Err(e) if e.err.raw_os_error() == Some(libc::ENOENT) => {
+                                Err(Error::Unmapped(addr))
+                            }
+                            Err(e) if e.err.raw_os_error() == Some(libc::EAGAIN) => {
+                                Err(Error::Retry)
+                            }
+                            Err(e) => Err(kernel("UFFDIO_ZEROPAGE", addr, e.err)),
+                        };
+                    }
+                },
+                // UNTOUCHED, SWAPPED, and GONE (unmapped by the application).
+                // A *fault* on a GONE page proves the mapping is registered
+                // with our uffd again (faults go to the VMA's own uffd), so
+                // it is managed again. A fill ioctl proves nothing (the
+                // kernel accepts a VMA registered with any uffd), so pin and
+                // prefetch never revive a GONE page.
+                _ => {
+                    if state::kind(v) == GONE && !matches!(why, Why::Fault { .. }) {
+                        return Err(Error::Unmapped(addr));
+                    }
+                    if arr.external {
+                        return Err(Error::ExternalNotResident(addr));
+                    }
+                    if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+                        continue;
+                    }
+                    return self.fill_locked(arr, p, v, why, buf);
+                }
+            }
+        }
+    }
+
+    /// [`Self::bring_in`] for callers that may wait: retries the transient
+    /// [`Error::Retry`] (released page lock, short sleeps) for up to 10 s.
+    fn bring_in_wait(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        why: Why,
+        buf: &mut PageBuf,
+    ) -> Result<Brought> {
+        let t = std::time::Instant::now();
+        loop {
+            match self.bring_in(arr, p, why, buf) {
+                Err(Error::Retry) if t.elapsed() < std::time::Duration::from_secs(10) => {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Fills a non-resident page whose BUSY bit we hold (`v` = word before).
+    fn fill_locked(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        v: u64,
+        why: Why,
+        buf: &mut PageBuf,
+    ) -> Result<Brought> {
+        let w = arr.word(p);
+        let addr = p << PAGE_SHIFT;
+        let swapped = state::kind(v) == SWAPPED;
+        // A faulting thread is woken only after the state and counters are
+        // published, so it never observes its page as non-resident.
+        let is_fault = matches!(why, Why::Fault { .. });
+        let wake = !is_fault;
+        let res = if swapped {
+            let slot = state::slot(v).expect("swapped page has a slot");
+            if let Err(e) = self.swap.read(slot, buf.as_mut_slice()) {
+                w.fetch_and(!BUSY, Release);
+                tracing::error!(addr, slot, %e, "swap read failed");
+                return Err(Error::SwapIo(e));
+            }
+            // SAFETY: buf is one readable page.
+            unsafe { self.uffd.copy(addr, buf.as_ptr(), PAGE, wake) }
+        } else if why == (Why::Fault { write: false }) {
+            self.uffd.zeropage(addr, PAGE, wake)
+        } else {
+            // SAFETY: self.zero is one readable page of zeroes.
+            unsafe { self.uffd.copy(addr, self.zero.as_ptr(), PAGE, wake) }
+        };
+        let add_pin = if why == Why::Pin { PIN_ONE } else { 0 };
+        let outcome = match res {
+            Ok(()) => {
+                if swapped {
+                    Brought::Swap
+                } else {
+                    Brought::Zero
+                }
+            }
+            Err(e) if e.err.raw_os_error() == Some(libc::EEXIST) => {
+                // Present although recorded absent (memory the kernel holds
+                // itself, e.g. its own swap entry): make sure it is populated.
+                // SAFETY: the pte is not empty, so this read cannot raise a
+                // userfault; the page belongs to a registered mapping.
+                unsafe { sys::touch_read(addr, PAGE) };
+                let _ = self.uffd.wake(addr, PAGE);
+                Brought::Already
+            }
+            Err(e) => {
+                let gone = matches!(e.err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH));
+                if gone {
+                    self.release_gone(w, v);
+                    return Err(Error::Unmapped(addr));
+                }
+                w.fetch_and(!BUSY, Release);
+                if e.err.raw_os_error() == Some(libc::EAGAIN) {
+                    return Err(Error::Retry);
+                }
+                return Err(kernel(
+                    if swapped {
+                        "UFFDIO_COPY"
+                    } else {
+                        "UFFDIO_ZEROPAGE/COPY"
+                    },
+                    addr,
+                    e.err,
+                ));
+            }
+        };
+        // Pinned pages cannot be evicted before their notification anyway;
+        // the caller clears NOTIFYING after notifying (outcomes Zero/Swap).
+        let notifying = if self.cfg.eager_swap_in_notify
+            && why != Why::Pin
+            && matches!(outcome, Brought::Zero | Brought::Swap)
+        {
+            NOTIFYING
+        } else {
+            0
+        };
+        if let Some(s) = state::slot(v) {
+            self.swap.free(s);
+        }
+        let _ = state::update(w, |cur| {
+            let resident = state::with_slot(state::with_kind(cur, RESIDENT), None) | REF;
+            Some(((resident + add_pin) & !(BUSY | EVICTING)) | notifying)
+        });
+        // Every path here turns a non-resident page resident.
+        self.resident.fetch_add(1, Relaxed);
+        if swapped && outcome == Brought::Swap {
+            inc(&self.stats.c.swap_ins);
+            if why == Why::Pin {
+                inc(&self.stats.c.pin_swap_ins);
+            }
+        } else if outcome == Brought::Zero && !is_fault {
+            inc(&self.stats.c.zero_fills);
+        }
+        if is_fault {
+            inc(match outcome {
+                Brought::Swap => &self.stats.c.major_faults,
+                Brought::Already => &self.stats.c.spurious_faults,
+                _ => &self.stats.c.minor_faults,
+            });
+            let _ = self.uffd.wake(addr, PAGE);
+        }
+        self.check_budget();
+        Ok(outcome)
+    }
+
+    /// Marks a BUSY page whose mapping vanished as GONE (releasing its slot).
+    fn release_gone(&self, w: &std::sync::atomic::AtomicU64, v: u64) {
+        if let Some(s) = state::slot(v) {
+            self.swap.free(s);
+        }
+        let _ = state::update(w, |cur| {
+            Some(state::with_slot(state::with_kind(cur, GONE), None) & !BUSY)
+        });
+    }
+
+    /// Runs `f` with this thread's bounce buffer.
+    fn with_bounce<R>(f: impl FnOnce(&mut PageBuf) -> R) -> R {
+        BOUNCE.with(|b| {
+            let mut b = b.borrow_mut();
+            f(b.get_or_insert_with(|| PageBuf::new(1)))
+        })
+    }
+
+    pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
+        let (p0, p1) = page_range(addr, len)?;
+        let segs = self.segments_for(p0, p1)?;
+        let mut swapped_in = Vec::new();
+        let mut done: Vec<(&PageArray, usize)> = Vec::with_capacity(p1 - p0);
+        let r = Self::with_bounce(|buf| -> Result<()> {
+            for s in &segs {
+                for p in s.start.max(p0)..s.end.min(p1) {
+                    let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
+                    done.push((&s.arr, p));
+                    if b != Brought::Already {
+                        swapped_in.push(p << PAGE_SHIFT);
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            for (arr, p) in done {
+                let _ = state::update(arr.word(p), |cur| {
+                    (state::pins(cur) > 0).then(|| cur - PIN_ONE)
+                });
+            }
+            return Err(e);
+        }
+        if self.cfg.eager_swap_in_notify {
+            self.listeners.after_swap_in(&swapped_in);
+        }
+        Ok(())
+    }
+
+    pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
+        let (p0, p1) = page_range(addr, len)?;
+        let segs = self.segments_for(p0, p1)?;
+        let mut done: Vec<(&PageArray, usize)> = Vec::new();
+        for s in &segs {
+            for p in s.start.max(p0)..s.end.min(p1) {
+                let w = s.arr.word(p);
+                if state::update(w, |cur| (state::pins(cur) > 0).then(|| cur - PIN_ONE)).is_err() {
+                    for (arr, q) in done {
+                        let _ = state::update(arr.word(q), |cur| Some(cur + PIN_ONE));
+                    }
+                    return Err(Error::NotPinned(p << PAGE_SHIFT));
+                }
+                done.push((&s.arr, p));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn prefetch(&self, addr: usize, len: usize) -> Result<usize> {
+        let (p0, p1) = page_range(addr, len)?;
+        let segs = self.segments_for(p0, p1)?;
+        let mut brought: Vec<(&PageArray, usize)> = Vec::new();
+        let r = Self::with_bounce(|buf| -> Result<()> {
+            for s in segs.iter().filter(|s| !s.arr.external) {
+                for p in s.start.max(p0)..s.end.min(p1) {
+                    if self.bring_in_wait(&s.arr, p, Why::Prefetch, buf)? != Brought::Already {
+                        brought.push((&s.arr, p));
+                    }
+                }
+            }
+            Ok(())
+        });
+        if self.cfg.eager_swap_in_notify {
+            let addrs: Vec<usize> = brought.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
+            self.listeners.after_swap_in(&addrs);
+            for (arr, p) in &brought {
+                arr.word(*p).fetch_and(!NOTIFYING, Release);
+            }
+        }
+        r.map(|()| brought.len())
+    }
+}
