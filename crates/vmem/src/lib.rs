@@ -114,6 +114,7 @@ mod external;
 mod fault;
 mod listener;
 mod pagein;
+mod region;
 mod registry;
 mod space;
 mod state;
@@ -125,6 +126,7 @@ mod uffd;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
 pub use listener::{ListenerId, SwapListener};
+pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use sys::PAGE as PAGE_SIZE;
@@ -274,13 +276,7 @@ impl Pager {
         // SAFETY: our own fresh mapping; THP would only be split by eviction.
         let _ = unsafe { sys::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
         match self.inner().register(addr, len, true, false, false) {
-            Ok(id) => Ok(Region {
-                pager: self.clone(),
-                id,
-                addr,
-                len,
-                live: true,
-            }),
+            Ok(id) => Ok(Region::new(self.clone(), id, addr, len)),
             Err(e) => {
                 // SAFETY: registration failed; nobody else knows this mapping.
                 let _ = unsafe { sys::munmap(addr, len) };
@@ -299,13 +295,12 @@ impl Pager {
     pub unsafe fn register(&self, addr: usize, len: usize) -> Result<Region> {
         let id = self.inner().register(addr, len, false, false, true)?;
         let (p0, p1) = page_range(addr, len)?;
-        Ok(Region {
-            pager: self.clone(),
+        Ok(Region::new(
+            self.clone(),
             id,
-            addr: p0 * sys::PAGE,
-            len: (p1 - p0) * sys::PAGE,
-            live: true,
-        })
+            p0 * sys::PAGE,
+            (p1 - p0) * sys::PAGE,
+        ))
     }
 
     /// Registration without a handle (for C shims): undo with
@@ -327,13 +322,12 @@ impl Pager {
     pub fn register_external(&self, addr: usize, len: usize) -> Result<Region> {
         let id = self.inner().register(addr, len, false, true, false)?;
         let (p0, p1) = page_range(addr, len)?;
-        Ok(Region {
-            pager: self.clone(),
+        Ok(Region::new(
+            self.clone(),
             id,
-            addr: p0 * sys::PAGE,
-            len: (p1 - p0) * sys::PAGE,
-            live: true,
-        })
+            p0 * sys::PAGE,
+            (p1 - p0) * sys::PAGE,
+        ))
     }
 
     /// External API: the application is about to reclaim these pages. Calls
@@ -520,114 +514,6 @@ impl Drop for Handle {
         }
         // The staging area goes with `Inner`, after the last thread is gone.
         tracing::info!("pager stopped");
-    }
-}
-
-/// A registered range. Dropping it unregisters it (see [`Pager::register`]).
-pub struct Region {
-    pager: Pager,
-    id: RegionId,
-    addr: usize,
-    len: usize,
-    live: bool,
-}
-
-impl Region {
-    /// Page-aligned start.
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
-    /// Length in bytes (whole pages).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    pub fn id(&self) -> RegionId {
-        self.id
-    }
-    pub fn pager(&self) -> &Pager {
-        &self.pager
-    }
-    pub fn as_ptr(&self) -> *const u8 {
-        self.addr as *const u8
-    }
-    pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.addr as *mut u8
-    }
-    /// The region's bytes (access may fault pages in); empty once unregistered.
-    pub fn as_slice(&self) -> &[u8] {
-        if !self.live {
-            return &[];
-        }
-        // SAFETY: the range is mapped while the region is live; moving pages
-        // to swap and back preserves their contents.
-        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
-    }
-    /// Mutable view; empty once unregistered.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if !self.live {
-            return &mut [];
-        }
-        // SAFETY: as above, and `&mut self` makes this the only safe view.
-        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
-    }
-    pub fn pin(&self, off: usize, len: usize) -> Result<()> {
-        self.check(off, len)?;
-        self.pager.pin(self.addr + off, len)
-    }
-    pub fn unpin(&self, off: usize, len: usize) -> Result<()> {
-        self.check(off, len)?;
-        self.pager.unpin(self.addr + off, len)
-    }
-    /// Swaps out the whole region; returns pages written.
-    pub fn swap_out(&self) -> Result<usize> {
-        self.pager.swap_out(self.addr, self.len)
-    }
-    pub fn prefetch(&self) -> Result<usize> {
-        self.pager.prefetch(self.addr, self.len)
-    }
-    pub fn resident(&self) -> Result<Vec<bool>> {
-        self.pager.resident(self.addr, self.len)
-    }
-    pub fn resident_count(&self) -> Result<usize> {
-        self.pager.resident_count(self.addr, self.len)
-    }
-    fn check(&self, off: usize, len: usize) -> Result<()> {
-        if !self.live || !off.checked_add(len).is_some_and(|e| e <= self.len) || len == 0 {
-            return Err(Error::InvalidRange {
-                addr: self.addr.wrapping_add(off),
-                len,
-                why: "outside the region",
-            });
-        }
-        Ok(())
-    }
-    /// Unregisters now; a second call returns [`Error::AlreadyUnregistered`].
-    pub fn unregister(&mut self) -> Result<()> {
-        if !self.live {
-            return Err(Error::AlreadyUnregistered(self.addr));
-        }
-        self.live = false;
-        self.pager.unregister(self.id)
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        if self.live {
-            let _ = self.unregister();
-        }
-    }
-}
-
-impl std::fmt::Debug for Region {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Region")
-            .field("addr", &format_args!("{:#x}", self.addr))
-            .field("len", &self.len)
-            .finish()
     }
 }
 
