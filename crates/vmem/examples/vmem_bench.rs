@@ -451,6 +451,52 @@ fn swap_out_cost(pages: usize) {
     println!("| reference: bare pwrite of 64-page chunks to a buffered file (rewrite) | | {:.2} | {pages} |", t.elapsed().as_secs_f64() * 1e6 / pages as f64);
 }
 
+/// One application thread touching random pages of a working set 4× the
+/// budget while the background evictor keeps the budget (steady state).
+fn pressure(pages: usize, secs: f64) {
+    println!("\n### Memory pressure (working set 4× the budget, background CLOCK evictor)\n");
+    let budget = pages / 4;
+    let cfg = PagerConfig {
+        budget_pages: Some(budget),
+        swap_size: (pages * PG * 2) as u64,
+        ..Default::default()
+    };
+    let p = Pager::new(cfg).unwrap();
+    let r = p.alloc(pages * PG).unwrap();
+    // SAFETY: the region is live.
+    unsafe { std::ptr::write_bytes(r.as_mut_ptr(), 1, r.len()) };
+    let s0 = p.stats();
+    let mut h = hist();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let a = r.addr() + (x as usize % pages) * PG;
+        let t = Instant::now();
+        // SAFETY: inside the live region.
+        unsafe { std::ptr::write_volatile(a as *mut u8, 2) };
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+        n += 1;
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    let s = p.stats();
+    println!("| accesses/s | major faults/s | swap-outs/s | access p50 µs | access p99 µs | resident at end / budget |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {} / {} |",
+        n as f64 / dt,
+        (s.major_faults - s0.major_faults) as f64 / dt,
+        (s.swap_outs - s0.swap_outs) as f64 / dt,
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        s.resident_pages,
+        budget
+    );
+}
+
 fn registration(gib: usize) {
     println!("\n### Registration of {gib} GiB (same run)\n");
     println!("| operation | ms | ms/GiB |\n|---|---|---|");
@@ -559,5 +605,9 @@ fn main() {
     faults(pages);
     pins(pages.min(10000));
     swap_out_cost(if quick { 4096 } else { 16384 });
+    pressure(
+        if quick { 4096 } else { 16384 },
+        if quick { 0.5 } else { 3.0 },
+    );
     registration(if quick { 1 } else { 4 });
 }
