@@ -392,3 +392,109 @@ fn refusals_set_errno() {
         );
     }
 }
+
+#[test]
+fn qp_ex_work_request_builder() {
+    let e = open();
+    // SAFETY: as in a C program using ibv_create_qp_ex + ibv_wr_*.
+    unsafe {
+        let vctx = (e.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *mut verbs_context;
+        let create_ex = (*vctx).create_qp_ex.unwrap();
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        let mut ax: ibv_qp_init_attr_ex = zeroed();
+        ax.send_cq = cq;
+        ax.recv_cq = cq;
+        ax.qp_type = IBV_QPT_RC;
+        ax.cap.max_send_wr = 16;
+        ax.cap.max_recv_wr = 16;
+        ax.cap.max_send_sge = 2;
+        ax.cap.max_recv_sge = 1;
+        ax.cap.max_inline_data = 64;
+        ax.pd = e.pd;
+        ax.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        // Unsupported send op: refused.
+        ax.send_ops_flags = (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_BIND_MW) as u64;
+        assert!(create_ex(e.ctx, &mut ax).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        ax.send_ops_flags = (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+        let a = create_ex(e.ctx, &mut ax);
+        assert!(!a.is_null());
+        let b = make_qp(&e, cq);
+        assert!(ibv_qp_to_qp_ex(b).is_null());
+        connect(&e, a, (*b).qp_num);
+        connect(&e, b, (*a).qp_num);
+        let x = ibv_qp_to_qp_ex(a);
+        assert!(!x.is_null());
+
+        let src = [5u8; 256];
+        let mut dst = vec![0u8; 512];
+        let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        let smr = ibv_reg_mr(e.pd, src.as_ptr() as *mut c_void, 256, acc);
+        let dmr = ibv_reg_mr(e.pd, dst.as_mut_ptr() as *mut c_void, 512, acc);
+        let mut rsge = ibv_sge {
+            addr: dst.as_ptr() as u64 + 256,
+            length: 64,
+            lkey: (*dmr).lkey,
+        };
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.wr_id = 30;
+        rwr.sg_list = &mut rsge;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
+
+        // One batch: a WRITE from an SGE and an inline SEND with immediate.
+        (*x).wr_start.unwrap()(x);
+        (*x).wr_id = 21;
+        (*x).wr_flags = IBV_SEND_SIGNALED;
+        (*x).wr_rdma_write.unwrap()(x, (*dmr).rkey, dst.as_ptr() as u64);
+        (*x).wr_set_sge.unwrap()(x, (*smr).lkey, src.as_ptr() as u64, 256);
+        (*x).wr_id = 22;
+        (*x).wr_send_imm.unwrap()(x, 77u32.to_be());
+        let msg = *b"built inline";
+        (*x).wr_set_inline_data.unwrap()(x, msg.as_ptr() as *mut c_void, msg.len() as u64);
+        assert_eq!((*x).wr_complete.unwrap()(x), 0);
+        let mut got = [
+            poll_one(e.ctx, cq),
+            poll_one(e.ctx, cq),
+            poll_one(e.ctx, cq),
+        ];
+        got.sort_by_key(|w| w.wr_id);
+        let ids: Vec<(u64, u32)> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            vec![
+                (21, IBV_WC_SUCCESS),
+                (22, IBV_WC_SUCCESS),
+                (30, IBV_WC_SUCCESS)
+            ]
+        );
+        assert_eq!(got[2].__bindgen_anon_1.imm_data, 77u32.to_be());
+        assert_eq!(&dst[..256], &src[..]);
+        assert_eq!(&dst[256..268], b"built inline");
+
+        // An unsupported builder fails the batch at wr_complete; nothing is posted.
+        (*x).wr_start.unwrap()(x);
+        (*x).wr_local_inv.unwrap()(x, 1);
+        assert_eq!((*x).wr_complete.unwrap()(x), libc::EOPNOTSUPP);
+        // A setter without a WR: EINVAL; wr_abort discards.
+        (*x).wr_start.unwrap()(x);
+        (*x).wr_set_sge.unwrap()(x, 0, 0, 0);
+        assert_eq!((*x).wr_complete.unwrap()(x), libc::EINVAL);
+        (*x).wr_start.unwrap()(x);
+        (*x).wr_send.unwrap()(x);
+        (*x).wr_abort.unwrap()(x);
+        assert_eq!((*x).wr_complete.unwrap()(x), 0);
+        let mut none: ibv_wc = zeroed();
+        assert_eq!((*e.ctx).ops.poll_cq.unwrap()(cq, 1, &mut none), 0);
+
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(smr), 0);
+        assert_eq!(ibv_dereg_mr(dmr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}

@@ -112,6 +112,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         vctx.sz = std::mem::size_of::<verbs_context>() as u64;
         vctx.query_port = Some(query_port_op);
         vctx.query_device_ex = Some(query_device_ex_op);
+        vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
         let c = &mut vctx.context;
         c.device = dev;
         c.cmd_fd = -1;

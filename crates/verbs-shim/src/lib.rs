@@ -32,5 +32,6 @@ mod device;
 pub mod error;
 pub mod ffi;
 mod objects;
+mod qp_ex;
 mod rdmacm;
 mod resources;

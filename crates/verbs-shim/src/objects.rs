@@ -45,8 +45,13 @@ pub struct ShimCq {
 
 #[repr(C)]
 pub struct ShimQp {
-    pub qp: ibv_qp,
+    /// `qp_base` (the `ibv_qp`) first, so both pointer types convert by a cast.
+    pub qp: ibv_qp_ex,
     pub inner: Box<dyn Qp>,
+    /// Created with the `ibv_wr_*` send ops.
+    pub ex: bool,
+    /// The `ibv_wr_start` .. `ibv_wr_complete` batch being built.
+    pub batch: Mutex<crate::qp_ex::Batch>,
 }
 
 /// `ibv_comp_channel`: its fd is an epoll set over its CQs' event fds.

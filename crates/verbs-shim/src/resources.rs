@@ -370,6 +370,74 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
 
 // ---- QP ----
 
+/// Create an RC QP from `a` (caps written back). With `send_ops`, the QP also offers
+/// the `ibv_qp_ex` work-request builder (`ibv_qp_to_qp_ex`).
+///
+/// # Safety
+/// `pd` ours (or null); the CQ pointers in `a` ours.
+pub(crate) unsafe fn create_qp_common(
+    pd: *mut ibv_pd,
+    a: &mut ibv_qp_init_attr,
+    send_ops: Option<u64>,
+) -> Result<*mut ibv_qp, ShimError> {
+    // SAFETY: caller contract.
+    let p: &ShimPd = unsafe { shim(pd, "PD")? };
+    if a.qp_type != IBV_QPT_RC {
+        return Err(ShimError::Unsupported(format!(
+            "QP type {} (only RC QPs are supported)",
+            a.qp_type
+        )));
+    }
+    if !a.srq.is_null() {
+        return Err(ShimError::Unsupported("shared receive queues".into()));
+    }
+    // SAFETY: caller contract (CQs of this context).
+    let scq: &ShimCq = unsafe { shim(a.send_cq, "send CQ")? };
+    // SAFETY: as above.
+    let rcq: &ShimCq = unsafe { shim(a.recv_cq, "recv CQ")? };
+    let init = QpInitAttr {
+        qpn: None,
+        max_send_wr: a.cap.max_send_wr.max(1),
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge.max(1),
+        max_recv_sge: a.cap.max_recv_sge.max(1),
+        max_inline_data: a.cap.max_inline_data,
+        sq_sig_all: a.sq_sig_all != 0,
+    };
+    let inner = p.inner.create_qp(&*scq.inner, &*rcq.inner, &init)?;
+    let cap = inner.cap();
+    a.cap = ibv_qp_cap {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    // SAFETY: plain C data.
+    let mut q: ibv_qp_ex = unsafe { zeroed() };
+    let b = &mut q.qp_base;
+    b.context = p.pd.context;
+    b.qp_context = a.qp_context;
+    b.pd = pd;
+    b.send_cq = a.send_cq;
+    b.recv_cq = a.recv_cq;
+    b.qp_num = inner.qpn();
+    b.state = IBV_QPS_RESET;
+    b.qp_type = IBV_QPT_RC;
+    if send_ops.is_some() {
+        crate::qp_ex::install_wr_ops(&mut q);
+    }
+    p.users.fetch_add(1, Ordering::AcqRel);
+    scq.users.fetch_add(1, Ordering::AcqRel);
+    rcq.users.fetch_add(1, Ordering::AcqRel);
+    Ok(Box::into_raw(Box::new(ShimQp {
+        qp: q,
+        inner,
+        ex: send_ops.is_some(),
+        batch: Mutex::new(Default::default()),
+    })) as *mut ibv_qp)
+}
+
 /// # Safety
 /// `pd` ours; `attr` valid.
 #[no_mangle]
@@ -378,56 +446,9 @@ pub unsafe extern "C" fn ibv_create_qp(
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
-        // SAFETY: caller contract.
-        let p: &ShimPd = unsafe { shim(pd, "PD")? };
         nonnull(attr, "QP init attr")?;
-        // SAFETY: checked non-null; caller-provided.
-        let a = unsafe { &mut *attr };
-        if a.qp_type != IBV_QPT_RC {
-            return Err(ShimError::Unsupported(format!(
-                "QP type {} (only RC QPs are supported)",
-                a.qp_type
-            )));
-        }
-        if !a.srq.is_null() {
-            return Err(ShimError::Unsupported("shared receive queues".into()));
-        }
-        // SAFETY: caller contract (CQs of this context).
-        let scq: &ShimCq = unsafe { shim(a.send_cq, "send CQ")? };
-        // SAFETY: as above.
-        let rcq: &ShimCq = unsafe { shim(a.recv_cq, "recv CQ")? };
-        let init = QpInitAttr {
-            qpn: None,
-            max_send_wr: a.cap.max_send_wr.max(1),
-            max_recv_wr: a.cap.max_recv_wr,
-            max_send_sge: a.cap.max_send_sge.max(1),
-            max_recv_sge: a.cap.max_recv_sge.max(1),
-            max_inline_data: a.cap.max_inline_data,
-            sq_sig_all: a.sq_sig_all != 0,
-        };
-        let inner = p.inner.create_qp(&*scq.inner, &*rcq.inner, &init)?;
-        let cap = inner.cap();
-        a.cap = ibv_qp_cap {
-            max_send_wr: cap.max_send_wr,
-            max_recv_wr: cap.max_recv_wr,
-            max_send_sge: cap.max_send_sge,
-            max_recv_sge: cap.max_recv_sge,
-            max_inline_data: cap.max_inline_data,
-        };
-        // SAFETY: plain C data.
-        let mut q: ibv_qp = unsafe { zeroed() };
-        q.context = p.pd.context;
-        q.qp_context = a.qp_context;
-        q.pd = pd;
-        q.send_cq = a.send_cq;
-        q.recv_cq = a.recv_cq;
-        q.qp_num = inner.qpn();
-        q.state = IBV_QPS_RESET;
-        q.qp_type = IBV_QPT_RC;
-        p.users.fetch_add(1, Ordering::AcqRel);
-        scq.users.fetch_add(1, Ordering::AcqRel);
-        rcq.users.fetch_add(1, Ordering::AcqRel);
-        Ok(Box::into_raw(Box::new(ShimQp { qp: q, inner })) as *mut ibv_qp)
+        // SAFETY: checked non-null; caller-provided; pd/CQs per the caller contract.
+        unsafe { create_qp_common(pd, &mut *attr, None) }
     })
 }
 
@@ -478,9 +499,9 @@ pub unsafe extern "C" fn ibv_query_qp(
         unsafe {
             *attr = qp_attr_to_c(&q.inner.query(), c);
             let i = &mut *init;
-            i.qp_context = q.qp.qp_context;
-            i.send_cq = q.qp.send_cq;
-            i.recv_cq = q.qp.recv_cq;
+            i.qp_context = q.qp.qp_base.qp_context;
+            i.send_cq = q.qp.qp_base.send_cq;
+            i.recv_cq = q.qp.qp_base.recv_cq;
             i.srq = std::ptr::null_mut();
             i.cap = c;
             i.qp_type = IBV_QPT_RC;
@@ -500,9 +521,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: PD and CQs outlive their QPs (their destroy refuses while in use).
         let (pd, scq, rcq): (&ShimPd, &ShimCq, &ShimCq) = unsafe {
             (
-                shim(q.qp.pd, "PD")?,
-                shim(q.qp.send_cq, "CQ")?,
-                shim(q.qp.recv_cq, "CQ")?,
+                shim(q.qp.qp_base.pd, "PD")?,
+                shim(q.qp.qp_base.send_cq, "CQ")?,
+                shim(q.qp.qp_base.recv_cq, "CQ")?,
             )
         };
         // SAFETY: allocated by ibv_create_qp.
@@ -514,11 +535,21 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-/// Extended QPs (`ibv_create_qp_ex`) are not offered, so no QP has an `ibv_qp_ex`.
+/// The `ibv_qp_ex` of a QP created through `ibv_create_qp_ex` with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`; NULL (EOPNOTSUPP) otherwise.
+///
+/// # Safety
+/// `qp` ours.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: caller contract.
+    match unsafe { shim::<_, ShimQp>(qp, "QP") } {
+        Ok(q) if q.ex => qp as *mut ibv_qp_ex,
+        _ => {
+            set_errno(libc::EOPNOTSUPP);
+            std::ptr::null_mut()
+        }
+    }
 }
 
 // ---- status strings ----
