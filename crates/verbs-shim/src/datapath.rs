@@ -9,8 +9,8 @@ use crate::objects::{ShimCq, ShimQp};
 use rnic::{RecvWr, SendFlags, SendWr, Sge, Wc};
 use std::ffi::c_int;
 
-/// Largest SGE list per WR (rnic's `max_sge` bound).
-const MAX_SGE: usize = 64;
+/// Largest SGE list per WR (the device's `max_sge`, rnic's default 16).
+const MAX_SGE: usize = 16;
 /// Largest inline payload gathered at post time (rnic's default `max_inline`).
 const MAX_INLINE: usize = 1024;
 /// Completions converted per backend poll.
@@ -46,26 +46,6 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
     // SAFETY: the WR's sg_list has num_sge entries.
     let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }.map_err(|e| e.errno())?;
     let flags = SendFlags::from_bits_truncate(w.send_flags);
-    let mut inl = [0u8; MAX_INLINE];
-    let mut inline_len = 0usize;
-    if flags.contains(SendFlags::INLINE) {
-        for s in sg {
-            let l = s.length as usize;
-            if inline_len + l > MAX_INLINE {
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: inline SGEs name application memory readable at post time (the
-            // IBV_SEND_INLINE contract); the destination range is within `inl`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    s.addr as usize as *const u8,
-                    inl.as_mut_ptr().add(inline_len),
-                    l,
-                )
-            };
-            inline_len += l;
-        }
-    }
     let wr = SendWr {
         wr_id: w.wr_id,
         sg_list: sg,
@@ -73,7 +53,42 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
         flags,
         remote_addr,
         rkey,
-        inline_data: &inl[..inline_len],
+        inline_data: &[],
+    };
+    if flags.contains(SendFlags::INLINE) {
+        // SAFETY: forwarded contract (inline sources readable now).
+        return unsafe { post_inline(q, wr) };
+    }
+    q.inner
+        .post_send(std::slice::from_ref(&wr))
+        .map_err(|e| e.err.errno())
+}
+
+/// Gather an inline WR's payload (read at post time, lkeys ignored) and post it.
+///
+/// # Safety
+/// The SGEs of `wr` name application memory readable now (the IBV_SEND_INLINE contract).
+unsafe fn post_inline(q: &ShimQp, wr: SendWr) -> Result<(), i32> {
+    let mut inl = [0u8; MAX_INLINE];
+    let mut len = 0usize;
+    for s in wr.sg_list {
+        let l = s.length as usize;
+        if len + l > MAX_INLINE {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: readable per the contract; the destination range is within `inl`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                s.addr as usize as *const u8,
+                inl.as_mut_ptr().add(len),
+                l,
+            )
+        };
+        len += l;
+    }
+    let wr = SendWr {
+        inline_data: &inl[..len],
+        ..wr
     };
     q.inner
         .post_send(std::slice::from_ref(&wr))
