@@ -8,7 +8,7 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use nprdma::{Access, Config, Context, Opcode, SendWr};
-use rnic::{WrOpcode, Wc};
+use rnic::{Wc, WrOpcode};
 
 const SIZES: [usize; 7] = [2, 64, 512, 4096, 16384, 65536, 262144];
 const BUF: usize = 1 << 20;
@@ -55,7 +55,9 @@ fn iova_mr(h: &rnic::Host, pd: &rnic::Pd, m: &rnic::Mr, acc: rnic::Access) -> rn
         // SAFETY: the leaked, page-aligned heap buffer lives forever.
         #[allow(unsafe_code)]
         unsafe {
-            h.iommu().map(r.base + i, rnic::Frame::Ram(m.addr() + i as usize * 4096)).unwrap();
+            h.iommu()
+                .map(r.base + i, rnic::Frame::Ram(m.addr() + i as usize * 4096))
+                .unwrap();
         }
     }
     // SAFETY: as above.
@@ -71,7 +73,10 @@ fn pinned_setup(ha: &rnic::Host, hb: &rnic::Host) -> Pinned {
     let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
     let cq = ca.create_cq(4096, None).unwrap();
     let cq2 = cb.create_cq(4096, None).unwrap();
-    let attr = rnic::QpInitAttr { max_send_wr: 256, ..Default::default() };
+    let attr = rnic::QpInitAttr {
+        max_send_wr: 256,
+        ..Default::default()
+    };
     let qp = pa.create_qp(&cq, &cq, &attr).unwrap();
     let q2 = pb.create_qp(&cq2, &cq2, &attr).unwrap();
     qp.connect(acc, hb.addr(), q2.qpn(), 7).unwrap();
@@ -80,7 +85,15 @@ fn pinned_setup(ha: &rnic::Host, hb: &rnic::Host) -> Pinned {
     let r = plain_mr(&pb, aligned_buf(2), acc);
     let li = iova_mr(ha, &pa, &l, acc);
     let ri = iova_mr(hb, &pb, &r, acc);
-    Pinned { qp, cq, l, r, _q2: q2, li, ri }
+    Pinned {
+        qp,
+        cq,
+        l,
+        r,
+        _q2: q2,
+        li,
+        ri,
+    }
 }
 
 fn pinned_op(p: &Pinned, op: WrOpcode, len: usize, id: u64, iova: bool) {
@@ -89,7 +102,8 @@ fn pinned_op(p: &Pinned, op: WrOpcode, len: usize, id: u64, iova: bool) {
     } else {
         ([p.l.sge(0, len as u32)], p.r.rkey())
     };
-    p.qp.post_send(&[rnic::SendWr::new(id, op, &sge).remote(p.r.addr() as u64, rkey)]).unwrap();
+    p.qp.post_send(&[rnic::SendWr::new(id, op, &sge).remote(p.r.addr() as u64, rkey)])
+        .unwrap();
     let mut wc = [Wc::default(); 1];
     loop {
         if p.cq.poll(&mut wc).unwrap() == 1 {
@@ -106,7 +120,10 @@ fn pinned_tput(p: &Pinned, op: WrOpcode, len: usize, n: usize, window: usize) ->
     let t0 = Instant::now();
     while done < n {
         while posted < n && posted - done < window {
-            p.qp.post_send(&[rnic::SendWr::new(posted as u64, op, &sge).remote(p.r.addr() as u64, p.r.rkey())]).unwrap();
+            p.qp.post_send(&[
+                rnic::SendWr::new(posted as u64, op, &sge).remote(p.r.addr() as u64, p.r.rkey())
+            ])
+            .unwrap();
             posted += 1;
         }
         done += p.cq.poll(&mut wc).unwrap();
@@ -121,7 +138,12 @@ struct Np {
     r: (vmem::Region, nprdma::Mr),
 }
 
-fn np_buf(pd: &nprdma::Pd, pager: &vmem::Pager, len: usize, fill: Option<u8>) -> (vmem::Region, nprdma::Mr) {
+fn np_buf(
+    pd: &nprdma::Pd,
+    pager: &vmem::Pager,
+    len: usize,
+    fill: Option<u8>,
+) -> (vmem::Region, nprdma::Mr) {
     let mut reg = pager.alloc(len).unwrap();
     if let Some(b) = fill {
         reg.as_mut_slice().fill(b);
@@ -135,7 +157,14 @@ fn np_buf(pd: &nprdma::Pd, pager: &vmem::Pager, len: usize, fill: Option<u8>) ->
 }
 
 fn np_op(n: &Np, op: Opcode, len: usize, raddr: u64, rkey: u32, id: u64) {
-    n.qp.post_send(&[SendWr::new(id, op, Some(n.l.1.sge(0, len as u32)), raddr, rkey)]).unwrap();
+    n.qp.post_send(&[SendWr::new(
+        id,
+        op,
+        Some(n.l.1.sge(0, len as u32)),
+        raddr,
+        rkey,
+    )])
+    .unwrap();
     let mut c = [nprdma::Completion::default(); 1];
     loop {
         if n.cq.poll(&mut c) == 1 {
@@ -153,7 +182,13 @@ fn np_tput(n: &Np, op: Opcode, len: usize, cnt: usize, window: usize, signal_eve
     let mut sig_done = 0;
     while sig_done < sig_total {
         while posted < cnt && posted / signal_every - done < window / signal_every.max(1) + 1 {
-            let mut wr = SendWr::new(posted as u64, op, Some(n.l.1.sge(0, len as u32)), n.r.0.addr() as u64, n.r.1.rkey());
+            let mut wr = SendWr::new(
+                posted as u64,
+                op,
+                Some(n.l.1.sge(0, len as u32)),
+                n.r.0.addr() as u64,
+                n.r.1.rkey(),
+            );
             wr.signaled = (posted + 1) % signal_every == 0;
             match n.qp.post_send(&[wr]) {
                 Ok(()) => posted += 1,
@@ -171,11 +206,20 @@ fn np_tput(n: &Np, op: Opcode, len: usize, cnt: usize, window: usize, signal_eve
 }
 
 fn main() {
-    let iters: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let iters: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
     let ha = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let hb = rnic::Host::new(rnic::HostConfig::default()).unwrap();
-    let pcfg = vmem::PagerConfig { swap_size: 512 << 20, ..Default::default() };
-    let (pga, pgb) = (vmem::Pager::new(pcfg.clone()).unwrap(), vmem::Pager::new(pcfg).unwrap());
+    let pcfg = vmem::PagerConfig {
+        swap_size: 512 << 20,
+        ..Default::default()
+    };
+    let (pga, pgb) = (
+        vmem::Pager::new(pcfg.clone()).unwrap(),
+        vmem::Pager::new(pcfg).unwrap(),
+    );
     let (ca, cb) = (
         Context::new(&ha, &pga, Config::default()).unwrap(),
         Context::new(&hb, &pgb, Config::default()).unwrap(),
@@ -197,7 +241,10 @@ fn main() {
     println!("# NP-RDMA vs pinned, same software NIC, in-process transport, {iters} iters/size");
     println!("op     size  pinned_med_us pinned_iova_med  np_med_us  vs_pinned vs_iova  pinned_avg iova_avg np_avg  np_p99");
     let (raddr, rkey) = (np.r.0.addr() as u64, np.r.1.rkey());
-    for (name, wop, nop) in [("READ", WrOpcode::Read, Opcode::Read), ("WRITE", WrOpcode::Write, Opcode::Write)] {
+    for (name, wop, nop) in [
+        ("READ", WrOpcode::Read, Opcode::Read),
+        ("WRITE", WrOpcode::Write, Opcode::Write),
+    ] {
         for &len in &SIZES {
             let n = if len >= 65536 { iters / 4 } else { iters };
             // Warm up both, then interleave in blocks so noise hits both alike.
@@ -236,7 +283,10 @@ fn main() {
     }
     println!("# throughput GB/s, window 32");
     println!("op      size   pinned   np(signaled)  np(unsignaled 1/16)");
-    for (name, wop, nop) in [("READ", WrOpcode::Read, Opcode::Read), ("WRITE", WrOpcode::Write, Opcode::Write)] {
+    for (name, wop, nop) in [
+        ("READ", WrOpcode::Read, Opcode::Read),
+        ("WRITE", WrOpcode::Write, Opcode::Write),
+    ] {
         for &len in &[4096usize, 65536, 262144] {
             let cnt = (256 << 20) / len;
             let tp = pinned_tput(&pin, wop, len, cnt, 32);
@@ -252,7 +302,14 @@ fn main() {
     let mut vm = Vec::new();
     for i in 0..pages {
         let t = Instant::now();
-        np_op(&np, Opcode::Read, 2, minor.0.addr() as u64 + (i * 4096) as u64, minor.1.rkey(), i as u64);
+        np_op(
+            &np,
+            Opcode::Read,
+            2,
+            minor.0.addr() as u64 + (i * 4096) as u64,
+            minor.1.rkey(),
+            i as u64,
+        );
         vm.push(t.elapsed().as_secs_f64() * 1e6);
     }
     // Remote major fault: each 2 B READ targets a swapped-out page.
@@ -261,7 +318,14 @@ fn main() {
     let mut vj = Vec::new();
     for i in 0..pages {
         let t = Instant::now();
-        np_op(&np, Opcode::Read, 2, major.0.addr() as u64 + (i * 4096) as u64, major.1.rkey(), i as u64);
+        np_op(
+            &np,
+            Opcode::Read,
+            2,
+            major.0.addr() as u64 + (i * 4096) as u64,
+            major.1.rkey(),
+            i as u64,
+        );
         vj.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let st1 = ca.stats();

@@ -276,7 +276,9 @@ impl<I: IommuControl> MrShadow<I> {
     /// pager unpin.
     pub fn pinned_map_in(&self, addr: u64, len: u64) -> Res<usize, I> {
         let oob = ShadowError::OutOfRange { addr, len };
-        let end = addr.checked_add(len).ok_or(ShadowError::OutOfRange { addr, len })?;
+        let end = addr
+            .checked_add(len)
+            .ok_or(ShadowError::OutOfRange { addr, len })?;
         if addr < self.addr || end > self.addr + self.len {
             return Err(oob);
         }
@@ -303,7 +305,8 @@ impl<I: IommuControl> MrShadow<I> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         for k in 0..n {
             if let Some(i) = self.page_index(first + k * self.page_size) {
-                let _ = self.pins[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+                let _ = self.pins[i]
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
             }
         }
     }

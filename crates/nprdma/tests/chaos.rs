@@ -160,7 +160,8 @@ impl Driver {
 
     fn drain(&mut self) {
         let t0 = Instant::now();
-        while self.qa.outstanding() > 0 || self.expect.iter().any(|e| e.1) || !self.sends.is_empty() {
+        while self.qa.outstanding() > 0 || self.expect.iter().any(|e| e.1) || !self.sends.is_empty()
+        {
             if self.poll() == 0 {
                 std::thread::yield_now();
             }
@@ -207,14 +208,26 @@ impl Driver {
                 let ro = r.below((DATA - len + 1) as u64) as usize;
                 let src = self.mremote[ro..ro + len].to_vec();
                 self.mlocal[lo..lo + len].copy_from_slice(&src);
-                self.post(SendWr::new(id, Opcode::Read, Some(self.la.mr.sge(lo as u64, len as u32)), rb + ro as u64, rkey));
+                self.post(SendWr::new(
+                    id,
+                    Opcode::Read,
+                    Some(self.la.mr.sge(lo as u64, len as u32)),
+                    rb + ro as u64,
+                    rkey,
+                ));
             } else if kind < 80 {
                 let len = rand_len(&mut r).min(DATA);
                 let lo = r.below((DATA - len + 1) as u64) as usize;
                 let ro = r.below((DATA - len + 1) as u64) as usize;
                 let src = self.mlocal[lo..lo + len].to_vec();
                 self.mremote[ro..ro + len].copy_from_slice(&src);
-                let mut wr = SendWr::new(id, Opcode::Write, Some(self.la.mr.sge(lo as u64, len as u32)), rb + ro as u64, rkey);
+                let mut wr = SendWr::new(
+                    id,
+                    Opcode::Write,
+                    Some(self.la.mr.sge(lo as u64, len as u32)),
+                    rb + ro as u64,
+                    rkey,
+                );
                 wr.signaled = r.below(5) != 0;
                 self.post(wr);
             } else if kind < 92 {
@@ -235,7 +248,13 @@ impl Driver {
                     Opcode::CmpSwap { compare, swap }
                 };
                 self.mlocal[res..res + 8].copy_from_slice(&old.to_le_bytes());
-                self.post(SendWr::new(id, op, Some(self.la.mr.sge(res as u64, 8)), rb + w as u64, rkey));
+                self.post(SendWr::new(
+                    id,
+                    op,
+                    Some(self.la.mr.sge(res as u64, 8)),
+                    rb + w as u64,
+                    rkey,
+                ));
             } else {
                 if self.sends.len() >= RSLOTS {
                     self.drain();
@@ -243,18 +262,35 @@ impl Driver {
                 let len = (rand_len(&mut r) % RSLOT).max(1);
                 let lo = r.below((DATA - len + 1) as u64) as usize;
                 self.sends.push_back(self.mlocal[lo..lo + len].to_vec());
-                self.post(SendWr::new(id, Opcode::Send, Some(self.la.mr.sge(lo as u64, len as u32)), 0, 0));
+                self.post(SendWr::new(
+                    id,
+                    Opcode::Send,
+                    Some(self.la.mr.sge(lo as u64, len as u32)),
+                    0,
+                    0,
+                ));
             }
             self.poll();
             let _ = la;
         }
         self.drain();
-        assert!(self.la.bytes() == &self.mlocal[..], "local memory differs from the model");
-        assert!(self.rb.bytes() == &self.mremote[..], "remote memory differs from the model");
+        assert!(
+            self.la.bytes() == &self.mlocal[..],
+            "local memory differs from the model"
+        );
+        assert!(
+            self.rb.bytes() == &self.mremote[..],
+            "remote memory differs from the model"
+        );
     }
 }
 
-fn evictor(pager: vmem::Pager, ranges: Vec<(usize, usize)>, stop: Arc<AtomicBool>, seed: u64) -> std::thread::JoinHandle<u64> {
+fn evictor(
+    pager: vmem::Pager,
+    ranges: Vec<(usize, usize)>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let mut r = Rng(seed | 1);
         let mut n = 0;
@@ -311,7 +347,10 @@ fn chaos() {
             })
         })
         .collect();
-    let ds: Vec<Driver> = handles.into_iter().map(|h| h.join().expect("driver")).collect();
+    let ds: Vec<Driver> = handles
+        .into_iter()
+        .map(|h| h.join().expect("driver"))
+        .collect();
     stop.store(true, Ordering::Relaxed);
     let evicted = (ea.join().unwrap(), eb.join().unwrap());
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
@@ -325,15 +364,27 @@ fn chaos() {
         assert!(d.completions > 0 && d.recvs_done > 0);
     }
     assert!(sa.two_sided + sb.two_sided > 0 && sa.optimistic_ok + sb.optimistic_ok > 0);
-    assert_eq!(a.ctx.nic_stats().nonresident_dma, 0, "NIC touched a non-resident page on A");
-    assert_eq!(b.ctx.nic_stats().nonresident_dma, 0, "NIC touched a non-resident page on B");
+    assert_eq!(
+        a.ctx.nic_stats().nonresident_dma,
+        0,
+        "NIC touched a non-resident page on A"
+    );
+    assert_eq!(
+        b.ctx.nic_stats().nonresident_dma,
+        0,
+        "NIC touched a non-resident page on B"
+    );
     // No leaked pins: every page can be swapped out now.
     a.pager.set_budget(None);
     b.pager.set_budget(None);
     for (p, rs) in [(&a.pager, &ra), (&b.pager, &rb)] {
         for &(addr, len) in rs {
             p.swap_out(addr, len).unwrap();
-            assert_eq!(p.resident_count(addr, len).unwrap(), 0, "a page stayed pinned");
+            assert_eq!(
+                p.resident_count(addr, len).unwrap(),
+                0,
+                "a page stayed pinned"
+            );
         }
     }
     drop(ds);

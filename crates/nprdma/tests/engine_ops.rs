@@ -44,15 +44,31 @@ fn env() -> Env {
 fn bufs(e: &Env, f: Fault, seed: u64) -> (Buf, Buf, Vec<u8>, Vec<u8>) {
     let pa = pattern(seed, LEN);
     let pb = pattern(seed + 1, LEN);
-    let la = Buf::with(&e.a, LEN, (!matches!(f, Fault::LocalMinor)).then_some(&pa[..]));
-    let rb = Buf::with(&e.b, LEN, (!matches!(f, Fault::RemoteMinor)).then_some(&pb[..]));
+    let la = Buf::with(
+        &e.a,
+        LEN,
+        (!matches!(f, Fault::LocalMinor)).then_some(&pa[..]),
+    );
+    let rb = Buf::with(
+        &e.b,
+        LEN,
+        (!matches!(f, Fault::RemoteMinor)).then_some(&pb[..]),
+    );
     match f {
         Fault::LocalMajor => la.swap_out(),
         Fault::RemoteMajor => rb.swap_out(),
         _ => {}
     }
-    let pa = if matches!(f, Fault::LocalMinor) { vec![0; LEN] } else { pa };
-    let pb = if matches!(f, Fault::RemoteMinor) { vec![0; LEN] } else { pb };
+    let pa = if matches!(f, Fault::LocalMinor) {
+        vec![0; LEN]
+    } else {
+        pa
+    };
+    let pb = if matches!(f, Fault::RemoteMinor) {
+        vec![0; LEN]
+    } else {
+        pb
+    };
     (la, rb, pa, pb)
 }
 
@@ -65,23 +81,46 @@ fn post1(e: &Env, wr: SendWr) -> nprdma::Completion {
 fn read_write_all_faults_and_sizes() {
     let e = env();
     for (k, &f) in FAULTS.iter().enumerate() {
-        for &(off, len) in &[(0usize, 2usize), (100, 64), (4000, 300), (0, 4096), (8, 20000), (0, LEN)] {
+        for &(off, len) in &[
+            (0usize, 2usize),
+            (100, 64),
+            (4000, 300),
+            (0, 4096),
+            (8, 20000),
+            (0, LEN),
+        ] {
             let (la, rb, pa, pb) = bufs(&e, f, k as u64 * 7 + len as u64);
             // READ remote [off, off+len) into local [off, ..).
             let c = post1(
                 &e,
-                SendWr::new(1, Opcode::Read, Some(la.mr.sge(off as u64, len as u32)), rb.addr() + off as u64, rb.mr.rkey()),
+                SendWr::new(
+                    1,
+                    Opcode::Read,
+                    Some(la.mr.sge(off as u64, len as u32)),
+                    rb.addr() + off as u64,
+                    rb.mr.rkey(),
+                ),
             );
             assert_eq!(c.status, 0, "READ {f:?} len {len}");
             assert_eq!(c.op, CompOp::Read);
-            assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len], "READ data {f:?} {len}");
+            assert_eq!(
+                &la.bytes()[off..off + len],
+                &pb[off..off + len],
+                "READ data {f:?} {len}"
+            );
             assert_eq!(&la.bytes()[..off], &pa[..off]);
             // WRITE local back to a different remote offset.
             let roff = LEN - len - off.min(LEN - len);
             let (la2, rb2, pa2, pb2) = bufs(&e, f, k as u64 * 11 + len as u64 + 1);
             let c = post1(
                 &e,
-                SendWr::new(2, Opcode::Write, Some(la2.mr.sge(off as u64, len as u32)), rb2.addr() + roff as u64, rb2.mr.rkey()),
+                SendWr::new(
+                    2,
+                    Opcode::Write,
+                    Some(la2.mr.sge(off as u64, len as u32)),
+                    rb2.addr() + roff as u64,
+                    rb2.mr.rkey(),
+                ),
             );
             assert_eq!(c.status, 0, "WRITE {f:?} len {len}");
             let mut want = pb2.clone();
@@ -111,19 +150,55 @@ fn atomics_all_faults() {
         if matches!(f, Fault::RemoteMajor) {
             rb.swap_out();
         }
-        let c = post1(&e, SendWr::new(3, Opcode::FetchAdd { add: 10 }, Some(la.mr.sge(16, 8)), rb.addr() + 8, rb.mr.rkey()));
-        assert_eq!(c.status, 0, "{f:?}");
-        assert_eq!(u64::from_le_bytes(la.bytes()[16..24].try_into().unwrap()), before);
         let c = post1(
             &e,
-            SendWr::new(4, Opcode::CmpSwap { compare: before + 10, swap: 77 }, Some(la.mr.sge(24, 8)), rb.addr() + 8, rb.mr.rkey()),
+            SendWr::new(
+                3,
+                Opcode::FetchAdd { add: 10 },
+                Some(la.mr.sge(16, 8)),
+                rb.addr() + 8,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0, "{f:?}");
+        assert_eq!(
+            u64::from_le_bytes(la.bytes()[16..24].try_into().unwrap()),
+            before
+        );
+        let c = post1(
+            &e,
+            SendWr::new(
+                4,
+                Opcode::CmpSwap {
+                    compare: before + 10,
+                    swap: 77,
+                },
+                Some(la.mr.sge(24, 8)),
+                rb.addr() + 8,
+                rb.mr.rkey(),
+            ),
         );
         assert_eq!(c.status, 0);
         assert_eq!(c.op, CompOp::CmpSwap);
-        assert_eq!(u64::from_le_bytes(la.bytes()[24..32].try_into().unwrap()), before + 10);
-        assert_eq!(u64::from_le_bytes(rb.bytes()[8..16].try_into().unwrap()), 77);
+        assert_eq!(
+            u64::from_le_bytes(la.bytes()[24..32].try_into().unwrap()),
+            before + 10
+        );
+        assert_eq!(
+            u64::from_le_bytes(rb.bytes()[8..16].try_into().unwrap()),
+            77
+        );
         // Misaligned atomic: an error completion, not a crash.
-        let c = post1(&e, SendWr::new(5, Opcode::FetchAdd { add: 1 }, Some(la.mr.sge(0, 8)), rb.addr() + 3, rb.mr.rkey()));
+        let c = post1(
+            &e,
+            SendWr::new(
+                5,
+                Opcode::FetchAdd { add: 1 },
+                Some(la.mr.sge(0, 8)),
+                rb.addr() + 3,
+                rb.mr.rkey(),
+            ),
+        );
         assert_ne!(c.status, 0);
     }
 }
@@ -135,18 +210,31 @@ fn send_recv_inline_and_rendezvous_with_faults() {
         for &len in &[0usize, 1, 1000, 1024, 5000, LEN] {
             let (la, rb, pa, _pb) = bufs(&e, f, 200 + k as u64 * 13 + len as u64);
             e._qb
-                .post_recv(&[RecvWr { wr_id: 77, sge: Some(rb.mr.sge(0, LEN as u32)) }])
+                .post_recv(&[RecvWr {
+                    wr_id: 77,
+                    sge: Some(rb.mr.sge(0, LEN as u32)),
+                }])
                 .expect("recv");
-            let mut wr = SendWr::new(6, Opcode::SendImm(0xabc), Some(la.mr.sge(0, len as u32)), 0, 0);
+            let mut wr = SendWr::new(
+                6,
+                Opcode::SendImm(0xabc),
+                Some(la.mr.sge(0, len as u32)),
+                0,
+                0,
+            );
             if len % 2 == 0 {
                 wr.op = Opcode::Send;
             }
             let c = post1(&e, wr);
             assert_eq!(c.status, 0, "SEND {f:?} {len}");
             let r = wait1(&e.b.rcq);
-            assert_eq!((r.wr_id, r.status, r.byte_len), (77, 0, len as u32), "RECV {f:?} {len}");
+            assert_eq!(
+                (r.wr_id, r.status, r.byte_len),
+                (77, 0, len as u32),
+                "RECV {f:?} {len}"
+            );
             assert_eq!(r.imm, if len % 2 == 0 { None } else { Some(0xabc) });
-            assert!(&rb.bytes()[..len] == &pa[..len], "SEND data {f:?} {len}");
+            assert!(rb.bytes()[..len] == pa[..len], "SEND data {f:?} {len}");
         }
     }
 }
@@ -157,13 +245,28 @@ fn write_with_imm_consumes_a_recv() {
     for (k, &f) in FAULTS.iter().enumerate() {
         let (la, rb, pa, _) = bufs(&e, f, 300 + k as u64);
         e._qb
-            .post_recv(&[RecvWr { wr_id: 9, sge: None }])
+            .post_recv(&[RecvWr {
+                wr_id: 9,
+                sge: None,
+            }])
             .expect("recv");
-        let c = post1(&e, SendWr::new(7, Opcode::WriteImm(42), Some(la.mr.sge(0, 9000)), rb.addr() + 4096, rb.mr.rkey()));
+        let c = post1(
+            &e,
+            SendWr::new(
+                7,
+                Opcode::WriteImm(42),
+                Some(la.mr.sge(0, 9000)),
+                rb.addr() + 4096,
+                rb.mr.rkey(),
+            ),
+        );
         assert_eq!(c.status, 0, "{f:?}");
         let r = wait1(&e.b.rcq);
-        assert_eq!((r.wr_id, r.op, r.imm, r.byte_len), (9, CompOp::RecvWithImm, Some(42), 9000));
-        assert!(&rb.bytes()[4096..4096 + 9000] == &pa[..9000]);
+        assert_eq!(
+            (r.wr_id, r.op, r.imm, r.byte_len),
+            (9, CompOp::RecvWithImm, Some(42), 9000)
+        );
+        assert!(rb.bytes()[4096..4096 + 9000] == pa[..9000]);
     }
 }
 
@@ -172,20 +275,53 @@ fn bad_keys_and_bounds_are_error_completions() {
     let e = env();
     let (la, rb, _, _) = bufs(&e, Fault::None, 1);
     // Unknown rkey.
-    let c = post1(&e, SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 8)), rb.addr(), 0xdead00));
+    let c = post1(
+        &e,
+        SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 8)), rb.addr(), 0xdead00),
+    );
     assert_eq!(c.status, 10);
     // Out of bounds.
-    let c = post1(&e, SendWr::new(2, Opcode::Write, Some(la.mr.sge(0, 64)), rb.addr() + LEN as u64 - 8, rb.mr.rkey()));
+    let c = post1(
+        &e,
+        SendWr::new(
+            2,
+            Opcode::Write,
+            Some(la.mr.sge(0, 64)),
+            rb.addr() + LEN as u64 - 8,
+            rb.mr.rkey(),
+        ),
+    );
     assert_eq!(c.status, 10);
     // Bad lkey.
     let mut sge = la.mr.sge(0, 8);
     sge.lkey ^= 0x5500;
-    let c = post1(&e, SendWr::new(3, Opcode::Read, Some(sge), rb.addr(), rb.mr.rkey()));
+    let c = post1(
+        &e,
+        SendWr::new(3, Opcode::Read, Some(sge), rb.addr(), rb.mr.rkey()),
+    );
     assert_eq!(c.status, 4);
     // Atomic on a bad key is refused by the target CPU.
-    let c = post1(&e, SendWr::new(4, Opcode::FetchAdd { add: 1 }, Some(la.mr.sge(0, 8)), rb.addr(), rb.mr.rkey() ^ 0x100));
+    let c = post1(
+        &e,
+        SendWr::new(
+            4,
+            Opcode::FetchAdd { add: 1 },
+            Some(la.mr.sge(0, 8)),
+            rb.addr(),
+            rb.mr.rkey() ^ 0x100,
+        ),
+    );
     assert_eq!(c.status, 10);
     // The QP still works.
-    let c = post1(&e, SendWr::new(5, Opcode::Read, Some(la.mr.sge(0, 8)), rb.addr(), rb.mr.rkey()));
+    let c = post1(
+        &e,
+        SendWr::new(
+            5,
+            Opcode::Read,
+            Some(la.mr.sge(0, 8)),
+            rb.addr(),
+            rb.mr.rkey(),
+        ),
+    );
     assert_eq!(c.status, 0);
 }

@@ -18,8 +18,14 @@ fn first_use_key_query_then_new_mr_push() {
     let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
     let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
     let (qa, _qb) = connect(&a, &b, 16);
-    qa.post_send(&[SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 4096)), rb.addr(), rb.mr.rkey())])
-        .unwrap();
+    qa.post_send(&[SendWr::new(
+        1,
+        Opcode::Read,
+        Some(la.mr.sge(0, 4096)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
     let c = wait1(&a.cq);
     assert_eq!(c.status, 0);
     assert_eq!(&la.bytes()[..4096], &pattern(2, LEN)[..4096]);
@@ -27,8 +33,14 @@ fn first_use_key_query_then_new_mr_push() {
     // A new MR after the QP is up is pushed to the peer (no extra query),
     // or found by a single-key query if the push is not there yet.
     let rb2 = Buf::with(&b, LEN, Some(&pattern(3, LEN)));
-    qa.post_send(&[SendWr::new(2, Opcode::Read, Some(la.mr.sge(0, 64)), rb2.addr() + 64, rb2.mr.rkey())])
-        .unwrap();
+    qa.post_send(&[SendWr::new(
+        2,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        rb2.addr() + 64,
+        rb2.mr.rkey(),
+    )])
+    .unwrap();
     assert_eq!(wait1(&a.cq).status, 0);
     assert_eq!(&la.bytes()[..64], &pattern(3, LEN)[64..128]);
     // A deregistered MR is revoked at the peer: later use is REM_ACCESS_ERR.
@@ -39,18 +51,34 @@ fn first_use_key_query_then_new_mr_push() {
     while t0.elapsed() < Duration::from_millis(100) {
         a.ctx.progress();
     }
-    qa.post_send(&[SendWr::new(3, Opcode::Read, Some(la.mr.sge(0, 64)), addr, key)])
-        .unwrap();
+    qa.post_send(&[SendWr::new(
+        3,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        addr,
+        key,
+    )])
+    .unwrap();
     assert_eq!(wait1(&a.cq).status, 10);
     // The QP is still usable.
-    qa.post_send(&[SendWr::new(4, Opcode::Write, Some(la.mr.sge(0, 64)), rb.addr(), rb.mr.rkey())])
-        .unwrap();
+    qa.post_send(&[SendWr::new(
+        4,
+        Opcode::Write,
+        Some(la.mr.sge(0, 64)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
     assert_eq!(wait1(&a.cq).status, 0);
 }
 
 fn all_swappable(p: &vmem::Pager, addr: u64, len: usize) {
     p.swap_out(addr as usize, len).unwrap();
-    assert_eq!(p.resident_count(addr as usize, len).unwrap(), 0, "a page stayed pinned");
+    assert_eq!(
+        p.resident_count(addr as usize, len).unwrap(),
+        0,
+        "a page stayed pinned"
+    );
 }
 
 #[test]
@@ -72,9 +100,19 @@ fn destroy_initiator_qp_with_ops_in_flight() {
             2 => Opcode::FetchAdd { add: 1 },
             _ => Opcode::Send,
         };
-        let len = if matches!(op, Opcode::FetchAdd { .. }) { 8 } else { 1 + (i as u32 * 977) % 8192 };
+        let len = if matches!(op, Opcode::FetchAdd { .. }) {
+            8
+        } else {
+            1 + (i as u32 * 977) % 8192
+        };
         let off = if len == 8 { off & !7 } else { off };
-        wrs.push(SendWr::new(i, op, Some(la.mr.sge(off as u64, len)), rb.addr() + off as u64, rb.mr.rkey()));
+        wrs.push(SendWr::new(
+            i,
+            op,
+            Some(la.mr.sge(off as u64, len)),
+            rb.addr() + off as u64,
+            rb.mr.rkey(),
+        ));
     }
     qa.post_send(&wrs).unwrap();
     drop(qa);
@@ -95,7 +133,10 @@ fn destroy_initiator_qp_with_ops_in_flight() {
     all_swappable(&a.pager, la.addr(), LEN);
     all_swappable(&b.pager, rb.addr(), LEN);
     drop(qb);
-    assert_eq!(a.ctx.nic_stats().nonresident_dma + b.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(
+        a.ctx.nic_stats().nonresident_dma + b.ctx.nic_stats().nonresident_dma,
+        0
+    );
 }
 
 #[test]
@@ -127,7 +168,15 @@ fn drop_mr_handle_while_ops_run() {
     let (qa, _qb) = connect(&a, &b, 32);
     rb.swap_out();
     let wrs: Vec<SendWr> = (0..16u64)
-        .map(|i| SendWr::new(i, Opcode::Read, Some(la.mr.sge(i * 8192, 8192)), rb.addr() + i * 8192, rb.mr.rkey()))
+        .map(|i| {
+            SendWr::new(
+                i,
+                Opcode::Read,
+                Some(la.mr.sge(i * 8192, 8192)),
+                rb.addr() + i * 8192,
+                rb.mr.rkey(),
+            )
+        })
         .collect();
     qa.post_send(&wrs).unwrap();
     // The application drops its MR handle with reads in flight: they finish
@@ -137,6 +186,9 @@ fn drop_mr_handle_while_ops_run() {
     let cs = a.cq.poll_wait(16, Duration::from_secs(10));
     assert_eq!(cs.len(), 16);
     assert!(cs.iter().all(|c| c.status == 0));
-    assert_eq!(&region.as_slice()[..16 * 8192], &pattern(2, LEN)[..16 * 8192]);
+    assert_eq!(
+        &region.as_slice()[..16 * 8192],
+        &pattern(2, LEN)[..16 * 8192]
+    );
     drop(region);
 }

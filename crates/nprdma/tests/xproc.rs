@@ -36,7 +36,14 @@ fn child_main() {
     let mut out = std::io::stdout();
     let b = Buf::with(&s, LEN, Some(&pattern(42, LEN)));
     let qp = s.pd.create_qp(&s.cq, &s.rcq, 16).unwrap();
-    writeln!(out, "NPX {} {} {}", hex(&qp.endpoint().to_bytes()), b.addr(), b.mr.rkey()).unwrap();
+    writeln!(
+        out,
+        "NPX {} {} {}",
+        hex(&qp.endpoint().to_bytes()),
+        b.addr(),
+        b.mr.rkey()
+    )
+    .unwrap();
     out.flush().unwrap();
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -50,7 +57,11 @@ fn child_main() {
         let w: Vec<&str> = l.split_whitespace().collect();
         match w.as_slice() {
             ["check", off, len, seed] => {
-                let (off, len, seed): (usize, usize, u64) = (off.parse().unwrap(), len.parse().unwrap(), seed.parse().unwrap());
+                let (off, len, seed): (usize, usize, u64) = (
+                    off.parse().unwrap(),
+                    len.parse().unwrap(),
+                    seed.parse().unwrap(),
+                );
                 let ok = b.bytes()[off..off + len] == pattern(seed, len)[..];
                 writeln!(out, "NPX {}", if ok { "ok" } else { "bad" }).unwrap();
                 out.flush().unwrap();
@@ -113,7 +124,8 @@ fn cross_process_read_write_with_faults() {
     let first = read_line(&mut cout);
     eprintln!("parent: child said {first}");
     let w: Vec<&str> = first.split_whitespace().collect();
-    let (peer, raddr, rkey): (Endpoint, u64, u32) = (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
+    let (peer, raddr, rkey): (Endpoint, u64, u32) =
+        (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
     let a = side();
     let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
@@ -125,13 +137,22 @@ fn cross_process_read_write_with_faults() {
 
     // READ with a remote major fault (small: inline; large: reverse WRITE).
     for &(off, len) in &[(100usize, 64usize), (8192, 20000)] {
-        qa.post_send(&[SendWr::new(1, Opcode::Read, Some(la.mr.sge(off as u64, len as u32)), raddr + off as u64, rkey)])
-            .unwrap();
+        qa.post_send(&[SendWr::new(
+            1,
+            Opcode::Read,
+            Some(la.mr.sge(off as u64, len as u32)),
+            raddr + off as u64,
+            rkey,
+        )])
+        .unwrap();
         let c = a.cq.poll_wait(1, Duration::from_secs(10));
         eprintln!("parent: READ {off}+{len}: {c:?}");
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].status, 0, "{:?}", c[0]);
-        assert_eq!(&la.bytes()[off..off + len], &pattern(42, LEN)[off..off + len]);
+        assert_eq!(
+            &la.bytes()[off..off + len],
+            &pattern(42, LEN)[off..off + len]
+        );
     }
     // WRITE with a local major fault and a remote fault.
     writeln!(cin, "swap").unwrap();
@@ -141,18 +162,34 @@ fn cross_process_read_write_with_faults() {
     lb.bytes_mut()[..LEN].copy_from_slice(&pattern(99, LEN));
     lb.swap_out();
     for &(off, len) in &[(0usize, 512usize), (65536, 100_000)] {
-        qa.post_send(&[SendWr::new(2, Opcode::Write, Some(lb.mr.sge(0, len as u32)), raddr + off as u64, rkey)])
-            .unwrap();
+        qa.post_send(&[SendWr::new(
+            2,
+            Opcode::Write,
+            Some(lb.mr.sge(0, len as u32)),
+            raddr + off as u64,
+            rkey,
+        )])
+        .unwrap();
         let c = a.cq.poll_wait(1, Duration::from_secs(10));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].status, 0, "{:?}", c[0]);
         writeln!(cin, "check {off} {len} 99").unwrap();
         cin.flush().unwrap();
-        assert_eq!(read_line(&mut cout), "ok", "child memory after WRITE {off}+{len}");
+        assert_eq!(
+            read_line(&mut cout),
+            "ok",
+            "child memory after WRITE {off}+{len}"
+        );
     }
     // No-fault path across processes too (mapped now): READ it back.
-    qa.post_send(&[SendWr::new(3, Opcode::Read, Some(la.mr.sge(0, 512)), raddr, rkey)])
-        .unwrap();
+    qa.post_send(&[SendWr::new(
+        3,
+        Opcode::Read,
+        Some(la.mr.sge(0, 512)),
+        raddr,
+        rkey,
+    )])
+    .unwrap();
     assert_eq!(a.cq.poll_wait(1, Duration::from_secs(10))[0].status, 0);
     assert_eq!(&la.bytes()[..512], &pattern(99, 512)[..]);
     writeln!(cin, "quit").unwrap();

@@ -18,11 +18,11 @@ use super::mr::MrEntry;
 use super::ucq::UCq;
 use super::{Config, Error, RecvWr, SendWr, Stats};
 use crate::adapt::{RnicIommu, VmemMm};
-use crate::check::{
-    check_read, check_readback, page_span, precheck_local, CheckConfig,
-};
+use crate::check::{check_read, check_readback, page_span, precheck_local, CheckConfig};
 use crate::cmdq::{self, Reassembler};
-use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, KeyMapping, Repr, Status, SLOT};
+use crate::ctrl::{
+    AtomicKind, AtomicRequest, FaultKind, FaultRequest, KeyMapping, Repr, Status, SLOT,
+};
 use crate::keymap::{KeyMapError, KeyTable, PeerKeys, SyncState, Translation};
 use crate::mem;
 use crate::nic::{Access, CompOp, Completion, Pinned};
@@ -244,8 +244,14 @@ struct Op {
 
 #[derive(Clone, Copy)]
 enum TKind {
-    Fault { len: u32 },
-    Rendezvous { recv_wr_id: u64, len: u32, imm: Option<u32> },
+    Fault {
+        len: u32,
+    },
+    Rendezvous {
+        recv_wr_id: u64,
+        len: u32,
+        imm: Option<u32>,
+    },
 }
 
 struct TReq {
@@ -330,9 +336,10 @@ impl QpState {
             .pd
             .reg_mr_owned(vec![0; nslots as usize * SLOT], rnic::Access::LOCAL_WRITE)?;
         let slot_size = (sh.cfg.plan.write_version_threshold as usize).max(4096);
-        let scratch = sh
-            .pd
-            .reg_mr_owned(vec![0; depth as usize * slot_size], rnic::Access::LOCAL_WRITE)?;
+        let scratch = sh.pd.reg_mr_owned(
+            vec![0; depth as usize * slot_size],
+            rnic::Access::LOCAL_WRITE,
+        )?;
         Ok(QpState {
             data,
             ctrl,
@@ -951,7 +958,11 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 hold.mr = Some(mr);
                 Repr::Fault(FaultRequest {
                     req_id: id,
-                    kind: if read { FaultKind::Read } else { FaultKind::Write },
+                    kind: if read {
+                        FaultKind::Read
+                    } else {
+                        FaultKind::Write
+                    },
                     local_addr: laddr,
                     local_key: key,
                     remote_addr: raddr,
@@ -1344,7 +1355,8 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             } else {
                 WrOpcode::Read
             };
-            let Ok(tmr) = temp_mr(sh, f.remote_addr, f.len as u64, rnic::Access::LOCAL_WRITE) else {
+            let Ok(tmr) = temp_mr(sh, f.remote_addr, f.len as u64, rnic::Access::LOCAL_WRITE)
+            else {
                 return reply(qp, Status::NoResources);
             };
             let lkey = tmr.lkey();
@@ -1378,7 +1390,14 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         } => {
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
-            let res = grant(sh, r.as_ref(), remote_addr, len as u64, Access::REMOTE_READ, false);
+            let res = grant(
+                sh,
+                r.as_ref(),
+                remote_addr,
+                len as u64,
+                Access::REMOTE_READ,
+                false,
+            );
             let (status, data) = match res {
                 Ok(g) => {
                     let d = mem::read(remote_addr, len as usize);
@@ -1432,7 +1451,14 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         Repr::Atomic(a) => {
             stats.served += 1;
             let r = region(mrs, qp.pd, a.rkey);
-            let res = grant(sh, r.as_ref(), a.remote_addr, 8, Access::REMOTE_ATOMIC, true);
+            let res = grant(
+                sh,
+                r.as_ref(),
+                a.remote_addr,
+                8,
+                Access::REMOTE_ATOMIC,
+                true,
+            );
             let (status, original) = match res {
                 Ok(g) => match mem::atomic_at(a.remote_addr) {
                     Some(w) => {
@@ -1542,14 +1568,9 @@ fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
             .sge
             .map(|s| (s.addr, s.length as u64, s.lkey))
             .unwrap_or((0, 0, 0));
-        let rmr = rwr
-            .sge
-            .and_then(|_| mrs.get(&rkey).cloned())
-            .filter(|m| {
-                m.pd == qp.pd
-                    && m.contains(raddr, rlen)
-                    && m.access.contains(Access::LOCAL_WRITE)
-            });
+        let rmr = rwr.sge.and_then(|_| mrs.get(&rkey).cloned()).filter(|m| {
+            m.pd == qp.pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
+        });
         let valid = rwr.sge.is_none() || rmr.is_some();
         let mut cqe = Completion {
             wr_id: rwr.wr_id,
@@ -1696,12 +1717,7 @@ pub(crate) fn broadcast_revoke(sh: &Shared, st: &mut State, rkey: u32) {
 
 /// Destroy QP `qi`: NIC QPs to ERR, every outstanding WR and RECV completes
 /// with WR_FLUSH_ERR, pins drop. Returns the state to drop outside the lock.
-pub(crate) fn destroy_qp(
-    _sh: &Shared,
-    st: &mut State,
-    qi: usize,
-    gen: u8,
-) -> Option<QpState> {
+pub(crate) fn destroy_qp(_sh: &Shared, st: &mut State, qi: usize, gen: u8) -> Option<QpState> {
     if st.gens.get(qi) != Some(&gen) {
         return None;
     }

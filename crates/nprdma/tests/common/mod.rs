@@ -68,7 +68,10 @@ impl Buf {
         if let Some(d) = data {
             region.as_mut_slice()[..d.len()].copy_from_slice(d);
         }
-        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let acc = Access::LOCAL_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_ATOMIC;
         // SAFETY: the region is private anonymous memory; `Buf` drops the MR
         // before the region (see Drop).
         #[allow(unsafe_code)]
