@@ -239,6 +239,9 @@ struct Op {
     key_queried: bool,
     scratch: Option<Scratch>,
     lver: Vec<u32>,
+    /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
+    /// one-sided retry is in flight, 3 = retried (use the reverse path).
+    retry: u8,
     hold: Hold,
 }
 
@@ -247,6 +250,8 @@ enum TKind {
     Fault {
         len: u32,
     },
+    /// Retry mode: pages pinned until the initiator's Release.
+    Retry,
     Rendezvous {
         recv_wr_id: u64,
         len: u32,
@@ -550,6 +555,7 @@ pub(crate) fn post_send(
             lmr,
             stage: Stage::Queued,
             key_queried: false,
+            retry: 0,
             scratch: None,
             lver: Vec::new(),
             hold: Hold::default(),
@@ -806,6 +812,7 @@ fn post_steps(
     let Some(op) = qp.ops.get_mut(id) else { return };
     op.lver = lver;
     op.scratch = scratch;
+    op.sent = None;
     op.stage = Stage::OneSided {
         strat,
         left: posted as u8,
@@ -862,6 +869,12 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         };
     }
     qp.release_scratch(scratch);
+    if let Some(op) = qp.ops.get_mut(id) {
+        if op.retry == 2 {
+            op.retry = 3;
+            qp.send_ctrl(&sh.cfg.ctrl, &Repr::Release { req_id: id });
+        }
+    }
     if !ok {
         go_two_sided(sh, st, qi, id);
         return;
@@ -956,6 +969,10 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 };
                 let key = mr.rkey();
                 hold.mr = Some(mr);
+                let retry_mode = sh.cfg.retry_mode && op.retry == 0;
+                if retry_mode {
+                    op.retry = 1;
+                }
                 Repr::Fault(FaultRequest {
                     req_id: id,
                     kind: if read {
@@ -969,7 +986,7 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                     rkey,
                     len: len as u32,
                     inline_ok: false,
-                    retry_mode: false,
+                    retry_mode,
                 })
             }
         }
@@ -1146,6 +1163,7 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             // Temporary MR first (waits for DMA), then the pin.
             drop(t);
             match kind {
+                TKind::Retry => {}
                 TKind::Fault { len } => {
                     qp.send_ctrl(
                         &sh.cfg.ctrl,
@@ -1350,6 +1368,29 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             if f.len == 0 {
                 return reply(qp, Status::Ok);
             }
+            if f.retry_mode {
+                // Pages pinned and mapped: the initiator retries one-sided
+                // and releases them.
+                let ok = qp
+                    .treqs
+                    .insert(TReq {
+                        reply: f.req_id,
+                        kind: TKind::Retry,
+                        _tmr: None,
+                        _pin: pin,
+                        _mr: m,
+                    })
+                    .is_ok();
+                let status = if ok { Status::Ok } else { Status::NoResources };
+                qp.send_ctrl(
+                    &ctrl,
+                    &Repr::ReceiverReady {
+                        req_id: f.req_id,
+                        status,
+                    },
+                );
+                return;
+            }
             let opc = if f.kind == FaultKind::Read {
                 WrOpcode::Write
             } else {
@@ -1547,6 +1588,45 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
                 mem::write(op.laddr, &original.to_le_bytes());
             }
             finish(st, qi, req_id, wc_status(status), 8);
+        }
+        Repr::Release { req_id } => {
+            let hit = qp
+                .treqs
+                .iter()
+                .find(|(_, t)| t.reply == req_id && matches!(t.kind, TKind::Retry))
+                .map(|(tid, _)| tid);
+            if let Some(tid) = hit {
+                drop(qp.treqs.take(tid));
+            }
+        }
+        Repr::ReceiverReady { req_id, status } => {
+            let Some(op) = qp.ops.get_mut(req_id) else {
+                return;
+            };
+            if !matches!(op.stage, Stage::TwoSided) || op.retry != 1 {
+                return;
+            }
+            if status != Status::Ok {
+                finish(st, qi, req_id, wc_status(status), 0);
+                return;
+            }
+            op.retry = 2;
+            stats.retries += 1;
+            let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
+                Ok(t) => t,
+                Err(_) => {
+                    finish(st, qi, req_id, ST_REM_ACCESS, 0);
+                    return;
+                }
+            };
+            // Both sides are pinned and mapped; page versions prove it.
+            let strat = if op.wr.op == AppOp::Read {
+                Strategy::ReadVersioned
+            } else {
+                Strategy::WriteVersioned
+            };
+            let lmr = op.lmr.clone().expect("READ/WRITE with data has a local MR");
+            post_steps(sh, st, qi, req_id, strat, &t, &lmr);
         }
         other => {
             tracing::debug!(op = ?other.opcode(), "control message ignored");

@@ -234,6 +234,8 @@ pub struct Stats {
     pub served: u64,
     /// Key queries sent.
     pub key_queries: u64,
+    /// Retry-mode one-sided retries after Receiver-Ready.
+    pub retries: u64,
 }
 
 /// A protection domain.
