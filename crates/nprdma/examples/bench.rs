@@ -113,8 +113,12 @@ fn pinned_op(p: &Pinned, op: WrOpcode, len: usize, id: u64, iova: bool) {
     }
 }
 
-fn pinned_tput(p: &Pinned, op: WrOpcode, len: usize, n: usize, window: usize) -> f64 {
-    let sge = [p.l.sge(0, len as u32)];
+fn pinned_tput(p: &Pinned, op: WrOpcode, len: usize, n: usize, window: usize, iova: bool) -> f64 {
+    let (sge, rkey) = if iova {
+        ([p.li.sge(0, len as u32)], p.ri.rkey())
+    } else {
+        ([p.l.sge(0, len as u32)], p.r.rkey())
+    };
     let mut wc = [Wc::default(); 32];
     let (mut posted, mut done) = (0, 0);
     let t0 = Instant::now();
@@ -282,17 +286,18 @@ fn main() {
         }
     }
     println!("# throughput GB/s, window 32");
-    println!("op      size   pinned   np(signaled)  np(unsignaled 1/16)");
+    println!("op      size   pinned  pinned_iova  np(signaled)  np(unsignaled 1/16)");
     for (name, wop, nop) in [
         ("READ", WrOpcode::Read, Opcode::Read),
         ("WRITE", WrOpcode::Write, Opcode::Write),
     ] {
         for &len in &[4096usize, 65536, 262144] {
             let cnt = (256 << 20) / len;
-            let tp = pinned_tput(&pin, wop, len, cnt, 32);
+            let tp = pinned_tput(&pin, wop, len, cnt, 32, false);
+            let ti = pinned_tput(&pin, wop, len, cnt, 32, true);
             let tn = np_tput(&np, nop, len, cnt, 32, 1);
             let tu = np_tput(&np, nop, len, cnt, 32, 16);
-            println!("{name:<6} {len:>6}   {tp:>6.2}   {tn:>6.2}        {tu:>6.2}");
+            println!("{name:<6} {len:>6}   {tp:>6.2}   {ti:>6.2}       {tn:>6.2}        {tu:>6.2}");
         }
     }
     let st0 = ca.stats();

@@ -2,29 +2,79 @@
 //!
 //! This crate is the NP-RDMA layer of the project: a verbs-shaped API whose
 //! memory regions are **not pinned**. It sits on a NIC that cannot take page
-//! faults (the project's software RNIC, or a real libibverbs device) and on a
-//! pager that may swap any application page out at any time. This page is
-//! the map of the whole layer; the modules below are the parts that need
-//! neither the NIC nor the pager and are built and tested already:
+//! faults (the project's software RNIC, `rnic`) and on a pager that may swap
+//! any application page out at any time (`vmem`). This page is the map of the
+//! whole layer:
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`engine`] | **the application API** (context, PD, MR, CQ, QP, post/poll) and the polling thread; the operation state machine |
+//! | [`adapt`] | adapters of [`nic`]'s traits to `rnic` (IOMMU, frame map) and `vmem` (pager, swap listeners) |
 //! | [`ctrl`] | control-channel wire format (64-byte command slots) |
 //! | [`cmdq`] | control-channel framing: messages ↔ slots, reassembly |
 //! | [`ordering`] | per-QP in-flight table of configurable ordering |
 //! | [`check`] | optimistic checks: per-atom magic, read-back, page versions, local pre-check |
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
 //! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
-//! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions |
+//! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions, layer-held pins |
 //! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`rob`] | reorder buffer: application completions in post order |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
+//! | `mem` | the CPU's (unsafe) access to application memory on the two-sided path |
 //!
-//! Still to build (next session): the engine that executes plans, the
-//! control QP plumbing (posting and re-posting the slot buffers), the
-//! polling thread, user-space CQs, and the adapters of [`nic`] to `rnic`
-//! and `vmem`. Everything below describes how they use the parts above.
+//! ## Using it
+//!
+//! ```text
+//! Context::new(&rnic::Host, &vmem::Pager, Config) -> Context   // starts the polling thread
+//!   .alloc_pd() -> Pd    .create_cq(depth) -> Cq    .stats() / .nic_stats() / .progress()
+//! Pd: unsafe reg_mr(addr, len, Access) -> Mr          // registers with the pager, never pins
+//!     create_qp(&send_cq, &recv_cq, depth) -> Qp
+//! Mr: lkey(), rkey(), sge(off, len); Drop deregisters (revoked at peers)
+//! Qp: endpoint() -> Endpoint {host addr, qpn} (20 bytes), connect(&peer_endpoint),
+//!     post_send(&[SendWr]) / post_recv(&[RecvWr]) -> Err((index, Error)), outstanding()
+//! Cq: poll(&mut [Completion]) (progresses inline), poll_wait(n, timeout),
+//!     req_notify() + event_fd() / wait_event(timeout) (completion channel)
+//! SendWr { wr_id, op: Opcode, sge: Option<Sge>, remote_addr, rkey, signaled,
+//!          order_before, order_after }      Opcode = Read | Write | WriteImm | Send |
+//!          SendImm | CmpSwap | FetchAdd    Completion.status = ibv_wc_status numbers
+//! ```
+//! Both peers run this engine (in one process or two: nothing assumes a
+//! shared address space; the control channel and the NIC's shared-memory
+//! transport carry everything). Connect both sides before posting.
+//!
+//! ## Engine realisation and deviations from the paper
+//!
+//! * One NIC CQ (with a completion channel) per context serves all data and
+//!   control QPs; application CQs are user-space queues. The polling thread
+//!   spins `Config::spin` after work, then blocks on the channel
+//!   (`interrupt_mode`: no spinning). An application thread polling its CQ
+//!   progresses the engine itself (no thread hop) and the polling thread
+//!   steps aside meanwhile. One lock per context serialises engine state.
+//! * WRs carry one SGE. Unsignaled WRITEs are checked like signaled ones
+//!   right away (no deferral of read-backs to the next signaled WR; the
+//!   application still sees no completion for them).
+//! * Reverse operations and rendezvous use **temporary plain NIC MRs** over
+//!   the pinned range (registered for the request, dropped before the unpin)
+//!   instead of the IOVA views: the views then need no extra remote rights
+//!   (a Read MR carries only the application's REMOTE_READ, a Write MR only
+//!   its REMOTE_WRITE), and a late swap-out announcement for a page whose
+//!   eviction a pin is aborting cannot break them ([`shadow::MrShadow::pinned_map_in`]).
+//! * Atomics, SEND data ≤ 1 KB and faulted READ/WRITE ≤ 1 KB go inline on the
+//!   control channel; the target CPU copies/executes under a temporary pin.
+//! * A SEND without a posted RECV waits at the receiver (infinite RNR);
+//!   a two-sided request unanswered for `Config::two_sided_timeout`
+//!   completes with RETRY_EXC_ERR (peer gone).
+//! * Execution errors caught before the NIC (unknown key, bounds, rights)
+//!   complete the WR with the verbs status but leave the QP usable; NIC
+//!   errors follow the NIC (QP to ERR, WR_FLUSH_ERR behind).
+//! * Deregistering an MR with operations in flight lets them finish (they
+//!   hold the registration); peers learn the revocation by KeyRevoke.
+//! * Key sync: a KeyQuery on the first operation that needs an unknown key
+//!   (all keys if never synced, else that key), new MRs pushed to connected
+//!   peers; unknown after the answer → REM_ACCESS_ERR.
+//!
+//! The sections below describe the design the engine follows.
 //!
 //! ## 1. Memory regions: one application MR = three NIC MRs
 //!
