@@ -103,6 +103,24 @@ fn xproc_child() {
                 Err(err) => format!("ERR {err}"),
             },
             ["ATOMIC"] => format!("VAL {}", u64::from_le_bytes(at.to_vec(0, 8).try_into().unwrap())),
+            ["IOVA"] => {
+                // An IOVA MR over 3 pages: RAM (the big buffer's first page), the
+                // signature frame, the black-hole frame.
+                let io = host.iommu();
+                let range = io.alloc_range(3).unwrap();
+                let page0 = big.addr() & !4095;
+                let page0 = if page0 < big.addr() { page0 + 4096 } else { page0 };
+                // SAFETY: `big` outlives the process's use of this MR (never freed).
+                unsafe {
+                    io.map_range(&range, 0, &[Frame::Ram(page0), Frame::Signature, Frame::BlackHole])
+                        .unwrap();
+                }
+                // SAFETY: the VA is only used for addressing (3 pages inside `big`).
+                let mr = unsafe { e.pd.reg_mr_iova(page0, 3 * 4096, all_access(), &range).unwrap() };
+                let r = format!("IOVA {} {} {}", page0, mr.rkey(), page0 - big.addr());
+                std::mem::forget(mr);
+                r
+            }
             ["STATE"] => format!("STATE {:?}", e.qp.state()),
             ["STATS"] => format!("STATS {}", host.stats().ring_requests),
             ["EXIT"] => break,
@@ -147,6 +165,7 @@ impl Child {
                 || s.starts_with("VAL")
                 || s.starts_with("STATE")
                 || s.starts_with("STATS")
+                || s.starts_with("IOVA")
             {
                 return s;
             }
@@ -347,4 +366,56 @@ fn dead_peer_process_fails_wrs_instead_of_hanging() {
         .post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(big_addr, big_rkey)])
         .unwrap();
     assert_ne!(wait1(&e2.cq).status, WcStatus::Success);
+}
+
+#[test]
+fn cross_process_iova_mr_special_frames() {
+    let mut c = Child::spawn();
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn: u32 = f[2].parse().unwrap();
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let io = c.cmd("IOVA");
+    let g: Vec<&str> = io.split_whitespace().collect();
+    let (va, rkey, off): (u64, u32, usize) = (g[1].parse().unwrap(), g[2].parse().unwrap(), g[3].parse().unwrap());
+    let magic: Vec<u8> = (0..4096).map(|i| 0xdeadbeefu32.to_le_bytes()[i % 4]).collect();
+    let exp0 = pattern(1 << 20, 0x5a)[off..off + 4096].to_vec();
+    let local = buf(&e.pd, 3 * 4096, 0xcc);
+    // small (NIC-thread) and large (direct) reads over RAM | signature | black hole
+    for (wr_id, len) in [(1u64, 3 * 4096usize), (2, 4096)] {
+        local.fill(0xcc);
+        let sge = [local.sge(0, len as u32)];
+        let at = if len == 4096 { va + 4096 } else { va };
+        e.qp.post_send(&[SendWr::new(wr_id, WrOpcode::Read, &sge).remote(at, rkey)])
+            .unwrap();
+        assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+        if len == 4096 {
+            assert_eq!(local.to_vec(0, 4096), magic, "signature page through the NIC thread");
+        } else {
+            assert_eq!(local.to_vec(0, 4096), exp0, "RAM frame");
+            assert_eq!(local.to_vec(4096, 4096), magic, "signature frame");
+            assert_eq!(local.to_vec(8192, 4096), vec![0; 4096], "black-hole frame reads zeros");
+        }
+    }
+    // writes into the special frames are dropped
+    local.fill(0x11);
+    let sge = [local.sge(0, 8192)];
+    e.qp.post_send(&[SendWr::new(3, WrOpcode::Write, &sge).remote(va + 4096, rkey)])
+        .unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    let sge = [local.sge(0, 3 * 4096)];
+    e.qp.post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(va, rkey)])
+        .unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::Success);
+    assert_eq!(local.to_vec(4096, 4096), magic);
+    assert_eq!(local.to_vec(8192, 4096), vec![0; 4096]);
+    assert_eq!(
+        c.cmd(&format!("CHECK 0 {} {}", 1 << 20, 0x5a)),
+        "OK",
+        "the child's buffer is untouched"
+    );
 }
