@@ -214,6 +214,10 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
+    let mut cfg = Config::default();
+    if let Some(us) = std::env::var("NPRDMA_SPIN_US").ok().and_then(|s| s.parse().ok()) {
+        cfg.spin = Duration::from_micros(us);
+    }
     let ha = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let hb = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let pcfg = vmem::PagerConfig {
@@ -225,8 +229,8 @@ fn main() {
         vmem::Pager::new(pcfg).unwrap(),
     );
     let (ca, cb) = (
-        Context::new(&ha, &pga, Config::default()).unwrap(),
-        Context::new(&hb, &pgb, Config::default()).unwrap(),
+        Context::new(&ha, &pga, cfg.clone()).unwrap(),
+        Context::new(&hb, &pgb, cfg).unwrap(),
     );
     let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
     let (cqa, rcqa) = (ca.create_cq(4096).unwrap(), ca.create_cq(16).unwrap());
@@ -242,62 +246,69 @@ fn main() {
         r: np_buf(&pdb, &pgb, BUF, Some(2)),
     };
     let pin = pinned_setup(&ha, &hb);
-    println!("# NP-RDMA vs pinned, same software NIC, in-process transport, {iters} iters/size");
-    println!("op     size  pinned_med_us pinned_iova_med  np_med_us  vs_pinned vs_iova  pinned_avg iova_avg np_avg  np_p99");
-    let (raddr, rkey) = (np.r.0.addr() as u64, np.r.1.rkey());
-    for (name, wop, nop) in [
-        ("READ", WrOpcode::Read, Opcode::Read),
-        ("WRITE", WrOpcode::Write, Opcode::Write),
-    ] {
-        for &len in &SIZES {
-            let n = if len >= 65536 { iters / 4 } else { iters };
-            // Warm up both, then interleave in blocks so noise hits both alike.
-            for i in 0..100 {
-                pinned_op(&pin, wop, len, i, false);
-                pinned_op(&pin, wop, len, i, true);
-                np_op(&np, nop, len, raddr, rkey, i);
-            }
-            let (mut vp, mut vi, mut vn) = (Vec::new(), Vec::new(), Vec::new());
-            for blk in 0..10 {
-                for i in 0..n / 10 {
-                    let t = Instant::now();
-                    pinned_op(&pin, wop, len, i as u64, false);
-                    vp.push(t.elapsed().as_secs_f64() * 1e6);
+    let only_faults = std::env::var("NPRDMA_BENCH_ONLY_FAULTS").is_ok();
+    if !only_faults {
+        println!(
+            "# NP-RDMA vs pinned, same software NIC, in-process transport, {iters} iters/size"
+        );
+        println!("op     size  pinned_med_us pinned_iova_med  np_med_us  vs_pinned vs_iova  pinned_avg iova_avg np_avg  np_p99");
+        let (raddr, rkey) = (np.r.0.addr() as u64, np.r.1.rkey());
+        for (name, wop, nop) in [
+            ("READ", WrOpcode::Read, Opcode::Read),
+            ("WRITE", WrOpcode::Write, Opcode::Write),
+        ] {
+            for &len in &SIZES {
+                let n = if len >= 65536 { iters / 4 } else { iters };
+                // Warm up both, then interleave in blocks so noise hits both alike.
+                for i in 0..100 {
+                    pinned_op(&pin, wop, len, i, false);
+                    pinned_op(&pin, wop, len, i, true);
+                    np_op(&np, nop, len, raddr, rkey, i);
                 }
-                for i in 0..n / 10 {
-                    let t = Instant::now();
-                    pinned_op(&pin, wop, len, i as u64, true);
-                    vi.push(t.elapsed().as_secs_f64() * 1e6);
+                let (mut vp, mut vi, mut vn) = (Vec::new(), Vec::new(), Vec::new());
+                for blk in 0..10 {
+                    for i in 0..n / 10 {
+                        let t = Instant::now();
+                        pinned_op(&pin, wop, len, i as u64, false);
+                        vp.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    for i in 0..n / 10 {
+                        let t = Instant::now();
+                        pinned_op(&pin, wop, len, i as u64, true);
+                        vi.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    for i in 0..n / 10 {
+                        let t = Instant::now();
+                        np_op(&np, nop, len, raddr, rkey, (blk * n + i) as u64);
+                        vn.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
                 }
-                for i in 0..n / 10 {
-                    let t = Instant::now();
-                    np_op(&np, nop, len, raddr, rkey, (blk * n + i) as u64);
-                    vn.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-            }
-            let (pm, pa, _) = stats(vp);
-            let (im, ia, _) = stats(vi);
-            let (nm, na, n99) = stats(vn);
-            println!(
+                let (pm, pa, _) = stats(vp);
+                let (im, ia, _) = stats(vi);
+                let (nm, na, n99) = stats(vn);
+                println!(
                 "{name:<6} {len:>6}  {pm:>10.2}  {im:>12.2}  {nm:>12.2}  {:>+7.1}% {:>+7.1}%  {pa:>9.2} {ia:>8.2} {na:>7.2} {n99:>7.2}",
                 (nm / pm - 1.0) * 100.0,
                 (nm / im - 1.0) * 100.0
             );
+            }
         }
-    }
-    println!("# throughput GB/s, window 32");
-    println!("op      size   pinned  pinned_iova  np(signaled)  np(unsignaled 1/16)");
-    for (name, wop, nop) in [
-        ("READ", WrOpcode::Read, Opcode::Read),
-        ("WRITE", WrOpcode::Write, Opcode::Write),
-    ] {
-        for &len in &[4096usize, 65536, 262144] {
-            let cnt = (256 << 20) / len;
-            let tp = pinned_tput(&pin, wop, len, cnt, 32, false);
-            let ti = pinned_tput(&pin, wop, len, cnt, 32, true);
-            let tn = np_tput(&np, nop, len, cnt, 32, 1);
-            let tu = np_tput(&np, nop, len, cnt, 32, 16);
-            println!("{name:<6} {len:>6}   {tp:>6.2}   {ti:>6.2}       {tn:>6.2}        {tu:>6.2}");
+        println!("# throughput GB/s, window 32");
+        println!("op      size   pinned  pinned_iova  np(signaled)  np(unsignaled 1/16)");
+        for (name, wop, nop) in [
+            ("READ", WrOpcode::Read, Opcode::Read),
+            ("WRITE", WrOpcode::Write, Opcode::Write),
+        ] {
+            for &len in &[4096usize, 65536, 262144] {
+                let cnt = (256 << 20) / len;
+                let tp = pinned_tput(&pin, wop, len, cnt, 32, false);
+                let ti = pinned_tput(&pin, wop, len, cnt, 32, true);
+                let tn = np_tput(&np, nop, len, cnt, 32, 1);
+                let tu = np_tput(&np, nop, len, cnt, 32, 16);
+                println!(
+                    "{name:<6} {len:>6}   {tp:>6.2}   {ti:>6.2}       {tn:>6.2}        {tu:>6.2}"
+                );
+            }
         }
     }
     let st0 = ca.stats();
@@ -333,6 +344,19 @@ fn main() {
         );
         vj.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    // Lazy swap-in: the page is resident again (the target touched it)
+    // but still unmapped for the NIC: protocol cost without pager work.
+    let mut lazy = np_buf(&pdb, &pgb, pages * 4096, Some(9));
+    lazy.0.swap_out().unwrap();
+    for i in 0..pages {
+        lazy.0.as_mut_slice()[i * 4096] = 9;
+    }
+    let mut vl = Vec::new();
+    for i in 0..pages {
+        let t = Instant::now();
+        np_op(&np, Opcode::Read, 2, lazy.0.addr() as u64 + (i * 4096) as u64, lazy.1.rkey(), i as u64);
+        vl.push(t.elapsed().as_secs_f64() * 1e6);
+    }
     let st1 = ca.stats();
     // The swap device's 4 KiB read: pin (= swap-in in this thread) of a
     // swapped-out page, and a raw pread of 4 KiB from a file in the temp dir.
@@ -362,16 +386,18 @@ fn main() {
         let _ = std::fs::remove_file(&path);
         let (mm, ma, m99) = stats(vm);
         let (jm, ja, j99) = stats(vj);
+        let (lm, la, l99) = stats(vl);
         let (sm, sa, s99) = stats(vs);
         let (rm, ra, r99) = stats(vr);
         println!("# faults, {pages} pages each (med / avg / p99 us)");
         println!("remote minor fault 2B READ   {mm:>7.2} {ma:>7.2} {m99:>7.2}");
         println!("remote major fault 2B READ   {jm:>7.2} {ja:>7.2} {j99:>7.2}");
+        println!("remote lazy swap-in 2B READ  {lm:>7.2} {la:>7.2} {l99:>7.2}");
         println!("swap-in 4KiB (vmem pin)      {sm:>7.2} {sa:>7.2} {s99:>7.2}");
         println!("file pread 4KiB (page cache) {rm:>7.2} {ra:>7.2} {r99:>7.2}");
         println!("major - swap-in (med)        {:>7.2}", jm - sm);
         println!(
-            "# fault phase: two-sided {} optimistic {}; nonresident_dma A {} B {}",
+            "# fault phase: two-sided {} optimistic {} (3 x {pages} faults); nonresident_dma A {} B {}",
             st1.two_sided - st0.two_sided,
             st1.optimistic_ok - st0.optimistic_ok,
             ca.nic_stats().nonresident_dma,
@@ -380,6 +406,7 @@ fn main() {
     }
     drop(minor.1);
     drop(major.1);
+    drop(lazy.1);
     drop(pin);
     let Np { qp, cq: _, l, r } = np;
     drop(qp);
