@@ -97,6 +97,14 @@
 //! * A forked child does not inherit the registration: pages swapped out at
 //!   fork time read as zeroes in the child.
 //!
+//! Needs userfaultfd with UFFDIO_MOVE (Linux ≥ 6.8) and either root/
+//! CAP_SYS_PTRACE or `vm.unprivileged_userfaultfd = 1`.
+//!
+//! Tests: `cargo test -p vmem` (about 10 s); longer stress runs with
+//! `VMEM_STRESS_SECS=60 cargo test -p vmem --release --test stress`.
+//! Benchmarks: `cargo run --release -p vmem --example vmem_bench` (see
+//! BENCHMARKS.md, section "Pager").
+//!
 //! ```no_run
 //! let pager = vmem::Pager::new(vmem::PagerConfig::default()).unwrap();
 //! let mut r = pager.alloc(1 << 20).unwrap();
