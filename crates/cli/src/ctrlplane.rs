@@ -97,7 +97,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         (0..reps)
             .map(|_| {
                 let t = Instant::now();
-                let ctx = host_a.open_context()?;
+                let host = rnic::Host::new(rnic::HostConfig::default())?;
+                let ctx = host.open_context()?;
                 let _pd = ctx.alloc_pd()?;
                 Ok(us_since(t))
             })
@@ -213,7 +214,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         (0..reps)
             .map(|_| {
                 let t = Instant::now();
-                let _ctx = nprdma::Context::new(&host_a, &pager_a, nprdma::Config::default())?;
+                let host = rnic::Host::new(rnic::HostConfig::default())?;
+                let _ctx = nprdma::Context::new(&host, &pager_a, nprdma::Config::default())?;
                 Ok(us_since(t))
             })
             .collect::<Result<Vec<_>>>()?,

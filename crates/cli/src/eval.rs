@@ -304,7 +304,7 @@ fn find(
 
 fn fig(r: &PerfResult) -> f64 {
     match r.test {
-        Test::Lat => r.t_avg_us.unwrap_or(f64::NAN),
+        Test::Lat => r.t_typical_us.unwrap_or(f64::NAN),
         Test::Bw => r.bw_avg_gbps.unwrap_or(f64::NAN),
     }
 }
@@ -343,7 +343,7 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
                     });
                 }
                 let (what, unit) = match test {
-                    Test::Lat => ("latency", "average latency (µs)"),
+                    Test::Lat => ("latency", "typical (median) latency (µs)"),
                     Test::Bw => ("throughput", "throughput (GB/s)"),
                 };
                 let title = format!(
@@ -391,7 +391,7 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
             &Plot {
                 title: &title,
                 x_label: "message size (bytes)",
-                y_label: "average latency (µs)",
+                y_label: "typical (median) latency (µs)",
                 log_y: true,
             },
             &[
@@ -462,6 +462,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         w,
         "## Summary: our figures next to the paper's headline figures\n"
     );
+    let _ = writeln!(w, "Latencies are medians (t_typical) of this run; throughputs are averages. \"n/a\" = not measured in this run (see above).\n");
     let _ = writeln!(w, "| what | paper (quoted) | measured here | ratio here |");
     let _ = writeln!(w, "|---|---|---|---|");
     let p = &res.perf;
@@ -647,7 +648,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         w,
         "\n## Data plane: latency and throughput vs message size\n"
     );
-    let _ = writeln!(w, "Latency = average of one signaled WR posted and polled to completion (perftest ib_*_lat style; for WRITE this is the time until the initiator knows the WRITE succeeded). Throughput = `tx-depth` 128 WRs in flight, one in 100 signaled (ib_*_bw style).\n");
+    let _ = writeln!(w, "Latency = the typical (median, perftest's t_typical) time of one signaled WR posted and polled to completion — the median, because this 2-core VM is shared and noisy; averages and tails are in the tables below (perftest ib_*_lat style; for WRITE this is the time until the initiator knows the WRITE succeeded). Throughput = `tx-depth` 128 WRs in flight, one in 100 signaled (ib_*_bw style).\n");
     for (f, t) in plots {
         let _ = writeln!(w, "### {t}\n\n![{t}]({f})\n");
     }
@@ -767,7 +768,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             f2(Some(b))
         );
     }
-    let _ = writeln!(w, "\nLibrary init: pinned = open the device context + PD; NP-RDMA = `nprdma::Context::new` (NIC context, PD, completion channel, shared NIC CQ, polling thread). MR creation includes preparing the memory (pinned: mmap + mlock, which faults every page in; NP-RDMA: a pager region) and the registration call. Swap out: `vmem` swap-out of one resident page; the pinned column is a region nobody registered (no listener), NP-RDMA's is registered (the listener remaps the NIC views and flushes the IOMMU first).\n");
+    let _ = writeln!(w, "\nLibrary init: pinned = open the (software) device (`rnic::Host::new`: its shared segment and NIC thread) + context + PD; NP-RDMA = the same device + `nprdma::Context::new` (NIC context, PD, completion channel, shared NIC CQ, polling thread). The process's pager is created once beforehand (the OS's role) and not counted. MR creation includes preparing the memory (pinned: mmap + mlock, which faults every page in; NP-RDMA: a pager region) and the registration call. Swap out: `vmem` swap-out of one resident page; the pinned column is a region nobody registered (no listener), NP-RDMA's is registered (the listener remaps the NIC views and flushes the IOMMU first).\n");
     let _ = writeln!(
         w,
         "### State (resident memory added, measured from /proc/self/statm)\n"
