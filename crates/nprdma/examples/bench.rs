@@ -125,7 +125,7 @@ fn pinned_tput(p: &Pinned, op: WrOpcode, len: usize, n: usize, window: usize, io
     while done < n {
         while posted < n && posted - done < window {
             p.qp.post_send(&[
-                rnic::SendWr::new(posted as u64, op, &sge).remote(p.r.addr() as u64, p.r.rkey())
+                rnic::SendWr::new(posted as u64, op, &sge).remote(p.r.addr() as u64, rkey)
             ])
             .unwrap();
             posted += 1;
@@ -215,7 +215,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
     let mut cfg = Config::default();
-    if let Some(us) = std::env::var("NPRDMA_SPIN_US").ok().and_then(|s| s.parse().ok()) {
+    if let Some(us) = std::env::var("NPRDMA_SPIN_US")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         cfg.spin = Duration::from_micros(us);
     }
     let ha = rnic::Host::new(rnic::HostConfig::default()).unwrap();
@@ -354,7 +357,14 @@ fn main() {
     let mut vl = Vec::new();
     for i in 0..pages {
         let t = Instant::now();
-        np_op(&np, Opcode::Read, 2, lazy.0.addr() as u64 + (i * 4096) as u64, lazy.1.rkey(), i as u64);
+        np_op(
+            &np,
+            Opcode::Read,
+            2,
+            lazy.0.addr() as u64 + (i * 4096) as u64,
+            lazy.1.rkey(),
+            i as u64,
+        );
         vl.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let st1 = ca.stats();

@@ -98,8 +98,9 @@ pub(crate) struct Shared {
     pub check: CheckConfig,
     pub cfg: Config,
     pub stop: AtomicBool,
-    pub app_active_until: AtomicU64,
-    pub epoch: Instant,
+    /// Bumped by every application CQ poll (the polling thread steps aside
+    /// while it moves).
+    pub app_polls: AtomicU64,
     pub _ctx: rnic::Context,
 }
 
@@ -107,8 +108,7 @@ impl Shared {
     /// An application thread is polling: the polling thread stays asleep
     /// for a while (the application progresses inline).
     pub fn mark_app_active(&self) {
-        let t = self.epoch.elapsed().as_nanos() as u64 + 2_000_000;
-        self.app_active_until.store(t, Ordering::Release);
+        self.app_polls.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -122,6 +122,7 @@ pub(crate) struct State {
     pub stats: Stats,
     next_req: u32,
     last_sweep: Instant,
+    progress_calls: u32,
 }
 
 impl State {
@@ -136,6 +137,7 @@ impl State {
             stats: Stats::default(),
             next_req: 1,
             last_sweep: Instant::now(),
+            progress_calls: 0,
         }
     }
 
@@ -227,6 +229,8 @@ enum Stage {
 }
 
 struct Op {
+    /// Pins and temporary MR: dropped before `lmr` (the registration).
+    hold: Hold,
     /// When the current two-sided request was sent (for the timeout).
     sent: Option<Instant>,
     wr: SendWr,
@@ -242,7 +246,6 @@ struct Op {
     /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
     /// one-sided retry is in flight, 3 = retried (use the reverse path).
     retry: u8,
-    hold: Hold,
 }
 
 #[derive(Clone, Copy)]
@@ -1109,7 +1112,10 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
         }
     }
     run_ready(sh, st);
-    if st.last_sweep.elapsed() >= std::time::Duration::from_millis(10) {
+    st.progress_calls = st.progress_calls.wrapping_add(1);
+    if st.progress_calls % 256 == 0
+        && st.last_sweep.elapsed() >= std::time::Duration::from_millis(10)
+    {
         st.last_sweep = Instant::now();
         sweep_timeouts(sh, st);
     }

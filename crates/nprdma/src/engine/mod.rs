@@ -171,8 +171,7 @@ impl Context {
             cfg,
             st: Mutex::new(State::new()),
             stop: AtomicBool::new(false),
-            app_active_until: AtomicU64::new(0),
-            epoch: Instant::now(),
+            app_polls: AtomicU64::new(0),
             _ctx: ctx,
         });
         let s2 = sh.clone();
@@ -341,17 +340,16 @@ impl Drop for Qp {
     }
 }
 
-fn now_ns(sh: &Shared) -> u64 {
-    sh.epoch.elapsed().as_nanos() as u64
-}
-
 /// The polling thread: progress while there is work, spin briefly, then
 /// block on the NIC completion channel. While an application thread is
 /// polling its CQ (and so progressing inline), it stays out of the way.
 fn poller(sh: Arc<Shared>) {
     let mut last_work = Instant::now();
+    let mut seen = sh.app_polls.load(Ordering::Relaxed);
     while !sh.stop.load(Ordering::Acquire) {
-        if now_ns(&sh) < sh.app_active_until.load(Ordering::Acquire) {
+        let polls = sh.app_polls.load(Ordering::Relaxed);
+        if polls != seen {
+            seen = polls;
             std::thread::sleep(Duration::from_micros(500));
             continue;
         }
