@@ -160,6 +160,9 @@ impl Spec {
                 self.tx_depth, self.signal_every
             ));
         }
+        if self.op == Op::Send && self.fault != Fault::None {
+            return Err("--fault applies to the target buffer of READ/WRITE/atomic; a SEND lands in a posted receive (use --fault none)".into());
+        }
         if self.op == Op::Send && self.size > (64 << 20) {
             return Err("SEND messages are limited to 64 MiB here".into());
         }

@@ -298,5 +298,9 @@ fn bad_arguments_are_clear_errors() {
     fails(&["perf", "--client", "127.0.0.1"], "--transport shm");
     fails(&["perf", "--server"], "--transport shm");
     fails(&["perf", "--lat", "--bw"], "cannot be used with");
+    fails(
+        &["perf", "--op", "send", "--fault", "minor"],
+        "--fault applies",
+    );
     fails(&["reg", "--mode", "odp", "--size", "1M"], "reg compares");
 }
