@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the test suite needs (none is needed by the Rust crates alone;
-# the libibverbs shim tests will add perftest / ibverbs-utils here).
-PKGS=()
+# Debian packages the test suite needs: perftest and ibverbs-utils are run under
+# LD_PRELOAD=libnprdma.so by crates/verbs-shim/tests; binutils gives nm for the exports test.
+PKGS=(perftest ibverbs-utils binutils)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
