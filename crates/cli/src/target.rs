@@ -393,6 +393,14 @@ pub struct TargetCounters {
     pub nonresident_dma: u64,
 }
 
+/// Whether this build can run `mode` (checked before any peer process is started).
+pub fn check_mode(mode: Mode) -> Result<()> {
+    match mode {
+        Mode::Pinned | Mode::Nprdma => Ok(()),
+        Mode::Odp => Err(odp_unavailable()),
+    }
+}
+
 pub fn odp_unavailable() -> CliError {
     CliError::Unavailable(
         "the ODP model is not in this build of the software RNIC (crates/rnic has no ON_DEMAND MRs yet)".into(),
