@@ -118,7 +118,12 @@ pub fn run(
     let mut done = 0usize;
     while done < spec.iters {
         let n = wops.min(spec.iters - done);
-        let w = tgt.prepare(spec.fault, n * stride.max(1) as usize)?;
+        let bytes = if spec.fault == Fault::None {
+            wbytes
+        } else {
+            n * stride as usize
+        };
+        let w = tgt.prepare(spec.fault, bytes)?;
         prepared += w.pages_prepared;
         if spec.fault != Fault::None && w.renewed && spec.op != Op::Send {
             // A new target MR: let the initiator learn its key outside the timing,

@@ -207,7 +207,7 @@ fn perf_table_has_perftest_columns() {
         .map(|c| c.parse().unwrap())
         .collect();
     assert_eq!(cols.len(), 8);
-    assert_eq!((cols[0], cols[1]), (64.0, 50.0));
+    assert_eq!((cols[0], cols[1]), (64.0, 500.0));
     assert!(cols[2] <= cols[7], "t_min <= t_max: {out}");
 }
 
@@ -292,6 +292,7 @@ fn bad_arguments_are_clear_errors() {
         "--signal-every",
     );
     fails(&["perf", "--size", "0"], "--size");
+    fails(&["perf", "--bw", "--tx-depth", "4096"], "--tx-depth");
     fails(&["perf", "--size", "12Q"], "not a size");
     fails(&["perf", "--iters", "0"], "--iters");
     fails(&["perf", "--op", "nope"], "invalid value");
