@@ -3,9 +3,11 @@
 //!
 //! The vocabulary (work requests, completions, QP attributes, access flags) is rnic's
 //! verbs value types, which are numerically libibverbs'. A backend implements the
-//! object traits below; `pinned` is standard RDMA on the software RNIC. The NP-RDMA
-//! backend (crate `nprdma`) slots in as another module + a `Mode` variant.
+//! object traits below; `pinned` is standard RDMA on the software RNIC, `np` is NP-RDMA
+//! (crate `nprdma`, configured by `np_env`).
 
+mod np;
+pub mod np_env;
 mod pinned;
 
 use crate::error::ShimError;
@@ -77,6 +79,8 @@ pub trait Qp: Send + Sync {
 pub enum Mode {
     /// Standard RDMA on the software RNIC (`reg_mr` registers and pins normally).
     Pinned,
+    /// NP-RDMA: `reg_mr` registers with a process-wide pager, nothing is pinned.
+    NpRdma,
 }
 
 impl Mode {
@@ -84,11 +88,9 @@ impl Mode {
     pub fn from_env_value(v: Option<&str>) -> Result<Mode> {
         match v.map(str::trim) {
             None | Some("") | Some("pinned") => Ok(Mode::Pinned),
-            Some("nprdma") | Some("np") | Some("np-rdma") => Err(ShimError::Unsupported(
-                "NPRDMA_MODE=nprdma: the NP-RDMA backend is not available in this build yet".into(),
-            )),
+            Some("nprdma") | Some("np") | Some("np-rdma") => Ok(Mode::NpRdma),
             Some(other) => Err(ShimError::InvalidArgument(format!(
-                "NPRDMA_MODE={other:?} is not a known mode (known: pinned)"
+                "NPRDMA_MODE={other:?} is not a known mode (known: pinned, nprdma)"
             ))),
         }
     }
@@ -147,6 +149,7 @@ pub fn device() -> Result<Arc<dyn Device>> {
             let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;
             match mode {
                 Mode::Pinned => Ok(Arc::new(pinned::PinnedDevice::new()?) as Arc<dyn Device>),
+                Mode::NpRdma => Ok(Arc::new(np::NpDevice::new()?) as Arc<dyn Device>),
             }
         })
         .clone()
@@ -163,10 +166,7 @@ mod tests {
             Mode::from_env_value(Some(" pinned ")).unwrap(),
             Mode::Pinned
         );
-        assert!(matches!(
-            Mode::from_env_value(Some("nprdma")),
-            Err(ShimError::Unsupported(_))
-        ));
+        assert_eq!(Mode::from_env_value(Some("nprdma")).unwrap(), Mode::NpRdma);
         assert!(matches!(
             Mode::from_env_value(Some("bogus")),
             Err(ShimError::InvalidArgument(_))

@@ -1,0 +1,565 @@
+//! `NPRDMA_MODE=nprdma`: NP-RDMA (crate `nprdma`) over the software RNIC and a
+//! process-wide `vmem` pager. `reg_mr` registers the application's buffer with the
+//! pager and the NP-RDMA layer without pinning it; QPs connect at RTR from (GID =
+//! rnic `HostAddr`, dest_qp_num); CQs are the layer's user-space CQs (eventfd channel).
+
+use super::np_env;
+use super::{Cq, Device, Mr, Pd, Qp, Result};
+use crate::error::ShimError;
+use parking_lot::Mutex;
+use rnic::{
+    Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr, SendFlags,
+    SendWr, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
+use std::any::Any;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// Largest inline payload (staged per QP in registered memory; the layer's inline limit).
+pub const MAX_INLINE: u32 = 1024;
+/// Completions converted per layer poll.
+const POLL_CHUNK: usize = 32;
+
+pub struct NpDevice {
+    host: rnic::Host,
+    pager: vmem::Pager,
+    ctx: np::Context,
+}
+
+impl NpDevice {
+    pub fn new() -> Result<NpDevice> {
+        let env = np_env::from_process_env;
+        let pcfg = np_env::pager_config(&env)?;
+        let ecfg = np_env::engine_config(&env)?;
+        let host = rnic::Host::new(super::host_config_from_env()?)?;
+        let pager = vmem::Pager::new(pcfg)
+            .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("starting the pager: {e}"))))?;
+        let ctx = np::Context::new(&host, &pager, ecfg).map_err(np_err)?;
+        tracing::info!(budget = ?pager.budget(), "NP-RDMA backend up");
+        Ok(NpDevice { host, pager, ctx })
+    }
+}
+
+/// An engine setup/verbs error as a shim error.
+fn np_err(e: np::Error) -> ShimError {
+    match e {
+        np::Error::Nic(e) => ShimError::Nic(e),
+        np::Error::Pager(e) => ShimError::InvalidArgument(format!("pager: {e}")),
+        np::Error::Invalid(s) => ShimError::InvalidArgument(s.into()),
+        other => ShimError::Nic(post_err(other, QpState::Rts)),
+    }
+}
+
+/// A post-time engine error as the rnic error the C layer maps to an errno.
+fn post_err(e: np::Error, state: QpState) -> rnic::Error {
+    match e {
+        np::Error::Nic(e) => e,
+        np::Error::Invalid(s) => rnic::Error::InvalidArgument(s),
+        np::Error::QueueFull => rnic::Error::QueueFull("NP-RDMA queue"),
+        np::Error::QpState => rnic::Error::WrongQpState(state),
+        np::Error::Pager(e) => rnic::Error::Io(format!("pager: {e}")),
+        np::Error::Other(s) => rnic::Error::Io(s),
+    }
+}
+
+impl Device for NpDevice {
+    fn mode(&self) -> &'static str {
+        "nprdma"
+    }
+    fn attr(&self) -> DeviceAttr {
+        let mut a = self.host.query_device();
+        // An application WR becomes up to 3 NIC WRs; WRs carry one SGE.
+        a.max_qp_wr /= 3;
+        a.max_sge = 1;
+        a.max_inline_data = MAX_INLINE;
+        a
+    }
+    fn gid(&self) -> [u8; 16] {
+        self.host.addr().to_bytes()
+    }
+    fn alloc_pd(&self) -> Result<Arc<dyn Pd>> {
+        Ok(Arc::new(NpPd {
+            pd: self.ctx.alloc_pd(),
+            max_wr: self.attr().max_qp_wr,
+        }))
+    }
+    fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
+        let cq = self.ctx.create_cq(depth).map_err(np_err)?;
+        Ok(Box::new(NpCq { cq, events }))
+    }
+}
+
+impl Drop for NpDevice {
+    fn drop(&mut self) {
+        tracing::debug!(stats = ?self.pager.stats(), "pager");
+    }
+}
+
+struct NpPd {
+    pd: np::Pd,
+    max_wr: u32,
+}
+
+impl Pd for NpPd {
+    unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
+        // SAFETY: forwarded contract: the application keeps [addr, addr+len) mapped while
+        // registered (ibv_reg_mr's contract); the pager may swap its pages meanwhile.
+        let mr = unsafe {
+            self.pd
+                .reg_mr(addr as u64, len as u64, np::Access(access.bits()))
+                .map_err(np_err)?
+        };
+        Ok(Box::new(NpMr(mr)))
+    }
+    fn create_qp(
+        &self,
+        send_cq: &dyn Cq,
+        recv_cq: &dyn Cq,
+        attr: &QpInitAttr,
+    ) -> Result<Box<dyn Qp>> {
+        if attr.max_send_sge > 1 || attr.max_recv_sge > 1 {
+            return Err(ShimError::InvalidArgument(format!(
+                "NP-RDMA work requests carry one SGE (asked for {} send / {} recv SGEs)",
+                attr.max_send_sge, attr.max_recv_sge
+            )));
+        }
+        if attr.max_inline_data > MAX_INLINE {
+            return Err(ShimError::InvalidArgument(format!(
+                "max_inline_data {} > {MAX_INLINE}",
+                attr.max_inline_data
+            )));
+        }
+        let depth = attr.max_send_wr.max(attr.max_recv_wr).max(1);
+        if depth > self.max_wr {
+            return Err(ShimError::InvalidArgument(format!(
+                "QP depth {depth} > {} (NP-RDMA uses 3 NIC WRs per WR)",
+                self.max_wr
+            )));
+        }
+        let cq_of = |c: &dyn Cq| -> Result<np::Cq> {
+            c.as_any()
+                .downcast_ref::<NpCq>()
+                .map(|p| p.cq.clone())
+                .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
+        };
+        let (scq, rcq) = (cq_of(send_cq)?, cq_of(recv_cq)?);
+        let stage = Staging::new(&self.pd, depth)?;
+        let qp = self.pd.create_qp(&scq, &rcq, depth).map_err(np_err)?;
+        let cap = QpInitAttr {
+            qpn: None,
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: MAX_INLINE,
+            sq_sig_all: attr.sq_sig_all,
+        };
+        let a = QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            ..Default::default()
+        };
+        Ok(Box::new(NpQp {
+            qp: Some(qp),
+            cap,
+            attr: Mutex::new(a),
+            stage: Mutex::new(stage),
+        }))
+    }
+}
+
+struct NpMr(np::Mr);
+
+impl Mr for NpMr {
+    fn lkey(&self) -> u32 {
+        self.0.lkey()
+    }
+    fn rkey(&self) -> u32 {
+        self.0.rkey()
+    }
+}
+
+struct NpCq {
+    cq: np::Cq,
+    events: bool,
+}
+
+fn wc_from(c: &np::Completion) -> Wc {
+    let (opcode, imm) = match c.op {
+        np::CompOp::Send => (WcOpcode::Send, None),
+        np::CompOp::Write => (WcOpcode::RdmaWrite, None),
+        np::CompOp::Read => (WcOpcode::RdmaRead, None),
+        np::CompOp::CmpSwap => (WcOpcode::CompSwap, None),
+        np::CompOp::FetchAdd => (WcOpcode::FetchAdd, None),
+        np::CompOp::Recv => (WcOpcode::Recv, c.imm),
+        np::CompOp::RecvWithImm => (WcOpcode::RecvRdmaWithImm, c.imm),
+    };
+    Wc {
+        wr_id: c.wr_id,
+        status: WcStatus::from_u32(c.status),
+        opcode,
+        vendor_err: 0,
+        byte_len: c.byte_len,
+        imm_data: imm.unwrap_or(0),
+        qp_num: c.qp_num,
+        src_qp: 0,
+        wc_flags: if imm.is_some() {
+            WcFlags::WITH_IMM
+        } else {
+            WcFlags::empty()
+        },
+    }
+}
+
+impl Cq for NpCq {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        let mut buf = [np::Completion::default(); POLL_CHUNK];
+        let mut got = 0;
+        while got < out.len() {
+            let k = (out.len() - got).min(POLL_CHUNK);
+            let m = self.cq.poll(&mut buf[..k]);
+            for (o, c) in out[got..].iter_mut().zip(&buf[..m]) {
+                *o = wc_from(c);
+            }
+            got += m;
+            if m < k {
+                break;
+            }
+        }
+        Ok(got)
+    }
+    fn req_notify(&self, _solicited_only: bool) -> Result<()> {
+        // Solicited-only arming is widened to any completion (a spurious wake-up is
+        // allowed; a missed one is not).
+        self.cq.req_notify();
+        Ok(())
+    }
+    fn event_fd(&self) -> Option<RawFd> {
+        self.events.then(|| self.cq.event_fd())
+    }
+    fn take_event(&self) -> bool {
+        if !self.events {
+            return false;
+        }
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a local u64 from the CQ's non-blocking eventfd.
+        let r = unsafe { libc::read(self.cq.event_fd(), (&mut v as *mut u64).cast(), 8) };
+        r == 8
+    }
+}
+
+/// Per-QP registered memory for inline payloads: `depth` slots of [`MAX_INLINE`]
+/// bytes, slot `n % depth` for the n-th inline post. A slot is reused only after the
+/// layer accepted `depth` further WRs, which it refuses while the WR that used the slot
+/// is outstanding (its queue holds `depth` WRs), so a payload never changes in flight.
+struct Staging {
+    // Field order = drop order: the MR before the mapping it covers.
+    mr: np::Mr,
+    map: Mapping,
+    depth: u32,
+    next: u64,
+}
+
+struct Mapping {
+    addr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a private anonymous mapping owned by this value; access is serialised by
+// the QP's staging mutex.
+unsafe impl Send for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
+impl Staging {
+    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
+        let len = (depth as usize * MAX_INLINE as usize).next_multiple_of(vmem::PAGE_SIZE);
+        // SAFETY: a fresh private anonymous mapping; failure checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+        }
+        let map = Mapping {
+            addr: p.cast(),
+            len,
+        };
+        // SAFETY: private anonymous memory that stays mapped until after the MR is
+        // dropped (field order of `Staging`).
+        let mr = unsafe {
+            pd.reg_mr(p as u64, len as u64, np::Access::LOCAL_WRITE)
+                .map_err(np_err)?
+        };
+        Ok(Staging {
+            mr,
+            map,
+            depth,
+            next: 0,
+        })
+    }
+
+    /// Copy `data` into the next slot; its SGE.
+    fn stage(&mut self, data: &[u8]) -> np::Sge {
+        let slot = (self.next % self.depth as u64) as usize * MAX_INLINE as usize;
+        self.next += 1;
+        debug_assert!(data.len() <= MAX_INLINE as usize);
+        // SAFETY: slot + len <= depth * MAX_INLINE <= the mapping's length; the slot is
+        // not in flight (see the type's docs); `data` is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.addr.add(slot), data.len())
+        };
+        self.mr.sge(slot as u64, data.len() as u32)
+    }
+}
+
+struct NpQp {
+    // Dropped first (flushes its WRs), then the staging MR and memory.
+    qp: Option<np::Qp>,
+    cap: QpInitAttr,
+    attr: Mutex<QpAttr>,
+    stage: Mutex<Staging>,
+}
+
+impl Drop for NpQp {
+    fn drop(&mut self) {
+        drop(self.qp.take());
+    }
+}
+
+fn one_sge(sg: &[rnic::Sge]) -> std::result::Result<Option<np::Sge>, rnic::Error> {
+    match sg {
+        [] => Ok(None),
+        [s] => Ok(Some(np::Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })),
+        _ => Err(rnic::Error::InvalidArgument(
+            "NP-RDMA work requests carry one SGE",
+        )),
+    }
+}
+
+fn app_op(o: WrOpcode) -> np::Opcode {
+    match o {
+        WrOpcode::Write => np::Opcode::Write,
+        WrOpcode::WriteImm(i) => np::Opcode::WriteImm(i),
+        WrOpcode::Send => np::Opcode::Send,
+        WrOpcode::SendImm(i) => np::Opcode::SendImm(i),
+        WrOpcode::Read => np::Opcode::Read,
+        WrOpcode::CmpSwap { compare, swap } => np::Opcode::CmpSwap { compare, swap },
+        WrOpcode::FetchAdd { add } => np::Opcode::FetchAdd { add },
+    }
+}
+
+impl NpQp {
+    fn qp(&self) -> &np::Qp {
+        self.qp.as_ref().expect("present until drop")
+    }
+    fn state(&self) -> QpState {
+        self.attr.lock().qp_state
+    }
+
+    fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
+        let state = self.state();
+        if state != QpState::Rts {
+            return Err(rnic::Error::WrongQpState(state));
+        }
+        let mut wr = np::SendWr {
+            wr_id: w.wr_id,
+            op: app_op(w.opcode),
+            sge: None,
+            remote_addr: w.remote_addr,
+            rkey: w.rkey,
+            signaled: self.cap.sq_sig_all || w.flags.contains(SendFlags::SIGNALED),
+            order_before: w.flags.contains(SendFlags::FENCE),
+            order_after: false,
+        };
+        if w.flags.contains(SendFlags::INLINE) {
+            if w.inline_data.len() > MAX_INLINE as usize {
+                return Err(rnic::Error::InvalidArgument("inline payload too long"));
+            }
+            let mut st = self.stage.lock();
+            // The slot to be overwritten must not be in flight (see `Staging`).
+            if self.qp().outstanding() >= st.depth as usize {
+                return Err(rnic::Error::QueueFull("send queue"));
+            }
+            if !w.inline_data.is_empty() {
+                wr.sge = Some(st.stage(w.inline_data));
+            }
+            return self.qp().post_send(&[wr]).map_err(|(_, e)| post_err(e, state));
+        }
+        wr.sge = one_sge(w.sg_list)?;
+        self.qp()
+            .post_send(&[wr])
+            .map_err(|(_, e)| post_err(e, state))
+    }
+}
+
+/// The transitions NP-RDMA mode models (its QPs cannot be reset or moved to ERR/SQD).
+fn transition_ok(from: QpState, to: QpState) -> bool {
+    use QpState::*;
+    matches!(
+        (from, to),
+        (Reset, Reset) | (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts)
+    )
+}
+
+impl Qp for NpQp {
+    fn qpn(&self) -> u32 {
+        self.qp().qpn()
+    }
+    fn cap(&self) -> QpInitAttr {
+        self.cap
+    }
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut cur = self.attr.lock();
+        let from = cur.qp_state;
+        let to = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+        } else {
+            from
+        };
+        if !transition_ok(from, to) {
+            return Err(ShimError::Unsupported(format!(
+                "QP state {from:?} -> {to:?} in NP-RDMA mode"
+            )));
+        }
+        if from == QpState::Init && to == QpState::Rtr {
+            let need = QpAttrMask::AV | QpAttrMask::DEST_QPN;
+            let Some(dest) = attr.dest.filter(|_| mask.contains(need)) else {
+                return Err(ShimError::InvalidArgument(
+                    "INIT->RTR needs an address vector with a GID (GRH) and dest_qp_num".into(),
+                ));
+            };
+            let ep = np::Endpoint {
+                addr: dest.to_bytes(),
+                qpn: attr.dest_qp_num,
+            };
+            self.qp().connect(&ep).map_err(np_err)?;
+            cur.dest = Some(dest);
+            cur.dest_qp_num = attr.dest_qp_num;
+        }
+        macro_rules! take {
+            ($m:ident, $($f:ident),*) => {
+                if mask.contains(QpAttrMask::$m) { $(cur.$f = attr.$f;)* }
+            };
+        }
+        take!(ACCESS_FLAGS, qp_access_flags);
+        take!(PKEY_INDEX, pkey_index);
+        take!(PORT, port_num);
+        take!(PATH_MTU, path_mtu);
+        take!(RQ_PSN, rq_psn);
+        take!(SQ_PSN, sq_psn);
+        take!(MAX_QP_RD_ATOMIC, max_rd_atomic);
+        take!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        take!(MIN_RNR_TIMER, min_rnr_timer);
+        take!(TIMEOUT, timeout);
+        take!(RETRY_CNT, retry_cnt);
+        take!(RNR_RETRY, rnr_retry);
+        cur.qp_state = to;
+        cur.cur_qp_state = to;
+        Ok(())
+    }
+    fn query(&self) -> QpAttr {
+        *self.attr.lock()
+    }
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        for (i, w) in wrs.iter().enumerate() {
+            self.post_one(w).map_err(|err| PostError {
+                bad_wr_index: i,
+                err,
+            })?;
+        }
+        Ok(())
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        let state = self.state();
+        for (i, w) in wrs.iter().enumerate() {
+            let r = if state == QpState::Reset {
+                Err(rnic::Error::WrongQpState(state))
+            } else {
+                one_sge(w.sg_list).and_then(|sge| {
+                    self.qp()
+                        .post_recv(&[np::RecvWr {
+                            wr_id: w.wr_id,
+                            sge,
+                        }])
+                        .map_err(|(_, e)| post_err(e, state))
+                })
+            };
+            r.map_err(|err| PostError {
+                bad_wr_index: i,
+                err,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions() {
+        use QpState::*;
+        assert!(transition_ok(Reset, Init));
+        assert!(transition_ok(Init, Rtr));
+        assert!(transition_ok(Rtr, Rts));
+        assert!(!transition_ok(Reset, Rts));
+        assert!(!transition_ok(Rts, Err));
+        assert!(!transition_ok(Rts, Reset));
+    }
+
+    #[test]
+    fn completions_convert() {
+        let c = np::Completion {
+            wr_id: 9,
+            status: 5,
+            op: np::CompOp::RecvWithImm,
+            byte_len: 12,
+            imm: Some(0xabc),
+            qp_num: 3,
+        };
+        let w = wc_from(&c);
+        assert_eq!(w.status, WcStatus::WrFlushErr);
+        assert_eq!(w.opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!((w.imm_data, w.byte_len, w.qp_num), (0xabc, 12, 3));
+        assert!(w.wc_flags.contains(WcFlags::WITH_IMM));
+        let w = wc_from(&np::Completion {
+            op: np::CompOp::Read,
+            ..c
+        });
+        assert_eq!(w.opcode, WcOpcode::RdmaRead);
+        assert!(!w.wc_flags.contains(WcFlags::WITH_IMM));
+    }
+
+    #[test]
+    fn one_sge_only() {
+        let s = rnic::Sge {
+            addr: 1,
+            length: 2,
+            lkey: 3,
+        };
+        assert_eq!(one_sge(&[]).unwrap(), None);
+        assert_eq!(one_sge(&[s]).unwrap().unwrap().lkey, 3);
+        assert!(one_sge(&[s, s]).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! `NPRDMA_MODE=nprdma` settings from the environment: the process pager's
+//! configuration (resident budget, swap file) and the NP-RDMA engine's polling.
+
+use super::Result;
+use crate::error::ShimError;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default swap file size: 1 GiB (sparse).
+pub const DEFAULT_SWAP_MB: u64 = 1024;
+
+/// Read a variable through `get` (tests pass a map, the library `std::env::var`).
+fn num(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<u64>> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| ShimError::InvalidArgument(format!("{name}={v:?} is not a number"))),
+    }
+}
+
+/// The pager configuration:
+/// * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — resident budget of the registered
+///   memory (4 KiB pages / MiB; unset = unlimited; both set = error). Below the size of
+///   the application's MRs, pages are swapped out and back during the run.
+/// * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir),
+///   `NPRDMA_SWAP_MB` (swap file size, default 1024, sparse).
+/// * `NPRDMA_PAGER_SPIN_US` — how long the fault thread polls after a fault (default 50).
+pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerConfig> {
+    let mut c = vmem::PagerConfig::default();
+    let pages = num(get, "NPRDMA_BUDGET_PAGES")?;
+    let mb = num(get, "NPRDMA_BUDGET_MB")?;
+    c.budget_pages = match (pages, mb) {
+        (Some(_), Some(_)) => {
+            return Err(ShimError::InvalidArgument(
+                "set only one of NPRDMA_BUDGET_PAGES and NPRDMA_BUDGET_MB".into(),
+            ))
+        }
+        (Some(p), None) => Some(p as usize),
+        (None, Some(m)) => Some((m as usize).saturating_mul((1 << 20) / vmem::PAGE_SIZE)),
+        (None, None) => None,
+    };
+    if c.budget_pages == Some(0) {
+        return Err(ShimError::InvalidArgument(
+            "NPRDMA budget must be at least one page".into(),
+        ));
+    }
+    if let Some(p) = get("NPRDMA_SWAP_PATH").filter(|p| !p.trim().is_empty()) {
+        c.swap_path = Some(PathBuf::from(p));
+    }
+    let swap_mb = num(get, "NPRDMA_SWAP_MB")?.unwrap_or(DEFAULT_SWAP_MB);
+    if swap_mb == 0 {
+        return Err(ShimError::InvalidArgument("NPRDMA_SWAP_MB=0".into()));
+    }
+    c.swap_size = swap_mb.saturating_mul(1 << 20);
+    if let Some(us) = num(get, "NPRDMA_PAGER_SPIN_US")? {
+        c.spin = Duration::from_micros(us);
+    }
+    Ok(c)
+}
+
+/// The engine configuration: `NPRDMA_POLL_SPIN_US` (how long the polling thread spins
+/// after work before blocking, default the engine's 50) and `NPRDMA_INTERRUPT=1` (the
+/// polling thread never spins).
+pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
+    let mut c = np::Config::default();
+    if let Some(us) = num(get, "NPRDMA_POLL_SPIN_US")? {
+        c.spin = Duration::from_micros(us);
+    }
+    if let Some(v) = num(get, "NPRDMA_INTERRUPT")? {
+        c.interrupt_mode = v != 0;
+    }
+    Ok(c)
+}
+
+/// `std::env::var` as a lookup function.
+pub fn from_process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn pager_defaults_and_budget() {
+        let c = pager_config(&with(&[])).unwrap();
+        assert_eq!(c.budget_pages, None);
+        assert_eq!(c.swap_size, DEFAULT_SWAP_MB << 20);
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "64")])).unwrap();
+        assert_eq!(c.budget_pages, Some(64));
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_MB", "2"), ("NPRDMA_SWAP_MB", "8")]))
+            .unwrap();
+        assert_eq!(c.budget_pages, Some(2 * 256));
+        assert_eq!(c.swap_size, 8 << 20);
+        let c = pager_config(&with(&[("NPRDMA_SWAP_PATH", "/tmp/x.swap")])).unwrap();
+        assert_eq!(c.swap_path, Some(PathBuf::from("/tmp/x.swap")));
+    }
+
+    #[test]
+    fn pager_rejects_bad_values() {
+        for bad in [
+            vec![("NPRDMA_BUDGET_PAGES", "x")],
+            vec![("NPRDMA_BUDGET_PAGES", "0")],
+            vec![("NPRDMA_BUDGET_PAGES", "4"), ("NPRDMA_BUDGET_MB", "1")],
+            vec![("NPRDMA_SWAP_MB", "0")],
+        ] {
+            assert!(matches!(
+                pager_config(&with(&bad)),
+                Err(ShimError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn engine_settings() {
+        let c = engine_config(&with(&[("NPRDMA_POLL_SPIN_US", "7"), ("NPRDMA_INTERRUPT", "1")]))
+            .unwrap();
+        assert_eq!(c.spin, Duration::from_micros(7));
+        assert!(c.interrupt_mode);
+        assert!(engine_config(&with(&[("NPRDMA_INTERRUPT", "yes")])).is_err());
+    }
+}
