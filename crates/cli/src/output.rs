@@ -44,7 +44,7 @@ pub fn row(r: &PerfResult) -> String {
             r.bytes,
             r.iterations,
             r.bw_avg_gbps.map_or("-".into(), |v| format!("{v:.3}")),
-            r.mops.map_or("-".into(), |v| format!("{v:.3}"))
+            r.mops.map_or("-".into(), |v| format!("{v:.6}"))
         ),
     }
 }
@@ -124,7 +124,7 @@ mod tests {
     fn bw_row_and_json_round_trip() {
         let r = sample(Test::Bw);
         let cols: Vec<_> = row(&r).split_whitespace().map(String::from).collect();
-        assert_eq!(cols, ["64", "10", "1.250", "0.500"]);
+        assert_eq!(cols, ["64", "10", "1.250", "0.500000"]);
         let j = serde_json::to_string(&r).unwrap();
         let back: PerfResult = serde_json::from_str(&j).unwrap();
         assert_eq!(back, r);
