@@ -28,6 +28,10 @@ pub trait Device: Send + Sync {
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>>;
+    /// One line of counters for `NPRDMA_STATS=1` (printed at `ibv_close_device`).
+    fn stats(&self) -> String {
+        format!("mode={}", self.mode())
+    }
 }
 
 /// A protection domain.

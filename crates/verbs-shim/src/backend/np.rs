@@ -87,13 +87,28 @@ impl Device for NpDevice {
         let cq = self.ctx.create_cq(depth).map_err(np_err)?;
         Ok(Box::new(NpCq { cq, events }))
     }
-}
-
-impl Drop for NpDevice {
-    fn drop(&mut self) {
-        tracing::debug!(stats = ?self.pager.stats(), "pager");
+    fn stats(&self) -> String {
+        let p = self.pager.stats();
+        let e = self.ctx.stats();
+        let n = self.ctx.nic_stats();
+        format!(
+            "mode=nprdma budget_pages={} registered_pages={} swap_outs={} swap_ins={} \
+             major_faults={} optimistic_ok={} two_sided={} local_fixups={} served={} \
+             nonresident_dma={}",
+            p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
+            p.registered_pages,
+            p.swap_outs,
+            p.swap_ins,
+            p.major_faults,
+            e.optimistic_ok,
+            e.two_sided,
+            e.local_fixups,
+            e.served,
+            n.nonresident_dma
+        )
     }
 }
+
 
 struct NpPd {
     pd: np::Pd,

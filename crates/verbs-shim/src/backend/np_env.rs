@@ -61,11 +61,21 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
     Ok(c)
 }
 
+/// Default `NPRDMA_WRITE_VERSION_THRESHOLD`: 0, every WRITE is checked with page
+/// versions. The layer's other check for small WRITEs READs the written range back
+/// through the application's rkey, which needs REMOTE_READ on the target MR — and
+/// applications register write-only MRs (perftest's WRITE tests do).
+pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
+
 /// The engine configuration: `NPRDMA_POLL_SPIN_US` (how long the polling thread spins
-/// after work before blocking, default the engine's 50) and `NPRDMA_INTERRUPT=1` (the
-/// polling thread never spins).
+/// after work before blocking, default the engine's 50), `NPRDMA_INTERRUPT=1` (the
+/// polling thread never spins), `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes: WRITEs up to
+/// this size are checked by a read-back, which needs the target MR to grant
+/// REMOTE_READ; longer ones by page versions; default 0).
 pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
     let mut c = np::Config::default();
+    c.plan.write_version_threshold = num(get, "NPRDMA_WRITE_VERSION_THRESHOLD")?
+        .unwrap_or(DEFAULT_WRITE_VERSION_THRESHOLD);
     if let Some(us) = num(get, "NPRDMA_POLL_SPIN_US")? {
         c.spin = Duration::from_micros(us);
     }
@@ -129,6 +139,9 @@ mod tests {
             .unwrap();
         assert_eq!(c.spin, Duration::from_micros(7));
         assert!(c.interrupt_mode);
+        assert_eq!(c.plan.write_version_threshold, DEFAULT_WRITE_VERSION_THRESHOLD);
+        let c = engine_config(&with(&[("NPRDMA_WRITE_VERSION_THRESHOLD", "4096")])).unwrap();
+        assert_eq!(c.plan.write_version_threshold, 4096);
         assert!(engine_config(&with(&[("NPRDMA_INTERRUPT", "yes")])).is_err());
     }
 }
