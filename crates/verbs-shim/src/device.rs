@@ -137,10 +137,6 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     guard_rc("ibv_close_device", || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? } as *const ShimContext as *mut ShimContext;
-        if std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1") {
-            // SAFETY: valid until dropped below.
-            eprintln!("nprdma-stats: {}", unsafe { &*s }.dev.stats());
-        }
         // SAFETY: allocated by ibv_open_device with Box.
         drop(unsafe { Box::from_raw(s) });
         Ok(())

@@ -1,19 +1,33 @@
 //! Debian's unmodified perftest binaries, server + client as two processes over
-//! libnprdma.so (pinned mode): exit 0 on both sides and a result row with the requested
-//! message size and iteration count. Distinct TCP ports per test (tests run in parallel).
+//! libnprdma.so, in pinned mode and in NP-RDMA mode (`np_*` tests; `np_swapped_*` with a
+//! pager budget below the buffers, so pages are swapped during the run): exit 0 on both
+//! sides and a result row with the requested message size and iteration count.
+//! Distinct TCP ports per test (tests run in parallel).
 
 mod common;
 use common::*;
 
-/// Run perftest `tool` (with `extra` args on both sides) on `port`; check both sides.
+/// Run perftest `tool` (with `extra` args on both sides) on `port` in pinned mode.
 fn perftest(tool: &str, port: u16, extra: &[&str], bw: bool) {
-    let Some(bins) = require(&[tool]) else { return };
+    perftest_env(tool, port, extra, bw, &[("NPRDMA_MODE", "pinned")]);
+}
+
+/// Run perftest `tool` with `env` on both sides; check both sides; their outputs
+/// (server, client), or None when the tool is not installed.
+fn perftest_env(
+    tool: &str,
+    port: u16,
+    extra: &[&str],
+    bw: bool,
+    env: &[(&str, &str)],
+) -> Option<(Output, Output)> {
+    let bins = require(&[tool])?;
     let p = port.to_string();
     let mut sargs = vec!["-p", p.as_str()];
     sargs.extend_from_slice(extra);
     let mut cargs = sargs.clone();
     cargs.push("localhost");
-    let (s, c) = run_pair(&bins[0], port, &sargs, &cargs, &[("NPRDMA_MODE", "pinned")]);
+    let (s, c) = run_pair(&bins[0], port, &sargs, &cargs, env);
     assert!(c.ok(), "{tool} client failed ({:?}):\n{}", c.code, c.all());
     assert!(s.ok(), "{tool} server failed ({:?}):\n{}", s.code, s.all());
     assert!(
@@ -49,6 +63,7 @@ fn perftest(tool: &str, port: u16, extra: &[&str], bw: bool) {
             "{tool}: bad latencies {row:?}"
         );
     }
+    Some((s, c))
 }
 
 #[test]
@@ -166,4 +181,139 @@ fn ib_send_lat_inline_and_sizes() {
         false,
     );
     perftest("ib_send_lat", 18626, &["-n", "100", "-s", "65536"], false);
+}
+
+// ---- NP-RDMA mode ----
+
+/// `tool` in NP-RDMA mode; both sides ran the NP-RDMA backend and the NIC never touched
+/// a non-resident page.
+fn np(tool: &str, port: u16, extra: &[&str], bw: bool) -> Option<(Output, Output)> {
+    let (s, c) = perftest_env(tool, port, extra, bw, NP)?;
+    for o in [&s, &c] {
+        assert_eq!(
+            np_stats(&o.stderr).and_then(|m| m.get("mode").cloned()),
+            Some("nprdma".to_string()),
+            "{}",
+            o.all()
+        );
+        assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
+    }
+    Some((s, c))
+}
+
+#[test]
+fn np_ib_write_lat() {
+    if let Some((_, c)) = np("ib_write_lat", 18641, &["-n", "200", "-s", "2"], false) {
+        // The client's WRITEs went through the NP-RDMA engine (checked one-sided or
+        // two-sided), not around it.
+        assert!(
+            stat(&c, "optimistic_ok") + stat(&c, "two_sided") >= 200,
+            "{}",
+            c.all()
+        );
+    }
+}
+
+#[test]
+fn np_ib_read_lat() {
+    np("ib_read_lat", 18642, &["-n", "200", "-s", "2"], false);
+}
+
+#[test]
+fn np_ib_send_lat() {
+    // Small SENDs go inline on the control channel (two-sided).
+    np("ib_send_lat", 18643, &["-n", "200", "-s", "2"], false);
+}
+
+#[test]
+fn np_ib_atomic_lat() {
+    // Atomics are always two-sided (the target CPU executes them).
+    if let Some((s, c)) = np("ib_atomic_lat", 18644, &["-n", "200", "-s", "8"], false) {
+        assert!(stat(&c, "two_sided") >= 200, "{}", c.all());
+        assert!(stat(&s, "served") >= 200, "{}", s.all());
+    }
+}
+
+#[test]
+fn np_ib_write_bw() {
+    np("ib_write_bw", 18645, &["-n", "200", "-s", "65536"], true);
+}
+
+#[test]
+fn np_ib_read_bw() {
+    np("ib_read_bw", 18646, &["-n", "200", "-s", "65536"], true);
+}
+
+#[test]
+fn np_ib_send_bw() {
+    // 64 KiB SENDs: rendezvous (the receiver READs from the pinned sender buffer).
+    np("ib_send_bw", 18647, &["-n", "200", "-s", "65536"], true);
+}
+
+#[test]
+fn np_ib_atomic_bw() {
+    np("ib_atomic_bw", 18648, &["-n", "200", "-s", "8"], true);
+}
+
+/// NP-RDMA mode with a 16-page (64 KiB) resident budget per process, below the
+/// registered buffers: pages are swapped out and back during the run.
+fn np_swapped(tool: &str, port: u16, extra: &[&str], bw: bool) {
+    let mut env = NP.to_vec();
+    env.push(("NPRDMA_BUDGET_PAGES", "16"));
+    let Some((s, c)) = perftest_env(tool, port, extra, bw, &env) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert_eq!(stat(o, "budget_pages"), 16, "{who}: {}", o.all());
+        assert_eq!(stat(o, "nonresident_dma"), 0, "{who}: {}", o.all());
+        assert!(
+            stat(o, "swap_outs") > 0,
+            "{who}: nothing swapped out\n{}",
+            o.all()
+        );
+        assert!(
+            stat(o, "swap_ins") > 0,
+            "{who}: nothing swapped in\n{}",
+            o.all()
+        );
+    }
+}
+
+#[test]
+fn np_swapped_ib_write_bw() {
+    np_swapped("ib_write_bw", 18649, &["-n", "200", "-s", "65536"], true);
+}
+
+#[test]
+fn np_swapped_ib_read_bw() {
+    np_swapped("ib_read_bw", 18650, &["-n", "200", "-s", "65536"], true);
+}
+
+#[test]
+fn np_swapped_ib_read_lat() {
+    np_swapped("ib_read_lat", 18651, &["-n", "200", "-s", "65536"], false);
+}
+
+#[test]
+fn np_swapped_ib_write_lat() {
+    np_swapped("ib_write_lat", 18652, &["-n", "200", "-s", "65536"], false);
+}
+
+#[test]
+fn np_rdma_cm_fails_cleanly() {
+    let Some(bins) = require(&["ib_read_lat"]) else {
+        return;
+    };
+    let out = run(
+        &bins[0],
+        &["-R", "-p", "18653", "-n", "10", "localhost"],
+        &[("NPRDMA_MODE", "nprdma")],
+    );
+    assert!(out.code.is_some(), "hung:\n{}", out.all());
+    assert!(!out.ok(), "rdma_cm unexpectedly worked:\n{}", out.all());
+    assert!(
+        out.stderr.contains("rdma_cm is not supported"),
+        "{}",
+        out.all()
+    );
 }

@@ -28,7 +28,7 @@ pub trait Device: Send + Sync {
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>>;
-    /// One line of counters for `NPRDMA_STATS=1` (printed at `ibv_close_device`).
+    /// One line of counters for `NPRDMA_STATS=1` (printed at process exit).
     fn stats(&self) -> String {
         format!("mode={}", self.mode())
     }
@@ -146,10 +146,22 @@ pub fn host_config_from_env() -> Result<rnic::HostConfig> {
 
 static DEVICE: OnceLock<std::result::Result<Arc<dyn Device>, ShimError>> = OnceLock::new();
 
+/// `atexit` handler of `NPRDMA_STATS=1`: one `nprdma-stats: key=value ...` line on
+/// stderr (not every application closes its device before exiting).
+extern "C" fn print_stats() {
+    if let Some(Ok(d)) = DEVICE.get() {
+        eprintln!("nprdma-stats: {}", d.stats());
+    }
+}
+
 /// The process's device, created on first use from the environment.
 pub fn device() -> Result<Arc<dyn Device>> {
     DEVICE
         .get_or_init(|| {
+            if std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1") {
+                // SAFETY: registering a plain extern "C" fn that only reads a static.
+                unsafe { libc::atexit(print_stats) };
+            }
             let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;
             match mode {
                 Mode::Pinned => Ok(Arc::new(pinned::PinnedDevice::new()?) as Arc<dyn Device>),

@@ -109,7 +109,6 @@ impl Device for NpDevice {
     }
 }
 
-
 struct NpPd {
     pd: np::Pd,
     max_wr: u32,
@@ -418,7 +417,10 @@ impl NpQp {
             if !w.inline_data.is_empty() {
                 wr.sge = Some(st.stage(w.inline_data));
             }
-            return self.qp().post_send(&[wr]).map_err(|(_, e)| post_err(e, state));
+            return self
+                .qp()
+                .post_send(&[wr])
+                .map_err(|(_, e)| post_err(e, state));
         }
         wr.sge = one_sge(w.sg_list)?;
         self.qp()

@@ -74,8 +74,8 @@ pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
 /// REMOTE_READ; longer ones by page versions; default 0).
 pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
     let mut c = np::Config::default();
-    c.plan.write_version_threshold = num(get, "NPRDMA_WRITE_VERSION_THRESHOLD")?
-        .unwrap_or(DEFAULT_WRITE_VERSION_THRESHOLD);
+    c.plan.write_version_threshold =
+        num(get, "NPRDMA_WRITE_VERSION_THRESHOLD")?.unwrap_or(DEFAULT_WRITE_VERSION_THRESHOLD);
     if let Some(us) = num(get, "NPRDMA_POLL_SPIN_US")? {
         c.spin = Duration::from_micros(us);
     }
@@ -110,8 +110,7 @@ mod tests {
         assert_eq!(c.swap_size, DEFAULT_SWAP_MB << 20);
         let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "64")])).unwrap();
         assert_eq!(c.budget_pages, Some(64));
-        let c = pager_config(&with(&[("NPRDMA_BUDGET_MB", "2"), ("NPRDMA_SWAP_MB", "8")]))
-            .unwrap();
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_MB", "2"), ("NPRDMA_SWAP_MB", "8")])).unwrap();
         assert_eq!(c.budget_pages, Some(2 * 256));
         assert_eq!(c.swap_size, 8 << 20);
         let c = pager_config(&with(&[("NPRDMA_SWAP_PATH", "/tmp/x.swap")])).unwrap();
@@ -135,11 +134,17 @@ mod tests {
 
     #[test]
     fn engine_settings() {
-        let c = engine_config(&with(&[("NPRDMA_POLL_SPIN_US", "7"), ("NPRDMA_INTERRUPT", "1")]))
-            .unwrap();
+        let c = engine_config(&with(&[
+            ("NPRDMA_POLL_SPIN_US", "7"),
+            ("NPRDMA_INTERRUPT", "1"),
+        ]))
+        .unwrap();
         assert_eq!(c.spin, Duration::from_micros(7));
         assert!(c.interrupt_mode);
-        assert_eq!(c.plan.write_version_threshold, DEFAULT_WRITE_VERSION_THRESHOLD);
+        assert_eq!(
+            c.plan.write_version_threshold,
+            DEFAULT_WRITE_VERSION_THRESHOLD
+        );
         let c = engine_config(&with(&[("NPRDMA_WRITE_VERSION_THRESHOLD", "4096")])).unwrap();
         assert_eq!(c.plan.write_version_threshold, 4096);
         assert!(engine_config(&with(&[("NPRDMA_INTERRUPT", "yes")])).is_err());

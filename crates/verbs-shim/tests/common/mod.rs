@@ -189,3 +189,26 @@ pub fn result_rows(out: &str) -> Vec<Vec<f64>> {
         .filter(|r| r.len() >= 3)
         .collect()
 }
+
+/// The counters of a `NPRDMA_STATS=1` line (`nprdma-stats: key=value ...`) in `stderr`.
+pub fn np_stats(stderr: &str) -> Option<std::collections::HashMap<String, String>> {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.split("nprdma-stats: ").nth(1))?;
+    Some(
+        line.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// Counter `key` of a stats line as a number (panics with the output when missing).
+pub fn stat(o: &Output, key: &str) -> u64 {
+    np_stats(&o.stderr)
+        .and_then(|m| m.get(key).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no nprdma-stats {key}:\n{}", o.all()))
+}
+
+/// Environment of NP-RDMA mode with counters printed at ibv_close_device.
+pub const NP: &[(&str, &str)] = &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_STATS", "1")];
