@@ -1,12 +1,15 @@
 //! Benchmark: Debian's unmodified perftest (ib_read_lat, ib_write_lat, ib_read_bw,
 //! ib_write_bw) through `LD_PRELOAD=libnprdma.so`, server + client as two processes on
-//! localhost, in pinned mode, under the shim's default NIC settings and under rnic's
-//! own defaults (`NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Prints a markdown table.
+//! localhost, pinned mode vs NP-RDMA mode (and NP-RDMA with a pager budget below the
+//! buffers, so pages are swapped during the run), all in one run. Prints a markdown
+//! table (one column per configuration).
 //!
 //! Run: `cargo run --release -p verbs-shim --example perftest_bench` (builds
-//! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000).
-//! Baseline (same run): `RNIC_BENCH_ONLY=shm cargo run --release -p rnic --example
-//! rnic_bench` — the same operations through rnic's Rust API, two processes.
+//! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000),
+//! `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add pinned mode under rnic's own NIC defaults,
+//! `NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Every process is limited to 180 s.
+//! Baseline for the NIC itself: `RNIC_BENCH_ONLY=shm cargo run --release -p rnic
+//! --example rnic_bench` — the same operations through rnic's Rust API.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,8 +65,9 @@ fn pair(
 ) -> Option<Vec<f64>> {
     let p = port.to_string();
     let mk = |client: bool| {
-        let mut c = Command::new(tool);
-        c.args(args)
+        let mut c = Command::new("timeout");
+        c.args(["180", tool])
+            .args(args)
             .args(["-p", &p])
             .env("LD_PRELOAD", lib)
             .env("NPRDMA_MODE", "pinned");
@@ -103,48 +107,62 @@ fn pair(
         })
 }
 
+type Config = (&'static str, &'static [(&'static str, &'static str)]);
+
 fn main() {
     let lib = lib();
     let iters = std::env::var("PERFTEST_BENCH_ITERS").unwrap_or_else(|_| "10000".into());
-    let configs: [(&str, &[(&str, &str)]); 2] = [
-        ("shim defaults (ring 8 B, NIC spin 0)", &[]),
+    let mut configs: Vec<Config> = vec![
+        ("pinned", &[("NPRDMA_MODE", "pinned")]),
+        ("NP-RDMA", &[("NPRDMA_MODE", "nprdma")]),
         (
-            "rnic defaults (ring 4 KiB, NIC spin 100 us)",
-            &[("NPRDMA_RING_MAX", "4096"), ("NPRDMA_NIC_SPIN_US", "100")],
+            "NP-RDMA, budget 64 pages (256 KiB)",
+            &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_BUDGET_PAGES", "64")],
         ),
     ];
-    println!("| NIC settings | test | size | iterations | result |");
-    println!("|---|---|---|---|---|");
+    if std::env::var("PERFTEST_BENCH_RNIC_DEFAULTS").is_ok_and(|v| v == "1") {
+        configs.push((
+            "pinned, rnic defaults",
+            &[("NPRDMA_RING_MAX", "4096"), ("NPRDMA_NIC_SPIN_US", "100")],
+        ));
+    }
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut port = 18900;
-    for (name, env) in configs {
-        for tool in ["ib_read_lat", "ib_write_lat"] {
-            for size in ["2", "64", "4096"] {
-                port += 1;
-                let r = pair(&lib, tool, port, &["-s", size, "-n", &iters], env, size);
-                let cell = match r {
-                    // #bytes #iter t_min t_max t_typical t_avg t_stdev p99 p99.9
-                    Some(v) if v.len() >= 8 => format!(
-                        "typical {:.2} us, avg {:.2} us, p99 {:.2} us",
-                        v[4], v[5], v[7]
-                    ),
-                    _ => "FAILED".into(),
-                };
-                println!("| {name} | {tool} | {size} B | {iters} | {cell} |");
+    let mut cell = |tool: &str, size: &str, n: &str, env: &[(&str, &str)], lat: bool| {
+        port += 1;
+        let r = pair(&lib, tool, port, &["-s", size, "-n", n], env, size);
+        match r {
+            // #bytes #iter t_min t_max t_typical t_avg t_stdev p99 p99.9
+            Some(v) if lat && v.len() >= 8 => {
+                format!("typical {:.2} µs (avg {:.2}, p99 {:.2})", v[4], v[5], v[7])
             }
+            // #bytes #iter BW_peak[MB/s] BW_avg[MB/s] MsgRate[Mpps]
+            Some(v) if !lat && v.len() >= 5 => format!("{:.2} GB/s", v[3] / 1e3),
+            _ => "FAILED".into(),
         }
-        for tool in ["ib_read_bw", "ib_write_bw"] {
-            for (size, n) in [("65536", "5000"), ("1048576", "500")] {
-                port += 1;
-                let r = pair(&lib, tool, port, &["-s", size, "-n", n], env, size);
-                let cell = match r {
-                    // #bytes #iter BW_peak[MB/s] BW_avg[MB/s] MsgRate[Mpps]
-                    Some(v) if v.len() >= 5 => {
-                        format!("avg {:.2} GB/s, {:.0} kmsg/s", v[3] / 1e3, v[4] * 1e3)
-                    }
-                    _ => "FAILED".into(),
-                };
-                println!("| {name} | {tool} | {size} B | {n} | {cell} |");
-            }
+    };
+    for tool in ["ib_read_lat", "ib_write_lat"] {
+        for size in ["2", "64", "4096"] {
+            let cells = configs
+                .iter()
+                .map(|(_, env)| cell(tool, size, &iters, env, true))
+                .collect();
+            rows.push((format!("{tool} | {size} B, -n {iters}"), cells));
         }
+    }
+    for tool in ["ib_read_bw", "ib_write_bw"] {
+        for (size, n) in [("65536", "5000"), ("1048576", "500")] {
+            let cells = configs
+                .iter()
+                .map(|(_, env)| cell(tool, size, n, env, false))
+                .collect();
+            rows.push((format!("{tool} | {size} B, -n {n}"), cells));
+        }
+    }
+    let names: Vec<&str> = configs.iter().map(|c| c.0).collect();
+    println!("| test | size | {} |", names.join(" | "));
+    println!("|---|---|{}", "---|".repeat(names.len()));
+    for (k, cells) in rows {
+        println!("| {k} | {} |", cells.join(" | "));
     }
 }

@@ -26,15 +26,42 @@
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
 //!
 //! ## Environment
-//! * `NPRDMA_MODE` — backend: `pinned` (default) = standard RDMA on the software RNIC.
-//!   `nprdma` (NP-RDMA) is not available yet; unknown values fail `ibv_open_device`.
+//! * `NPRDMA_MODE` — backend: `pinned` (default) = standard RDMA on the software RNIC;
+//!   `nprdma` (also `np`, `np-rdma`) = NP-RDMA (see below); unknown values fail
+//!   `ibv_open_device`.
 //! * `NPRDMA_RING_MAX` (bytes, default 8), `NPRDMA_NIC_SPIN_US` (default 0),
 //!   `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring size, NIC-thread spin window
 //!   and large-transfer sharing (see [`backend::host_config_from_env`]).
 //! * `NPRDMA_TRACE` — log the sysfs reads applications attempt.
+//! * `NPRDMA_STATS=1` — at exit, one `nprdma-stats: key=value …` line on stderr (mode;
+//!   in NP-RDMA mode also the pager's budget/swap-outs/swap-ins/major faults, the
+//!   engine's optimistic/two-sided/served counts and the NIC's `nonresident_dma`).
+//!
+//! ## NP-RDMA mode (`NPRDMA_MODE=nprdma`)
+//! Same device, port and GID as pinned mode, over the `nprdma` layer and one
+//! process-wide `vmem` pager: `ibv_reg_mr` registers the application's own buffer
+//! (malloc'd or mmapped private anonymous memory) with the pager and the layer, never
+//! pinning it; QPs, CQs and completion channels (the layer's eventfd) are the layer's;
+//! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
+//! Limits: one SGE per WR (`max_sge` 1), inline payloads up to 1024 bytes (staged in a
+//! per-QP registered buffer), QP depth up to a third of the NIC's `max_qp_wr`, QP state
+//! RESET→INIT→RTR→RTS only (ERR/SQD/reset of a used QP are refused with EOPNOTSUPP),
+//! solicited-only notification widened to any completion. Settings:
+//! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
+//!   registered memory (default unlimited). Below the size of the MRs, pages are
+//!   swapped out and back during the run.
+//! * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir), `NPRDMA_SWAP_MB`
+//!   (default 1024, sparse) — the swap file.
+//! * `NPRDMA_PAGER_SPIN_US` (default 50) — fault-thread polling after a fault.
+//! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
+//!   thread: spin window after work / never spin.
+//! * `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes, default 0) — WRITEs up to this size are
+//!   checked by reading the written range back, which needs REMOTE_READ on the target
+//!   MR; longer ones (all, by default) by the remote page versions, which works with
+//!   the write-only MRs applications register (perftest's WRITE tests).
 //!
 //! Modules: [`ffi`] (bindgen types + layout tests), [`backend`] (internal verbs
-//! interface, `pinned`), [`error`], `objects` (C-visible objects, entry guard), `device`
+//! interface, `pinned`, `np` + `np_env`: NP-RDMA mode), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
 //! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `convert` (C <-> backend),
 //! `rdmacm` (rdma_cm refusal).
