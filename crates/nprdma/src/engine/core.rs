@@ -94,7 +94,10 @@ pub(crate) struct Shared {
     pub pd: rnic::Pd,
     pub mm: VmemMm,
     pub chan: rnic::CompChannel,
+    /// Send completions of all QPs (data and control).
     pub ncq: rnic::Cq,
+    /// Receive completions of the control QPs (pushed by the peers).
+    pub rcq: rnic::Cq,
     pub check: CheckConfig,
     pub cfg: Config,
     pub stop: AtomicBool,
@@ -123,6 +126,7 @@ pub(crate) struct State {
     next_req: u32,
     last_sweep: Instant,
     progress_calls: u32,
+    cq_failed: bool,
 }
 
 impl State {
@@ -138,6 +142,7 @@ impl State {
             next_req: 1,
             last_sweep: Instant::now(),
             progress_calls: 0,
+            cq_failed: false,
         }
     }
 
@@ -240,7 +245,10 @@ struct Op {
     ticket: Option<Ticket>,
     lmr: Option<Arc<MrEntry>>,
     stage: Stage,
-    key_queried: bool,
+    /// The KeyQuery this op waits for (0: none sent yet).
+    key_req: u32,
+    /// That query has been answered (an unknown key is then an error).
+    key_answered: bool,
     scratch: Option<Scratch>,
     lver: Vec<u32>,
     /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
@@ -329,7 +337,7 @@ impl QpState {
         let nslots = (16 * depth).clamp(256, 4000);
         let ctrl = sh.pd.create_qp(
             &sh.ncq,
-            &sh.ncq,
+            &sh.rcq,
             &QpInitAttr {
                 qpn: Some(qpn | CTRL_QPN_BIT),
                 max_send_wr: nslots,
@@ -557,7 +565,8 @@ pub(crate) fn post_send(
             ticket: None,
             lmr,
             stage: Stage::Queued,
-            key_queried: false,
+            key_req: 0,
+            key_answered: false,
             retry: 0,
             scratch: None,
             lver: Vec::new(),
@@ -663,12 +672,15 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     }
     let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
         Ok(t) => t,
-        Err(KeyMapError::UnknownKey(rkey)) if !op.key_queried => {
-            op.key_queried = true;
+        Err(KeyMapError::UnknownKey(rkey)) if !op.key_answered => {
             op.stage = Stage::KeyWait;
             qp.key_wait.push(id);
+            if op.key_req != 0 {
+                // Our query is still out; a push of other keys woke us.
+                return;
+            }
             match qp.peer.state() {
-                SyncState::Pending { .. } => {}
+                SyncState::Pending { req_id } => op.key_req = req_id,
                 s => {
                     let req_id = *next_req;
                     *next_req = next_req.wrapping_add(1).max(1);
@@ -678,6 +690,7 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                     } else {
                         Some(rkey)
                     };
+                    op.key_req = req_id;
                     stats.key_queries += 1;
                     qp.send_ctrl(&sh.cfg.ctrl, &Repr::KeyQuery { req_id, rkey });
                 }
@@ -1094,21 +1107,26 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
 pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
     let mut wcs = [rnic::Wc::default(); 64];
     let mut total = 0;
-    loop {
-        let n = match sh.ncq.poll(&mut wcs) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(error = %e, "NIC CQ poll failed");
-                0
+    for cq in [&sh.ncq, &sh.rcq] {
+        loop {
+            let n = match cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    if !st.cq_failed {
+                        st.cq_failed = true;
+                        tracing::error!(error = %e, "NIC CQ failed");
+                    }
+                    0
+                }
+            };
+            for wc in &wcs[..n] {
+                handle_wc(sh, st, wc);
+                run_ready(sh, st);
             }
-        };
-        for wc in &wcs[..n] {
-            handle_wc(sh, st, wc);
-            run_ready(sh, st);
-        }
-        total += n;
-        if n < wcs.len() {
-            break;
+            total += n;
+            if n < wcs.len() {
+                break;
+            }
         }
     }
     run_ready(sh, st);
@@ -1334,13 +1352,25 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             }
         }
         Repr::KeySync { .. } | Repr::KeyRevoke { .. } => {
-            let done = matches!(msg, Repr::KeySync { more: false, .. });
+            let answer = match msg {
+                Repr::KeySync {
+                    more: false,
+                    req_id,
+                    ..
+                } => Some(req_id),
+                _ => None,
+            };
             if let Err(e) = qp.peer.apply(&msg) {
                 tracing::warn!(error = %e, "bad key message from peer");
             }
-            if done && !qp.peer.needs_sync() {
+            if let Some(r) = answer {
+                // Retry every waiting op; those whose query this answers
+                // fail if their key is still unknown.
                 for id in qp.key_wait.drain(..) {
                     if let Some(op) = qp.ops.get_mut(id) {
+                        if r != 0 && op.key_req == r {
+                            op.key_answered = true;
+                        }
                         op.stage = Stage::Queued;
                         ready.push_back((qi, id));
                     }

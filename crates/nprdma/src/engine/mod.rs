@@ -151,7 +151,9 @@ impl Context {
         let ctx = host.open_context()?;
         let pd = ctx.alloc_pd()?;
         let chan = ctx.create_comp_channel()?;
-        let ncq = ctx.create_cq(cfg.nic_cq_depth, Some(&chan))?;
+        let depth = cfg.nic_cq_depth.min(host.query_device().max_cqe);
+        let ncq = ctx.create_cq(depth, Some(&chan))?;
+        let rcq = ctx.create_cq(depth, Some(&chan))?;
         let dev = host.query_device();
         let check = CheckConfig::new(
             dev.max_tlp as usize,
@@ -167,6 +169,7 @@ impl Context {
             mm: VmemMm(pager.clone()),
             chan,
             ncq,
+            rcq,
             check,
             cfg,
             st: Mutex::new(State::new()),
@@ -365,8 +368,10 @@ fn poller(sh: Arc<Shared>) {
             std::hint::spin_loop();
             continue;
         }
-        if let Err(e) = sh.ncq.req_notify(false) {
-            tracing::error!(error = %e, "arming the NIC CQ failed");
+        for cq in [&sh.ncq, &sh.rcq] {
+            if let Err(e) = cq.req_notify(false) {
+                tracing::error!(error = %e, "arming a NIC CQ failed");
+            }
         }
         let n = {
             let mut st = sh.st.lock();
