@@ -45,8 +45,10 @@
 //!
 //! ## Engine realisation and deviations from the paper
 //!
-//! * One NIC CQ (with a completion channel) per context serves all data and
-//!   control QPs; application CQs are user-space queues. The polling thread
+//! * Two NIC CQs per context on one completion channel serve all QPs: send
+//!   completions of data and control QPs, and the control QPs' receives
+//!   (kept apart so that only this process's engine pushes into the first);
+//!   application CQs are user-space queues. The polling thread
 //!   spins `Config::spin` after work, then blocks on the channel
 //!   (`interrupt_mode`: no spinning). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
