@@ -192,3 +192,38 @@ fn drop_mr_handle_while_ops_run() {
     );
     drop(region);
 }
+
+#[test]
+fn completion_channel_wakes_a_blocked_application() {
+    let cfg = Config {
+        interrupt_mode: true,
+        ..Config::default()
+    };
+    let a = side_with(cfg.clone());
+    let b = side_with(cfg);
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, _qb) = connect(&a, &b, 8);
+    rb.swap_out(); // two-sided: the peer's polling thread must wake up
+    for i in 0..3u64 {
+        a.cq.req_notify();
+        qa.post_send(&[SendWr::new(
+            i,
+            Opcode::Read,
+            Some(la.mr.sge(0, 5000)),
+            rb.addr(),
+            rb.mr.rkey(),
+        )])
+        .unwrap();
+        // Block (no polling) until the polling thread delivers the completion.
+        assert!(
+            a.cq.wait_event(Duration::from_secs(10)),
+            "no completion event"
+        );
+        let mut c = [nprdma::Completion::default(); 2];
+        let n = a.cq.poll(&mut c);
+        assert_eq!(n, 1);
+        assert_eq!((c[0].wr_id, c[0].status), (i, 0));
+    }
+    assert_eq!(&la.bytes()[..5000], &pattern(2, LEN)[..5000]);
+}
