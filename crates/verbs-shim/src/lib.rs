@@ -52,6 +52,8 @@
 //!   swapped out and back during the run.
 //! * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir), `NPRDMA_SWAP_MB`
 //!   (default 1024, sparse) — the swap file.
+//! * `NPRDMA_RING_MAX` defaults to 0 in this mode (atomics run on the target CPU, so
+//!   every READ/WRITE, version READs included, is copied by the initiator itself).
 //! * `NPRDMA_PAGER_SPIN_US` (default 50) — fault-thread polling after a fault.
 //! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
 //!   thread: spin window after work / never spin.
