@@ -53,9 +53,10 @@
 //!   (`interrupt_mode`: no spinning). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
-//! * WRs carry one SGE. Unsignaled WRITEs are checked like signaled ones
-//!   right away (no deferral of read-backs to the next signaled WR; the
-//!   application still sees no completion for them).
+//! * WRs carry one SGE. Unsignaled small WRITEs defer their read-backs to
+//!   the next signaled WR of the QP (merged per [`plan::batch_readbacks`]);
+//!   beyond the paper, an idle QP also flushes them within ~10 ms so they do
+//!   not hold the QP's depth forever.
 //! * Reverse operations and rendezvous use **temporary plain NIC MRs** over
 //!   the pinned range (registered for the request, dropped before the unpin)
 //!   instead of the IOVA views: the views then need no extra remote rights

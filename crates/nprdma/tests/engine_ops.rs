@@ -325,3 +325,67 @@ fn bad_keys_and_bounds_are_error_completions() {
     );
     assert_eq!(c.status, 0);
 }
+
+#[test]
+fn unsignaled_writes_defer_and_batch_their_readbacks() {
+    let e = env();
+    for remote_fault in [false, true] {
+        let (la, rb, pa, pb) = bufs(&e, Fault::None, 400 + remote_fault as u64);
+        if remote_fault {
+            rb.swap_out();
+        }
+        let before = e.a.ctx.stats();
+        // 8 contiguous unsignaled 256 B WRITEs, then one signaled WRITE.
+        let mut wrs: Vec<SendWr> = (0..8u64)
+            .map(|i| {
+                let mut w = SendWr::new(
+                    i,
+                    Opcode::Write,
+                    Some(la.mr.sge(i * 256, 256)),
+                    rb.addr() + 8192 + i * 256,
+                    rb.mr.rkey(),
+                );
+                w.signaled = false;
+                w
+            })
+            .collect();
+        wrs.push(SendWr::new(
+            99,
+            Opcode::Write,
+            Some(la.mr.sge(4096, 64)),
+            rb.addr() + 40000,
+            rb.mr.rkey(),
+        ));
+        e.qa.post_send(&wrs).expect("post");
+        let c = wait1(&e.a.cq);
+        assert_eq!(
+            (c.wr_id, c.status),
+            (99, 0),
+            "only the signaled WR completes"
+        );
+        assert_eq!(
+            e.a.cq
+                .poll_wait(1, std::time::Duration::from_millis(50))
+                .len(),
+            0
+        );
+        assert_eq!(
+            e.qa.outstanding(),
+            0,
+            "deferred WRITEs were checked before it"
+        );
+        let mut want = pb.clone();
+        want[8192..8192 + 2048].copy_from_slice(&pa[..2048]);
+        want[40000..40064].copy_from_slice(&pa[4096..4160]);
+        assert!(rb.bytes() == &want[..], "remote fault {remote_fault}");
+        let after = e.a.ctx.stats();
+        assert_eq!(after.deferred_writes - before.deferred_writes, 8);
+        assert!(
+            after.readback_batches - before.readback_batches <= 2,
+            "{after:?}"
+        );
+        if remote_fault {
+            assert!(after.two_sided > before.two_sided);
+        }
+    }
+}

@@ -41,6 +41,7 @@ const K_OP: u64 = 0;
 const K_REV: u64 = 1;
 const K_CSEND: u64 = 2;
 const K_CRECV: u64 = 3;
+const K_RB: u64 = 4;
 
 const ST_LOC_LEN: u32 = 1;
 const ST_LOC_PROT: u32 = 4;
@@ -126,6 +127,7 @@ pub(crate) struct State {
     next_req: u32,
     last_sweep: Instant,
     progress_calls: u32,
+    flush_qps: Vec<usize>,
     cq_failed: bool,
 }
 
@@ -142,6 +144,7 @@ impl State {
             next_req: 1,
             last_sweep: Instant::now(),
             progress_calls: 0,
+            flush_qps: Vec::new(),
             cq_failed: false,
         }
     }
@@ -231,6 +234,10 @@ enum Stage {
     },
     TwoSided,
     ImmNotify,
+    /// Unsignaled small WRITE done on the NIC, read-back deferred.
+    Deferred,
+    /// Its read-back is in flight (batch).
+    Checking,
 }
 
 struct Op {
@@ -270,6 +277,13 @@ enum TKind {
     },
 }
 
+/// One read-back READ covering consecutive deferred WRITEs.
+struct RbBatch {
+    remote_addr: u64,
+    members: Vec<u32>,
+    scratch: Option<Scratch>,
+}
+
 struct TReq {
     reply: u32,
     kind: TKind,
@@ -307,6 +321,12 @@ pub(crate) struct QpState {
     inbound: VecDeque<Repr<'static>>,
     rdv_busy: bool,
     treqs: Pending<TReq>,
+    /// Unsignaled WRITEs waiting for their read-back, in post order.
+    deferred: Vec<u32>,
+    /// Read-backs of deferred WRITEs are due for ops posted before this
+    /// sequence number (the last signaled WR's).
+    flush_seq: u64,
+    batches: Pending<RbBatch>,
 }
 
 impl QpState {
@@ -385,6 +405,9 @@ impl QpState {
             inbound: VecDeque::new(),
             rdv_busy: false,
             treqs: Pending::new(4096).map_err(|e| Error::Other(e.to_string()))?,
+            deferred: Vec::new(),
+            flush_seq: 0,
+            batches: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
         })
     }
 
@@ -607,8 +630,129 @@ pub(crate) fn post_send(
         if issue {
             ready.push_back((qi, id));
         }
+        if wr.signaled {
+            qp.flush_seq = seq;
+            if !qp.deferred.is_empty() {
+                flush_deferred(_sh, st, qi);
+            }
+        }
     }
     Ok(())
+}
+
+/// Post the read-backs of the deferred WRITEs of QP `qi` (contiguous ones
+/// share a READ, [`crate::plan::batch_readbacks`]).
+fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    let ids: Vec<u32> = std::mem::take(&mut qp.deferred);
+    let mut list = Vec::new();
+    let mut members = Vec::new();
+    for id in ids {
+        if let Some(op) = qp.ops.get_mut(id) {
+            if matches!(op.stage, Stage::Deferred) {
+                op.stage = Stage::Checking;
+                list.push(crate::plan::DeferredWrite {
+                    id: id as u64,
+                    remote_addr: op.wr.remote_addr,
+                    len: op.len,
+                    rkey: op.wr.rkey,
+                });
+                members.push(id);
+            }
+        }
+    }
+    let mut failed = Vec::new();
+    let mut batches = 0;
+    for b in crate::plan::batch_readbacks(&list, qp.slot_size as u64) {
+        let ids: Vec<u32> = members[b.members.clone()].to_vec();
+        let scratch = if b.len as usize <= qp.slot_size && !qp.scratch_free.is_empty() {
+            qp.scratch_free.pop().map(Scratch::Slot)
+        } else {
+            sh.pd
+                .reg_mr_owned(vec![0; b.len as usize], rnic::Access::LOCAL_WRITE)
+                .ok()
+                .map(Scratch::Own)
+        };
+        let Some(scratch) = scratch else {
+            failed.extend(ids);
+            continue;
+        };
+        let (saddr, skey) = qp.scratch_addr(&scratch);
+        let Ok(bid) = qp.batches.insert(RbBatch {
+            remote_addr: b.remote_addr,
+            members: ids.clone(),
+            scratch: None,
+        }) else {
+            qp.release_scratch(Some(scratch));
+            failed.extend(ids);
+            continue;
+        };
+        let sge = [rnic::Sge {
+            addr: saddr,
+            length: b.len as u32,
+            lkey: skey,
+        }];
+        let wr = rnic::SendWr::new(enc(qi, qp.gen, K_RB, 0, bid), WrOpcode::Read, &sge)
+            .remote(b.remote_addr, b.rkey);
+        if qp.data.post_send(&[wr]).is_err() {
+            drop(qp.batches.take(bid));
+            qp.release_scratch(Some(scratch));
+            failed.extend(ids);
+            continue;
+        }
+        if let Some(bt) = qp.batches.get_mut(bid) {
+            bt.scratch = Some(scratch);
+        }
+        batches += 1;
+    }
+    st.stats.readback_batches += batches;
+    // A read-back that could not be posted: redo those WRITEs two-sided.
+    for id in failed {
+        go_two_sided(sh, st, qi, id);
+    }
+}
+
+/// A deferred read-back completed: check each WRITE it covers.
+fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, status: WcStatus) {
+    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(mut b) = qp.batches.take(bid) else {
+        return;
+    };
+    let scratch = b.scratch.take();
+    let saddr = scratch.as_ref().map(|s| qp.scratch_addr(s).0).unwrap_or(0);
+    let mut results = Vec::new();
+    for &id in &b.members {
+        let Some(op) = qp.ops.get_mut(id) else {
+            continue;
+        };
+        if status != WcStatus::Success {
+            results.push((id, Err(status as u32)));
+            continue;
+        }
+        let lmr = op.lmr.clone().expect("WRITE with data");
+        let off = op.wr.remote_addr - b.remote_addr;
+        let (laddr, len, raddr) = (op.laddr, op.len, op.wr.remote_addr);
+        let now = local_versions(&lmr.shadow, laddr, len);
+        let ok = now == op.lver
+            && now.iter().all(|v| v % 2 == 1)
+            && mem::with_slice(saddr + off, len as usize, |rb| {
+                mem::with_slice(laddr, len as usize, |src| {
+                    check_readback(src, rb, raddr, &sh.check).is_ok()
+                })
+            });
+        results.push((id, Ok((ok, len))));
+    }
+    qp.release_scratch(scratch);
+    for (id, r) in results {
+        match r {
+            Err(e) => finish(st, qi, id, e, 0),
+            Ok((true, len)) => {
+                st.stats.optimistic_ok += 1;
+                finish(st, qi, id, 0, len as u32);
+            }
+            Ok((false, _)) => go_two_sided(sh, st, qi, id),
+        }
+    }
 }
 
 /// Post application receive WRs.
@@ -722,7 +866,7 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             }
         }
     }
-    let strat = choose(op.wr.op, len, true, &sh.cfg.plan);
+    let strat = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
     if let Strategy::TwoSided(_) = strat {
         go_two_sided(sh, st, qi, id);
         return;
@@ -756,7 +900,7 @@ fn post_steps(
     let steps = nic_steps(strat, raddr, len, t);
     let vlen = t.version_len;
     let need = match strat {
-        Strategy::WriteReadback { .. } => len,
+        Strategy::WriteReadback { deferred: false } => len,
         Strategy::ReadVersioned | Strategy::WriteVersioned => 2 * vlen,
         _ => 0,
     };
@@ -846,6 +990,19 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     else {
         return;
     };
+    if strat == (Strategy::WriteReadback { deferred: true }) && err == 0 {
+        // The read-back waits for the next signaled WR (or an idle QP).
+        op.stage = Stage::Deferred;
+        let due = op.seq < qp.flush_seq;
+        st.stats.deferred_writes += 1;
+        let Some(qp) = qp_at(st, qi) else { return };
+        qp.deferred.push(id);
+        if due && !st.flush_qps.contains(&qi) {
+            // After this poll batch, so that neighbours share a READ.
+            st.flush_qps.push(qi);
+        }
+        return;
+    }
     let scratch = op.scratch.take();
     let lver = std::mem::take(&mut op.lver);
     let (laddr, len, raddr, wop) = (op.laddr, op.len, op.wr.remote_addr, op.wr.op);
@@ -1129,9 +1286,12 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
             }
         }
     }
+    for qi in std::mem::take(&mut st.flush_qps) {
+        flush_deferred(sh, st, qi);
+    }
     run_ready(sh, st);
     st.progress_calls = st.progress_calls.wrapping_add(1);
-    if st.progress_calls % 256 == 0
+    if (total == 0 || st.progress_calls % 256 == 0)
         && st.last_sweep.elapsed() >= std::time::Duration::from_millis(10)
     {
         st.last_sweep = Instant::now();
@@ -1156,6 +1316,16 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
     for (qi, id) in late {
         tracing::warn!(qi, id, "two-sided request timed out");
         finish(st, qi, id, ST_RETRY_EXC, 0);
+    }
+    // Deferred read-backs are not left waiting for a signaled WR forever.
+    let idle: Vec<usize> = st
+        .qps
+        .iter()
+        .enumerate()
+        .filter_map(|(qi, q)| q.as_ref().filter(|q| !q.deferred.is_empty()).map(|_| qi))
+        .collect();
+    for qi in idle {
+        flush_deferred(sh, st, qi);
     }
     run_ready(sh, st);
 }
@@ -1237,6 +1407,7 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             }
             qp.flush_ctrl();
         }
+        K_RB => check_batch(sh, st, qi, id, wc.status),
         K_CRECV => {
             if !ok {
                 return;

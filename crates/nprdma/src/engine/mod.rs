@@ -238,6 +238,10 @@ pub struct Stats {
     pub key_queries: u64,
     /// Retry-mode one-sided retries after Receiver-Ready.
     pub retries: u64,
+    /// Unsignaled WRITEs whose read-back was deferred.
+    pub deferred_writes: u64,
+    /// Read-back READs posted for deferred WRITEs (contiguous ones merged).
+    pub readback_batches: u64,
 }
 
 /// A protection domain.
