@@ -6,7 +6,8 @@
 //!
 //! Run: `cargo run --release -p verbs-shim --example perftest_bench` (builds
 //! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000),
-//! `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add pinned mode under rnic's own NIC defaults,
+//! `PERFTEST_BENCH_BUDGET_PAGES` (the pager budget of the swapped column, default 4
+//! pages = 16 KiB per process, below every buffer here), `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add pinned mode under rnic's own NIC defaults,
 //! `NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Every process is limited to 180 s.
 //! Baseline for the NIC itself: `RNIC_BENCH_ONLY=shm cargo run --release -p rnic
 //! --example rnic_bench` — the same operations through rnic's Rust API.
@@ -54,7 +55,23 @@ fn listening(port: u16) -> bool {
     })
 }
 
-/// Run one perftest pair; the client's result row for `size` (numbers only).
+/// `swap_outs` / `swap_ins` of a `NPRDMA_STATS=1` line (NP-RDMA mode only).
+fn swaps(stderr: &str) -> Option<(u64, u64)> {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.split("nprdma-stats: ").nth(1))?;
+    let get = |k: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+    };
+    Some((get("swap_outs")?, get("swap_ins")?))
+}
+
+/// Pages swapped (out, in) by (server, client).
+type Swaps = ((u64, u64), (u64, u64));
+
+/// Run one perftest pair; the client's result row for `size` (numbers only) and the
+/// pages swapped out/in by (server, client) when in NP-RDMA mode.
 fn pair(
     lib: &Path,
     tool: &str,
@@ -62,7 +79,7 @@ fn pair(
     args: &[&str],
     env: &[(&str, &str)],
     size: &str,
-) -> Option<Vec<f64>> {
+) -> Option<(Vec<f64>, Option<Swaps>)> {
     let p = port.to_string();
     let mk = |client: bool| {
         let mut c = Command::new("timeout");
@@ -70,7 +87,8 @@ fn pair(
             .args(args)
             .args(["-p", &p])
             .env("LD_PRELOAD", lib)
-            .env("NPRDMA_MODE", "pinned");
+            .env("NPRDMA_MODE", "pinned")
+            .env("NPRDMA_STATS", "1");
         if client {
             c.arg("localhost");
         }
@@ -88,7 +106,13 @@ fn pair(
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = mk(true).output().ok()?;
+    let mut serr = String::new();
+    if let Some(mut e) = srv.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut serr);
+    }
     let _ = srv.wait();
+    let sw = swaps(&serr).zip(swaps(&String::from_utf8_lossy(&out.stderr)));
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         eprintln!(
@@ -101,9 +125,11 @@ fn pair(
         .map(str::trim)
         .find(|l| l.split_whitespace().next() == Some(size))
         .map(|l| {
-            l.split_whitespace()
+            let row = l
+                .split_whitespace()
                 .filter_map(|t| t.parse().ok())
-                .collect()
+                .collect();
+            (row, sw)
         })
 }
 
@@ -115,11 +141,14 @@ fn main() {
     let mut configs: Vec<Config> = vec![
         ("pinned", &[("NPRDMA_MODE", "pinned")]),
         ("NP-RDMA", &[("NPRDMA_MODE", "nprdma")]),
-        (
-            "NP-RDMA, budget 64 pages (256 KiB)",
-            &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_BUDGET_PAGES", "64")],
-        ),
     ];
+    let budget: &'static str = std::env::var("PERFTEST_BENCH_BUDGET_PAGES")
+        .unwrap_or_else(|_| "4".into())
+        .leak();
+    let name: &'static str = format!("NP-RDMA, budget {budget} pages").leak();
+    let env: &'static [(&str, &str)] =
+        vec![("NPRDMA_MODE", "nprdma"), ("NPRDMA_BUDGET_PAGES", budget)].leak();
+    configs.push((name, env));
     if std::env::var("PERFTEST_BENCH_RNIC_DEFAULTS").is_ok_and(|v| v == "1") {
         configs.push((
             "pinned, rnic defaults",
@@ -131,7 +160,15 @@ fn main() {
     let mut cell = |tool: &str, size: &str, n: &str, env: &[(&str, &str)], lat: bool| {
         port += 1;
         let r = pair(&lib, tool, port, &["-s", size, "-n", n], env, size);
-        match r {
+        let budget = env.iter().any(|(k, _)| k.starts_with("NPRDMA_BUDGET"));
+        let sw = match &r {
+            Some((_, Some(((so, si), (co, ci))))) if budget => {
+                format!("; swapped out/in: server {so}/{si}, client {co}/{ci} pages")
+            }
+            _ => String::new(),
+        };
+        let r = r.map(|(v, _)| v);
+        let c = match r {
             // #bytes #iter t_min t_max t_typical t_avg t_stdev p99 p99.9
             Some(v) if lat && v.len() >= 8 => {
                 format!("typical {:.2} µs (avg {:.2}, p99 {:.2})", v[4], v[5], v[7])
@@ -139,7 +176,8 @@ fn main() {
             // #bytes #iter BW_peak[MB/s] BW_avg[MB/s] MsgRate[Mpps]
             Some(v) if !lat && v.len() >= 5 => format!("{:.2} GB/s", v[3] / 1e3),
             _ => "FAILED".into(),
-        }
+        };
+        format!("{c}{sw}")
     };
     for tool in ["ib_read_lat", "ib_write_lat"] {
         for size in ["2", "64", "4096"] {
