@@ -65,9 +65,12 @@
 //!   eviction a pin is aborting cannot break them ([`shadow::MrShadow::pinned_map_in`]).
 //! * Atomics, SEND data ≤ 1 KB and faulted READ/WRITE ≤ 1 KB go inline on the
 //!   control channel; the target CPU copies/executes under a temporary pin.
-//! * A SEND without a posted RECV waits at the receiver (infinite RNR);
-//!   a two-sided request unanswered for `Config::two_sided_timeout`
-//!   completes with RETRY_EXC_ERR (peer gone).
+//! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
+//!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
+//!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no
+//!   RECV), instead of the paper's RNR policy / RNR_RETRY_EXC_ERR.
+//! * Rendezvous receives of a QP are served one at a time; the IOMMU-less
+//!   user-space mode and the eager swap-in hook are not wired.
 //! * Execution errors caught before the NIC (unknown key, bounds, rights)
 //!   complete the WR with the verbs status but leave the QP usable; NIC
 //!   errors follow the NIC (QP to ERR, WR_FLUSH_ERR behind).
