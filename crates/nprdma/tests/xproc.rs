@@ -66,6 +66,12 @@ fn child_main() {
                 writeln!(out, "NPX {}", if ok { "ok" } else { "bad" }).unwrap();
                 out.flush().unwrap();
             }
+            ["u64", off] => {
+                let off: usize = off.parse().unwrap();
+                let v = u64::from_le_bytes(b.bytes()[off..off + 8].try_into().unwrap());
+                writeln!(out, "NPX {v}").unwrap();
+                out.flush().unwrap();
+            }
             ["swap"] => {
                 b.swap_out();
                 writeln!(out, "NPX swapped").unwrap();
@@ -192,6 +198,33 @@ fn cross_process_read_write_with_faults() {
     .unwrap();
     assert_eq!(a.cq.poll_wait(1, Duration::from_secs(10))[0].status, 0);
     assert_eq!(&la.bytes()[..512], &pattern(99, 512)[..]);
+    // Atomics across processes, executed by the child's CPU (page swapped out).
+    writeln!(cin, "swap").unwrap();
+    cin.flush().unwrap();
+    assert_eq!(read_line(&mut cout), "swapped");
+    let off = 200_000u64;
+    let orig = u64::from_le_bytes(
+        pattern(42, LEN)[off as usize..off as usize + 8]
+            .try_into()
+            .unwrap(),
+    );
+    qa.post_send(&[SendWr::new(
+        4,
+        Opcode::FetchAdd { add: 5 },
+        Some(la.mr.sge(1024, 8)),
+        raddr + off,
+        rkey,
+    )])
+    .unwrap();
+    let c = a.cq.poll_wait(1, Duration::from_secs(10));
+    assert_eq!(c[0].status, 0, "{:?}", c[0]);
+    assert_eq!(
+        u64::from_le_bytes(la.bytes()[1024..1032].try_into().unwrap()),
+        orig
+    );
+    writeln!(cin, "u64 {off}").unwrap();
+    cin.flush().unwrap();
+    assert_eq!(read_line(&mut cout), orig.wrapping_add(5).to_string());
     writeln!(cin, "quit").unwrap();
     drop(cin);
     let st = child.wait().unwrap();
