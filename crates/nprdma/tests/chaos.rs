@@ -306,14 +306,35 @@ fn evictor(
     })
 }
 
-#[test]
-fn chaos() {
-    let ops: u64 = std::env::var("NPRDMA_CHAOS_OPS")
+fn ops(default: u64) -> u64 {
+    std::env::var("NPRDMA_CHAOS_OPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(600);
-    let a = side();
-    let b = side();
+        .unwrap_or(default)
+}
+
+#[test]
+fn chaos() {
+    run_chaos(nprdma::Config::default(), ops(600));
+}
+
+/// The same under the other modes: retry mode (Receiver-Ready), versioned
+/// READs above 8 KiB, interrupt-mode polling threads, smaller inline limit.
+#[test]
+fn chaos_modes() {
+    let mut cfg = nprdma::Config {
+        retry_mode: true,
+        interrupt_mode: true,
+        ..nprdma::Config::default()
+    };
+    cfg.plan.read_version_threshold = Some(8192);
+    cfg.plan.inline_max = 256;
+    run_chaos(cfg, ops(400));
+}
+
+fn run_chaos(cfg: nprdma::Config, ops: u64) {
+    let a = side_with(cfg.clone());
+    let b = side_with(cfg);
     // Two QPs A -> B and one B -> A, each with its own MRs.
     let mut ds = vec![driver(&a, &b, 1), driver(&a, &b, 2), driver(&b, &a, 3)];
     let ranges = |side_is_a: bool| -> Vec<(usize, usize)> {
