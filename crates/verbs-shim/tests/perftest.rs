@@ -317,3 +317,52 @@ fn np_rdma_cm_fails_cleanly() {
         out.all()
     );
 }
+
+#[test]
+fn np_ib_send_lat_inline_and_rendezvous() {
+    // -I 128: inline SENDs staged in the QP's registered buffer; 64 KiB: rendezvous.
+    np(
+        "ib_send_lat",
+        18654,
+        &["-I", "128", "-n", "200", "-s", "100"],
+        false,
+    );
+    np("ib_send_lat", 18655, &["-n", "100", "-s", "65536"], false);
+}
+
+#[test]
+fn np_ib_write_lat_larger_message() {
+    // Two pages per WRITE: two version words around it.
+    np("ib_write_lat", 18656, &["-n", "100", "-s", "8192"], false);
+}
+
+#[test]
+fn np_ib_atomic_lat_cmp_and_swap() {
+    np(
+        "ib_atomic_lat",
+        18657,
+        &["-A", "CMP_AND_SWAP", "-n", "200", "-s", "8"],
+        false,
+    );
+}
+
+#[test]
+fn np_ib_write_bw_bidirectional() {
+    np(
+        "ib_write_bw",
+        18658,
+        &["-b", "-n", "200", "-s", "4096"],
+        true,
+    );
+}
+
+#[test]
+fn np_ib_send_bw_with_completion_events() {
+    // -e: the layer's CQ eventfd behind ibv_comp_channel / ibv_get_cq_event.
+    np(
+        "ib_send_bw",
+        18659,
+        &["-e", "-n", "200", "-s", "4096"],
+        true,
+    );
+}
