@@ -40,6 +40,9 @@ pub struct HostConfig {
     pub transport_timeout: Duration,
     /// Unit of min_rnr_timer (the RNR back-off per retry).
     pub rnr_delay: Duration,
+    /// ODP model: how long an initiator waits after a remote page-fault NAK before it
+    /// retransmits (go-back-N). ConnectX-5 is reported at ~2 ms.
+    pub odp_timeout: Duration,
 }
 
 impl Default for HostConfig {
@@ -65,6 +68,7 @@ impl Default for HostConfig {
             dma_section: 1 << 20,
             transport_timeout: Duration::from_secs(2),
             rnr_delay: Duration::from_micros(10),
+            odp_timeout: Duration::from_millis(2),
         }
     }
 }

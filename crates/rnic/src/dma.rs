@@ -20,6 +20,8 @@ pub struct MrView {
     pub va: u64,
     pub len: u64,
     pub iova_base: u64,
+    /// ON_DEMAND MR (ODP model): a non-present page is a page fault, not a DMA error.
+    pub odp: bool,
 }
 
 /// Why a key check failed.
@@ -54,6 +56,7 @@ pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Ac
         va: rec.va.load(Ordering::Relaxed),
         len: rec.len.load(Ordering::Relaxed),
         iova_base: rec.iova_base.load(Ordering::Relaxed),
+        odp: acc.contains(Access::ON_DEMAND),
     };
     let end = addr.checked_add(len).ok_or(KeyErr::Bounds)?;
     if addr < v.va || end > v.va + v.len {
@@ -79,6 +82,9 @@ pub enum Loc {
 pub enum Fault {
     Unmapped,
     NonResident,
+    /// ODP model: the page of this frame address (host virtual address) is not present
+    /// in the NIC's page table of an ON_DEMAND MR (a page fault; nothing was touched).
+    NotPresent(u64),
 }
 
 fn sig_word(magic: u32, off: u64) -> u32 {
@@ -101,6 +107,9 @@ pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<L
         Frame::Unmapped => Err(Fault::Unmapped),
         Frame::Ram(f) => {
             if !page_resident(seg, (f >> PAGE_SHIFT) as u64) {
+                if mr.odp {
+                    return Err(Fault::NotPresent(f as u64));
+                }
                 seg.stats().nonresident_dma.fetch_add(1, Ordering::Relaxed);
                 return Err(Fault::NonResident);
             }

@@ -103,6 +103,7 @@ fn deferred(h: &HostInner, now: u64) -> Deferred {
 pub(crate) fn run(h: Arc<HostInner>) {
     let seg = h.seg.clone();
     let hdr = seg.hdr();
+    h.odp.set_nic_thread();
     let base_spin = h.cfg.nic_spin.as_nanos() as u64;
     // Adaptive spin window: if a doorbell wakes us soon after we went to sleep, the
     // spin window was too short for the request rate (each wakeup costs ~50-100 us,
@@ -121,6 +122,7 @@ pub(crate) fn run(h: Arc<HostInner>) {
     while !h.shutdown.load(Ordering::Acquire) {
         let seq = hdr.nic_seq.load(Ordering::SeqCst);
         let mut work = serve_doorbells(&h, &seg);
+        work |= crate::odp::serve(&h);
         let now = sys::now_ns();
         if seq != last_seq || now >= next_check || d.attend {
             last_seq = seq;

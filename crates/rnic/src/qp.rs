@@ -20,9 +20,21 @@ use std::sync::{Arc, Weak};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EState {
     Pending,
-    Issued { slot: u64, since: u64 },
-    Rnr { until: u64 },
-    Done { status: WcStatus, byte_len: u32 },
+    Issued {
+        slot: u64,
+        since: u64,
+    },
+    Rnr {
+        until: u64,
+    },
+    /// ODP model: NAKed for a remote page fault; retransmit at `until`.
+    OdpNak {
+        until: u64,
+    },
+    Done {
+        status: WcStatus,
+        byte_len: u32,
+    },
 }
 
 /// A send WR owned by the software send queue.
@@ -38,6 +50,11 @@ pub(crate) struct Entry {
     pub st: EState,
     pub rnr_left: Option<u8>,
     pub atoms: u64,
+    /// ODP model: remote page-fault NAKs received for this WR.
+    pub odp_naks: u32,
+    /// ODP model: executed while an earlier WR waits for its retransmission; it is
+    /// redone (go-back-N) and must not complete before that.
+    pub inflight: bool,
 }
 
 impl Entry {
@@ -415,6 +432,8 @@ impl QpInner {
                 st: EState::Pending,
                 rnr_left: None,
                 atoms: 0,
+                odp_naks: 0,
+                inflight: false,
             });
         }
         self.progress_locked(&mut sq);
@@ -496,6 +515,7 @@ impl QpInner {
     fn flush_all(&self, sq: &mut Sq) {
         while let Some(e) = sq.entries.pop_front() {
             match e.st {
+                EState::Done { .. } if e.inflight => self.complete(&e, WcStatus::WrFlushErr, 0),
                 EState::Done { status, byte_len } => self.complete(&e, status, byte_len),
                 EState::Issued { slot, .. } => {
                     sq.zombies.push((slot, sys::now_ns()));
@@ -532,7 +552,7 @@ impl QpInner {
             .entries
             .iter()
             .find_map(|e| {
-                if let EState::Rnr { until } = e.st {
+                if let EState::Rnr { until } | EState::OdpNak { until } = e.st {
                     Some(until)
                 } else {
                     None
@@ -559,6 +579,7 @@ impl QpInner {
         // An issued READ/atomic writes local memory only when it completes; a ring
         // WRITE gathers local memory when issued, so it waits (implicit fence).
         let mut earlier_local_writer = false;
+        let mut odp_retries = 0;
         let slots = hi(self).seg.p.ring_slots as u64;
         while i < sq.entries.len() {
             match sq.entries[i].st {
@@ -577,7 +598,7 @@ impl QpInner {
                     i += 1;
                     continue;
                 }
-                EState::Rnr { until } if now < until => break,
+                EState::Rnr { until } | EState::OdpNak { until } if now < until => break,
                 _ => {}
             }
             if requester::uses_ring(self, sq, &sq.entries[i]) {
@@ -607,7 +628,25 @@ impl QpInner {
                     break;
                 }
                 changed = true;
+                if matches!(sq.entries[i].st, EState::OdpNak { .. }) {
+                    self.go_back_n(sq, i);
+                }
                 match requester::exec_direct(self, sq, i) {
+                    Outcome::OdpNak => {
+                        self.odp_nak(sq, i, now);
+                        return true;
+                    }
+                    Outcome::OdpRetry => {
+                        odp_retries += 1;
+                        if odp_retries > ODP_MAX_RETRIES {
+                            sq.entries[i].st = EState::Done {
+                                status: WcStatus::LocProtErr,
+                                byte_len: 0,
+                            };
+                            return true;
+                        }
+                        continue;
+                    }
                     Outcome::Done(status, byte_len) => {
                         sq.entries[i].st = EState::Done { status, byte_len };
                         if !status.is_ok() {
@@ -637,6 +676,58 @@ impl QpInner {
             i += 1;
         }
         changed
+    }
+
+    /// ODP model: WR `i` was NAKed for a remote page fault. It waits `odp_timeout`;
+    /// the later WRs already posted are on the wire behind it and execute at the
+    /// target (READ/WRITE; they are redone after its retransmission, go-back-N).
+    fn odp_nak(&self, sq: &mut Sq, i: usize, now: u64) {
+        let e = &mut sq.entries[i];
+        e.odp_naks += 1;
+        if e.odp_naks > crate::odp::ODP_MAX_NAKS {
+            e.st = EState::Done {
+                status: WcStatus::RetryExcErr,
+                byte_len: 0,
+            };
+            return;
+        }
+        e.st = EState::OdpNak {
+            until: now + hi(self).cfg.odp_timeout.as_nanos() as u64,
+        };
+        for j in i + 1..sq.entries.len() {
+            let e = &sq.entries[j];
+            if e.st != EState::Pending
+                || !matches!(e.op, WrOpcode::Read | WrOpcode::Write)
+                || requester::uses_ring(self, sq, e)
+            {
+                break;
+            }
+            match requester::exec_direct(self, sq, j) {
+                Outcome::Done(status, byte_len) if status.is_ok() => {
+                    let e = &mut sq.entries[j];
+                    e.st = EState::Done { status, byte_len };
+                    e.inflight = true;
+                }
+                // Faulted or failed behind the NAK: dropped, executed again later.
+                _ => break,
+            }
+        }
+    }
+
+    /// ODP model: retransmit WR `i` after its NAK timeout together with every later
+    /// WR already executed behind it (they go back to pending and are redone).
+    fn go_back_n(&self, sq: &mut Sq, i: usize) {
+        let mut n = 1;
+        for e in sq.entries.iter_mut().skip(i + 1) {
+            if !e.inflight {
+                break;
+            }
+            e.inflight = false;
+            e.atoms = 0;
+            e.st = EState::Pending;
+            n += 1;
+        }
+        hi(self).seg.stats().retransmissions.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Complete finished WRs from the head, in order. Returns whether anything changed.
@@ -675,6 +766,9 @@ impl Cq {
         self.host_ref().inner()
     }
 }
+
+/// Re-executions of one WR whose local ODP pages were invalidated mid-copy.
+const ODP_MAX_RETRIES: u32 = 16;
 
 #[cfg(test)]
 mod tests {

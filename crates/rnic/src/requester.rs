@@ -3,7 +3,9 @@
 //! tables: in-process memcpy or process_vm_*), or through the target QP's request ring
 //! served by the target's NIC thread (small READ/WRITE and atomics across processes).
 
-use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::dma::{self, check_key, AtomicOp, DmaErr, Fault, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::host::HostInner;
+use crate::odp;
 use crate::peer::Peer;
 use crate::qp::{EState, Entry, QpInner, Sq};
 use crate::responder::{self, Delivery, Message};
@@ -14,6 +16,38 @@ use std::sync::atomic::Ordering;
 pub(crate) enum Outcome {
     Done(WcStatus, u32),
     Rnr(u32),
+    /// ODP model: the responder NAKed a remote page fault (retransmit after the timeout).
+    OdpNak,
+    /// ODP model: a local page was invalidated during the copy; the fault was served,
+    /// execute the WR again.
+    OdpRetry,
+}
+
+/// ODP model, local fault: hand every non-present page of the local ODP spans to the
+/// host in one NIC->host interrupt and stall until it was served.
+fn odp_local(me: &HostInner, spans: &[Span], write: bool) -> Result<(), WcStatus> {
+    let miss = odp::missing(&me.seg, spans, write);
+    if miss.is_empty() {
+        return Ok(());
+    }
+    me.seg.stats().odp_faults_local.fetch_add(1, Ordering::Relaxed);
+    if odp::fault_local(me, miss, me.cfg.transport_timeout) {
+        Ok(())
+    } else {
+        Err(WcStatus::LocProtErr)
+    }
+}
+
+/// ODP model, remote fault: if the target's ODP span has non-present pages, the
+/// responder raises them on its host and NAKs.
+fn odp_remote(tseg: &crate::segment::Segment, me: &HostInner, spans: &[Span], write: bool) -> bool {
+    let miss = odp::missing(tseg, spans, write);
+    if miss.is_empty() {
+        return false;
+    }
+    me.seg.stats().odp_faults_remote.fetch_add(1, Ordering::Relaxed);
+    odp::fault_remote(tseg, miss);
+    true
 }
 
 pub(crate) enum Issue {
@@ -31,6 +65,7 @@ fn passthrough(addr: u64, len: u64) -> Span {
             va: addr,
             len,
             iova_base: 0,
+            odp: false,
         },
         addr,
         len,
@@ -274,6 +309,9 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
         Ok(s) => s,
         Err(s) => return Outcome::Done(s, 0),
     };
+    if let Err(s) = odp_local(&me, &spans, local_need(&e.op) == Access::LOCAL_WRITE) {
+        return Outcome::Done(s, 0);
+    }
     let len = e.len();
     if len > MAX_MSG {
         return Outcome::Done(WcStatus::LocLenErr, 0);
@@ -302,6 +340,9 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 Err(s) => return remote_err(s),
             };
             let tspan = [Span { mr, addr: e.raddr, len }];
+            if mr.odp && odp_remote(tseg, &me, &tspan, !read) {
+                return Outcome::OdpNak;
+            }
             let remote = Side {
                 seg: tseg,
                 port: peer.port,
@@ -337,6 +378,17 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 Ok(a) => {
                     e.atoms = a;
                     Outcome::Done(WcStatus::Success, len as u32)
+                }
+                Err(DmaErr::Src(Fault::NotPresent(_)) | DmaErr::Dst(Fault::NotPresent(_))) => {
+                    // Invalidated after the scan: a local page is served here, a remote
+                    // one is NAKed (the partial transfer is redone).
+                    if let Err(s) = odp_local(&me, &spans, read) {
+                        return Outcome::Done(s, 0);
+                    }
+                    if odp_remote(tseg, &me, &tspan, !read) {
+                        return Outcome::OdpNak;
+                    }
+                    Outcome::OdpRetry
                 }
                 Err(err) => {
                     let (s, remote_fault) = dma_status(err, !read);
@@ -376,6 +428,16 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 WrOpcode::FetchAdd { add } => AtomicOp::FetchAdd { add },
                 _ => unreachable!("atomic opcode"),
             };
+            if let Ok(mr) = responder::remote_check(tseg, r, e.rkey, e.raddr, 8, Access::REMOTE_ATOMIC) {
+                let tspan = [Span {
+                    mr,
+                    addr: e.raddr,
+                    len: 8,
+                }];
+                if mr.odp && odp_remote(tseg, &me, &tspan, true) {
+                    return Outcome::OdpNak;
+                }
+            }
             let (s, v) = responder::atomic_here(tseg, r, e.rkey, e.raddr, op);
             if !s.is_ok() {
                 return remote_err(s);

@@ -98,6 +98,7 @@ pub(crate) fn remote_check(
             va: addr,
             len: 0,
             iova_base: 0,
+            odp: false,
         });
     }
     check_key(seg, rkey, r.pd.load(Ordering::Relaxed), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
@@ -308,6 +309,7 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
                 va: buf as u64,
                 len: if inline { 8 } else { seg.p.ring_max as u64 },
                 iova_base: 0,
+                odp: false,
             },
             addr: buf as u64,
             len,

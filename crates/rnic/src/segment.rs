@@ -79,6 +79,9 @@ pub struct StatsRec {
     pub ring_requests: AtomicU64,
     pub rnr_naks: AtomicU64,
     pub errors: AtomicU64,
+    pub odp_faults_local: AtomicU64,
+    pub odp_faults_remote: AtomicU64,
+    pub retransmissions: AtomicU64,
 }
 
 #[repr(C)]

@@ -147,6 +147,8 @@ bitflags! {
         const REMOTE_WRITE = 2;
         const REMOTE_READ = 4;
         const REMOTE_ATOMIC = 8;
+        /// On-demand paging MR (`IBV_ACCESS_ON_DEMAND`): see [`crate::odp`].
+        const ON_DEMAND = 1 << 6;
     }
 }
 

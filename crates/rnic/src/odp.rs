@@ -1,0 +1,184 @@
+//! The ODP model (a *model* of a ConnectX-5-style on-demand-paging NIC, the baseline
+//! NP-RDMA is compared with): the host's page-fault handler, the NIC->host page-fault
+//! hand-off (the "interrupt": a request served by the owning host's NIC thread), the
+//! present-page scan of ON_DEMAND spans, and invalidation.
+//!
+//! * An MR registered with [`Access::ON_DEMAND`](crate::Access) pins nothing
+//!   (registration is instant). The NIC's page table of ODP memory is the host's
+//!   residency map ([`FrameMap`](crate::FrameMap)): the NIC mirrors the host-declared
+//!   residency (pages outside tracked ranges are present), [`Host::odp_invalidate`]
+//!   (the MMU-notifier invalidation) clears entries and flushes in-flight DMA like the
+//!   IOMMU flush, and a resolved fault sets them again.
+//! * A DMA atom hitting a non-present page of an ODP MR never touches it: it raises a
+//!   fault to the owning host's handler ([`Host::set_odp_fault_handler`]), run on that
+//!   host's NIC thread (a real cross-thread hand-off = the interrupt).
+//! * **Local fault** (initiator memory): the WR stalls for the interrupt round trip
+//!   (all of its non-present pages are handed over at once) and continues.
+//! * **Remote fault** (target memory of a READ/WRITE): the responder NAKs and raises
+//!   the fault on its host without waiting; the initiator waits `odp_timeout`
+//!   (default 2 ms) and retransmits the WR and every later WR it had already executed
+//!   (go-back-N: their effects are redone; they complete only after it).
+//!
+//! Limits of the model: remote faults are resolved only for in-process peers (a target
+//! in another process is NAKed until `ODP_MAX_NAKS` and the WR fails with
+//! RETRY_EXC_ERR); SEND receive buffers and atomics on ODP memory that is not present
+//! at the target fail as on a non-ODP MR; ring-served (cross-process small) ops take no
+//! faults.
+//!
+//! [`Host::odp_invalidate`]: crate::Host::odp_invalidate
+//! [`Host::set_odp_fault_handler`]: crate::Host::set_odp_fault_handler
+
+use crate::dma::{translate, Fault, Span};
+use crate::host::{local_host, HostInner};
+use crate::segment::{Segment, PAGE};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// The host's page-fault handler: make `[addr, addr+len)` of the host's process
+/// resident (e.g. vmem's pin/prefetch). Called on the host's NIC thread.
+pub type OdpFaultHandler = Arc<dyn Fn(usize, usize) -> crate::Result<()> + Send + Sync>;
+
+/// Remote-fault NAKs of one WR after which it fails with RETRY_EXC_ERR.
+pub const ODP_MAX_NAKS: u32 = 64;
+
+/// Page ranges `(addr, len)` of host virtual memory.
+pub(crate) type Ranges = Vec<(usize, usize)>;
+
+#[derive(Default)]
+struct Done {
+    result: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+struct FaultReq {
+    ranges: Ranges,
+    done: Option<Arc<Done>>,
+}
+
+/// Per-host ODP state (lives in `HostInner`).
+#[derive(Default)]
+pub(crate) struct OdpState {
+    handler: RwLock<Option<OdpFaultHandler>>,
+    queue: Mutex<VecDeque<FaultReq>>,
+    pending: AtomicBool,
+    /// Serialises fault resolution (handler + present) with invalidation (non-present +
+    /// flush + the host's swap-out), like the MMU-notifier sequence check.
+    pub(crate) inval: Mutex<()>,
+    nic_thread: OnceLock<ThreadId>,
+}
+
+impl OdpState {
+    pub fn set_handler(&self, h: Option<OdpFaultHandler>) {
+        *self.handler.write() = h;
+    }
+
+    /// Called once by the NIC thread when it starts.
+    pub fn set_nic_thread(&self) {
+        let _ = self.nic_thread.set(std::thread::current().id());
+    }
+
+    fn enqueue(&self, h: &HostInner, ranges: Ranges, done: Option<Arc<Done>>) {
+        {
+            let mut q = self.queue.lock();
+            // A NAKed retransmission re-raises the same fault: keep one request.
+            if done.is_none() && q.iter().any(|r| r.ranges == ranges) {
+                return;
+            }
+            q.push_back(FaultReq { ranges, done });
+        }
+        self.pending.store(true, Ordering::Release);
+        h.kick_nic();
+    }
+}
+
+/// Run the handler for `ranges` and mark them present on success.
+fn resolve(h: &HostInner, ranges: &Ranges) -> bool {
+    let Some(handler) = h.odp.handler.read().clone() else {
+        return false;
+    };
+    let _g = h.odp.inval.lock();
+    for &(addr, len) in ranges {
+        if let Err(e) = handler(addr, len) {
+            tracing::warn!(addr, len, "ODP fault handler failed: {e}");
+            return false;
+        }
+        h.frames.set_resident(addr, len, true);
+    }
+    true
+}
+
+/// NIC thread: serve raised page faults. Returns whether there was any.
+pub(crate) fn serve(h: &HostInner) -> bool {
+    if !h.odp.pending.load(Ordering::Acquire) {
+        return false;
+    }
+    h.odp.pending.store(false, Ordering::Release);
+    let mut work = false;
+    loop {
+        let Some(req) = h.odp.queue.lock().pop_front() else {
+            break;
+        };
+        work = true;
+        let ok = resolve(h, &req.ranges);
+        if let Some(d) = req.done {
+            *d.result.lock() = Some(ok);
+            d.cv.notify_all();
+        }
+    }
+    work
+}
+
+/// Local fault: raise `ranges` to this host's NIC thread and wait for the handler
+/// (the interrupt round trip). On the NIC thread itself it runs inline.
+pub(crate) fn fault_local(h: &HostInner, ranges: Ranges, timeout: Duration) -> bool {
+    if h.odp.handler.read().is_none() {
+        return false;
+    }
+    if h.odp.nic_thread.get() == Some(&std::thread::current().id()) {
+        return resolve(h, &ranges);
+    }
+    let done = Arc::new(Done::default());
+    h.odp.enqueue(h, ranges, Some(done.clone()));
+    let deadline = Instant::now() + timeout;
+    let mut r = done.result.lock();
+    while r.is_none() {
+        if done.cv.wait_until(&mut r, deadline).timed_out() {
+            break;
+        }
+    }
+    r.unwrap_or(false)
+}
+
+/// Remote fault: the responder raises it on the host owning `seg` (if that host is in
+/// this process) and does not wait.
+pub(crate) fn fault_remote(seg: &Segment, ranges: Ranges) {
+    if let Some(h) = local_host(seg.hdr().nonce.load(Ordering::Relaxed)) {
+        h.odp.enqueue(&h, ranges, None);
+    }
+}
+
+/// Non-present pages (as coalesced host-VA ranges) of the ON_DEMAND spans among
+/// `spans` of the host owning `seg`. Nothing is touched and nothing is counted.
+pub(crate) fn missing(seg: &Segment, spans: &[Span], write: bool) -> Ranges {
+    let mut out: Ranges = Vec::new();
+    for s in spans.iter().filter(|s| s.mr.odp && s.len > 0) {
+        let mut a = s.addr & !(PAGE as u64 - 1);
+        let end = s.addr + s.len;
+        while a < end {
+            let at = a.max(s.addr);
+            if let Err(Fault::NotPresent(f)) = translate(seg, &s.mr, at, write) {
+                let page = (f as usize) & !(PAGE - 1);
+                match out.last_mut() {
+                    Some((pa, pl)) if *pa + *pl == page => *pl += PAGE,
+                    _ => out.push((page, PAGE)),
+                }
+            }
+            a += PAGE as u64;
+        }
+    }
+    out
+}
