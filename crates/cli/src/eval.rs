@@ -112,6 +112,16 @@ impl Plan {
         };
         clampi(budget / size.max(1), lo, hi)
     }
+    /// Iterations for `mode`: every ODP-model fault costs at least the 2 ms
+    /// retransmission timeout, so its fault runs are capped to keep the time budget.
+    fn iters_for(&self, mode: Mode, test: Test, fault: Fault, size: usize) -> usize {
+        let n = self.iters(test, fault, size);
+        match (mode, fault, self.lvl) {
+            (Mode::Odp, Fault::Minor | Fault::Major, Level::Quick) => n.min(40),
+            (Mode::Odp, Fault::Minor | Fault::Major, Level::Full) => n.min(150),
+            _ => n,
+        }
+    }
     fn spec(&self, op: Op, mode: Mode, fault: Fault, test: Test, size: usize) -> Spec {
         let (tx, sig) = match (self.lvl, test) {
             (_, Test::Lat) => (1, 1),
@@ -124,7 +134,7 @@ impl Plan {
             fault,
             test,
             size,
-            iters: self.iters(test, fault, size),
+            iters: self.iters_for(mode, test, fault, size),
             tx_depth: tx,
             signal_every: sig,
         }

@@ -15,6 +15,15 @@ enum Inner {
         _ctx: rnic::Context,
         _buf: PinnedBuf,
     },
+    #[cfg(feature = "odp")]
+    Odp {
+        qp: rnic::Qp,
+        buf: crate::odp::OdpBuf,
+        cq: rnic::Cq,
+        _pd: rnic::Pd,
+        _ctx: rnic::Context,
+        _pager: vmem::Pager,
+    },
     Np {
         qp: nprdma::Qp,
         mr: nprdma::Mr,
@@ -93,6 +102,30 @@ impl Initiator {
                     _pager: pager,
                 }
             }
+            #[cfg(feature = "odp")]
+            Mode::Odp => {
+                let pager = new_pager()?;
+                crate::odp::install_handler(&host, &pager);
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let cq = ctx.create_cq(4096, None)?;
+                let attr = rnic::QpInitAttr {
+                    max_send_wr: depth as u32,
+                    max_recv_wr: 8,
+                    ..rnic::QpInitAttr::default()
+                };
+                let qp = pd.create_qp(&cq, &cq, &attr)?;
+                let buf = crate::odp::OdpBuf::new(&host, &pd, &pager, buf_len, Some(0xa5))?;
+                Inner::Odp {
+                    qp,
+                    buf,
+                    cq,
+                    _pd: pd,
+                    _ctx: ctx,
+                    _pager: pager,
+                }
+            }
+            #[cfg(not(feature = "odp"))]
             Mode::Odp => return Err(crate::target::odp_unavailable()),
         };
         Ok(Initiator {
@@ -106,6 +139,8 @@ impl Initiator {
     pub fn qp_addr(&self) -> QpAddr {
         let qpn = match &self.inner {
             Inner::Pinned { qp, .. } => qp.qpn(),
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => qp.qpn(),
             Inner::Np { qp, .. } => qp.qpn(),
         };
         QpAddr {
@@ -118,6 +153,8 @@ impl Initiator {
         let addr = rnic::HostAddr::from_hex(&peer.host)?;
         match &self.inner {
             Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
             Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
                 addr: addr.to_bytes(),
                 qpn: peer.qpn,
@@ -138,24 +175,18 @@ impl Initiator {
     ) -> Result<()> {
         match &mut self.inner {
             Inner::Pinned { qp, mr, .. } => {
-                let sge = [mr.sge(0, len as u32)];
-                let opcode = match op {
-                    Op::Read => rnic::WrOpcode::Read,
-                    Op::Write => rnic::WrOpcode::Write,
-                    Op::Send => rnic::WrOpcode::Send,
-                    Op::Atomic => rnic::WrOpcode::FetchAdd { add: 1 },
-                };
-                let flags = if signaled {
-                    rnic::SendFlags::SIGNALED
-                } else {
-                    rnic::SendFlags::empty()
-                };
-                let mut wr = rnic::SendWr::new(wr_id, opcode, &sge).flags(flags);
-                if op != Op::Send {
-                    wr = wr.remote(raddr, rkey);
-                }
-                qp.post_send(&[wr]).map_err(|e| CliError::Nic(e.err))
+                rnic_post(qp, mr.sge(0, len as u32), op, wr_id, raddr, rkey, signaled)
             }
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, buf, .. } => rnic_post(
+                qp,
+                buf.mr().sge(0, len as u32),
+                op,
+                wr_id,
+                raddr,
+                rkey,
+                signaled,
+            ),
             Inner::Np { qp, mr, .. } => {
                 let opcode = match op {
                     Op::Read => nprdma::Opcode::Read,
@@ -175,18 +206,9 @@ impl Initiator {
     /// completions, or an error for a failed one.
     pub fn poll(&mut self) -> Result<usize> {
         match &mut self.inner {
-            Inner::Pinned { cq, .. } => {
-                let n = cq.poll(&mut self.wc)?;
-                for w in &self.wc[..n] {
-                    if w.status != rnic::WcStatus::Success {
-                        return Err(CliError::Completion(format!(
-                            "wr {} {:?}",
-                            w.wr_id, w.status
-                        )));
-                    }
-                }
-                Ok(n)
-            }
+            Inner::Pinned { cq, .. } => rnic_poll(cq, &mut self.wc),
+            #[cfg(feature = "odp")]
+            Inner::Odp { cq, .. } => rnic_poll(cq, &mut self.wc),
             Inner::Np { cq, .. } => {
                 let n = cq.poll(&mut self.nwc);
                 for w in &self.nwc[..n] {
@@ -209,4 +231,45 @@ impl Initiator {
             _ => None,
         }
     }
+}
+
+fn rnic_post(
+    qp: &rnic::Qp,
+    sge: rnic::Sge,
+    op: Op,
+    wr_id: u64,
+    raddr: u64,
+    rkey: u32,
+    signaled: bool,
+) -> Result<()> {
+    let sge = [sge];
+    let opcode = match op {
+        Op::Read => rnic::WrOpcode::Read,
+        Op::Write => rnic::WrOpcode::Write,
+        Op::Send => rnic::WrOpcode::Send,
+        Op::Atomic => rnic::WrOpcode::FetchAdd { add: 1 },
+    };
+    let flags = if signaled {
+        rnic::SendFlags::SIGNALED
+    } else {
+        rnic::SendFlags::empty()
+    };
+    let mut wr = rnic::SendWr::new(wr_id, opcode, &sge).flags(flags);
+    if op != Op::Send {
+        wr = wr.remote(raddr, rkey);
+    }
+    qp.post_send(&[wr]).map_err(|e| CliError::Nic(e.err))
+}
+
+fn rnic_poll(cq: &rnic::Cq, wc: &mut [rnic::Wc]) -> Result<usize> {
+    let n = cq.poll(wc)?;
+    for w in &wc[..n] {
+        if w.status != rnic::WcStatus::Success {
+            return Err(CliError::Completion(format!(
+                "wr {} {:?}",
+                w.wr_id, w.status
+            )));
+        }
+    }
+    Ok(n)
 }

@@ -7,6 +7,8 @@ mod error;
 mod eval;
 mod initiator;
 mod mem;
+#[cfg(feature = "odp")]
+mod odp;
 mod output;
 mod perf;
 mod reg;

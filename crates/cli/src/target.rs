@@ -101,6 +101,16 @@ enum Inner {
         _pd: rnic::Pd,
         _ctx: rnic::Context,
     },
+    #[cfg(feature = "odp")]
+    Odp {
+        qp: rnic::Qp,
+        data: Option<crate::odp::OdpBuf>,
+        recv: RnicBuf,
+        _cq: rnic::Cq,
+        rcq: rnic::Cq,
+        pd: rnic::Pd,
+        _ctx: rnic::Context,
+    },
     Np {
         qp: nprdma::Qp,
         data: Option<NpBuf>,
@@ -180,6 +190,35 @@ impl Target {
                     Some(pager),
                 )
             }
+            #[cfg(feature = "odp")]
+            Mode::Odp => {
+                let pager = new_pager()?;
+                crate::odp::install_handler(&host, &pager);
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let cq = ctx.create_cq(4096, None)?;
+                let rcq = ctx.create_cq(4096, None)?;
+                let attr = rnic::QpInitAttr {
+                    max_send_wr: 64,
+                    max_recv_wr: RECV_DEPTH as u32 + 8,
+                    ..rnic::QpInitAttr::default()
+                };
+                let qp = pd.create_qp(&cq, &rcq, &attr)?;
+                let recv = RnicBuf::new(&pd, recv_len)?;
+                (
+                    Inner::Odp {
+                        qp,
+                        data: None,
+                        recv,
+                        _cq: cq,
+                        rcq,
+                        pd,
+                        _ctx: ctx,
+                    },
+                    Some(pager),
+                )
+            }
+            #[cfg(not(feature = "odp"))]
             Mode::Odp => return Err(odp_unavailable()),
         };
         Ok(Target {
@@ -198,6 +237,8 @@ impl Target {
     pub fn qp_addr(&self) -> QpAddr {
         let qpn = match &self.inner {
             Inner::Pinned { qp, .. } => qp.qpn(),
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => qp.qpn(),
             Inner::Np { qp, .. } => qp.qpn(),
         };
         QpAddr {
@@ -211,6 +252,8 @@ impl Target {
         let addr = rnic::HostAddr::from_hex(&peer.host)?;
         match &self.inner {
             Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
             Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
                 addr: addr.to_bytes(),
                 qpn: peer.qpn,
@@ -223,31 +266,11 @@ impl Target {
     fn refill_recvs(&mut self) -> Result<()> {
         match &mut self.inner {
             Inner::Pinned { qp, recv, rcq, .. } => {
-                let mut wc = [rnic::Wc::default(); 64];
-                loop {
-                    let n = rcq.poll(&mut wc)?;
-                    for w in &wc[..n] {
-                        if w.status != rnic::WcStatus::Success {
-                            return Err(CliError::Completion(format!(
-                                "target receive: {:?}",
-                                w.status
-                            )));
-                        }
-                    }
-                    self.posted -= n.min(self.posted);
-                    if n == 0 {
-                        break;
-                    }
-                }
-                let sge = [recv.mr.sge(0, self.recv_len as u32)];
-                while self.posted < RECV_DEPTH {
-                    qp.post_recv(&[rnic::RecvWr {
-                        wr_id: 1,
-                        sg_list: &sge,
-                    }])
-                    .map_err(|e| e.err)?;
-                    self.posted += 1;
-                }
+                refill_rnic(qp, recv, rcq, &mut self.posted, self.recv_len)?;
+            }
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, recv, rcq, .. } => {
+                refill_rnic(qp, recv, rcq, &mut self.posted, self.recv_len)?;
             }
             Inner::Np { qp, recv, rcq, .. } => {
                 let mut wc = [nprdma::Completion::default(); 64];
@@ -307,6 +330,70 @@ impl Target {
                     sync_addr: data.buf.addr() as u64,
                     renewed: false,
                     pages_prepared: 0,
+                })
+            }
+            #[cfg(feature = "odp")]
+            Inner::Odp { data, pd, .. } => {
+                use crate::odp::OdpBuf;
+                let pager = self.pager.as_ref().expect("ODP target has a pager");
+                let mut renewed = false;
+                if self.data_kind != Some(fault) {
+                    *data = None;
+                    self.data_kind = Some(fault);
+                }
+                let (off, pages) = match fault {
+                    Fault::None => {
+                        if data.as_ref().map_or(true, |d| d.region.len() < bytes) {
+                            *data = None;
+                            *data = Some(OdpBuf::new(
+                                &self.host,
+                                pd,
+                                pager,
+                                self.data_len.max(bytes),
+                                Some(0x3c),
+                            )?);
+                            renewed = true;
+                        }
+                        (0, 0)
+                    }
+                    Fault::Minor => {
+                        let cap = data.as_ref().map_or(0, |d| d.mr().len() - page);
+                        if data.is_none() || self.minor_cursor.saturating_add(bytes) > cap {
+                            *data = None;
+                            let len = bytes.max(MINOR_REGION) + page;
+                            *data = Some(OdpBuf::new(&self.host, pd, pager, len, None)?);
+                            self.minor_cursor = 0;
+                            renewed = true;
+                        }
+                        let off = self.minor_cursor;
+                        self.minor_cursor += crate::mem::round_up(bytes, page);
+                        (off, bytes.div_ceil(page) as u64)
+                    }
+                    Fault::Major => {
+                        if data.as_ref().map_or(true, |d| d.mr().len() < bytes + page) {
+                            *data = None;
+                            *data = Some(OdpBuf::new(
+                                &self.host,
+                                pd,
+                                pager,
+                                bytes + page,
+                                Some(0x3c),
+                            )?);
+                            renewed = true;
+                        }
+                        let d = data.as_ref().expect("set above");
+                        let n = d.swap_out(d.region.addr(), bytes)?;
+                        (0, n as u64)
+                    }
+                };
+                let d = data.as_ref().expect("set above");
+                let (addr, len) = (d.mr().addr() as u64, d.mr().len());
+                Ok(Window {
+                    base: addr + off as u64,
+                    rkey: d.mr().rkey(),
+                    sync_addr: addr + (len - 8) as u64,
+                    renewed,
+                    pages_prepared: pages,
                 })
             }
             Inner::Np { data, pd, .. } => {
@@ -382,6 +469,42 @@ impl Target {
     }
 }
 
+/// Reap the consumed receives of an rnic QP and keep `RECV_DEPTH` posted.
+fn refill_rnic(
+    qp: &rnic::Qp,
+    recv: &RnicBuf,
+    rcq: &rnic::Cq,
+    posted: &mut usize,
+    recv_len: usize,
+) -> Result<()> {
+    let mut wc = [rnic::Wc::default(); 64];
+    loop {
+        let n = rcq.poll(&mut wc)?;
+        for w in &wc[..n] {
+            if w.status != rnic::WcStatus::Success {
+                return Err(CliError::Completion(format!(
+                    "target receive: {:?}",
+                    w.status
+                )));
+            }
+        }
+        *posted -= n.min(*posted);
+        if n == 0 {
+            break;
+        }
+    }
+    let sge = [recv.mr.sge(0, recv_len as u32)];
+    while *posted < RECV_DEPTH {
+        qp.post_recv(&[rnic::RecvWr {
+            wr_id: 1,
+            sg_list: &sge,
+        }])
+        .map_err(|e| e.err)?;
+        *posted += 1;
+    }
+    Ok(())
+}
+
 /// Target-side counters reported with a run.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TargetCounters {
@@ -397,10 +520,14 @@ pub struct TargetCounters {
 pub fn check_mode(mode: Mode) -> Result<()> {
     match mode {
         Mode::Pinned | Mode::Nprdma => Ok(()),
+        #[cfg(feature = "odp")]
+        Mode::Odp => Ok(()),
+        #[cfg(not(feature = "odp"))]
         Mode::Odp => Err(odp_unavailable()),
     }
 }
 
+#[cfg_attr(feature = "odp", allow(dead_code))]
 pub fn odp_unavailable() -> CliError {
     CliError::Unavailable(
         "the ODP model is not in this build of the software RNIC (crates/rnic has no ON_DEMAND MRs yet)".into(),
