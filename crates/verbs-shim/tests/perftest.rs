@@ -366,3 +366,14 @@ fn np_ib_send_bw_with_completion_events() {
         true,
     );
 }
+
+#[test]
+fn np_ib_write_bw_inline() {
+    // 128 inline WRITEs in flight through the QP's staging slots.
+    np(
+        "ib_write_bw",
+        18660,
+        &["-I", "64", "-n", "500", "-s", "64"],
+        true,
+    );
+}

@@ -69,6 +69,13 @@ fn np_ibv_rc_pingpong_events() {
 }
 
 #[test]
+fn np_ibv_rc_pingpong_inline() {
+    // <= max_inline_data (1024): ibv_rc_pingpong sends with IBV_SEND_INLINE, i.e.
+    // through the QP's staging buffer; the data check covers the payload.
+    pingpong_env(18638, &["-s", "1000"], NP);
+}
+
+#[test]
 fn np_ibv_rc_pingpong_swapped() {
     // 64 KiB messages (16-page buffer) with a 4-page budget: the data check passes
     // while the buffers are swapped out and back.

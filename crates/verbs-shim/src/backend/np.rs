@@ -275,9 +275,13 @@ impl Cq for NpCq {
 }
 
 /// Per-QP registered memory for inline payloads: `depth` slots of [`MAX_INLINE`]
-/// bytes, slot `n % depth` for the n-th inline post. A slot is reused only after the
-/// layer accepted `depth` further WRs, which it refuses while the WR that used the slot
-/// is outstanding (its queue holds `depth` WRs), so a payload never changes in flight.
+/// bytes, slot `n % depth` for the n-th inline post. Inline WRs are posted with
+/// `order_after` (nothing of the QP issues behind them until they finish), so while
+/// inline WR X is unfinished every later WR stays outstanding too (the layer finishes
+/// operations out of order otherwise). Reusing X's slot takes `depth - 1` later inline
+/// posts plus the current one, so X unfinished means `outstanding() >= depth`, which
+/// the post refuses (ENOMEM) before touching the slot: a payload never changes in
+/// flight.
 struct Staging {
     // Field order = drop order: the MR before the mapping it covers.
     mr: np::Mr,
@@ -426,6 +430,7 @@ impl NpQp {
             if !w.inline_data.is_empty() {
                 wr.sge = Some(st.stage(w.inline_data));
             }
+            wr.order_after = true;
             return self
                 .qp()
                 .post_send(&[wr])
