@@ -44,7 +44,8 @@
 //! pinning it; QPs, CQs and completion channels (the layer's eventfd) are the layer's;
 //! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
 //! Limits: one SGE per WR (`max_sge` 1), inline payloads up to 1024 bytes (staged in a
-//! per-QP registered buffer), QP depth up to a third of the NIC's `max_qp_wr`, QP state
+//! per-QP registered buffer; nothing posted after an inline WR issues before it
+//! finishes), QP depth up to a third of the NIC's `max_qp_wr`, QP state
 //! RESET→INIT→RTR→RTS only (ERR/SQD/reset of a used QP are refused with EOPNOTSUPP),
 //! solicited-only notification widened to any completion. Settings:
 //! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
