@@ -27,8 +27,15 @@ pub struct HostConfig {
     pub nic_spin: Duration,
     /// Outstanding READs/atomics per QP served by the target's NIC thread (ring slots).
     pub ring_slots: u32,
-    /// Largest READ/WRITE served through the target's NIC thread ring (bytes).
+    /// Size of a ring slot's data area (bytes): bounds the READ/WRITE served through
+    /// the target's NIC thread ring and the jobs of shared large copies (24 B per
+    /// 128 KiB unit). Atomics never use it and always go through the ring.
     pub ring_max: u32,
+    /// Largest READ/WRITE served through the target's NIC thread ring, if lower than
+    /// `ring_max` (`None`: `ring_max`, the old behaviour). `Some(0)` sends every
+    /// READ/WRITE direct (process_vm across processes) while atomics still go through
+    /// the ring and large copies can still be shared with the NIC thread.
+    pub ring_rw_max: Option<u32>,
     /// Route small ops through the target NIC thread even in-process (tests the
     /// cross-process path inside one process).
     pub inproc_ring: bool,
@@ -63,6 +70,7 @@ impl Default for HostConfig {
             nic_spin: Duration::from_micros(100),
             ring_slots: 16,
             ring_max: 4096,
+            ring_rw_max: None,
             inproc_ring: false,
             dma_help: true,
             dma_section: 1 << 20,

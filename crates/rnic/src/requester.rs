@@ -111,7 +111,7 @@ pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
         return false;
     }
     match e.op {
-        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_max as u64,
+        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_rw_max as u64,
         WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => true,
         _ => false,
     }

@@ -296,7 +296,9 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     }
     let status = if target_qp(seg, idx, qpn, src_nonce, src_qpn).is_none() {
         WcStatus::RetryExcErr
-    } else if len > seg.p.ring_max as u64 {
+    } else if (op == segment::RING_READ || op == segment::RING_WRITE) && len > 8 && len > seg.p.ring_max as u64 {
+        // Only READ/WRITE payloads over 8 bytes use the slot's data area (smaller ones
+        // and atomics travel in the header), so `ring_max` < 8 still serves atomics.
         WcStatus::RemInvReqErr
     } else {
         // Payloads of up to 8 bytes travel in the slot header's own cache line.

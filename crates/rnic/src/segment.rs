@@ -44,6 +44,9 @@ pub struct Params {
     pub max_tracked_ranges: u32,
     pub iova_pages: u64,
     pub max_tracked_pages: u64,
+    /// Largest READ/WRITE the initiators send through the ring (<= ring_max).
+    pub ring_rw_max: u32,
+    _pad: u32,
 }
 
 impl Params {
@@ -63,6 +66,8 @@ impl Params {
             max_tracked_ranges: c.max_tracked_ranges,
             iova_pages: c.iova_pages,
             max_tracked_pages: c.max_tracked_pages,
+            ring_rw_max: c.ring_rw_max.unwrap_or(c.ring_max).min(c.ring_max),
+            _pad: 0,
         }
     }
 }
