@@ -3,6 +3,7 @@
 //! Every DMA goes MR -> MTT -> host IOMMU -> frame and the NIC never takes a page
 //! fault: frames the host declared non-resident are refused (the WR fails) and
 //! counted (`NicStats::nonresident_dma`, which tests assert stays 0 in normal runs).
+//! The one exception is the ODP *model* (`Access::ON_DEMAND` MRs, module [`odp`]).
 //!
 //! ## API in one screen
 //! ```text
@@ -19,6 +20,8 @@
 //! CompChannel: fd() (eventfd, poll/epoll it), get_event(timeout) -> Cq, ack
 //! Qp: qpn, state, modify(&QpAttr, QpAttrMask), query, connect(..) helper,
 //!     post_send(&[SendWr]) / post_recv(&[RecvWr]) -> Result<(), PostError { bad_wr_index, err }>
+//! ODP model: Access::ON_DEMAND MRs; Host::set_odp_fault_handler(Arc<dyn Fn(addr, len)>),
+//!   odp_invalidate(addr, len), odp_invalidate_then(addr, len, swap_out); HostConfig::odp_timeout
 //! ```
 //! `WcStatus`, `WcOpcode`, `QpState`, `QpAttrMask`, `Access`, `SendFlags`, `WcFlags` and
 //! `WrOpcode::ibv()` are numerically equal to libibverbs' enums.
@@ -73,6 +76,14 @@
 //!   at most `dma_section` bytes) holds the epochs of both hosts; `Iommu::flush` flips
 //!   the epoch and waits for the old parity to drain (from any process). MR
 //!   deregistration also flushes.
+//!
+//! * **ODP model** ([`odp`], a *model* of ConnectX-5 on-demand paging, the baseline
+//!   NP-RDMA is compared with): ON_DEMAND MRs pin nothing; a DMA atom on a non-present
+//!   page (the residency map is the NIC's page table) raises a page fault to the owning
+//!   host's handler on its NIC thread. Local faults stall the WR for that round trip;
+//!   remote faults NAK, the initiator retransmits after `odp_timeout` (2 ms) together
+//!   with the later WRs it had executed meanwhile (go-back-N). Counters:
+//!   `odp_faults_local`, `odp_faults_remote`, `retransmissions`.
 //!
 //! ## Statuses
 //! Post-time errors (wrong QP state, too many SGEs, inline too large, SQ/RQ full)
