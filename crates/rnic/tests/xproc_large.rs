@@ -1,0 +1,203 @@
+//! Cross-process large READ/WRITE (up to 8 MiB) ending exactly at the end of the
+//! target MR, for several `ring_max` / `ring_rw_max` settings (shared copies with the
+//! target's NIC thread on and off), and atomics next to them. The test binary
+//! re-executes itself as the passive peer (env `RNIC_XLARGE_CHILD=<ring_max>`).
+//! Long form: `RNIC_XLARGE_ROUNDS=50`.
+
+mod common;
+use common::*;
+use rnic::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+const MB: usize = 1 << 20;
+const RLEN: usize = 8 * MB;
+
+fn cfg(ring_max: u32, rw: Option<u32>) -> HostConfig {
+    HostConfig {
+        ring_max,
+        ring_rw_max: rw,
+        ..HostConfig::default()
+    }
+}
+
+fn parse_cfg(s: &str) -> HostConfig {
+    let (m, rw) = s.split_once(',').expect("ring_max,rw");
+    cfg(m.parse().unwrap(), rw.parse().ok())
+}
+
+/// The passive side. Does nothing unless run as the child.
+#[test]
+fn xlarge_child() {
+    let Ok(c) = std::env::var("RNIC_XLARGE_CHILD") else {
+        return;
+    };
+    let host = Host::new(parse_cfg(&c)).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    let big = buf(&e.pd, RLEN, 0);
+    big.write(0, &pattern(RLEN, 0x3c));
+    let at = buf(&e.pd, 64, 0);
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "INFO {} {} {} {} {} {}",
+        host.addr().to_hex(),
+        e.qp.qpn(),
+        big.addr(),
+        big.rkey(),
+        at.addr(),
+        at.rkey()
+    )
+    .unwrap();
+    out.flush().unwrap();
+    for l in std::io::stdin().lock().lines() {
+        let l = l.unwrap();
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let reply = match w.as_slice() {
+            ["PEER", a, q] => {
+                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                    .unwrap();
+                "READY".to_string()
+            }
+            ["CHECK", off, len, seed] => {
+                let (off, len): (usize, usize) = (off.parse().unwrap(), len.parse().unwrap());
+                let ok = big.to_vec(off, len) == pattern(len, seed.parse().unwrap());
+                big.write(off, &pattern(RLEN, 0x3c)[off..off + len]);
+                if ok { "OK" } else { "BAD" }.to_string()
+            }
+            ["EXIT"] => break,
+            _ => "?".into(),
+        };
+        writeln!(out, "{reply}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+struct Child {
+    child: std::process::Child,
+    inp: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    fn spawn(c: &str) -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "xlarge_child", "--nocapture", "--test-threads=1", "-q"])
+            .env("RNIC_XLARGE_CHILD", c)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let inp = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Child { child, inp, out }
+    }
+    fn line(&mut self) -> String {
+        loop {
+            let mut s = String::new();
+            assert!(self.out.read_line(&mut s).unwrap() > 0, "child exited");
+            let s = s.trim().to_string();
+            if ["INFO", "READY", "OK", "BAD"].iter().any(|p| s.starts_with(p)) {
+                return s;
+            }
+        }
+    }
+    fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.inp, "{c}").unwrap();
+        self.inp.flush().unwrap();
+        self.line()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = writeln!(self.inp, "EXIT");
+        let _ = self.inp.flush();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(c: &str) {
+    let rounds: usize = std::env::var("RNIC_XLARGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut ch = Child::spawn(c);
+    let info = ch.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn: u32 = f[2].parse().unwrap();
+    let (big, rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+    let (at, at_rkey): (u64, u32) = (f[5].parse().unwrap(), f[6].parse().unwrap());
+    let host = Host::new(parse_cfg(c)).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    assert_eq!(ch.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let exp = pattern(RLEN, 0x3c);
+    let local = buf(&e.pd, RLEN, 0);
+    let res = buf(&e.pd, 8, 0);
+    let mut wr_id = 0;
+    let mut fadd = 0u64;
+    for round in 0..rounds {
+        for &len in &[8, 4096, 256 * 1024, 512 * 1024, MB, MB + 4096 + 8, 2 * MB, 4 * MB, RLEN] {
+            // READ of the last `len` bytes of the target MR into the end of ours.
+            let off = RLEN - len;
+            local.fill(0);
+            let sge = [local.sge(off, len as u32)];
+            wr_id += 1;
+            e.qp.post_send(&[SendWr::new(wr_id, WrOpcode::Read, &sge).remote(big + off as u64, rkey)])
+                .unwrap();
+            let wc = wait1(&e.cq);
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (wr_id, WcStatus::Success, len as u32),
+                "{c}: round {round}: READ {len} at the end of the MR"
+            );
+            assert!(local.to_vec(off, len) == exp[off..], "{c}: READ {len} data");
+            // WRITE of the last `len` bytes, checked by the child.
+            let seed = (round * 7 + len) as u8;
+            local.write(off, &pattern(len, seed));
+            wr_id += 1;
+            e.qp.post_send(&[SendWr::new(wr_id, WrOpcode::Write, &sge).remote(big + off as u64, rkey)])
+                .unwrap();
+            let wc = wait1(&e.cq);
+            assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{c}: WRITE {len}");
+            assert_eq!(ch.cmd(&format!("CHECK {off} {len} {seed}")), "OK", "{c}: WRITE {len} data");
+            // An atomic between the large transfers (always through the NIC thread).
+            let s = [res.sge(0, 8)];
+            wr_id += 1;
+            e.qp.post_send(&[SendWr::new(wr_id, WrOpcode::FetchAdd { add: 1 }, &s).remote(at, at_rkey)])
+                .unwrap();
+            let wc = wait1(&e.cq);
+            assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{c}: FetchAdd");
+            assert_eq!(res.to_vec(0, 8), fadd.to_le_bytes());
+            fadd += 1;
+        }
+    }
+    // One byte past the end is refused, not partly done.
+    let sge = [local.sge(0, MB as u32)];
+    e.qp.post_send(&[SendWr::new(0, WrOpcode::Read, &sge).remote(big + (RLEN - MB + 1) as u64, rkey)])
+        .unwrap();
+    assert_eq!(wait1(&e.cq).status, WcStatus::RemAccessErr, "{c}: past the end");
+    assert_eq!(host.stats().nonresident_dma, 0);
+}
+
+#[test]
+fn large_transfers_at_mr_end_ring_max_8() {
+    run("8,-");
+}
+
+#[test]
+fn large_transfers_at_mr_end_default_ring() {
+    run("4096,-");
+}
+
+#[test]
+fn large_transfers_at_mr_end_ring_rw_max_0() {
+    run("4096,0");
+}
+
+#[test]
+fn large_transfers_at_mr_end_ring_max_0() {
+    run("0,-");
+}
