@@ -19,18 +19,21 @@
 //!   (default 2 ms) and retransmits the WR and every later WR it had already executed
 //!   (go-back-N: their effects are redone; they complete only after it).
 //!
-//! Limits of the model: remote faults are resolved only for in-process peers (a target
-//! in another process is NAKed until `ODP_MAX_NAKS` and the WR fails with
-//! RETRY_EXC_ERR); SEND receive buffers and atomics on ODP memory that is not present
-//! at the target fail as on a non-ODP MR; ring-served (cross-process small) ops take no
-//! faults.
+//! Across processes the initiator raises remote faults through a mailbox in the
+//! target's segment, and READ/WRITE to a target ODP MR never use the NIC-thread ring
+//! (they go direct, so the initiator's DMA engine sees the fault).
+//!
+//! Limits of the model: SEND receive buffers, and atomics served by a remote NIC thread
+//! (cross-process), on ODP memory that is not present at the target fail as on a
+//! non-ODP MR (REM_ACCESS_ERR / receive error) instead of faulting; a fault the host
+//! never resolves NAKs `ODP_MAX_NAKS` times, then the WR fails with RETRY_EXC_ERR.
 //!
 //! [`Host::odp_invalidate`]: crate::Host::odp_invalidate
 //! [`Host::set_odp_fault_handler`]: crate::Host::set_odp_fault_handler
 
 use crate::dma::{translate, Fault, Span};
 use crate::host::{local_host, HostInner};
-use crate::segment::{Segment, PAGE};
+use crate::segment::{Segment, ODP_MAIL_SLOTS, PAGE};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,6 +84,15 @@ impl OdpState {
         let _ = self.nic_thread.set(std::thread::current().id());
     }
 
+    /// Queue a fault without a waiter or a wake-up (the NIC thread itself).
+    fn enqueue_quiet(&self, ranges: Ranges) {
+        let mut q = self.queue.lock();
+        if !q.iter().any(|r| r.ranges == ranges) {
+            q.push_back(FaultReq { ranges, done: None });
+        }
+        self.pending.store(true, Ordering::Release);
+    }
+
     fn enqueue(&self, h: &HostInner, ranges: Ranges, done: Option<Arc<Done>>) {
         {
             let mut q = self.queue.lock();
@@ -113,6 +125,7 @@ fn resolve(h: &HostInner, ranges: &Ranges) -> bool {
 
 /// NIC thread: serve raised page faults. Returns whether there was any.
 pub(crate) fn serve(h: &HostInner) -> bool {
+    drain_mail(h);
     if !h.odp.pending.load(Ordering::Acquire) {
         return false;
     }
@@ -153,11 +166,49 @@ pub(crate) fn fault_local(h: &HostInner, ranges: Ranges, timeout: Duration) -> b
     r.unwrap_or(false)
 }
 
-/// Remote fault: the responder raises it on the host owning `seg` (if that host is in
-/// this process) and does not wait.
+/// Remote fault: the responder raises it on the host owning `seg` and does not wait:
+/// directly if that host is in this process, else through the mailbox in its segment
+/// (one bounding range; if the mailbox is full the retransmission raises it again).
 pub(crate) fn fault_remote(seg: &Segment, ranges: Ranges) {
     if let Some(h) = local_host(seg.hdr().nonce.load(Ordering::Relaxed)) {
         h.odp.enqueue(&h, ranges, None);
+        return;
+    }
+    let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+        return;
+    };
+    let (addr, len) = (first.0, last.0 + last.1 - first.0);
+    let m = &*seg.hdr().odp_mail;
+    for i in 0..ODP_MAIL_SLOTS {
+        if m.state[i]
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            m.addr[i].store(addr as u64, Ordering::Relaxed);
+            m.len[i].store(len as u64, Ordering::Relaxed);
+            m.state[i].store(2, Ordering::Release);
+            m.pending.store(1, Ordering::SeqCst);
+            seg.kick();
+            return;
+        }
+    }
+}
+
+/// NIC thread: move faults peers of other processes left in our mailbox to the queue.
+fn drain_mail(h: &HostInner) {
+    let m = &*h.seg.hdr().odp_mail;
+    if m.pending.load(Ordering::Acquire) == 0 || m.pending.swap(0, Ordering::AcqRel) == 0 {
+        return;
+    }
+    for i in 0..ODP_MAIL_SLOTS {
+        if m.state[i].load(Ordering::Acquire) == 2 {
+            let r = (
+                m.addr[i].load(Ordering::Relaxed) as usize,
+                m.len[i].load(Ordering::Relaxed) as usize,
+            );
+            m.state[i].store(0, Ordering::Release);
+            h.odp.enqueue_quiet(vec![r]);
+        }
     }
 }
 

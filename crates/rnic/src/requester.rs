@@ -103,6 +103,14 @@ fn local_need(op: &WrOpcode) -> Access {
     }
 }
 
+/// Whether `rkey` names a live ON_DEMAND MR of the target.
+fn remote_odp(seg: &crate::segment::Segment, rkey: u32) -> bool {
+    dma::key_index(rkey).and_then(|i| seg.mr(i)).is_some_and(|r| {
+        r.key.load(Ordering::Acquire) == rkey
+            && Access::from_bits_truncate(r.access.load(Ordering::Relaxed)).contains(Access::ON_DEMAND)
+    })
+}
+
 /// Whether this WR goes through the target NIC thread's request ring.
 pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
     let Some(peer) = sq.peer.as_ref() else { return false };
@@ -111,7 +119,9 @@ pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
         return false;
     }
     match e.op {
-        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_rw_max as u64,
+        // ODP model: READ/WRITE to target ODP memory go direct (the initiator's DMA
+        // engine detects the page fault and NAKs it).
+        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_rw_max as u64 && !remote_odp(&peer.seg, e.rkey),
         WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => true,
         _ => false,
     }

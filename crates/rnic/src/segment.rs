@@ -105,6 +105,22 @@ pub struct Header {
     pub nic_sleeping: Line<AtomicU32>,
     pub stats: Line<StatsRec>,
     pub nranges: Line<AtomicU32>,
+    /// ODP model: page faults raised by peers in other processes (see `odp`).
+    pub odp_mail: Line<OdpMail>,
+}
+
+/// Slots of the ODP fault mailbox.
+pub const ODP_MAIL_SLOTS: usize = 16;
+
+/// ODP model: a small mailbox of remote page faults (raised by initiators of other
+/// processes, served by the owning host's NIC thread). Slot states: 0 free, 1 being
+/// written, 2 full.
+#[repr(C)]
+pub struct OdpMail {
+    pub pending: AtomicU32,
+    pub state: [AtomicU32; ODP_MAIL_SLOTS],
+    pub addr: [AtomicU64; ODP_MAIL_SLOTS],
+    pub len: [AtomicU64; ODP_MAIL_SLOTS],
 }
 
 #[repr(C)]

@@ -376,3 +376,113 @@ fn invalidation_during_traffic_never_touches_absent_pages() {
     // Leave the region accessible for munmap-free drop order (Arc may outlive).
     mprotect(rb.addr(), rb.len, libc::PROT_READ | libc::PROT_WRITE);
 }
+
+/// Cross-process target (runs only as the child of `remote_faults_across_processes`).
+#[test]
+fn odp_xproc_child() {
+    use std::io::{BufRead, Write};
+    if std::env::var("RNIC_ODP_CHILD").is_err() {
+        return;
+    }
+    let host = Host::new(HostConfig::default()).unwrap();
+    let e = end(&host, &QpInitAttr::default());
+    let r = Region::new(4);
+    host.frames().track(r.addr(), r.len, false).unwrap();
+    let calls = recording_handler(&host);
+    let mr = r.odp_mr(&e.pd);
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "INFO {} {} {} {}",
+        host.addr().to_hex(),
+        e.qp.qpn(),
+        r.addr(),
+        mr.rkey()
+    )
+    .unwrap();
+    out.flush().unwrap();
+    for l in std::io::stdin().lock().lines() {
+        let l = l.unwrap();
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let reply = match w.as_slice() {
+            ["PEER", a, q] => {
+                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                    .unwrap();
+                "READY".to_string()
+            }
+            ["CHECK", len, seed] => {
+                let len: usize = len.parse().unwrap();
+                let ok = r.read(0, len) == pattern(len, seed.parse().unwrap());
+                let c = calls.lock();
+                let nic = c.iter().all(|c| c.2 == "rnic-nic");
+                format!("RES {ok} {} {nic} {}", c.len(), host.stats().nonresident_dma)
+            }
+            _ => break,
+        };
+        writeln!(out, "{reply}").unwrap();
+        out.flush().unwrap();
+    }
+    drop(mr);
+}
+
+/// A remote fault in another process is raised through the target segment's mailbox,
+/// handled by the target's NIC thread, and the WR completes after the NAK timeout.
+#[test]
+fn remote_faults_across_processes() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "odp_xproc_child", "--nocapture", "--test-threads=1", "-q"])
+        .env("RNIC_ODP_CHILD", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut inp = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = |pfx: &str| loop {
+        let mut s = String::new();
+        assert!(out.read_line(&mut s).unwrap() > 0, "child exited");
+        if s.starts_with(pfx) {
+            return s.trim().to_string();
+        }
+    };
+    let info = line("INFO");
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let (taddr, tqpn, raddr, rkey): (HostAddr, u32, usize, u32) = (
+        HostAddr::from_hex(f[1]).unwrap(),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+        f[4].parse().unwrap(),
+    );
+    let timeout = Duration::from_millis(10);
+    let host = Host::new(cfg(timeout)).unwrap();
+    let a = end(&host, &QpInitAttr::default());
+    a.qp.connect(all_access(), taddr, tqpn, 7).unwrap();
+    writeln!(inp, "PEER {} {}", host.addr().to_hex(), a.qp.qpn()).unwrap();
+    line("READY");
+    let local = buf(&a.pd, 4 * P, 0);
+    // A small WRITE (below ring_max: would use the target's NIC-thread ring) and a
+    // large one, both onto non-present target pages.
+    for (i, len) in [(1u64, 100usize), (2, 3 * P + 5)] {
+        local.write(0, &pattern(len, i as u8));
+        let t0 = Instant::now();
+        post(&a, &[rdma(i, WrOpcode::Write, local.sge(0, len as u32), raddr, rkey)]);
+        let wc = a.cq.poll_wait(1, T).unwrap()[0];
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+        if i == 1 {
+            assert!(t0.elapsed() >= timeout, "remote fault costs the NAK timeout");
+        }
+        writeln!(inp, "CHECK {len} {i}").unwrap();
+        let res = line("RES");
+        let r: Vec<&str> = res.split_whitespace().collect();
+        assert_eq!(r[1], "true", "data landed: {res}");
+        assert_ne!(r[2], "0", "target handler ran: {res}");
+        assert_eq!(r[3], "true", "handler on the target's NIC thread: {res}");
+        assert_eq!(r[4], "0", "no non-resident DMA: {res}");
+    }
+    let s = host.stats();
+    assert!(s.odp_faults_remote >= 2 && s.retransmissions >= 2, "{s:?}");
+    drop(inp);
+    let _ = child.wait();
+}
