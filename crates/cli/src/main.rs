@@ -56,8 +56,11 @@ Modes (both sides use the same mode):
           registered as plain rnic MRs; the NIC never checks anything.
   nprdma  NP-RDMA: buffers are pager (vmem) regions registered with the nprdma layer
           without pinning; optimistic one-sided ops with checks, two-sided fault path.
-  odp     ODP model: on-demand MRs of the software RNIC (NAK + retransmit timeout,
-          go-back-N). Always labelled 'ODP (model)'; available once rnic has it.
+  odp     ODP model: pager (vmem) buffers registered as ON_DEMAND MRs of the software
+          RNIC (nothing pinned). A remote page fault is NAKed and retransmitted after
+          the RNIC's odp_timeout (2 ms) with go-back-N; the host's fault handler
+          (vmem prefetch) runs on the NIC thread. Always labelled 'ODP (model)'.
+          (Cargo feature `odp`, on by default.)
 
 Fault scenarios (at the TARGET buffer; produced before each window of operations,
 outside the timed region; each operation of a window targets its own pages):
@@ -67,7 +70,8 @@ outside the timed region; each operation of a window targets its own pages):
           its key is learnt by an untimed READ outside the window).
   major   every operation hits pages swapped out to the pager's swap file: one vmem
           region, written once, then `swap_out` of the window's pages before each
-          window (the NP-RDMA listener remaps them to signature/black-hole frames).
+          window (NP-RDMA: its listener remaps them to signature/black-hole frames;
+          ODP model: the NIC page table is invalidated first, odp_invalidate_then).
   Pinned memory cannot fault: with minor/major, pinned runs are the pinned reference
   (fault_pages_prepared = 0 in the JSON).
 

@@ -163,11 +163,6 @@ impl Session {
         np_cfg: nprdma::Config,
     ) -> Result<Session> {
         crate::target::check_mode(mode)?;
-        if mode == Mode::Odp && transport == Transport::Shm {
-            return Err(CliError::Unavailable(
-                "the ODP model resolves remote faults only between in-process hosts: use --transport inproc".into(),
-            ));
-        }
         let (data_len, recv_len, buf_len, depth) = sizing(specs);
         let (mut tgt, peer, name): (Box<dyn TargetHandle>, Option<PeerProcess>, &'static str) =
             match (transport, client) {

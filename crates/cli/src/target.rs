@@ -530,6 +530,6 @@ pub fn check_mode(mode: Mode) -> Result<()> {
 #[cfg_attr(feature = "odp", allow(dead_code))]
 pub fn odp_unavailable() -> CliError {
     CliError::Unavailable(
-        "the ODP model is not in this build of the software RNIC (crates/rnic has no ON_DEMAND MRs yet)".into(),
+        "this nprdma was built without the `odp` feature (the ODP model baseline)".into(),
     )
 }

@@ -266,6 +266,25 @@ fn perf_faults_and_atomics_and_send() {
 }
 
 #[test]
+#[cfg(feature = "odp")]
+fn perf_odp_model_is_labelled_and_faults() {
+    for fault in ["minor", "major"] {
+        let out = ok(&[
+            "perf", "--mode", "odp", "--fault", fault, "--size", "4096", "--iters", "3", "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        check_row(&v);
+        assert_eq!(v["mode_label"], "ODP (model)");
+        assert_eq!(v["fault_pages_prepared"], 3, "{v}");
+    }
+    let out = ok(&["perf", "--mode", "odp", "--size", "64", "--iters", "20"]);
+    assert!(
+        out.starts_with("# READ latency test, mode ODP (model)"),
+        "{out}"
+    );
+}
+
+#[test]
 fn perf_shm_spawns_its_peer() {
     for mode in ["pinned", "nprdma"] {
         let out = ok(&[
