@@ -159,7 +159,8 @@ pub(crate) fn run(h: Arc<HostInner>) {
             continue;
         }
         hdr.nic_sleeping.store(1, Ordering::SeqCst);
-        let pending = (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0);
+        let pending = (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0)
+            || crate::odp::mail_pending(&seg);
         if !pending && !h.shutdown.load(Ordering::SeqCst) {
             let mut timeout = d.next_deadline.map(|x| x.saturating_sub(now));
             if d.outstanding {

@@ -26,7 +26,7 @@
 //! Limits of the model: SEND receive buffers, and atomics served by a remote NIC thread
 //! (cross-process), on ODP memory that is not present at the target fail as on a
 //! non-ODP MR (REM_ACCESS_ERR / receive error) instead of faulting; a fault the host
-//! never resolves NAKs `ODP_MAX_NAKS` times, then the WR fails with RETRY_EXC_ERR.
+//! never resolves NAKs [`max_naks`] times, then the WR fails with RETRY_EXC_ERR.
 //!
 //! [`Host::odp_invalidate`]: crate::Host::odp_invalidate
 //! [`Host::set_odp_fault_handler`]: crate::Host::set_odp_fault_handler
@@ -45,8 +45,16 @@ use std::time::{Duration, Instant};
 /// resident (e.g. vmem's pin/prefetch). Called on the host's NIC thread.
 pub type OdpFaultHandler = Arc<dyn Fn(usize, usize) -> crate::Result<()> + Send + Sync>;
 
-/// Remote-fault NAKs of one WR after which it fails with RETRY_EXC_ERR.
+/// Least number of remote-fault NAKs of one WR after which it fails with
+/// RETRY_EXC_ERR (see [`max_naks`]).
 pub const ODP_MAX_NAKS: u32 = 64;
+
+/// NAKs of one WR after which it fails: `ODP_MAX_NAKS`, or more so that an unresolved
+/// fault is retried for at least `transport_timeout` (a loaded host may take a while).
+pub fn max_naks(cfg: &crate::HostConfig) -> u32 {
+    let n = cfg.transport_timeout.as_nanos() / cfg.odp_timeout.as_nanos().max(1);
+    ODP_MAX_NAKS.max(n.min(u32::MAX as u128) as u32)
+}
 
 /// Page ranges `(addr, len)` of host virtual memory.
 pub(crate) type Ranges = Vec<(usize, usize)>;
@@ -192,6 +200,12 @@ pub(crate) fn fault_remote(seg: &Segment, ranges: Ranges) {
             return;
         }
     }
+}
+
+/// Whether peers of other processes left faults in the mailbox (checked by the NIC
+/// thread after announcing it sleeps: `fault_remote` kicks only a sleeping thread).
+pub(crate) fn mail_pending(seg: &Segment) -> bool {
+    seg.hdr().odp_mail.pending.load(Ordering::SeqCst) != 0
 }
 
 /// NIC thread: move faults peers of other processes left in our mailbox to the queue.

@@ -684,7 +684,7 @@ impl QpInner {
     fn odp_nak(&self, sq: &mut Sq, i: usize, now: u64) {
         let e = &mut sq.entries[i];
         e.odp_naks += 1;
-        if e.odp_naks > crate::odp::ODP_MAX_NAKS {
+        if e.odp_naks > crate::odp::max_naks(&hi(self).cfg) {
             e.st = EState::Done {
                 status: WcStatus::RetryExcErr,
                 byte_len: 0,

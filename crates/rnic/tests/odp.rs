@@ -263,7 +263,11 @@ fn local_fault_without_handler_fails_cleanly() {
 #[test]
 fn remote_fault_without_handler_retries_then_fails() {
     let timeout = Duration::from_millis(1);
-    let (a, b) = pair_cfg(cfg(timeout));
+    let (a, b) = pair_cfg(HostConfig {
+        transport_timeout: Duration::from_millis(10),
+        ..cfg(timeout)
+    });
+    assert_eq!(rnic::odp::max_naks(a.host.config()), rnic::odp::ODP_MAX_NAKS);
     let rb = Region::new(1);
     b.host.frames().track(rb.addr(), rb.len, false).unwrap();
     let mrb = rb.odp_mr(&b.pd);
