@@ -249,6 +249,29 @@ fn main() {
         r: np_buf(&pdb, &pgb, BUF, Some(2)),
     };
     let pin = pinned_setup(&ha, &hb);
+    if let Ok(which) = std::env::var("NPRDMA_BENCH_PROF") {
+        // Profiling mode: only the NP-RDMA `which` (read|write) loop of
+        // NPRDMA_BENCH_PROF_LEN bytes (default 2), e.g. under callgrind.
+        let len = std::env::var("NPRDMA_BENCH_PROF_LEN")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2usize);
+        let op = if which == "write" {
+            Opcode::Write
+        } else {
+            Opcode::Read
+        };
+        let (raddr, rkey) = (np.r.0.addr() as u64, np.r.1.rkey());
+        let mut v = Vec::with_capacity(iters);
+        for i in 0..iters {
+            let t = Instant::now();
+            np_op(&np, op, len, raddr, rkey, i as u64);
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let (med, avg, p99) = stats(v);
+        println!("prof {which} {len} B: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
+        return;
+    }
     let only_faults = std::env::var("NPRDMA_BENCH_ONLY_FAULTS").is_ok();
     if !only_faults {
         println!(

@@ -155,6 +155,18 @@ pub struct NicStep {
 /// posts its [`readback_step`] later). WRITE_WITH_IMM is posted as a plain
 /// WRITE: the immediate travels in the control-channel notification.
 pub fn nic_steps(s: Strategy, remote_addr: u64, len: u64, t: &Translation) -> Vec<NicStep> {
+    nic_steps_small(s, remote_addr, len, t).into_vec()
+}
+
+/// [`nic_steps`] without a heap allocation (at most 3 steps), for the
+/// engine's per-operation fast path.
+pub fn nic_steps_small(
+    s: Strategy,
+    remote_addr: u64,
+    len: u64,
+    t: &Translation,
+) -> smallvec::SmallVec<[NicStep; 3]> {
+    use smallvec::smallvec as vec;
     let data_read = NicStep {
         role: StepRole::Data,
         op: WrOp::Read,
@@ -189,7 +201,7 @@ pub fn nic_steps(s: Strategy, remote_addr: u64, len: u64, t: &Translation) -> Ve
         }
         Strategy::WriteReadback { deferred: true } => vec![data_write],
         Strategy::WriteVersioned => vec![before, data_write, after],
-        Strategy::TwoSided(_) => Vec::new(),
+        Strategy::TwoSided(_) => smallvec::SmallVec::new(),
     }
 }
 

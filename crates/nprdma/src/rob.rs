@@ -79,10 +79,15 @@ impl<C> CompletionOrder<C> {
     /// Move the completions that may be reported now, in post order, to
     /// `out`; returns how many WRs were retired (reported or silent).
     pub fn drain_ready(&mut self, out: &mut Vec<C>) -> usize {
+        self.drain_ready_with(|c| out.push(c))
+    }
+
+    /// [`Rob::drain_ready`], handing each completion to `f` (no buffer).
+    pub fn drain_ready_with(&mut self, mut f: impl FnMut(C)) -> usize {
         let mut n = 0;
         while let Some(Slot::Done { .. }) = self.slots.front() {
-            if let Some(Slot::Done { report }) = self.slots.pop_front() {
-                out.extend(report);
+            if let Some(Slot::Done { report: Some(c) }) = self.slots.pop_front() {
+                f(c);
             }
             self.base += 1;
             n += 1;

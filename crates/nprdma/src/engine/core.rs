@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use rnic::{QpAttr, QpAttrMask, QpInitAttr, QpState as NicQpState, WcStatus, WrOpcode};
+use smallvec::SmallVec;
 
 use super::mr::MrEntry;
 use super::ucq::UCq;
@@ -28,7 +29,7 @@ use crate::mem;
 use crate::nic::{Access, CompOp, Completion, Pinned};
 use crate::ordering::{Admit, OrderTable, Range, Ticket};
 use crate::pending::Pending;
-use crate::plan::{choose, nic_steps, order_desc, AppOp, LocalBuf, Strategy};
+use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
 use crate::rob::CompletionOrder;
 use crate::shadow::MrShadow;
 use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
@@ -127,6 +128,8 @@ pub(crate) struct State {
     next_req: u32,
     last_sweep: Instant,
     progress_calls: u32,
+    /// The NIC completion buffer of [`progress`] (allocated once).
+    wcs: Vec<rnic::Wc>,
     flush_qps: Vec<usize>,
     cq_failed: bool,
 }
@@ -144,6 +147,7 @@ impl State {
             next_req: 1,
             last_sweep: Instant::now(),
             progress_calls: 0,
+            wcs: vec![rnic::Wc::default(); 64],
             flush_qps: Vec::new(),
             cq_failed: false,
         }
@@ -257,7 +261,7 @@ struct Op {
     /// That query has been answered (an unknown key is then an error).
     key_answered: bool,
     scratch: Option<Scratch>,
-    lver: Vec<u32>,
+    lver: Versions,
     /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
     /// one-sided retry is in flight, 3 = retried (use the reverse path).
     retry: u8,
@@ -592,7 +596,7 @@ pub(crate) fn post_send(
             key_answered: false,
             retry: 0,
             scratch: None,
-            lver: Vec::new(),
+            lver: Versions::new(),
             hold: Hold::default(),
         };
         let id = match qp.ops.insert(op) {
@@ -874,11 +878,14 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     post_steps(sh, st, qi, id, strat, &t, &lmr);
 }
 
-fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Vec<u32> {
+/// Page versions of a local range (inline up to 8 pages: no allocation).
+type Versions = SmallVec<[u32; 8]>;
+
+fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Versions {
     let Some((first, n)) = page_span(addr, len, PS as usize) else {
-        return Vec::new();
+        return Versions::new();
     };
-    let mut v = vec![0u32; n as usize];
+    let mut v: Versions = smallvec::smallvec![0u32; n as usize];
     if let Some(i) = shadow.page_index(first) {
         shadow.versions().snapshot(i, &mut v);
     }
@@ -897,7 +904,7 @@ fn post_steps(
     let Some(qp) = qp_at(st, qi) else { return };
     let Some(op) = qp.ops.get(id) else { return };
     let (laddr, len, raddr) = (op.laddr, op.len, op.wr.remote_addr);
-    let steps = nic_steps(strat, raddr, len, t);
+    let steps = nic_steps_small(strat, raddr, len, t);
     let vlen = t.version_len;
     let need = match strat {
         Strategy::WriteReadback { deferred: false } => len,
@@ -925,7 +932,7 @@ fn post_steps(
         .as_ref()
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
-    let sges: Vec<[rnic::Sge; 1]> = steps
+    let sges: SmallVec<[[rnic::Sge; 1]; 3]> = steps
         .iter()
         .map(|s| {
             let (addr, length, lkey) = match s.local {
@@ -943,7 +950,7 @@ fn post_steps(
         })
         .collect();
     let gen = qp.gen;
-    let wrs: Vec<rnic::SendWr> = steps
+    let wrs: SmallVec<[rnic::SendWr; 3]> = steps
         .iter()
         .zip(&sges)
         .enumerate()
@@ -1245,11 +1252,8 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
     if let Err(e) = qp.rob.finish(op.seq, status == 0, c) {
         tracing::error!(error = %e, "reorder buffer");
     }
-    let mut out = Vec::new();
-    qp.rob.drain_ready(&mut out);
-    for c in out {
-        qp.send_cq.push(c);
-    }
+    let cq = &qp.send_cq;
+    qp.rob.drain_ready_with(|c| cq.push(c));
     if let Some(t) = op.ticket {
         if let Ok(rel) = qp.order.complete(t) {
             for (_, nid) in rel {
@@ -1262,7 +1266,20 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
 /// number of NIC completions handled.
 pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
-    let mut wcs = [rnic::Wc::default(); 64];
+    progress_inner(sh, st, false)
+}
+
+/// [`progress`] from an application thread spinning on its CQ: an idle
+/// poll reads the clock (for the timeout sweep) only every 32nd time.
+pub(crate) fn progress_app(sh: &Shared, st: &mut State) -> usize {
+    progress_inner(sh, st, true)
+}
+
+fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
+    let mut wcs = std::mem::take(&mut st.wcs);
+    if wcs.is_empty() {
+        wcs = vec![rnic::Wc::default(); 64];
+    }
     let mut total = 0;
     for cq in [&sh.ncq, &sh.rcq] {
         loop {
@@ -1286,12 +1303,16 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
             }
         }
     }
-    for qi in std::mem::take(&mut st.flush_qps) {
-        flush_deferred(sh, st, qi);
+    st.wcs = wcs;
+    if !st.flush_qps.is_empty() {
+        for qi in std::mem::take(&mut st.flush_qps) {
+            flush_deferred(sh, st, qi);
+        }
     }
     run_ready(sh, st);
     st.progress_calls = st.progress_calls.wrapping_add(1);
-    if (total == 0 || st.progress_calls % 256 == 0)
+    let idle_check = total == 0 && (!app || st.progress_calls % 32 == 0);
+    if (idle_check || st.progress_calls % 256 == 0)
         && st.last_sweep.elapsed() >= std::time::Duration::from_millis(10)
     {
         st.last_sweep = Instant::now();

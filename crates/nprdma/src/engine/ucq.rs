@@ -89,7 +89,7 @@ impl Cq {
         }
         self.sh.mark_app_active();
         if let Some(mut st) = self.sh.st.try_lock() {
-            core::progress(&self.sh, &mut st);
+            core::progress_app(&self.sh, &mut st);
         }
         self.take(out)
     }
