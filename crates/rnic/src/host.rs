@@ -312,7 +312,8 @@ impl Host {
     /// [`Host::odp_invalidate`], then `swap_out` (e.g. `madvise`/`mprotect` the pages
     /// away), with fault resolution held off until `swap_out` returned, so a concurrent
     /// fault cannot mark the pages present again in between (the MMU-notifier
-    /// invalidate_range_start/end window). `swap_out` must not wait for DMA.
+    /// invalidate_range_start/end window). `swap_out` must not wait for DMA. May be
+    /// called from inside the fault handler (e.g. a pager evicting to make room).
     pub fn odp_invalidate_then<R>(&self, addr: usize, len: usize, swap_out: impl FnOnce() -> R) -> Result<R> {
         let i = &self.sh.inner;
         let _g = i.odp.inval.lock();

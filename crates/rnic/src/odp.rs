@@ -34,7 +34,7 @@
 use crate::dma::{translate, Fault, Span};
 use crate::host::{local_host, HostInner};
 use crate::segment::{Segment, ODP_MAIL_SLOTS, PAGE};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, ReentrantMutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -77,8 +77,9 @@ pub(crate) struct OdpState {
     queue: Mutex<VecDeque<FaultReq>>,
     pending: AtomicBool,
     /// Serialises fault resolution (handler + present) with invalidation (non-present +
-    /// flush + the host's swap-out), like the MMU-notifier sequence check.
-    pub(crate) inval: Mutex<()>,
+    /// flush + the host's swap-out), like the MMU-notifier sequence check. Re-entrant:
+    /// a handler may invalidate (evict) other pages.
+    pub(crate) inval: ReentrantMutex<()>,
     nic_thread: OnceLock<ThreadId>,
 }
 
