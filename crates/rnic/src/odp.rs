@@ -248,3 +248,48 @@ pub(crate) fn missing(seg: &Segment, spans: &[Span], write: bool) -> Ranges {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::{MrView, MR_PASSTHROUGH};
+    use crate::{Host, HostConfig};
+
+    #[test]
+    fn nak_limit_covers_the_transport_timeout() {
+        let c = HostConfig::default();
+        assert_eq!(max_naks(&c), 1000, "2 s / 2 ms");
+        let c = HostConfig {
+            transport_timeout: Duration::from_millis(1),
+            ..c
+        };
+        assert_eq!(max_naks(&c), ODP_MAX_NAKS);
+    }
+
+    #[test]
+    fn missing_coalesces_non_present_pages_of_odp_spans_only() {
+        let h = Host::new(HostConfig::default()).unwrap();
+        let seg = &h.inner().seg;
+        let base = 0x7100_0000_0000usize;
+        h.frames().track(base, 8 * PAGE, true).unwrap();
+        h.frames().set_resident(base + PAGE, 2 * PAGE, false);
+        h.frames().set_resident(base + 5 * PAGE, PAGE, false);
+        let mr = |odp| MrView {
+            kind: MR_PASSTHROUGH,
+            va: base as u64,
+            len: 8 * PAGE as u64,
+            iova_base: 0,
+            odp,
+        };
+        let span = |odp, off: usize, len: usize| Span {
+            mr: mr(odp),
+            addr: (base + off) as u64,
+            len: len as u64,
+        };
+        let m = missing(seg, &[span(true, 100, 8 * PAGE - 100)], false);
+        assert_eq!(m, vec![(base + PAGE, 2 * PAGE), (base + 5 * PAGE, PAGE)]);
+        assert_eq!(missing(seg, &[span(true, 3 * PAGE, 2 * PAGE)], true), vec![]);
+        assert_eq!(missing(seg, &[span(false, 0, 8 * PAGE)], false), vec![]);
+        assert_eq!(h.stats().nonresident_dma, 0, "the scan counts nothing");
+    }
+}
