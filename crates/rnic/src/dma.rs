@@ -407,30 +407,65 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece], help: Option<&Help>) -> Result<
     }
 }
 
+/// Transient process_vm failures (EINTR, EAGAIN, ENOMEM) retried before the WR fails.
+const VM_RETRIES: u32 = 3;
+
+/// Copy `chunk` with process_vm_readv/writev. A partial transfer (the kernel stops at
+/// an iovec it could not complete) resumes from where it stopped, and a transient
+/// failure is retried, so only a persistent fault fails the WR (before, any short
+/// count failed it: a READ then completed with REM_ACCESS_ERR).
 fn vm_copy(pid: u32, dir: VmDir, chunk: &[(u64, u64, u64)]) -> Result<(), DmaErr> {
-    let l: Vec<libc::iovec> = chunk
-        .iter()
-        .map(|t| libc::iovec {
-            iov_base: t.0 as *mut libc::c_void,
-            iov_len: t.2 as usize,
-        })
-        .collect();
-    let r: Vec<libc::iovec> = chunk
-        .iter()
-        .map(|t| libc::iovec {
-            iov_base: t.1 as *mut libc::c_void,
-            iov_len: t.2 as usize,
-        })
-        .collect();
-    let want: u64 = chunk.iter().map(|t| t.2).sum();
-    // SAFETY: local iovecs point into translated local memory (see `execute`'s
-    // invariant), valid and writable for reads into it; pattern buffers outlive the call.
-    let got = unsafe { sys::process_vm(pid, dir, &l, &r) };
-    if matches!(got, Ok(n) if n as u64 == want) {
-        Ok(())
-    } else {
-        Err(DmaErr::Io)
+    let mut rest: Vec<(u64, u64, u64)> = chunk.iter().copied().filter(|t| t.2 > 0).collect();
+    let mut retries = 0;
+    while !rest.is_empty() {
+        let l: Vec<libc::iovec> = rest
+            .iter()
+            .map(|t| libc::iovec {
+                iov_base: t.0 as *mut libc::c_void,
+                iov_len: t.2 as usize,
+            })
+            .collect();
+        let r: Vec<libc::iovec> = rest
+            .iter()
+            .map(|t| libc::iovec {
+                iov_base: t.1 as *mut libc::c_void,
+                iov_len: t.2 as usize,
+            })
+            .collect();
+        // SAFETY: local iovecs point into translated local memory (see `execute`'s
+        // invariant), valid and writable for reads into it; pattern buffers outlive
+        // the call.
+        match unsafe { sys::process_vm(pid, dir, &l, &r) } {
+            Ok(n) if n > 0 => {
+                let want: u64 = rest.iter().map(|t| t.2).sum();
+                if n as u64 >= want {
+                    return Ok(());
+                }
+                tracing::debug!(got = n, want, "partial process_vm transfer, resuming");
+                let mut skip = n as u64;
+                while let Some(t) = rest.first_mut() {
+                    if skip < t.2 {
+                        *t = (t.0 + skip, t.1 + skip, t.2 - skip);
+                        break;
+                    }
+                    skip -= t.2;
+                    rest.remove(0);
+                }
+            }
+            Err(e)
+                if retries < VM_RETRIES
+                    && matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::ENOMEM)) =>
+            {
+                retries += 1;
+                tracing::debug!(error = %e, "transient process_vm failure, retrying");
+            }
+            res => {
+                tracing::debug!(?res, "process_vm failed");
+                return Err(DmaErr::Io);
+            }
+        }
     }
+    Ok(())
 }
 
 type Triples = Vec<(u64, u64, u64)>;
@@ -574,6 +609,30 @@ pub fn atomic_local(loc: Loc, op: AtomicOp) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vm_copy_many_iovecs_and_persistent_fault() {
+        let pid = std::process::id();
+        let src: Vec<u8> = (0..3 * PAGE).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0u8; 3 * PAGE];
+        let (s, d) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+        let p = PAGE as u64;
+        // Out of order, uneven pieces, one empty.
+        let t = [
+            (d + 2 * p, s + 2 * p, p),
+            (d, s, 100),
+            (d + 100, s + 100, 0),
+            (d + 100, s + 100, 2 * p - 100),
+        ];
+        vm_copy(pid, VmDir::Read, &t).unwrap();
+        assert_eq!(dst, src);
+        // A remote iovec that can never be read: the kernel copies the first piece
+        // (partial transfer), the resumed call faults, the copy fails.
+        dst.fill(0);
+        let t = [(d, s, p), (d + p, 8, p)];
+        assert_eq!(vm_copy(pid, VmDir::Read, &t), Err(DmaErr::Io));
+        assert_eq!(dst[..PAGE], src[..PAGE]);
+    }
 
     #[test]
     fn sig_pattern_is_phase_correct() {

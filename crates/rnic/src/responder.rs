@@ -279,6 +279,21 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
         {
             return false;
         }
+        // Re-read the job now that it is ours: between our first look and the CAS the
+        // initiator may have cancelled that job and posted a different request in the
+        // same slot (ABA on REQ). Serving it with the stale op / unit count copied
+        // stale units (wrong memory, or REM_ACCESS_ERR when they no longer
+        // translate), or "completed" a small READ / atomic without executing it.
+        let op = h.op.load(Ordering::Relaxed);
+        if op != segment::RING_HELP_READ && op != segment::RING_HELP_WRITE {
+            // A regular request: hand it back (only we consume REQ slots).
+            h.state.store(segment::SLOT_REQ, Ordering::Release);
+            tracing::debug!("help job replaced by a regular request before we took it");
+            return true;
+        }
+        let len = h.len.load(Ordering::Relaxed) as u64;
+        let src_qpn = h.src_qpn.load(Ordering::Relaxed);
+        let src_nonce = h.src_nonce.load(Ordering::Relaxed);
         let ok = target_qp(seg, idx, qpn, src_nonce, src_qpn).is_some()
             && serve_help(
                 op,
