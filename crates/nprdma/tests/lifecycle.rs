@@ -227,3 +227,52 @@ fn completion_channel_wakes_a_blocked_application() {
     }
     assert_eq!(&la.bytes()[..5000], &pattern(2, LEN)[..5000]);
 }
+
+/// One-sided operations of 1–3 NIC WRs (only the last one signaled on the
+/// NIC) against a destroyed peer QP: a NIC error on any WR still yields
+/// exactly one completion per application WR, in post order.
+#[test]
+fn multi_wr_ops_complete_once_on_nic_error() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, qb) = connect(&a, &b, 16);
+    // Key sync and a working path first.
+    qa.post_send(&[SendWr::new(
+        100,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+    drop(qb);
+    // WRITE+read-back (2 WRs), versioned WRITE (3), READ (1).
+    let wrs: Vec<SendWr> = [
+        (Opcode::Write, 100u32),
+        (Opcode::Write, 32768),
+        (Opcode::Read, 64),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(op, len))| {
+        SendWr::new(
+            i as u64,
+            op,
+            Some(la.mr.sge(0, len)),
+            rb.addr(),
+            rb.mr.rkey(),
+        )
+    })
+    .collect();
+    qa.post_send(&wrs).unwrap();
+    let cs = a.cq.poll_wait(3, Duration::from_secs(10));
+    assert_eq!(cs.len(), 3, "{cs:?}");
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!(c.wr_id, i as u64);
+        assert_ne!(c.status, 0, "{c:?}");
+    }
+    assert_eq!(a.cq.poll_wait(1, Duration::from_millis(200)).len(), 0);
+}

@@ -232,6 +232,9 @@ enum Stage {
     KeyWait,
     OneSided {
         strat: Strategy,
+        /// NIC WRs posted (only the last one is signaled).
+        steps: u8,
+        /// NIC completions still expected.
         left: u8,
         err: u32,
         vlen: u64,
@@ -950,6 +953,7 @@ fn post_steps(
         })
         .collect();
     let gen = qp.gen;
+    let last = steps.len().saturating_sub(1);
     let wrs: SmallVec<[rnic::SendWr; 3]> = steps
         .iter()
         .zip(&sges)
@@ -959,8 +963,15 @@ fn post_steps(
                 crate::nic::WrOp::Read => WrOpcode::Read,
                 _ => WrOpcode::Write,
             };
-            rnic::SendWr::new(enc(qi, gen, K_OP, k as u64, id), opc, sge)
-                .remote(s.remote_addr, s.rkey)
+            let mut w = rnic::SendWr::new(enc(qi, gen, K_OP, k as u64, id), opc, sge)
+                .remote(s.remote_addr, s.rkey);
+            // One NIC completion per operation: on the RC QP the last WR
+            // completes after the others; a failing WR and the flushed
+            // ones behind it still complete (errors are always reported).
+            if k != last {
+                w.flags.remove(rnic::SendFlags::SIGNALED);
+            }
+            w
         })
         .collect();
     let lver = local_versions(&lmr.shadow, laddr, len);
@@ -976,12 +987,23 @@ fn post_steps(
         finish(st, qi, id, err, 0);
         return;
     }
+    if posted < wrs.len() {
+        // A prefix of unsignaled WRs went out without its signaled last
+        // WR: no completion may ever come for them. Unreachable with the
+        // SQ sized for 4 WRs per operation; if it happens, the QP fails
+        // like on a NIC error (every operation completes, flushed).
+        tracing::error!(posted, "partial post of an operation's NIC WRs");
+        qp.release_scratch(scratch);
+        fail_qp(st, qi);
+        return;
+    }
     let Some(op) = qp.ops.get_mut(id) else { return };
     op.lver = lver;
     op.scratch = scratch;
     op.sent = None;
     op.stage = Stage::OneSided {
         strat,
+        steps: posted as u8,
         left: posted as u8,
         err,
         vlen,
@@ -1352,7 +1374,7 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
 }
 
 fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
-    let (qi, gen, kind, _step, id) = dec(wc.wr_id);
+    let (qi, gen, kind, step, id) = dec(wc.wr_id);
     if st.gens.get(qi) != Some(&gen) {
         return;
     }
@@ -1361,8 +1383,15 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
     match kind {
         K_OP => {
             let Some(op) = qp.ops.get_mut(id) else { return };
-            if let Stage::OneSided { left, err, .. } = &mut op.stage {
-                *left = left.saturating_sub(1);
+            if let Stage::OneSided {
+                steps, left, err, ..
+            } = &mut op.stage
+            {
+                // Completions still due after step `step`: none on success
+                // (only the last WR is signaled), the flushed WRs behind a
+                // failed one otherwise.
+                let behind = (*steps as u64).saturating_sub(step + 1) as u8;
+                *left = (*left).min(behind);
                 if !ok && *err == 0 {
                     *err = wc.status as u32;
                 }
