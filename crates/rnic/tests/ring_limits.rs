@@ -85,3 +85,90 @@ fn ring_rw_max_zero_sends_read_write_direct() {
     };
     assert_eq!(rw_and_atomics(cfg, 128), 2);
 }
+
+/// The NP-RDMA layer's setup: one CQ of host b receives b's own send completions
+/// (WRITEs to a) and the receive completions a's requester pushes into b's segment,
+/// concurrently. Nothing may be lost, duplicated, reordered within its kind, or turn
+/// into a (spurious) CQ overflow. Long form: `RNIC_SHARED_CQ_MSGS=200000`.
+#[test]
+fn one_cq_for_local_sends_and_remote_receives() {
+    let n: u64 = std::env::var("RNIC_SHARED_CQ_MSGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    const RQ: u64 = 16;
+    const SQ: u64 = 16;
+    for cfg in [HostConfig::default(), ring_cfg()] {
+        let ha = Host::new(cfg.clone()).unwrap();
+        let hb = Host::new(cfg).unwrap();
+        let a = end(&ha, &QpInitAttr::default());
+        let bctx = hb.open_context().unwrap();
+        let bpd = bctx.alloc_pd().unwrap();
+        let bcq = bctx.create_cq(2 * (RQ + SQ) as u32, None).unwrap();
+        let bqp = bpd.create_qp(&bcq, &bcq, &QpInitAttr::default()).unwrap();
+        a.qp.connect(all_access(), hb.addr(), bqp.qpn(), 7).unwrap();
+        bqp.connect(all_access(), ha.addr(), a.qp.qpn(), 7).unwrap();
+        let abuf = buf(&a.pd, 4096, 0);
+        let bbuf = buf(&bpd, 4096, 0);
+        std::thread::scope(|s| {
+            // a: SENDs with their sequence number as immediate data.
+            s.spawn(|| {
+                let sge = [abuf.sge(0, 16)];
+                let mut i = 0;
+                while i < n {
+                    let k = (n - i).min(8);
+                    let wrs: Vec<SendWr> = (i..i + k)
+                        .map(|j| SendWr::new(j, WrOpcode::SendImm(j as u32), &sge))
+                        .collect();
+                    a.qp.post_send(&wrs).unwrap();
+                    for w in a.cq.poll_wait(k as usize, T).unwrap() {
+                        assert_eq!(w.status, WcStatus::Success, "a's SEND {w:?}");
+                    }
+                    i += k;
+                }
+            });
+            // b: keeps its RQ stocked, WRITEs to a, polls the shared CQ.
+            let rs = [bbuf.sge(0, 64)];
+            let ws = [bbuf.sge(1024, 32)];
+            let (mut posted_r, mut recvd, mut posted_w, mut written) = (0u64, 0u64, 0u64, 0u64);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let mut out = [Wc::default(); 16];
+            while recvd < n || written < n {
+                while posted_r < n && posted_r - recvd < RQ {
+                    bqp.post_recv(&[RecvWr {
+                        wr_id: posted_r,
+                        sg_list: &rs,
+                    }])
+                    .unwrap();
+                    posted_r += 1;
+                }
+                while posted_w < n && posted_w - written < SQ {
+                    bqp.post_send(&[SendWr::new(1 << 40 | posted_w, WrOpcode::Write, &ws)
+                        .remote(abuf.addr() as u64 + 2048, abuf.rkey())])
+                        .unwrap();
+                    posted_w += 1;
+                }
+                let k = bcq.poll(&mut out).expect("shared CQ failed (overflow)");
+                for w in &out[..k] {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    if w.opcode == WcOpcode::Recv {
+                        assert_eq!((w.wr_id, w.imm_data as u64), (recvd, recvd), "receive order");
+                        recvd += 1;
+                    } else {
+                        assert_eq!(
+                            (w.opcode, w.wr_id),
+                            (WcOpcode::RdmaWrite, 1 << 40 | written),
+                            "send order"
+                        );
+                        written += 1;
+                    }
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "stuck at {recvd} recvs, {written} writes"
+                );
+            }
+        });
+        assert_empty(&bcq);
+    }
+}
