@@ -31,26 +31,35 @@ impl FrameMap {
     }
 
     /// Start tracking the pages covering `[addr, addr+len)`, initially `resident`.
+    ///
+    /// Ranges may overlap (applications register the same buffer more than once):
+    /// pages already covered by a tracked range keep the state that range records,
+    /// [`FrameMap::set_resident`] updates every range covering a page, and each
+    /// `track` is undone by one [`FrameMap::untrack`] of the same start address.
     pub fn track(&self, addr: usize, len: usize, resident: bool) -> Result<()> {
         let (first, n) = Self::pages(addr, len);
         let mut bits = self.bits.lock();
         let h = self.seg.hdr();
-        for i in 0..h.nranges.load(Ordering::Acquire) {
-            let r = self.seg.range(i).expect("in range");
-            if r.used.load(Ordering::Acquire) == 1 {
-                let s = r.start_page.load(Ordering::Relaxed);
-                let e = s + r.npages.load(Ordering::Relaxed);
-                if first < e && s < first + n {
-                    return Err(Error::InvalidArgument("range overlaps a tracked range"));
-                }
-            }
-        }
         let slot = (0..self.seg.p.max_tracked_ranges)
             .find(|&i| self.seg.range(i).expect("in range").used.load(Ordering::Acquire) == 0)
             .ok_or(Error::NoResources("tracked ranges"))?;
         let off = bits.alloc(n).ok_or(Error::NoResources("tracked pages"))?;
         for p in 0..n {
             self.set_bit(off + p, !resident);
+        }
+        // Pages some tracked range already covers keep their recorded state.
+        for i in 0..h.nranges.load(Ordering::Acquire) {
+            let r = self.seg.range(i).expect("in range");
+            if r.used.load(Ordering::Acquire) != 1 {
+                continue;
+            }
+            let s = r.start_page.load(Ordering::Relaxed);
+            let e = s + r.npages.load(Ordering::Relaxed);
+            let roff = r.bit_off.load(Ordering::Relaxed);
+            for page in first.max(s)..(first + n).min(e) {
+                let absent = self.bit(roff + (page - s));
+                self.set_bit(off + (page - first), absent);
+            }
         }
         let r = self.seg.range(slot).expect("in range");
         r.start_page.store(first, Ordering::Relaxed);
@@ -83,9 +92,17 @@ impl FrameMap {
     /// DMA that checked the old state.
     pub fn set_resident(&self, addr: usize, len: usize, resident: bool) {
         let (first, n) = Self::pages(addr, len);
-        for p in first..first + n {
-            if let Some(bit) = lookup_bit(&self.seg, p) {
-                self.set_bit(bit, !resident);
+        let h = self.seg.hdr();
+        for i in 0..h.nranges.load(Ordering::Acquire) {
+            let Some(r) = self.seg.range(i) else { break };
+            if r.used.load(Ordering::Acquire) != 1 {
+                continue;
+            }
+            let s = r.start_page.load(Ordering::Relaxed);
+            let e = s + r.npages.load(Ordering::Relaxed);
+            let roff = r.bit_off.load(Ordering::Relaxed);
+            for page in first.max(s)..(first + n).min(e) {
+                self.set_bit(roff + (page - s), !resident);
             }
         }
     }
@@ -93,6 +110,12 @@ impl FrameMap {
     /// Whether the page containing `addr` counts as resident.
     pub fn is_resident(&self, addr: usize) -> bool {
         page_resident(&self.seg, (addr >> PAGE_SHIFT) as u64)
+    }
+
+    fn bit(&self, bit: u64) -> bool {
+        self.seg
+            .bitmap_word(bit)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (bit % 64)) != 0)
     }
 
     fn set_bit(&self, bit: u64, nonresident: bool) {
@@ -152,7 +175,6 @@ mod tests {
         let base = 0x7000_0000_0000usize;
         assert!(f.is_resident(base), "untracked memory is resident");
         f.track(base, 8 * 4096, true).unwrap();
-        assert!(f.track(base + 4096, 4096, true).is_err(), "overlap rejected");
         f.set_resident(base + 2 * 4096 + 17, 2 * 4096, false);
         let r: Vec<bool> = (0..8).map(|p| f.is_resident(base + p * 4096)).collect();
         assert_eq!(r, [true, true, false, false, false, true, true, true]);
@@ -163,5 +185,28 @@ mod tests {
         assert!(f.is_resident(base + 3 * 4096));
         assert!(f.untrack(base).is_err());
         f.track(base + 200 * 4096, 4096, true).unwrap();
+    }
+
+    #[test]
+    fn overlapping_ranges_agree() {
+        let h = Host::new(HostConfig::default()).unwrap();
+        let f = h.frames();
+        let base = 0x7100_0000_0000usize;
+        let pg = 4096;
+        f.track(base, 8 * pg, true).unwrap();
+        f.set_resident(base + 3 * pg, pg, false);
+        // A second range over pages 2..10: page 3 keeps its absent state, pages
+        // 8..10 (new) start as declared.
+        f.track(base + 2 * pg, 8 * pg, false).unwrap();
+        let r: Vec<bool> = (0..10).map(|p| f.is_resident(base + p * pg)).collect();
+        assert_eq!(r, [true, true, true, false, true, true, true, true, false, false]);
+        // Updates reach every covering range, whichever one a lookup consults.
+        f.set_resident(base + 2 * pg, 8 * pg, true);
+        f.set_resident(base + 5 * pg, pg, false);
+        f.untrack(base).unwrap();
+        let r: Vec<bool> = (2..10).map(|p| f.is_resident(base + p * pg)).collect();
+        assert_eq!(r, [true, true, true, false, true, true, true, true]);
+        f.untrack(base + 2 * pg).unwrap();
+        assert!(f.is_resident(base + 5 * pg), "untracked again");
     }
 }
