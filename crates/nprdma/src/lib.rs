@@ -49,7 +49,8 @@
 //!   completions of data and control QPs, and the control QPs' receives
 //!   (kept apart so that only this process's engine pushes into the first);
 //!   application CQs are user-space queues. The polling thread
-//!   spins `Config::spin` after work, then blocks on the channel
+//!   spins `Config::spin` after work (up to 40× that while requests keep
+//!   arriving just after it blocked), then blocks on the channel
 //!   (`interrupt_mode`: no spinning). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
