@@ -285,6 +285,9 @@
 //! an unsolicited KeySync, and a deregistered one as
 //! [`ctrl::Repr::KeyRevoke`]. An rkey still unknown at use triggers one
 //! `KeyQuery{rkey}`; if still unknown the WR completes with REM_ACCESS_ERR.
+//! Only the answer to a query sent *after* the WR was posted can fail it:
+//! a WR posted while the first-use query is still out sends its own query,
+//! since the older answer may be a snapshot from before the key existed.
 //!
 //! ## 8. Teardown and errors
 //!

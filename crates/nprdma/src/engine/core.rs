@@ -318,6 +318,11 @@ pub(crate) struct QpState {
     dead: bool,
     peer: PeerKeys,
     key_wait: Vec<u32>,
+    /// Sequence number the next posted WR gets.
+    next_seq: u64,
+    /// WRs posted before the pending initial KeyQuery was sent (`seq` below
+    /// this) may wait for its answer; later ones need their own query.
+    sync_cover: u64,
     reasm: Reassembler,
     backlog: VecDeque<[u8; SLOT]>,
     ctrl_out: u32,
@@ -402,6 +407,8 @@ impl QpState {
             dead: false,
             peer: PeerKeys::new(PS as usize).expect("page size"),
             key_wait: Vec::new(),
+            next_seq: 0,
+            sync_cover: 0,
             reasm: Reassembler::new(&sh.cfg.ctrl),
             backlog: VecDeque::new(),
             ctrl_out: 0,
@@ -585,6 +592,7 @@ pub(crate) fn post_send(
             status = ST_LOC_LEN;
         }
         let seq = qp.rob.post(wr.signaled);
+        qp.next_seq = seq + 1;
         let rlen = if is_atomic(wr.op) { 8 } else { len };
         let op = Op {
             sent: None,
@@ -831,12 +839,17 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 return;
             }
             match qp.peer.state() {
-                SyncState::Pending { req_id } => op.key_req = req_id,
+                // The pending query's answer proves a key unknown only if
+                // the query left after this WR was posted (the peer had
+                // registered the key by then); an answer to an older query
+                // may be a snapshot from before the registration.
+                SyncState::Pending { req_id } if op.seq < qp.sync_cover => op.key_req = req_id,
                 s => {
                     let req_id = *next_req;
                     *next_req = next_req.wrapping_add(1).max(1);
                     let rkey = if s == SyncState::Unsynced {
                         qp.peer.begin_sync(req_id);
+                        qp.sync_cover = qp.next_seq;
                         None
                     } else {
                         Some(rkey)
