@@ -57,6 +57,9 @@ pub struct EvalResults {
     pub reg: Vec<crate::reg::RegResult>,
     /// Modes that could not run, with the reason.
     pub missing: BTreeMap<String, String>,
+    /// Rows whose run failed (error completion, timeout), with the error; the
+    /// session is re-opened and the evaluation goes on.
+    pub failures: Vec<String>,
     pub seconds: f64,
 }
 
@@ -227,7 +230,9 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
 
     for (name, mode, cfg, specs) in groups {
         pb.set_message(format!("{name}: setting up"));
-        let mut session = match Session::open(mode, &specs, a.transport, None, cfg) {
+        let open =
+            |cfg: &nprdma::Config| Session::open(mode, &specs, a.transport, None, cfg.clone());
+        let mut session = match open(&cfg) {
             Ok(s) => s,
             Err(CliError::Unavailable(why)) => {
                 res.missing.insert(mode.label().to_string(), why);
@@ -245,16 +250,27 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
                 if spec.test == Test::Lat { "lat" } else { "bw" },
                 svg::size_label(spec.size as f64)
             ));
-            let r = session.run(spec).map_err(|e| {
-                CliError::Peer(format!(
-                    "{name} {:?} {:?} {:?} {} B: {e}",
-                    spec.op, spec.fault, spec.test, spec.size
-                ))
-            })?;
-            match name {
-                "signature" => res.signature.push(r),
-                "versioning" => res.versioning.push(r),
-                _ => res.perf.push(r),
+            match session.run(spec) {
+                Ok(r) => match name {
+                    "signature" => res.signature.push(r),
+                    "versioning" => res.versioning.push(r),
+                    _ => res.perf.push(r),
+                },
+                Err(e) => {
+                    let msg = format!(
+                        "{} {} {} {} {} B: {e}",
+                        mode.label(),
+                        name,
+                        spec.op.name(),
+                        spec.fault.name(),
+                        spec.size
+                    );
+                    pb.println(format!("nprdma eval: run failed: {msg}"));
+                    res.failures.push(msg);
+                    // The QP may be in the error state: start a fresh session.
+                    drop(session);
+                    session = open(&cfg)?;
+                }
             }
             pb.inc(1);
         }
@@ -283,6 +299,12 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let plots = write_plots(&a.out, &res)?;
     let md = report(&res, &plots);
     std::fs::write(a.out.join("report.md"), md)?;
+    if lvl == Level::Smoke && !res.failures.is_empty() {
+        return Err(CliError::Completion(format!(
+            "runs failed: {:?}",
+            res.failures
+        )));
+    }
     if let Err(e) = res.check_finite() {
         return Err(CliError::Completion(format!(
             "evaluation produced a bad figure: {e}"
@@ -464,6 +486,12 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             let _ = writeln!(w, "\n**{m} not measured**: {why}.");
         }
         let _ = writeln!(w);
+    }
+    for f in &res.failures {
+        let _ = writeln!(
+            w,
+            "**Run failed** (no row; its plot point is missing): {f}.\n"
+        );
     }
     let _ = writeln!(w, "Fault scenarios (at the target buffer, prepared before each window of operations, outside the timing): *none* = resident, mapped pages; *minor* = each operation hits never-touched pages of a fresh pager region; *major* = each operation hits pages swapped out to the pager's swap file just before. Pinned memory cannot fault, so its no-fault curve is drawn in every scenario as the reference.\n");
 
