@@ -121,7 +121,7 @@ impl Plan {
         let n = self.iters(test, fault, size);
         match (mode, fault, self.lvl) {
             (Mode::Odp, Fault::Minor | Fault::Major, Level::Quick) => n.min(40),
-            (Mode::Odp, Fault::Minor | Fault::Major, Level::Full) => n.min(150),
+            (Mode::Odp, Fault::Minor | Fault::Major, Level::Full) => n.min(60),
             _ => n,
         }
     }
