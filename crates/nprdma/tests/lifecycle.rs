@@ -276,3 +276,15 @@ fn multi_wr_ops_complete_once_on_nic_error() {
     }
     assert_eq!(a.cq.poll_wait(1, Duration::from_millis(200)).len(), 0);
 }
+
+#[test]
+fn oversized_readback_threshold_is_an_error_not_a_panic() {
+    let mut cfg = Config::default();
+    cfg.plan.write_version_threshold = u64::MAX;
+    let a = side_with(cfg);
+    let err =
+        a.pd.create_qp(&a.cq, &a.rcq, 16)
+            .err()
+            .expect("a QP whose read-back scratch cannot be sized is refused");
+    assert!(err.to_string().contains("scratch"), "{err}");
+}

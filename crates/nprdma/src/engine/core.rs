@@ -383,11 +383,19 @@ impl QpState {
         let ring = sh
             .pd
             .reg_mr_owned(vec![0; nslots as usize * SLOT], rnic::Access::LOCAL_WRITE)?;
-        let slot_size = (sh.cfg.plan.write_version_threshold as usize).max(4096);
-        let scratch = sh.pd.reg_mr_owned(
-            vec![0; depth as usize * slot_size],
-            rnic::Access::LOCAL_WRITE,
-        )?;
+        // Small WRITEs are read back into a per-op scratch slot of the QP.
+        const MAX_SCRATCH: u64 = 1 << 30;
+        let slot_size = sh.cfg.plan.write_version_threshold.max(4096);
+        let scratch_len = slot_size
+            .checked_mul(u64::from(depth))
+            .filter(|&n| n <= MAX_SCRATCH)
+            .ok_or(Error::Invalid(
+                "QP depth x plan.write_version_threshold exceeds the 1 GiB read-back scratch limit",
+            ))?;
+        let slot_size = slot_size as usize;
+        let scratch = sh
+            .pd
+            .reg_mr_owned(vec![0; scratch_len as usize], rnic::Access::LOCAL_WRITE)?;
         Ok(QpState {
             data,
             ctrl,
