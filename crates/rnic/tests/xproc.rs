@@ -3,10 +3,10 @@
 //! perftest does over TCP) and then talk through the shared-memory transport.
 
 mod common;
+use common::child::Child;
 use common::*;
 use rnic::*;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, Write};
 
 const BIG: usize = 1 << 20;
 
@@ -131,64 +131,18 @@ fn xproc_child() {
     }
 }
 
-struct Child {
-    child: std::process::Child,
-    inp: std::process::ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
-}
+/// Reply prefixes of `xproc_child`.
+const REPLIES: &[&str] = &[
+    "INFO", "READY", "OK", "BAD", "WC", "ERR", "VAL", "STATE", "STATS", "IOVA",
+];
 
-impl Child {
-    fn spawn() -> Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "xproc_child", "--nocapture", "--test-threads=1", "-q"])
-            .env("RNIC_XPROC_CHILD", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let inp = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Child { child, inp, out }
-    }
-    fn line(&mut self) -> String {
-        loop {
-            let mut s = String::new();
-            assert!(self.out.read_line(&mut s).unwrap() > 0, "child exited");
-            let s = s.trim().to_string();
-            // skip libtest chatter
-            if s.starts_with("INFO")
-                || s.starts_with("READY")
-                || s.starts_with("OK")
-                || s.starts_with("BAD")
-                || s.starts_with("WC")
-                || s.starts_with("ERR")
-                || s.starts_with("VAL")
-                || s.starts_with("STATE")
-                || s.starts_with("STATS")
-                || s.starts_with("IOVA")
-            {
-                return s;
-            }
-        }
-    }
-    fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.inp, "{c}").unwrap();
-        self.inp.flush().unwrap();
-        self.line()
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = writeln!(self.inp, "EXIT");
-        let _ = self.inp.flush();
-        let _ = self.child.wait();
-    }
+fn spawn_child() -> Child {
+    Child::spawn("xproc_child", "RNIC_XPROC_CHILD", "1", REPLIES)
 }
 
 #[test]
 fn cross_process_all_operations() {
-    let mut c = Child::spawn();
+    let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
@@ -280,7 +234,7 @@ fn cross_process_all_operations() {
 
 #[test]
 fn cross_process_large_write_error_out_of_bounds() {
-    let mut c = Child::spawn();
+    let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
@@ -300,7 +254,7 @@ fn cross_process_large_write_error_out_of_bounds() {
 
 #[test]
 fn cross_process_completion_channel_is_signalled() {
-    let mut c = Child::spawn();
+    let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
@@ -326,7 +280,7 @@ fn cross_process_completion_channel_is_signalled() {
 
 #[test]
 fn dead_peer_process_fails_wrs_instead_of_hanging() {
-    let mut c = Child::spawn();
+    let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
@@ -370,7 +324,7 @@ fn dead_peer_process_fails_wrs_instead_of_hanging() {
 
 #[test]
 fn cross_process_iova_mr_special_frames() {
-    let mut c = Child::spawn();
+    let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();

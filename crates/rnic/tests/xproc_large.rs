@@ -5,10 +5,10 @@
 //! Long form: `RNIC_XLARGE_ROUNDS=50`.
 
 mod common;
+use common::child::Child;
 use common::*;
 use rnic::*;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, Write};
 
 const MB: usize = 1 << 20;
 const RLEN: usize = 8 * MB;
@@ -73,48 +73,13 @@ fn xlarge_child() {
     }
 }
 
-struct Child {
-    child: std::process::Child,
-    inp: std::process::ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Child {
-    fn spawn(c: &str) -> Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "xlarge_child", "--nocapture", "--test-threads=1", "-q"])
-            .env("RNIC_XLARGE_CHILD", c)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let inp = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Child { child, inp, out }
-    }
-    fn line(&mut self) -> String {
-        loop {
-            let mut s = String::new();
-            assert!(self.out.read_line(&mut s).unwrap() > 0, "child exited");
-            let s = s.trim().to_string();
-            if ["INFO", "READY", "OK", "BAD"].iter().any(|p| s.starts_with(p)) {
-                return s;
-            }
-        }
-    }
-    fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.inp, "{c}").unwrap();
-        self.inp.flush().unwrap();
-        self.line()
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = writeln!(self.inp, "EXIT");
-        let _ = self.inp.flush();
-        let _ = self.child.wait();
-    }
+fn spawn_child(ring_max: &str) -> Child {
+    Child::spawn(
+        "xlarge_child",
+        "RNIC_XLARGE_CHILD",
+        ring_max,
+        &["INFO", "READY", "OK", "BAD"],
+    )
 }
 
 fn run(c: &str) {
@@ -122,7 +87,7 @@ fn run(c: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let mut ch = Child::spawn(c);
+    let mut ch = spawn_child(c);
     let info = ch.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();

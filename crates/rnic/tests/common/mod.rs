@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod child;
 use rnic::*;
 use std::time::Duration;
 
