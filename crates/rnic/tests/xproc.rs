@@ -140,20 +140,32 @@ fn spawn_child() -> Child {
     Child::spawn("xproc_child", "RNIC_XPROC_CHILD", "1", REPLIES)
 }
 
-#[test]
-fn cross_process_all_operations() {
+/// Spawns the child, connects a fresh local QP (on a host with `cfg`) to the child's
+/// QP at INFO field `qpn_field` and announces it with `peer` (`PEER` or `PEER2`).
+/// Returns the child, its INFO line, the local host and the local end.
+fn connect_child(cfg: HostConfig, qpn_field: usize, peer: &str) -> (Child, String, Host, End) {
     let mut c = spawn_child();
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();
     let raddr = HostAddr::from_hex(f[1]).unwrap();
-    assert_ne!(raddr.pid, std::process::id());
-    let rqpn: u32 = f[2].parse().unwrap();
-    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
-    let (at_addr, at_rkey): (u64, u32) = (f[6].parse().unwrap(), f[7].parse().unwrap());
-    let host = Host::new(HostConfig::default()).unwrap();
+    let rqpn: u32 = f[qpn_field].parse().unwrap();
+    let host = Host::new(cfg).unwrap();
     let e = end(&host, &QpInitAttr::default());
     e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
-    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    assert_eq!(
+        c.cmd(&format!("{peer} {} {}", host.addr().to_hex(), e.qp.qpn())),
+        "READY"
+    );
+    (c, info, host, e)
+}
+
+#[test]
+fn cross_process_all_operations() {
+    let (mut c, info, host, e) = connect_child(HostConfig::default(), 2, "PEER");
+    let f: Vec<&str> = info.split_whitespace().collect();
+    assert_ne!(HostAddr::from_hex(f[1]).unwrap().pid, std::process::id());
+    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
+    let (at_addr, at_rkey): (u64, u32) = (f[6].parse().unwrap(), f[7].parse().unwrap());
     let exp = pattern(BIG, 0x5a);
     let local = buf(&e.pd, BIG, 0);
 
@@ -234,16 +246,9 @@ fn cross_process_all_operations() {
 
 #[test]
 fn cross_process_large_write_error_out_of_bounds() {
-    let mut c = spawn_child();
-    let info = c.line();
+    let (mut c, info, _host, e) = connect_child(HostConfig::default(), 2, "PEER");
     let f: Vec<&str> = info.split_whitespace().collect();
-    let raddr = HostAddr::from_hex(f[1]).unwrap();
-    let rqpn: u32 = f[2].parse().unwrap();
     let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
-    let host = Host::new(HostConfig::default()).unwrap();
-    let e = end(&host, &QpInitAttr::default());
-    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
-    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
     let local = buf(&e.pd, 2 * BIG, 0);
     let sge = [local.sge(0, (BIG + 1) as u32)];
     e.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(big_addr, big_rkey)])
@@ -254,18 +259,7 @@ fn cross_process_large_write_error_out_of_bounds() {
 
 #[test]
 fn cross_process_completion_channel_is_signalled() {
-    let mut c = spawn_child();
-    let info = c.line();
-    let f: Vec<&str> = info.split_whitespace().collect();
-    let raddr = HostAddr::from_hex(f[1]).unwrap();
-    let rqpn2: u32 = f[3].parse().unwrap();
-    let host = Host::new(HostConfig::default()).unwrap();
-    let e = end(&host, &QpInitAttr::default());
-    e.qp.connect(all_access(), raddr, rqpn2, 7).unwrap();
-    assert_eq!(
-        c.cmd(&format!("PEER2 {} {}", host.addr().to_hex(), e.qp.qpn())),
-        "READY"
-    );
+    let (mut c, _info, _host, e) = connect_child(HostConfig::default(), 3, "PEER2");
     // The child blocks in get_event on its channel; our SEND must wake it through
     // its eventfd (pidfd_getfd).
     writeln!(c.inp, "WAITEV").unwrap();
@@ -280,20 +274,15 @@ fn cross_process_completion_channel_is_signalled() {
 
 #[test]
 fn dead_peer_process_fails_wrs_instead_of_hanging() {
-    let mut c = spawn_child();
-    let info = c.line();
-    let f: Vec<&str> = info.split_whitespace().collect();
-    let raddr = HostAddr::from_hex(f[1]).unwrap();
-    let rqpn: u32 = f[2].parse().unwrap();
-    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
     let cfg = HostConfig {
         transport_timeout: std::time::Duration::from_millis(300),
         ..HostConfig::default()
     };
-    let host = Host::new(cfg).unwrap();
-    let e = end(&host, &QpInitAttr::default());
-    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
-    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let (mut c, info, host, e) = connect_child(cfg, 2, "PEER");
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let raddr = HostAddr::from_hex(f[1]).unwrap();
+    let rqpn: u32 = f[2].parse().unwrap();
+    let (big_addr, big_rkey): (u64, u32) = (f[4].parse().unwrap(), f[5].parse().unwrap());
     let local = buf(&e.pd, 1 << 20, 0);
     let sge = [local.sge(0, 64)];
     e.qp.post_send(&[SendWr::new(1, WrOpcode::Read, &sge).remote(big_addr, big_rkey)])
@@ -324,15 +313,7 @@ fn dead_peer_process_fails_wrs_instead_of_hanging() {
 
 #[test]
 fn cross_process_iova_mr_special_frames() {
-    let mut c = spawn_child();
-    let info = c.line();
-    let f: Vec<&str> = info.split_whitespace().collect();
-    let raddr = HostAddr::from_hex(f[1]).unwrap();
-    let rqpn: u32 = f[2].parse().unwrap();
-    let host = Host::new(HostConfig::default()).unwrap();
-    let e = end(&host, &QpInitAttr::default());
-    e.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
-    assert_eq!(c.cmd(&format!("PEER {} {}", host.addr().to_hex(), e.qp.qpn())), "READY");
+    let (mut c, _info, _host, e) = connect_child(HostConfig::default(), 2, "PEER");
     let io = c.cmd("IOVA");
     let g: Vec<&str> = io.split_whitespace().collect();
     let (va, rkey, off): (u64, u32, usize) = (g[1].parse().unwrap(), g[2].parse().unwrap(), g[3].parse().unwrap());
