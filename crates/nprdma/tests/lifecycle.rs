@@ -288,3 +288,181 @@ fn oversized_readback_threshold_is_an_error_not_a_panic() {
             .expect("a QP whose read-back scratch cannot be sized is refused");
     assert!(err.to_string().contains("scratch"), "{err}");
 }
+
+#[test]
+fn set_error_flushes_parked_two_sided_and_recvs_once() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    let (qa, qb) = connect(&a, &b, 64);
+    la.swap_out();
+    // RECVs posted on the QP that goes to ERR.
+    let recvs: Vec<nprdma::RecvWr> = (0..8u64)
+        .map(|i| nprdma::RecvWr {
+            wr_id: 1000 + i,
+            sge: Some(la.mr.sge(LEN as u64 - 8192 + i * 512, 512)),
+        })
+        .collect();
+    qa.post_recv(&recvs).unwrap();
+    // A SEND the peer cannot take (no RECV posted there) waits two-sided;
+    // `order_after` parks everything behind it in the ordering table.
+    let mut first = SendWr::new(0, Opcode::Send, Some(la.mr.sge(0, 100)), 0, 0);
+    first.order_after = true;
+    let mut wrs = vec![first];
+    for i in 1..24u64 {
+        let off = i * 4096;
+        let op = match i % 3 {
+            0 => Opcode::Read,
+            1 => Opcode::Write,
+            _ => Opcode::FetchAdd { add: 1 },
+        };
+        let len = if i % 3 == 2 { 8 } else { 100 + i as u32 };
+        wrs.push(SendWr::new(
+            i,
+            op,
+            Some(la.mr.sge(off, len)),
+            rb.addr() + off,
+            rb.mr.rkey(),
+        ));
+    }
+    qa.post_send(&wrs).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(qa.outstanding(), 24, "something completed early");
+    assert!(!qa.is_error());
+    qa.set_error().unwrap();
+    assert!(qa.is_error());
+    qa.set_error().unwrap(); // idempotent: nothing completes twice
+    let cs = a.cq.poll_wait(24, Duration::from_secs(5));
+    assert_eq!(cs.len(), 24);
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!((c.wr_id, c.status), (i as u64, 5), "{c:?}");
+    }
+    let rs = a.rcq.poll_wait(8, Duration::from_secs(5));
+    assert_eq!(rs.len(), 8);
+    for (i, c) in rs.iter().enumerate() {
+        assert_eq!((c.wr_id, c.status), (1000 + i as u64, 5), "{c:?}");
+    }
+    assert_eq!(qa.outstanding(), 0);
+    // Posting to a QP in ERR is accepted and flushed (rdma-core semantics).
+    qa.post_send(&[SendWr::new(
+        77,
+        Opcode::Write,
+        Some(la.mr.sge(0, 64)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
+    qa.post_recv(&[nprdma::RecvWr {
+        wr_id: 78,
+        sge: Some(la.mr.sge(0, 64)),
+    }])
+    .unwrap();
+    let c = wait1(&a.cq);
+    assert_eq!((c.wr_id, c.status), (77, 5));
+    let c = wait1(&a.rcq);
+    assert_eq!((c.wr_id, c.status), (78, 5));
+    // Nothing else completes.
+    assert_eq!(a.cq.poll_wait(1, Duration::from_millis(100)).len(), 0);
+    assert_eq!(a.rcq.poll_wait(1, Duration::from_millis(10)).len(), 0);
+    // The peer does not crash: its request to the ERR QP fails cleanly,
+    // either refused at post (its QP saw the failure and went to error)
+    // or completed with an error status.
+    let mut lb = Buf::with(&b, LEN, None);
+    lb.bytes_mut()[0] = 1;
+    let posted = qb.post_send(&[SendWr::new(
+        5,
+        Opcode::Read,
+        Some(lb.mr.sge(0, 4096)),
+        la.addr(),
+        la.mr.rkey(),
+    )]);
+    match posted {
+        Err((0, nprdma::Error::QpState)) => {}
+        Err(e) => panic!("unexpected post error {e:?}"),
+        Ok(()) => {
+            let cs = b.cq.poll_wait(1, Duration::from_secs(10));
+            assert_eq!(cs.len(), 1, "the peer's request never completed");
+            assert_eq!(cs[0].wr_id, 5);
+            assert_ne!(cs[0].status, 0, "{:?}", cs[0]);
+        }
+    }
+    // No pin is left behind on either side.
+    all_swappable(&a.pager, la.addr(), LEN);
+    all_swappable(&b.pager, rb.addr(), LEN);
+    assert_eq!(
+        a.ctx.nic_stats().nonresident_dma + b.ctx.nic_stats().nonresident_dma,
+        0
+    );
+}
+
+#[test]
+fn set_error_flushes_key_wait_deferred_and_two_sided_ops_once() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(2, LEN)));
+    // A fresh QP pair: the first ops wait for the peer's keys.
+    let (qa, qb) = connect(&a, &b, 64);
+    // Half of the remote pages absent: those ops go two-sided.
+    b.pager.swap_out(rb.addr() as usize, LEN / 2).unwrap();
+    let mut wrs = Vec::new();
+    let mut unsignaled = Vec::new();
+    for i in 0..40u64 {
+        let off = ((i * 6151) % (LEN as u64 - 8192)) & !7;
+        let (op, len, signaled) = match i % 4 {
+            // Small unsignaled WRITEs: their read-back is deferred.
+            0 | 1 => (Opcode::Write, 64 + i as u32, false),
+            2 => (Opcode::Read, 3000 + i as u32, true),
+            _ => (Opcode::Write, 5000 + i as u32, true),
+        };
+        let mut w = SendWr::new(
+            i,
+            op,
+            Some(la.mr.sge(off, len)),
+            rb.addr() + off,
+            rb.mr.rkey(),
+        );
+        w.signaled = signaled;
+        if !signaled {
+            unsignaled.push(i);
+        }
+        wrs.push(w);
+    }
+    qa.post_send(&wrs).unwrap();
+    qa.set_error().unwrap();
+    let cs = a.cq.poll_wait(40, Duration::from_millis(500));
+    let mut seen = std::collections::HashSet::new();
+    let mut last = None;
+    for c in &cs {
+        assert!(seen.insert(c.wr_id), "two completions for {}", c.wr_id);
+        assert!(last.is_none_or(|l| c.wr_id > l), "out of order: {cs:?}");
+        last = Some(c.wr_id);
+        if unsignaled.contains(&c.wr_id) {
+            assert_eq!(c.status, 5, "{c:?}");
+        } else {
+            assert!(c.status == 0 || c.status == 5, "{c:?}");
+        }
+    }
+    // Every signaled WR completed; unsignaled ones only when flushed.
+    for i in 0..40u64 {
+        if !unsignaled.contains(&i) {
+            assert!(seen.contains(&i), "WR {i} never completed");
+        }
+    }
+    assert!(cs.iter().any(|c| c.status == 5), "nothing was in flight");
+    assert_eq!(qa.outstanding(), 0);
+    // Let the peer see the failures, then nothing stays pinned.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        b.ctx.progress();
+    }
+    all_swappable(&a.pager, la.addr(), LEN);
+    all_swappable(&b.pager, rb.addr(), LEN);
+    drop(qa);
+    drop(qb);
+    assert_eq!(
+        a.ctx.nic_stats().nonresident_dma + b.ctx.nic_stats().nonresident_dma,
+        0
+    );
+}

@@ -316,6 +316,9 @@ pub(crate) struct QpState {
     recv_cq: Arc<UCq>,
     connected: bool,
     dead: bool,
+    /// Moved to ERR by the application ([`set_error`]): later posts are
+    /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
+    errored: bool,
     peer: PeerKeys,
     key_wait: Vec<u32>,
     /// Sequence number the next posted WR gets.
@@ -413,6 +416,7 @@ impl QpState {
             recv_cq,
             connected: false,
             dead: false,
+            errored: false,
             peer: PeerKeys::new(PS as usize).expect("page size"),
             key_wait: Vec::new(),
             next_seq: 0,
@@ -439,6 +443,73 @@ impl QpState {
 
     pub fn outstanding(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Whether the application moved this QP to ERR.
+    pub fn is_error(&self) -> bool {
+        self.errored
+    }
+
+    /// Complete every outstanding operation with WR_FLUSH_ERR in post
+    /// order (ops already finished out of order keep their status) and
+    /// release their pins, scratch and ordering state.
+    fn flush_ops(&mut self) {
+        let mut ops: Vec<(u32, Op)> = self.ops.drain();
+        ops.sort_by_key(|(_, o)| o.seq);
+        for (_, mut op) in ops {
+            let c = Completion {
+                wr_id: op.wr.wr_id,
+                status: ST_FLUSH,
+                op: comp_op(op.wr.op),
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            };
+            let _ = self.rob.finish(op.seq, false, c);
+            let s = op.scratch.take();
+            self.release_scratch(s);
+            // The op's hold (temporary MR, then pin) drops here.
+        }
+        let mut out = Vec::new();
+        self.rob.drain_ready(&mut out);
+        for c in out {
+            self.send_cq.push(c);
+        }
+        for (_, _) in self.order.drain_parked() {}
+        self.order = OrderTable::new(*self.order.config());
+        self.key_wait.clear();
+        self.deferred.clear();
+    }
+
+    /// Complete every posted RECV with WR_FLUSH_ERR in post order.
+    fn flush_recvs(&mut self) {
+        for r in self.recvs.drain(..) {
+            self.recv_cq.push(Completion {
+                wr_id: r.wr_id,
+                status: ST_FLUSH,
+                op: CompOp::Recv,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            });
+        }
+    }
+
+    /// A WR posted to a QP in ERR: accepted, completed with WR_FLUSH_ERR.
+    fn flush_posted_send(&mut self, wr: &SendWr) {
+        let seq = self.rob.post(wr.signaled);
+        self.next_seq = seq + 1;
+        let c = Completion {
+            wr_id: wr.wr_id,
+            status: ST_FLUSH,
+            op: comp_op(wr.op),
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+        };
+        let _ = self.rob.finish(seq, false, c);
+        let cq = &self.send_cq;
+        self.rob.drain_ready_with(|c| cq.push(c));
     }
 
     pub fn connect(&mut self, peer: &Endpoint) -> Result<(), Error> {
@@ -567,6 +638,10 @@ pub(crate) fn post_send(
         let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
             return Err((i, Error::QpState));
         };
+        if qp.errored {
+            qp.flush_posted_send(wr);
+            continue;
+        }
         if !qp.connected || qp.dead {
             return Err((i, Error::QpState));
         }
@@ -790,6 +865,11 @@ pub(crate) fn post_recv(
         let Some(qp) = st.qp_mut(qi, gen) else {
             return Err((i, Error::QpState));
         };
+        if qp.errored {
+            qp.recvs.push_back(*wr);
+            qp.flush_recvs();
+            continue;
+        }
         if qp.dead {
             return Err((i, Error::QpState));
         }
@@ -1512,32 +1592,10 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
 fn fail_qp(st: &mut State, qi: usize) {
     let Some(qp) = qp_at(st, qi) else { return };
     qp.dead = true;
-    let mut ops: Vec<(u32, Op)> = qp.ops.drain();
-    ops.sort_by_key(|(_, o)| o.seq);
-    for (_, op) in ops {
-        let c = Completion {
-            wr_id: op.wr.wr_id,
-            status: ST_FLUSH,
-            op: comp_op(op.wr.op),
-            byte_len: 0,
-            imm: None,
-            qp_num: qp.qpn,
-        };
-        let _ = qp.rob.finish(op.seq, false, c);
-        if let Some(Scratch::Slot(i)) = op.scratch {
-            qp.scratch_free.push(i);
-        }
-    }
-    let mut out = Vec::new();
-    qp.rob.drain_ready(&mut out);
-    for c in out {
-        qp.send_cq.push(c);
-    }
-    for (_, _) in qp.order.drain_parked() {}
+    qp.flush_ops();
     for (_, t) in qp.treqs.drain() {
         drop(t);
     }
-    qp.key_wait.clear();
 }
 
 /// Target side: validate like the NIC would, then pin and map in.
@@ -2088,34 +2146,46 @@ pub(crate) fn destroy_qp(_sh: &Shared, st: &mut State, qi: usize, gen: u8) -> Op
     };
     let _ = qp.data.modify(&err, QpAttrMask::STATE);
     let _ = qp.ctrl.modify(&err, QpAttrMask::STATE);
-    let mut ops: Vec<(u32, Op)> = qp.ops.drain();
-    ops.sort_by_key(|(_, o)| o.seq);
-    for (_, op) in ops {
-        let c = Completion {
-            wr_id: op.wr.wr_id,
-            status: ST_FLUSH,
-            op: comp_op(op.wr.op),
-            byte_len: 0,
-            imm: None,
-            qp_num: qp.qpn,
-        };
-        let _ = qp.rob.finish(op.seq, false, c);
-    }
-    let mut out = Vec::new();
-    qp.rob.drain_ready(&mut out);
-    for c in out {
-        qp.send_cq.push(c);
-    }
-    for r in qp.recvs.drain(..) {
-        qp.recv_cq.push(Completion {
-            wr_id: r.wr_id,
-            status: ST_FLUSH,
-            op: CompOp::Recv,
-            byte_len: 0,
-            imm: None,
-            qp_num: qp.qpn,
-        });
-    }
+    qp.flush_ops();
+    qp.flush_recvs();
     drop(qp.treqs.drain());
     Some(qp)
+}
+
+/// Move QP `qi` to ERR (`ibv_modify_qp(IBV_QPS_ERR)`): the NIC data and
+/// control QPs go to ERR (the peer's requests to this QP fail at its NIC
+/// and its outstanding operations complete with an error), every
+/// outstanding WR — issued, parked in the ordering table, waiting for keys,
+/// two-sided or with a deferred read-back — and every posted RECV completes
+/// once with WR_FLUSH_ERR in post order, and pins drop. Later posts are
+/// accepted and flushed (rdma-core semantics). Idempotent.
+pub(crate) fn set_error(st: &mut State, qi: usize, gen: u8) -> Result<(), Error> {
+    if st.gens.get(qi) != Some(&gen) {
+        return Err(Error::QpState);
+    }
+    st.ready.retain(|(q, _)| *q != qi);
+    st.flush_qps.retain(|q| *q != qi);
+    let qp = qp_at(st, qi).ok_or(Error::QpState)?;
+    if qp.errored {
+        return Ok(());
+    }
+    let err = QpAttr {
+        qp_state: NicQpState::Err,
+        ..QpAttr::default()
+    };
+    if let Err(e) = qp.data.modify(&err, QpAttrMask::STATE) {
+        tracing::warn!(error = %e, "data QP to ERR");
+    }
+    if let Err(e) = qp.ctrl.modify(&err, QpAttrMask::STATE) {
+        tracing::warn!(error = %e, "control QP to ERR");
+    }
+    qp.errored = true;
+    qp.dead = true;
+    qp.flush_ops();
+    qp.flush_recvs();
+    qp.inbound.clear();
+    qp.backlog.clear();
+    qp.rdv_busy = false;
+    drop(qp.treqs.drain());
+    Ok(())
 }

@@ -326,6 +326,28 @@ impl Qp {
         r
     }
 
+    /// Move the QP to ERR (`ibv_modify_qp(IBV_QPS_ERR)`), e.g. to drain it
+    /// before destroying it: every outstanding send WR (issued, parked,
+    /// waiting for keys, two-sided or with a deferred read-back) and every
+    /// posted RECV completes exactly once with WR_FLUSH_ERR (5) in post
+    /// order, and the pins they held are released. The NIC QPs go to ERR,
+    /// so the peer's requests to this QP fail at its side (its operations
+    /// complete with an error). Like rdma-core providers, later
+    /// `post_send`/`post_recv` on the QP succeed and each WR completes
+    /// with WR_FLUSH_ERR. Idempotent; there is no way back (destroy and
+    /// recreate the QP).
+    pub fn set_error(&self) -> Result<(), Error> {
+        let sh = &self.ctx.sh;
+        let mut st = sh.st.lock();
+        core::set_error(&mut st, self.idx, self.gen)
+    }
+
+    /// Whether the QP is in ERR ([`Qp::set_error`]).
+    pub fn is_error(&self) -> bool {
+        let mut st = self.ctx.sh.st.lock();
+        st.qp_mut(self.idx, self.gen).is_some_and(|q| q.is_error())
+    }
+
     /// Operations of this QP not yet completed.
     pub fn outstanding(&self) -> usize {
         let mut st = self.ctx.sh.st.lock();
