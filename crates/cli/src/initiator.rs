@@ -4,7 +4,7 @@
 use crate::error::{CliError, Result};
 use crate::mem::PinnedBuf;
 use crate::spec::{Mode, Op};
-use crate::target::{new_pager, np_access, rnic_access, QpAddr};
+use crate::target::{new_pager, np_access, rnic_access, QpAddr, RunQp};
 
 enum Inner {
     Pinned {
@@ -34,6 +34,17 @@ enum Inner {
         _region: vmem::Region,
         _pager: vmem::Pager,
     },
+}
+
+impl Inner {
+    fn qp(&self) -> RunQp<'_> {
+        match self {
+            Inner::Pinned { qp, .. } => RunQp::Rnic(qp),
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => RunQp::Rnic(qp),
+            Inner::Np { qp, .. } => RunQp::Np(qp),
+        }
+    }
 }
 
 /// The initiator of a run.
@@ -137,30 +148,11 @@ impl Initiator {
     }
 
     pub fn qp_addr(&self) -> QpAddr {
-        let qpn = match &self.inner {
-            Inner::Pinned { qp, .. } => qp.qpn(),
-            #[cfg(feature = "odp")]
-            Inner::Odp { qp, .. } => qp.qpn(),
-            Inner::Np { qp, .. } => qp.qpn(),
-        };
-        QpAddr {
-            host: self.host.addr().to_hex(),
-            qpn,
-        }
+        self.inner.qp().addr(&self.host)
     }
 
     pub fn connect(&mut self, peer: &QpAddr) -> Result<()> {
-        let addr = rnic::HostAddr::from_hex(&peer.host)?;
-        match &self.inner {
-            Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
-            #[cfg(feature = "odp")]
-            Inner::Odp { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
-            Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
-                addr: addr.to_bytes(),
-                qpn: peer.qpn,
-            })?,
-        }
-        Ok(())
+        self.inner.qp().connect(peer)
     }
 
     /// Post one WR of `len` bytes from/to local offset 0.

@@ -33,6 +33,39 @@ pub struct QpAddr {
     pub qpn: u32,
 }
 
+/// A run's QP in any memory mode: an rnic QP (pinned, ODP model) or an NP-RDMA one.
+pub enum RunQp<'a> {
+    Rnic(&'a rnic::Qp),
+    Np(&'a nprdma::Qp),
+}
+
+impl RunQp<'_> {
+    /// This QP's address on `host`, for the peer.
+    pub fn addr(&self, host: &rnic::Host) -> QpAddr {
+        let qpn = match self {
+            RunQp::Rnic(qp) => qp.qpn(),
+            RunQp::Np(qp) => qp.qpn(),
+        };
+        QpAddr {
+            host: host.addr().to_hex(),
+            qpn,
+        }
+    }
+
+    /// Connects this QP to the peer's QP.
+    pub fn connect(&self, peer: &QpAddr) -> Result<()> {
+        let addr = rnic::HostAddr::from_hex(&peer.host)?;
+        match self {
+            RunQp::Rnic(qp) => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            RunQp::Np(qp) => qp.connect(&nprdma::Endpoint {
+                addr: addr.to_bytes(),
+                qpn: peer.qpn,
+            })?,
+        }
+        Ok(())
+    }
+}
+
 /// Where the next window's operations go.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Window {
@@ -120,6 +153,17 @@ enum Inner {
         pd: nprdma::Pd,
         _ctx: nprdma::Context,
     },
+}
+
+impl Inner {
+    fn qp(&self) -> RunQp<'_> {
+        match self {
+            Inner::Pinned { qp, .. } => RunQp::Rnic(qp),
+            #[cfg(feature = "odp")]
+            Inner::Odp { qp, .. } => RunQp::Rnic(qp),
+            Inner::Np { qp, .. } => RunQp::Np(qp),
+        }
+    }
 }
 
 /// The target of a run (in this process, or in the shm peer process).
@@ -235,31 +279,12 @@ impl Target {
 
     /// This target QP's address for the initiator.
     pub fn qp_addr(&self) -> QpAddr {
-        let qpn = match &self.inner {
-            Inner::Pinned { qp, .. } => qp.qpn(),
-            #[cfg(feature = "odp")]
-            Inner::Odp { qp, .. } => qp.qpn(),
-            Inner::Np { qp, .. } => qp.qpn(),
-        };
-        QpAddr {
-            host: self.host.addr().to_hex(),
-            qpn,
-        }
+        self.inner.qp().addr(&self.host)
     }
 
     /// Connect to the initiator's QP.
     pub fn connect(&mut self, peer: &QpAddr) -> Result<()> {
-        let addr = rnic::HostAddr::from_hex(&peer.host)?;
-        match &self.inner {
-            Inner::Pinned { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
-            #[cfg(feature = "odp")]
-            Inner::Odp { qp, .. } => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
-            Inner::Np { qp, .. } => qp.connect(&nprdma::Endpoint {
-                addr: addr.to_bytes(),
-                qpn: peer.qpn,
-            })?,
-        }
-        Ok(())
+        self.inner.qp().connect(peer)
     }
 
     /// Reap consumed receives and keep `RECV_DEPTH` posted.
