@@ -382,17 +382,12 @@ impl Target {
                         (0, 0)
                     }
                     Fault::Minor => {
-                        let cap = data.as_ref().map_or(0, |d| d.mr().len() - page);
-                        if data.is_none() || self.minor_cursor.saturating_add(bytes) > cap {
-                            *data = None;
-                            let len = bytes.max(MINOR_REGION) + page;
-                            *data = Some(OdpBuf::new(&self.host, pd, pager, len, None)?);
-                            self.minor_cursor = 0;
-                            renewed = true;
-                        }
-                        let off = self.minor_cursor;
-                        self.minor_cursor += crate::mem::round_up(bytes, page);
-                        (off, bytes.div_ceil(page) as u64)
+                        let (off, pages, r) =
+                            next_minor(data, &mut self.minor_cursor, bytes, page, |len| {
+                                OdpBuf::new(&self.host, pd, pager, len, None)
+                            })?;
+                        renewed = r;
+                        (off, pages)
                     }
                     Fault::Major => {
                         if data.as_ref().map_or(true, |d| d.mr().len() < bytes + page) {
@@ -411,15 +406,12 @@ impl Target {
                         (0, n as u64)
                     }
                 };
-                let d = data.as_ref().expect("set above");
-                let (addr, len) = (d.mr().addr() as u64, d.mr().len());
-                Ok(Window {
-                    base: addr + off as u64,
-                    rkey: d.mr().rkey(),
-                    sync_addr: addr + (len - 8) as u64,
+                Ok(window(
+                    data.as_ref().expect("set above"),
+                    off,
                     renewed,
-                    pages_prepared: pages,
-                })
+                    pages,
+                ))
             }
             Inner::Np { data, pd, .. } => {
                 let pager = self.pager.as_ref().expect("NP-RDMA target has a pager");
@@ -443,17 +435,12 @@ impl Target {
                         (0, 0)
                     }
                     Fault::Minor => {
-                        let cap = data.as_ref().map_or(0, |d| d.mr.len() as usize - page);
-                        if data.is_none() || self.minor_cursor.saturating_add(bytes) > cap {
-                            *data = None;
-                            let len = bytes.max(MINOR_REGION) + page;
-                            *data = Some(NpBuf::new(pd, pager, len, None)?);
-                            self.minor_cursor = 0;
-                            renewed = true;
-                        }
-                        let off = self.minor_cursor;
-                        self.minor_cursor += crate::mem::round_up(bytes, page);
-                        (off, bytes.div_ceil(page) as u64)
+                        let (off, pages, r) =
+                            next_minor(data, &mut self.minor_cursor, bytes, page, |len| {
+                                NpBuf::new(pd, pager, len, None)
+                            })?;
+                        renewed = r;
+                        (off, pages)
                     }
                     Fault::Major => {
                         if data.is_none()
@@ -468,15 +455,7 @@ impl Target {
                         (0, n as u64)
                     }
                 };
-                let d = data.as_ref().unwrap();
-                let len = d.mr.len() as usize;
-                Ok(Window {
-                    base: d.mr.addr() + off as u64,
-                    rkey: d.mr.rkey(),
-                    sync_addr: d.mr.addr() + (len - 8) as u64,
-                    renewed,
-                    pages_prepared: pages,
-                })
+                Ok(window(data.as_ref().unwrap(), off, renewed, pages))
             }
         }
     }
@@ -491,6 +470,74 @@ impl Target {
             swap_outs: ps.as_ref().map_or(0, |s| s.swap_outs),
             nonresident_dma: ns.nonresident_dma,
         }
+    }
+}
+
+/// What `prepare` needs of a target data buffer that can fault (ODP model, NP-RDMA).
+trait FaultBuf {
+    fn mr_addr(&self) -> u64;
+    fn mr_len(&self) -> usize;
+    fn rkey(&self) -> u32;
+}
+
+impl FaultBuf for NpBuf {
+    fn mr_addr(&self) -> u64 {
+        self.mr.addr()
+    }
+    fn mr_len(&self) -> usize {
+        self.mr.len() as usize
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+}
+
+#[cfg(feature = "odp")]
+impl FaultBuf for crate::odp::OdpBuf {
+    fn mr_addr(&self) -> u64 {
+        self.mr().addr() as u64
+    }
+    fn mr_len(&self) -> usize {
+        self.mr().len()
+    }
+    fn rkey(&self) -> u32 {
+        self.mr().rkey()
+    }
+}
+
+/// Minor faults: the window is the next `bytes` of never-touched memory at
+/// `cursor`; once the buffer is used up, a fresh one of at least `MINOR_REGION`
+/// comes from `alloc(len)`. Returns (offset, pages to fault, renewed).
+fn next_minor<B: FaultBuf>(
+    data: &mut Option<B>,
+    cursor: &mut usize,
+    bytes: usize,
+    page: usize,
+    alloc: impl FnOnce(usize) -> Result<B>,
+) -> Result<(usize, u64, bool)> {
+    let mut renewed = false;
+    let cap = data.as_ref().map_or(0, |d| d.mr_len() - page);
+    if data.is_none() || cursor.saturating_add(bytes) > cap {
+        *data = None;
+        let len = bytes.max(MINOR_REGION) + page;
+        *data = Some(alloc(len)?);
+        *cursor = 0;
+        renewed = true;
+    }
+    let off = *cursor;
+    *cursor += crate::mem::round_up(bytes, page);
+    Ok((off, bytes.div_ceil(page) as u64, renewed))
+}
+
+/// The window at `off` in `d`; the last 8 bytes of the MR are the sync word.
+fn window<B: FaultBuf>(d: &B, off: usize, renewed: bool, pages: u64) -> Window {
+    let (addr, len) = (d.mr_addr(), d.mr_len());
+    Window {
+        base: addr + off as u64,
+        rkey: d.rkey(),
+        sync_addr: addr + (len - 8) as u64,
+        renewed,
+        pages_prepared: pages,
     }
 }
 
