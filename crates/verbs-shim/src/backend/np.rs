@@ -405,6 +405,24 @@ impl NpQp {
 
     fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
         let state = self.state();
+        if state == QpState::Err {
+            // Accepted and completed with WR_FLUSH_ERR (rdma-core providers);
+            // the payload is never read, so no staging slot is taken.
+            let wr = np::SendWr {
+                wr_id: w.wr_id,
+                op: app_op(w.opcode),
+                sge: None,
+                remote_addr: w.remote_addr,
+                rkey: w.rkey,
+                signaled: true,
+                order_before: false,
+                order_after: false,
+            };
+            return self
+                .qp()
+                .post_send(&[wr])
+                .map_err(|(_, e)| post_err(e, state));
+        }
         if state != QpState::Rts {
             return Err(rnic::Error::WrongQpState(state));
         }
@@ -443,12 +461,20 @@ impl NpQp {
     }
 }
 
-/// The transitions NP-RDMA mode models (its QPs cannot be reset or moved to ERR/SQD).
+/// The transitions NP-RDMA mode models: the connect path, and any state to ERR
+/// (`np::Qp::set_error`: every outstanding WR and posted RECV flushes). A used QP
+/// cannot go back to RESET (the NP-RDMA layer connects a QP once), nor to SQD.
 fn transition_ok(from: QpState, to: QpState) -> bool {
     use QpState::*;
     matches!(
         (from, to),
-        (Reset, Reset) | (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts)
+        (Reset, Reset)
+            | (Reset, Init)
+            | (Init, Init)
+            | (Init, Rtr)
+            | (Rtr, Rts)
+            | (Rts, Rts)
+            | (Reset | Init | Rtr | Rts | Err, Err)
     )
 }
 
@@ -471,6 +497,9 @@ impl Qp for NpQp {
             return Err(ShimError::Unsupported(format!(
                 "QP state {from:?} -> {to:?} in NP-RDMA mode"
             )));
+        }
+        if to == QpState::Err && from != QpState::Err {
+            self.qp().set_error().map_err(np_err)?;
         }
         if from == QpState::Init && to == QpState::Rtr {
             let need = QpAttrMask::AV | QpAttrMask::DEST_QPN;
@@ -555,7 +584,11 @@ mod tests {
         assert!(transition_ok(Init, Rtr));
         assert!(transition_ok(Rtr, Rts));
         assert!(!transition_ok(Reset, Rts));
-        assert!(!transition_ok(Rts, Err));
+        assert!(transition_ok(Rts, Err));
+        assert!(transition_ok(Init, Err));
+        assert!(transition_ok(Err, Err));
+        assert!(!transition_ok(Err, Rts));
+        assert!(!transition_ok(Err, Reset));
         assert!(!transition_ok(Rts, Reset));
     }
 
@@ -580,6 +613,123 @@ mod tests {
         });
         assert_eq!(w.opcode, WcOpcode::RdmaRead);
         assert!(!w.wc_flags.contains(WcFlags::WITH_IMM));
+    }
+
+    /// A connected loopback pair on one NP-RDMA device: `modify(ERR)` (what
+    /// `ibv_modify_qp(IBV_QPS_ERR)` calls) flushes a parked two-sided SEND and every
+    /// posted RECV once, `query` reports ERR, later posts are accepted and flushed.
+    #[test]
+    fn modify_to_err_flushes_and_is_reported() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        // SAFETY: a fresh private anonymous mapping, unmapped at the end after its MR.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        // SAFETY: the mapping outlives the MR (dropped before munmap below).
+        let mr = unsafe { pd.reg_mr(addr as usize, LEN, acc).unwrap() };
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        let dest = rnic::HostAddr::from_bytes(&dev.gid());
+        for (q, peer) in [(&qa, qb.qpn()), (&qb, qa.qpn())] {
+            for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
+                let a = QpAttr {
+                    qp_state: st,
+                    dest: Some(dest),
+                    dest_qp_num: peer,
+                    ..Default::default()
+                };
+                let mut m = QpAttrMask::STATE;
+                if st == QpState::Rtr {
+                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
+                }
+                q.modify(&a, m).unwrap();
+            }
+        }
+        let sge = |off: usize, len: u32| rnic::Sge {
+            addr: addr as u64 + off as u64,
+            length: len,
+            lkey: mr.lkey(),
+        };
+        for i in 0..4u64 {
+            let sg = [sge(8192 + i as usize * 256, 256)];
+            qa.post_recv(&[RecvWr {
+                wr_id: 100 + i,
+                sg_list: &sg,
+            }])
+            .unwrap();
+        }
+        // qb has no RECV posted: the SEND waits at the peer (two-sided).
+        let sg = [sge(0, 100)];
+        let mut w = SendWr::new(7, WrOpcode::Send, &sg);
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut out = [Wc::default(); 16];
+        assert_eq!(cq.poll(&mut out).unwrap(), 0, "completed before ERR");
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        qa.modify(&err, QpAttrMask::STATE).unwrap();
+        assert_eq!(qa.query().qp_state, QpState::Err);
+        let mut got = Vec::new();
+        let t0 = std::time::Instant::now();
+        while got.len() < 5 && t0.elapsed().as_secs() < 5 {
+            let n = cq.poll(&mut out).unwrap();
+            got.extend_from_slice(&out[..n]);
+        }
+        let mut ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [7, 100, 101, 102, 103]);
+        for w in &got {
+            assert_eq!(w.status, WcStatus::WrFlushErr, "{w:?}");
+            assert_eq!(w.qp_num, qa.qpn());
+        }
+        // ERR -> ERR is fine; there is no way back to RTS.
+        qa.modify(&err, QpAttrMask::STATE).unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            ..Default::default()
+        };
+        assert!(qa.modify(&rts, QpAttrMask::STATE).is_err());
+        // Posting on the ERR QP: accepted, one flush completion.
+        let mut w = SendWr::new(8, WrOpcode::Write, &sg);
+        w.flags |= SendFlags::INLINE;
+        w.inline_data = &[1, 2, 3];
+        qa.post_send(&[w]).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut n = 0;
+        while n == 0 && t0.elapsed().as_secs() < 5 {
+            n = cq.poll(&mut out).unwrap();
+        }
+        assert_eq!(n, 1);
+        assert_eq!((out[0].wr_id, out[0].status), (8, WcStatus::WrFlushErr));
+        drop(qa);
+        drop(qb);
+        drop(mr);
+        // SAFETY: our mapping; its MR is gone.
+        unsafe { libc::munmap(addr, LEN) };
     }
 
     #[test]
