@@ -23,6 +23,22 @@ fn us_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
+/// MR registration cost from `reg(len)` (µs per registration): the median over
+/// `reps` one-page registrations, and the per-GiB slope (ms) of one `big`-byte one.
+fn mr_costs(
+    reps: usize,
+    page: usize,
+    big: u64,
+    reg: impl Fn(usize) -> Result<f64>,
+) -> Result<(f64, f64)> {
+    let base_us = median_us((0..reps).map(|_| reg(page)).collect::<Result<Vec<_>>>()?);
+    let big_us = reg(big as usize)?;
+    Ok((
+        base_us,
+        (big_us - base_us) / 1e3 / (big as f64 / (1u64 << 30) as f64),
+    ))
+}
+
 /// Control-plane figures of one mode (times in µs unless named otherwise).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
 pub struct CtrlCosts {
@@ -116,13 +132,7 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         drop(buf);
         Ok(us)
     };
-    c.mr_base_us = median_us(
-        (0..reps)
-            .map(|_| reg_pinned(page))
-            .collect::<Result<Vec<_>>>()?,
-    );
-    let big_us = reg_pinned(big as usize)?;
-    c.mr_per_gib_ms = (big_us - c.mr_base_us) / 1e3 / (big as f64 / (1u64 << 30) as f64);
+    (c.mr_base_us, c.mr_per_gib_ms) = mr_costs(reps, page, big, reg_pinned)?;
     let cq = ctx.create_cq(1024, None)?;
     c.create_cq_us = median_us(
         (0..reps)
@@ -233,13 +243,7 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         drop(region);
         Ok(us)
     };
-    c.mr_base_us = median_us(
-        (0..reps)
-            .map(|_| reg_np(page))
-            .collect::<Result<Vec<_>>>()?,
-    );
-    let big_us = reg_np(big as usize)?;
-    c.mr_per_gib_ms = (big_us - c.mr_base_us) / 1e3 / (big as f64 / (1u64 << 30) as f64);
+    (c.mr_base_us, c.mr_per_gib_ms) = mr_costs(reps, page, big, reg_np)?;
     let cq = ctx.create_cq(1024)?;
     c.create_cq_us = median_us(
         (0..reps)
