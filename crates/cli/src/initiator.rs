@@ -55,6 +55,24 @@ pub struct Initiator {
     host: rnic::Host,
 }
 
+/// The rnic objects of a pinned or ODP-model initiator: one CQ for sends and
+/// receives and a QP of `depth` sends.
+fn rnic_qp(
+    host: &rnic::Host,
+    depth: usize,
+) -> Result<(rnic::Context, rnic::Pd, rnic::Cq, rnic::Qp)> {
+    let ctx = host.open_context()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4096, None)?;
+    let attr = rnic::QpInitAttr {
+        max_send_wr: depth as u32,
+        max_recv_wr: 8,
+        ..rnic::QpInitAttr::default()
+    };
+    let qp = pd.create_qp(&cq, &cq, &attr)?;
+    Ok((ctx, pd, cq, qp))
+}
+
 impl Initiator {
     /// An initiator with a `buf_len`-byte local buffer (resident, and for NP-RDMA
     /// written before registration so its pages start mapped) and a QP of `depth`.
@@ -68,15 +86,7 @@ impl Initiator {
         let buf_len = buf_len.max(8);
         let inner = match mode {
             Mode::Pinned => {
-                let ctx = host.open_context()?;
-                let pd = ctx.alloc_pd()?;
-                let cq = ctx.create_cq(4096, None)?;
-                let attr = rnic::QpInitAttr {
-                    max_send_wr: depth as u32,
-                    max_recv_wr: 8,
-                    ..rnic::QpInitAttr::default()
-                };
-                let qp = pd.create_qp(&cq, &cq, &attr)?;
+                let (ctx, pd, cq, qp) = rnic_qp(&host, depth)?;
                 let buf = PinnedBuf::new(buf_len)?;
                 // SAFETY: `buf` outlives `mr` (declared after it in `Inner::Pinned`).
                 let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
@@ -117,15 +127,7 @@ impl Initiator {
             Mode::Odp => {
                 let pager = new_pager()?;
                 crate::odp::install_handler(&host, &pager);
-                let ctx = host.open_context()?;
-                let pd = ctx.alloc_pd()?;
-                let cq = ctx.create_cq(4096, None)?;
-                let attr = rnic::QpInitAttr {
-                    max_send_wr: depth as u32,
-                    max_recv_wr: 8,
-                    ..rnic::QpInitAttr::default()
-                };
-                let qp = pd.create_qp(&cq, &cq, &attr)?;
+                let (ctx, pd, cq, qp) = rnic_qp(&host, depth)?;
                 let buf = crate::odp::OdpBuf::new(&host, &pd, &pager, buf_len, Some(0xa5))?;
                 Inner::Odp {
                     qp,
