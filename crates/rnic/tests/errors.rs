@@ -530,37 +530,20 @@ fn object_creation_limits() {
         ..Default::default()
     };
     assert!(pd.create_qp(&cq, &cq, &big).is_err());
-    let q1 = pd
-        .create_qp(
+    let with_qpn = |qpn: u32| {
+        pd.create_qp(
             &cq,
             &cq,
             &QpInitAttr {
-                qpn: Some(0x12345),
+                qpn: Some(qpn),
                 ..Default::default()
             },
         )
-        .unwrap();
+    };
+    let q1 = with_qpn(0x12345).unwrap();
     assert_eq!(q1.qpn(), 0x12345);
-    assert!(pd
-        .create_qp(
-            &cq,
-            &cq,
-            &QpInitAttr {
-                qpn: Some(0x12345),
-                ..Default::default()
-            }
-        )
-        .is_err());
-    assert!(pd
-        .create_qp(
-            &cq,
-            &cq,
-            &QpInitAttr {
-                qpn: Some(1 << 24),
-                ..Default::default()
-            }
-        )
-        .is_err());
+    assert!(with_qpn(0x12345).is_err());
+    assert!(with_qpn(1 << 24).is_err());
     let auto = pd.create_qp(&cq, &cq, &QpInitAttr::default()).unwrap();
     assert!(auto.qpn() < 1 << 23);
     let _q3 = pd.create_qp(&cq, &cq, &QpInitAttr::default()).unwrap();
@@ -570,16 +553,7 @@ fn object_creation_limits() {
         Err(Error::NoResources(_))
     ));
     drop(q1);
-    let again = pd
-        .create_qp(
-            &cq,
-            &cq,
-            &QpInitAttr {
-                qpn: Some(0x12345),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let again = with_qpn(0x12345).unwrap();
     assert_eq!(again.qpn(), 0x12345);
     // MR rules
     assert!(pd.reg_mr_owned(vec![0; 8], Access::REMOTE_WRITE).is_err());
