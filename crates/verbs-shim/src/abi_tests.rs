@@ -498,3 +498,118 @@ fn qp_ex_work_request_builder() {
         assert_eq!(ibv_close_device(e.ctx), 0);
     }
 }
+
+/// `ibv_modify_qp(IBV_QPS_ERR)` in NP-RDMA mode, through the C ABI. The process's
+/// device is chosen once from `NPRDMA_MODE`, so the test re-runs itself alone in a
+/// child process with `NPRDMA_MODE=nprdma`.
+#[test]
+fn np_mode_modify_qp_to_err_flushes() {
+    const NAME: &str = "abi_tests::np_mode_modify_qp_to_err_flushes";
+    if std::env::var("NPRDMA_MODE").as_deref() != Ok("nprdma") {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--test-threads=1"])
+            .env("NPRDMA_MODE", "nprdma")
+            .output()
+            .unwrap();
+        let so = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && so.contains("1 passed"),
+            "child failed:\n{so}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    const LEN: usize = 64 * 1024;
+    let e = open();
+    // SAFETY: as in a C program; the mapping outlives its MR.
+    unsafe {
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
+        connect(&e, a, (*b).qp_num);
+        connect(&e, b, (*a).qp_num);
+        let buf = libc::mmap(
+            null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(buf, libc::MAP_FAILED);
+        let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        let mr = ibv_reg_mr(e.pd, buf, LEN, acc);
+        assert!(!mr.is_null());
+        // Four RECVs on `a`, and a SEND from `a` that waits at `b` (no RECV there).
+        let post_recv = (*e.ctx).ops.post_recv.unwrap();
+        for i in 0..4u64 {
+            let mut sge = ibv_sge {
+                addr: buf as u64 + 8192 + i * 256,
+                length: 256,
+                lkey: (*mr).lkey,
+            };
+            let mut rwr: ibv_recv_wr = zeroed();
+            rwr.wr_id = 100 + i;
+            rwr.sg_list = &mut sge;
+            rwr.num_sge = 1;
+            let mut rbad = null_mut();
+            assert_eq!(post_recv(a, &mut rwr, &mut rbad), 0);
+        }
+        let mut sge = ibv_sge {
+            addr: buf as u64,
+            length: 100,
+            lkey: (*mr).lkey,
+        };
+        let mut wr: ibv_send_wr = zeroed();
+        wr.wr_id = 7;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        let mut bad = null_mut();
+        let post_send = (*e.ctx).ops.post_send.unwrap();
+        assert_eq!(post_send(a, &mut wr, &mut bad), 0);
+        let poll = (*e.ctx).ops.poll_cq.unwrap();
+        let mut none: ibv_wc = zeroed();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(poll(cq, 1, &mut none), 0, "completed before ERR");
+
+        let mut at: ibv_qp_attr = zeroed();
+        at.qp_state = IBV_QPS_ERR;
+        assert_eq!(ibv_modify_qp(a, &mut at, IBV_QP_STATE as c_int), 0);
+        assert_eq!((*a).state, IBV_QPS_ERR);
+        let mut qa: ibv_qp_attr = zeroed();
+        let mut qi: ibv_qp_init_attr = zeroed();
+        assert_eq!(ibv_query_qp(a, &mut qa, 0, &mut qi), 0);
+        assert_eq!(qa.qp_state, IBV_QPS_ERR);
+        let mut ids: Vec<u64> = (0..5)
+            .map(|_| {
+                let wc = poll_one(e.ctx, cq);
+                assert_eq!(wc.status, IBV_WC_WR_FLUSH_ERR, "wr {}", wc.wr_id);
+                wc.wr_id
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [7, 100, 101, 102, 103]);
+        // A post on the ERR QP is accepted and flushed.
+        wr.wr_id = 8;
+        assert_eq!(post_send(a, &mut wr, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!((wc.wr_id, wc.status), (8, IBV_WC_WR_FLUSH_ERR));
+        assert_eq!(poll(cq, 1, &mut none), 0);
+        // No way back from ERR in this mode.
+        let mut rts: ibv_qp_attr = zeroed();
+        rts.qp_state = IBV_QPS_RTS;
+        assert_eq!(
+            ibv_modify_qp(a, &mut rts, IBV_QP_STATE as c_int),
+            libc::EOPNOTSUPP
+        );
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+        libc::munmap(buf, LEN);
+    }
+}
