@@ -384,7 +384,6 @@ fn invalidation_during_traffic_never_touches_absent_pages() {
 /// Cross-process target (runs only as the child of `remote_faults_across_processes`).
 #[test]
 fn odp_xproc_child() {
-    use std::io::{BufRead, Write};
     if std::env::var("RNIC_ODP_CHILD").is_err() {
         return;
     }
@@ -394,38 +393,22 @@ fn odp_xproc_child() {
     host.frames().track(r.addr(), r.len, false).unwrap();
     let calls = recording_handler(&host);
     let mr = r.odp_mr(&e.pd);
-    let mut out = std::io::stdout();
-    writeln!(
-        out,
-        "INFO {} {} {} {}",
-        host.addr().to_hex(),
-        e.qp.qpn(),
-        r.addr(),
-        mr.rkey()
-    )
-    .unwrap();
-    out.flush().unwrap();
-    for l in std::io::stdin().lock().lines() {
-        let l = l.unwrap();
-        let w: Vec<&str> = l.split_whitespace().collect();
-        let reply = match w.as_slice() {
-            ["PEER", a, q] => {
-                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
-                    .unwrap();
-                "READY".to_string()
-            }
-            ["CHECK", len, seed] => {
-                let len: usize = len.parse().unwrap();
-                let ok = r.read(0, len) == pattern(len, seed.parse().unwrap());
-                let c = calls.lock();
-                let nic = c.iter().all(|c| c.2 == "rnic-nic");
-                format!("RES {ok} {} {nic} {}", c.len(), host.stats().nonresident_dma)
-            }
-            _ => break,
-        };
-        writeln!(out, "{reply}").unwrap();
-        out.flush().unwrap();
-    }
+    let info = format!("{} {} {} {}", host.addr().to_hex(), e.qp.qpn(), r.addr(), mr.rkey());
+    common::child::serve(&info, |w| match w {
+        ["PEER", a, q] => {
+            e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                .unwrap();
+            Some("READY".to_string())
+        }
+        ["CHECK", len, seed] => {
+            let len: usize = len.parse().unwrap();
+            let ok = r.read(0, len) == pattern(len, seed.parse().unwrap());
+            let c = calls.lock();
+            let nic = c.iter().all(|c| c.2 == "rnic-nic");
+            Some(format!("RES {ok} {} {nic} {}", c.len(), host.stats().nonresident_dma))
+        }
+        _ => None,
+    });
     drop(mr);
 }
 

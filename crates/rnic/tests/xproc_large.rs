@@ -5,10 +5,9 @@
 //! Long form: `RNIC_XLARGE_ROUNDS=50`.
 
 mod common;
-use common::child::Child;
+use common::child::{serve, Child};
 use common::*;
 use rnic::*;
-use std::io::{BufRead, Write};
 
 const MB: usize = 1 << 20;
 const RLEN: usize = 8 * MB;
@@ -37,40 +36,30 @@ fn xlarge_child() {
     let big = buf(&e.pd, RLEN, 0);
     big.write(0, &pattern(RLEN, 0x3c));
     let at = buf(&e.pd, 64, 0);
-    let mut out = std::io::stdout();
-    writeln!(
-        out,
-        "INFO {} {} {} {} {} {}",
+    let info = format!(
+        "{} {} {} {} {} {}",
         host.addr().to_hex(),
         e.qp.qpn(),
         big.addr(),
         big.rkey(),
         at.addr(),
         at.rkey()
-    )
-    .unwrap();
-    out.flush().unwrap();
-    for l in std::io::stdin().lock().lines() {
-        let l = l.unwrap();
-        let w: Vec<&str> = l.split_whitespace().collect();
-        let reply = match w.as_slice() {
-            ["PEER", a, q] => {
-                e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
-                    .unwrap();
-                "READY".to_string()
-            }
-            ["CHECK", off, len, seed] => {
-                let (off, len): (usize, usize) = (off.parse().unwrap(), len.parse().unwrap());
-                let ok = big.to_vec(off, len) == pattern(len, seed.parse().unwrap());
-                big.write(off, &pattern(RLEN, 0x3c)[off..off + len]);
-                if ok { "OK" } else { "BAD" }.to_string()
-            }
-            ["EXIT"] => break,
-            _ => "?".into(),
-        };
-        writeln!(out, "{reply}").unwrap();
-        out.flush().unwrap();
-    }
+    );
+    serve(&info, |w| match w {
+        ["PEER", a, q] => {
+            e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
+                .unwrap();
+            Some("READY".to_string())
+        }
+        ["CHECK", off, len, seed] => {
+            let (off, len): (usize, usize) = (off.parse().unwrap(), len.parse().unwrap());
+            let ok = big.to_vec(off, len) == pattern(len, seed.parse().unwrap());
+            big.write(off, &pattern(RLEN, 0x3c)[off..off + len]);
+            Some(if ok { "OK" } else { "BAD" }.to_string())
+        }
+        ["EXIT"] => None,
+        _ => Some("?".into()),
+    });
 }
 
 fn spawn_child(ring_max: &str) -> Child {

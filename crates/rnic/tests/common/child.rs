@@ -60,3 +60,18 @@ impl Drop for Child {
         let _ = self.child.wait();
     }
 }
+
+/// The child's side: prints `INFO <info>`, then answers each command line from
+/// stdin with `reply(words)` until it returns `None` (or stdin ends).
+pub fn serve(info: &str, mut reply: impl FnMut(&[&str]) -> Option<String>) {
+    let mut out = std::io::stdout();
+    writeln!(out, "INFO {info}").unwrap();
+    out.flush().unwrap();
+    for l in std::io::stdin().lock().lines() {
+        let l = l.unwrap();
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let Some(r) = reply(&w) else { break };
+        writeln!(out, "{r}").unwrap();
+        out.flush().unwrap();
+    }
+}
