@@ -296,7 +296,10 @@
 //! ([`nic::NicQp::set_error`]), drains parked ops
 //! ([`ordering::OrderTable::drain_parked`]) and completes them, the
 //! outstanding two-sided requests and the posted RECVs with WR_FLUSH_ERR,
-//! dropping their pins. Deregistering an MR removes its swap listener (which
+//! dropping their pins. [`engine::Qp::set_error`] (`ibv_modify_qp(IBV_QPS_ERR)`)
+//! does the same flush but keeps the QP: later posts on it are accepted and
+//! complete with WR_FLUSH_ERR (rdma-core semantics); the peer's requests to it
+//! fail at the peer. Deregistering an MR removes its swap listener (which
 //! waits for a running call), frees its IOVA ranges and its version MR, and
 //! revokes its key at the peers; WRs still using it fail like on hardware.
 //! Bad input (unknown key, out of bounds, missing access, malformed control

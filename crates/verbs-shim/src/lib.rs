@@ -46,7 +46,10 @@
 //! Limits: one SGE per WR (`max_sge` 1), inline payloads up to 1024 bytes (staged in a
 //! per-QP registered buffer; nothing posted after an inline WR issues before it
 //! finishes), QP depth up to a third of the NIC's `max_qp_wr`, QP state
-//! RESET→INIT→RTR→RTS only (ERR/SQD/reset of a used QP are refused with EOPNOTSUPP),
+//! RESET→INIT→RTR→RTS, and any state → ERR (`nprdma::Qp::set_error`: every outstanding
+//! WR and posted RECV completes once with WR_FLUSH_ERR; later posts are accepted and
+//! flushed, as with rdma-core providers; `ibv_query_qp` reports ERR); SQD and ERR/used
+//! QP → RESET are refused with EOPNOTSUPP (the layer connects a QP once),
 //! solicited-only notification widened to any completion. Settings:
 //! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
 //!   registered memory (default unlimited). Below the size of the MRs, pages are
