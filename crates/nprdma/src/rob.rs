@@ -82,7 +82,7 @@ impl<C> CompletionOrder<C> {
         self.drain_ready_with(|c| out.push(c))
     }
 
-    /// [`Rob::drain_ready`], handing each completion to `f` (no buffer).
+    /// [`Self::drain_ready`], handing each completion to `f` (no buffer).
     pub fn drain_ready_with(&mut self, mut f: impl FnMut(C)) -> usize {
         let mut n = 0;
         while let Some(Slot::Done { .. }) = self.slots.front() {
