@@ -476,17 +476,7 @@ fn swap_file_lifecycle() {
 fn application_munmap_does_not_crash() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();
-        // SAFETY: fresh anonymous mapping owned by this test.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                16 * PG,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as usize;
+        let m = mmap_anon(16 * PG);
         // SAFETY: m is mapped; we unmap it below on purpose.
         let r = unsafe { p.register(m, 16 * PG) }.unwrap();
         // SAFETY: the mapping is live.
@@ -503,17 +493,7 @@ fn application_munmap_does_not_crash() {
         assert!(matches!(p.pin(m, PG), Err(Error::Unmapped(_))));
         assert_eq!(p.swap_out(m, 16 * PG).unwrap(), 0);
         // The address may be mapped again and registered afresh.
-        // SAFETY: fixed-address anonymous mapping over the range we just unmapped.
-        let m2 = unsafe {
-            libc::mmap(
-                m as *mut _,
-                16 * PG,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        } as usize;
+        let m2 = mmap_anon_at(m, 16 * PG);
         if m2 == m {
             // SAFETY: the new mapping is live.
             let r2 = unsafe { p.register(m, 16 * PG) }.unwrap();
@@ -591,17 +571,7 @@ fn rss_really_drops_and_returns() {
 fn unmovable_pages_stay_resident_and_are_skipped() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();
-        // SAFETY: fresh anonymous mapping owned by this test.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                8 * PG,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as usize;
+        let m = mmap_anon(8 * PG);
         // SAFETY: the mapping is live.
         unsafe { std::ptr::write_bytes(m as *mut u8, 0x42, 8 * PG) };
         // SAFETY: locking our own mapping.
@@ -763,17 +733,7 @@ fn transparent_huge_pages_are_split_and_evicted() {
     with_timeout(60, || {
         let p = Pager::new(small_cfg()).unwrap();
         let huge = 2 << 20;
-        // SAFETY: fresh anonymous mapping owned by this test.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                3 * huge,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as usize;
+        let raw = mmap_anon(3 * huge);
         let m = raw.div_ceil(huge) * huge;
         // SAFETY: inside our mapping; THP is a hint.
         unsafe { libc::madvise(m as *mut _, huge, libc::MADV_HUGEPAGE) };
@@ -819,17 +779,7 @@ fn unregister_leaves_memory_mapped_anew_alone() {
             Err(Error::Unmapped(_))
         )));
         // ...and maps new memory there.
-        // SAFETY: fixed-address mapping into the hole we just made.
-        let m = unsafe {
-            libc::mmap(
-                hole as *mut _,
-                2 * PG,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        } as usize;
+        let m = mmap_anon_at(hole, 2 * PG);
         if m != hole {
             return; // another test took the address; nothing to check
         }

@@ -44,17 +44,7 @@ fn registry_matches_refcount_model() {
 fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     {
         let p = Pager::new(small_cfg()).unwrap();
-        // SAFETY: fresh anonymous mapping owned by this test case.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGES * PG,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as usize;
+        let base = mmap_anon(PAGES * PG);
         let mut model = [0usize; PAGES];
         let mut shadow = [0u8; PAGES];
         let mut regs: Vec<(vmem::Region, usize, usize)> = Vec::new();

@@ -305,17 +305,7 @@ fn faults_while_the_application_unmaps() {
             std::thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(Relaxed) {
-                    // SAFETY: fresh anonymous mapping owned by this thread.
-                    let m = unsafe {
-                        libc::mmap(
-                            std::ptr::null_mut(),
-                            16 * PG,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                            -1,
-                            0,
-                        )
-                    } as usize;
+                    let m = mmap_anon(16 * PG);
                     // SAFETY: the mapping is live; it is unmapped below on purpose.
                     let reg = unsafe { p.register(m, 16 * PG) }.unwrap();
                     // SAFETY: the mapping is live.

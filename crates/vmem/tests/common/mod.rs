@@ -1,4 +1,4 @@
-//! Shared test helpers: timeouts and /proc readers.
+//! Shared test helpers: timeouts, /proc readers and anonymous test mappings.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
@@ -66,4 +66,39 @@ pub fn pat(seed: u64, i: usize) -> u8 {
     let x =
         (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
     (x >> 29) as u8
+}
+
+/// A fresh private anonymous read-write mapping of `len` bytes, as an address
+/// (`MAP_FAILED` as usize on failure, as `mmap` returns it). The caller owns it.
+pub fn mmap_anon(len: usize) -> usize {
+    // SAFETY: a new anonymous mapping at an address the kernel picks; it aliases
+    // no existing memory.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    m as usize
+}
+
+/// Like [`mmap_anon`], but at `addr` with `MAP_FIXED_NOREPLACE`: the kernel never
+/// replaces an existing mapping (the result differs from `addr` if one is there).
+pub fn mmap_anon_at(addr: usize, len: usize) -> usize {
+    // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping.
+    let m = unsafe {
+        libc::mmap(
+            addr as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    m as usize
 }
