@@ -227,66 +227,35 @@ fn faults(pages: usize) {
         };
         let p = Pager::new(cfg).unwrap();
         // Minor, read: zero page.
-        let (hb, t) = {
-            let r = raw::Raw::new(pages * PG, spin, None, true);
-            touch_pages(r.addr, pages, false)
-        };
-        line(
+        let hb = raw_baseline(
             &format!("raw uffd read → ZEROPAGE ({tag}) — baseline"),
-            &hb,
-            t,
             pages,
+            spin,
             None,
+            true,
+            false,
         );
-        let reg = p.alloc(pages * PG).unwrap();
-        let (h, t) = touch_pages(reg.addr(), pages, false);
-        line(
-            &format!("pager minor, read ({tag})"),
-            &h,
-            t,
-            pages,
-            Some(&hb),
-        );
-        let s = p.stats().fault_service;
-        println!(
-            "| ↳ pager-side service time ({tag}) | {:.1} | {:.1} | {:.1} | | |",
-            us(s.p50_ns),
-            us(s.p99_ns),
-            s.mean_ns / 1000.0
-        );
+        let reg = pager_minor(&p, &format!("pager minor, read ({tag})"), pages, false, &hb);
+        service_row(&p, &format!("pager-side service time ({tag})"));
         drop(reg);
         // Minor, write: COPY of a zero page.
-        let (hb, t) = {
-            let r = raw::Raw::new(pages * PG, spin, None, false);
-            touch_pages(r.addr, pages, true)
-        };
-        line(
+        let hb = raw_baseline(
             &format!("raw uffd write → COPY zeroes ({tag}) — baseline"),
-            &hb,
-            t,
             pages,
+            spin,
             None,
+            false,
+            true,
         );
-        let reg = p.alloc(pages * PG).unwrap();
-        let (h, t) = touch_pages(reg.addr(), pages, true);
-        line(
-            &format!("pager minor, write ({tag})"),
-            &h,
-            t,
-            pages,
-            Some(&hb),
-        );
+        let reg = pager_minor(&p, &format!("pager minor, write ({tag})"), pages, true, &hb);
         // Major: pread + COPY.
-        let (hb, t) = {
-            let r = raw::Raw::new(pages * PG, spin, Some(f.try_clone().unwrap()), false);
-            touch_pages(r.addr, pages, true)
-        };
-        line(
+        let hb = raw_baseline(
             &format!("raw uffd pread + COPY ({tag}) — baseline"),
-            &hb,
-            t,
             pages,
-            None,
+            spin,
+            Some(f.try_clone().unwrap()),
+            false,
+            true,
         );
         // SAFETY: the region is live.
         unsafe { std::ptr::write_bytes(reg.as_mut_ptr(), 3, reg.len()) };
@@ -294,14 +263,52 @@ fn faults(pages: usize) {
         p.reset_fault_histogram();
         let (h, t) = touch_pages(reg.addr(), pages, true);
         line(&format!("pager major ({tag})"), &h, t, pages, Some(&hb));
-        let s = p.stats().fault_service;
-        println!(
-            "| ↳ pager-side service time major ({tag}) | {:.1} | {:.1} | {:.1} | | |",
-            us(s.p50_ns),
-            us(s.p99_ns),
-            s.mean_ns / 1000.0
-        );
+        service_row(&p, &format!("pager-side service time major ({tag})"));
     }
+}
+
+/// Times touching every page of a fresh raw-uffd region (`raw::Raw::new(.., zero)`),
+/// prints it as a baseline row and returns its histogram.
+fn raw_baseline(
+    name: &str,
+    pages: usize,
+    spin: bool,
+    file: Option<std::fs::File>,
+    zero: bool,
+    write: bool,
+) -> Histogram<u64> {
+    let (hb, t) = {
+        let r = raw::Raw::new(pages * PG, spin, file, zero);
+        touch_pages(r.addr, pages, write)
+    };
+    line(name, &hb, t, pages, None);
+    hb
+}
+
+/// Times the minor faults of touching every page of a fresh pager region, prints
+/// the row against `base` and returns the region.
+fn pager_minor(
+    p: &Pager,
+    name: &str,
+    pages: usize,
+    write: bool,
+    base: &Histogram<u64>,
+) -> vmem::Region {
+    let reg = p.alloc(pages * PG).unwrap();
+    let (h, t) = touch_pages(reg.addr(), pages, write);
+    line(name, &h, t, pages, Some(base));
+    reg
+}
+
+/// Prints the pager's own fault-service time as a row.
+fn service_row(p: &Pager, name: &str) {
+    let s = p.stats().fault_service;
+    println!(
+        "| ↳ {name} | {:.1} | {:.1} | {:.1} | | |",
+        us(s.p50_ns),
+        us(s.p99_ns),
+        s.mean_ns / 1000.0
+    );
 }
 
 fn tempfile_with(len: usize) -> std::fs::File {
