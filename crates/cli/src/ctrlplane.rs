@@ -23,6 +23,19 @@ fn us_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
+/// Median over `reps` runs of `f`, timed up to its return; what it returns is
+/// dropped after the clock stops.
+fn median_timed<T>(reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+    let v = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            let _v = f()?;
+            Ok(us_since(t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(median_us(v))
+}
+
 /// MR registration cost from `reg(len)` (µs per registration): the median over
 /// `reps` one-page registrations, and the per-GiB slope (ms) of one `big`-byte one.
 fn mr_costs(
@@ -109,17 +122,13 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     // ---- pinned ----
     tick("control plane: pinned RDMA");
     let c = &mut out.pinned;
-    c.library_init_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let host = rnic::Host::new(rnic::HostConfig::default())?;
-                let ctx = host.open_context()?;
-                let _pd = ctx.alloc_pd()?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
+    // (pd, ctx, host): dropped in that order, after the clock stops.
+    c.library_init_us = median_timed(reps, || {
+        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let ctx = host.open_context()?;
+        let pd = ctx.alloc_pd()?;
+        Ok((pd, ctx, host))
+    })?;
     let ctx = host_a.open_context()?;
     let pd = ctx.alloc_pd()?;
     let reg_pinned = |len: usize| -> Result<f64> {
@@ -134,24 +143,10 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     };
     (c.mr_base_us, c.mr_per_gib_ms) = mr_costs(reps, page, big, reg_pinned)?;
     let cq = ctx.create_cq(1024, None)?;
-    c.create_cq_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let _c = ctx.create_cq(1024, None)?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
-    c.create_qp_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let _q = pd.create_qp(&cq, &cq, &rnic::QpInitAttr::default())?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
+    c.create_cq_us = median_timed(reps, || Ok(ctx.create_cq(1024, None)?))?;
+    c.create_qp_us = median_timed(reps, || {
+        Ok(pd.create_qp(&cq, &cq, &rnic::QpInitAttr::default())?)
+    })?;
     {
         let ctx_b = host_b.open_context()?;
         let pd_b = ctx_b.alloc_pd()?;
@@ -220,16 +215,12 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     let c = &mut out.nprdma;
     let pager_a = new_pager()?;
     let pager_b = new_pager()?;
-    c.library_init_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let host = rnic::Host::new(rnic::HostConfig::default())?;
-                let _ctx = nprdma::Context::new(&host, &pager_a, nprdma::Config::default())?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
+    // (ctx, host): dropped in that order, after the clock stops.
+    c.library_init_us = median_timed(reps, || {
+        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let ctx = nprdma::Context::new(&host, &pager_a, nprdma::Config::default())?;
+        Ok((ctx, host))
+    })?;
     let ctx = nprdma::Context::new(&host_a, &pager_a, nprdma::Config::default())?;
     let pd = ctx.alloc_pd();
     let reg_np = |len: usize| -> Result<f64> {
@@ -245,24 +236,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     };
     (c.mr_base_us, c.mr_per_gib_ms) = mr_costs(reps, page, big, reg_np)?;
     let cq = ctx.create_cq(1024)?;
-    c.create_cq_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let _c = ctx.create_cq(1024)?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
-    c.create_qp_us = median_us(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let _q = pd.create_qp(&cq, &cq, 128)?;
-                Ok(us_since(t))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    );
+    c.create_cq_us = median_timed(reps, || Ok(ctx.create_cq(1024)?))?;
+    c.create_qp_us = median_timed(reps, || Ok(pd.create_qp(&cq, &cq, 128)?))?;
     {
         let ctx_b = nprdma::Context::new(&host_b, &pager_b, nprdma::Config::default())?;
         let pd_b = ctx_b.alloc_pd();
