@@ -188,16 +188,7 @@ impl Target {
         let recv_len = recv_len.max(8);
         let (inner, pager) = match mode {
             Mode::Pinned => {
-                let ctx = host.open_context()?;
-                let pd = ctx.alloc_pd()?;
-                let cq = ctx.create_cq(4096, None)?;
-                let rcq = ctx.create_cq(4096, None)?;
-                let attr = rnic::QpInitAttr {
-                    max_send_wr: 64,
-                    max_recv_wr: RECV_DEPTH as u32 + 8,
-                    ..rnic::QpInitAttr::default()
-                };
-                let qp = pd.create_qp(&cq, &rcq, &attr)?;
+                let (ctx, pd, cq, rcq, qp) = rnic_qp(&host)?;
                 let data = RnicBuf::new(&pd, data_len)?;
                 let recv = RnicBuf::new(&pd, recv_len)?;
                 (
@@ -238,16 +229,7 @@ impl Target {
             Mode::Odp => {
                 let pager = new_pager()?;
                 crate::odp::install_handler(&host, &pager);
-                let ctx = host.open_context()?;
-                let pd = ctx.alloc_pd()?;
-                let cq = ctx.create_cq(4096, None)?;
-                let rcq = ctx.create_cq(4096, None)?;
-                let attr = rnic::QpInitAttr {
-                    max_send_wr: 64,
-                    max_recv_wr: RECV_DEPTH as u32 + 8,
-                    ..rnic::QpInitAttr::default()
-                };
-                let qp = pd.create_qp(&cq, &rcq, &attr)?;
+                let (ctx, pd, cq, rcq, qp) = rnic_qp(&host)?;
                 let recv = RnicBuf::new(&pd, recv_len)?;
                 (
                     Inner::Odp {
@@ -539,6 +521,22 @@ fn window<B: FaultBuf>(d: &B, off: usize, renewed: bool, pages: u64) -> Window {
         renewed,
         pages_prepared: pages,
     }
+}
+
+/// The rnic objects of a pinned or ODP-model target: send and receive CQs and a
+/// QP with room for `RECV_DEPTH` posted receives.
+fn rnic_qp(host: &rnic::Host) -> Result<(rnic::Context, rnic::Pd, rnic::Cq, rnic::Cq, rnic::Qp)> {
+    let ctx = host.open_context()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4096, None)?;
+    let rcq = ctx.create_cq(4096, None)?;
+    let attr = rnic::QpInitAttr {
+        max_send_wr: 64,
+        max_recv_wr: RECV_DEPTH as u32 + 8,
+        ..rnic::QpInitAttr::default()
+    };
+    let qp = pd.create_qp(&cq, &rcq, &attr)?;
+    Ok((ctx, pd, cq, rcq, qp))
 }
 
 /// Reap the consumed receives of an rnic QP and keep `RECV_DEPTH` posted.
