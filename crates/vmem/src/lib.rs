@@ -302,13 +302,7 @@ impl Pager {
     /// pages may be moved to swap and back at any time.
     pub unsafe fn register(&self, addr: usize, len: usize) -> Result<Region> {
         let id = self.inner().register(addr, len, false, false, true)?;
-        let (p0, p1) = page_range(addr, len)?;
-        Ok(Region::new(
-            self.clone(),
-            id,
-            p0 * sys::PAGE,
-            (p1 - p0) * sys::PAGE,
-        ))
+        self.region_over(id, addr, len)
     }
 
     /// Registration without a handle (for C shims): undo with
@@ -325,10 +319,8 @@ impl Pager {
         self.inner().unregister(id)
     }
 
-    /// Tracks memory the application pages itself: all pages start resident;
-    /// report changes with [`Pager::notify_swapped_out`] / [`Pager::notify_swapped_in`].
-    pub fn register_external(&self, addr: usize, len: usize) -> Result<Region> {
-        let id = self.inner().register(addr, len, false, true, false)?;
+    /// The handle of registration `id`, covering the whole pages of `[addr, addr+len)`.
+    fn region_over(&self, id: RegionId, addr: usize, len: usize) -> Result<Region> {
         let (p0, p1) = page_range(addr, len)?;
         Ok(Region::new(
             self.clone(),
@@ -336,6 +328,13 @@ impl Pager {
             p0 * sys::PAGE,
             (p1 - p0) * sys::PAGE,
         ))
+    }
+
+    /// Tracks memory the application pages itself: all pages start resident;
+    /// report changes with [`Pager::notify_swapped_out`] / [`Pager::notify_swapped_in`].
+    pub fn register_external(&self, addr: usize, len: usize) -> Result<Region> {
+        let id = self.inner().register(addr, len, false, true, false)?;
+        self.region_over(id, addr, len)
     }
 
     /// External API: the application is about to reclaim these pages. Calls
