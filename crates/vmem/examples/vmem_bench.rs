@@ -21,6 +21,40 @@ mod raw {
     const UFFDIO_COPY: u64 = 0xc028_aa03;
     const UFFDIO_ZEROPAGE: u64 = 0xc020_aa04;
 
+    /// A fresh non-blocking userfaultfd and a fresh anonymous `len`-byte mapping
+    /// (no THP) registered with it for missing faults: `(fd, addr)`. The caller
+    /// owns the mapping and unmaps it.
+    fn uffd_mapping(len: usize) -> (OwnedFd, usize) {
+        // SAFETY: plain syscalls on fresh resources (a new fd, a new mapping the
+        // kernel places); the ioctl argument arrays match the kernel ABI.
+        unsafe {
+            let fd =
+                libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
+            assert!(fd >= 0);
+            let fd = OwnedFd::from_raw_fd(fd);
+            let mut api = [0xAAu64, 0, 0];
+            assert_eq!(
+                libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()),
+                0
+            );
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as usize;
+            libc::madvise(addr as *mut _, len, libc::MADV_NOHUGEPAGE);
+            let mut reg = [addr as u64, len as u64, 1, 0];
+            assert_eq!(
+                libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER as _, reg.as_mut_ptr()),
+                0
+            );
+            (fd, addr)
+        }
+    }
+
     pub struct Raw {
         pub addr: usize,
         pub len: usize,
@@ -34,29 +68,7 @@ mod raw {
         pub fn new(len: usize, spin: bool, file: Option<std::fs::File>, zero: bool) -> Raw {
             // SAFETY: plain syscalls on fresh resources; structs match the kernel ABI.
             unsafe {
-                let fd =
-                    libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
-                assert!(fd >= 0);
-                let fd = OwnedFd::from_raw_fd(fd);
-                let mut api = [0xAAu64, 0, 0];
-                assert_eq!(
-                    libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()),
-                    0
-                );
-                let addr = libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                ) as usize;
-                libc::madvise(addr as *mut _, len, libc::MADV_NOHUGEPAGE);
-                let mut reg = [addr as u64, len as u64, 1, 0];
-                assert_eq!(
-                    libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER as _, reg.as_mut_ptr()),
-                    0
-                );
+                let (fd, addr) = uffd_mapping(len);
                 let stop = Arc::new(AtomicBool::new(false));
                 let st = stop.clone();
                 let t = std::thread::spawn(move || {
@@ -111,30 +123,8 @@ mod raw {
         let mut h = super::hist();
         // SAFETY: as in Raw::new; the ranges are our own fresh mapping.
         unsafe {
-            let fd =
-                libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
-            assert!(fd >= 0);
-            let fd = OwnedFd::from_raw_fd(fd);
-            let mut api = [0xAAu64, 0, 0];
-            assert_eq!(
-                libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, api.as_mut_ptr()),
-                0
-            );
             let len = pages * PG;
-            let addr = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            ) as usize;
-            libc::madvise(addr as *mut _, len, libc::MADV_NOHUGEPAGE);
-            let mut reg = [addr as u64, len as u64, 1, 0];
-            assert_eq!(
-                libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER as _, reg.as_mut_ptr()),
-                0
-            );
+            let (fd, addr) = uffd_mapping(len);
             let buf = vec![0u8; 2 * PG];
             let page = (buf.as_ptr() as usize).next_multiple_of(PG);
             for i in 0..pages {
