@@ -3,10 +3,10 @@
 //! perftest does over TCP) and then talk through the shared-memory transport.
 
 mod common;
-use common::child::Child;
+use common::child::{serve, Child};
 use common::*;
 use rnic::*;
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 const BIG: usize = 1 << 20;
 
@@ -27,12 +27,8 @@ fn xproc_child() {
     let ch = e.ctx.create_comp_channel().unwrap();
     let ecq = e.ctx.create_cq(16, Some(&ch)).unwrap();
     let eqp = e.pd.create_qp(&e.cq, &ecq, &QpInitAttr::default()).unwrap();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    let mut out = std::io::stdout();
-    writeln!(
-        out,
-        "INFO {} {} {} {} {} {} {}",
+    let info = format!(
+        "{} {} {} {} {} {} {}",
         host.addr().to_hex(),
         e.qp.qpn(),
         eqp.qpn(),
@@ -40,12 +36,9 @@ fn xproc_child() {
         big.rkey(),
         at.addr(),
         at.rkey()
-    )
-    .unwrap();
-    out.flush().unwrap();
-    while let Some(Ok(l)) = lines.next() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        let reply = match w.as_slice() {
+    );
+    serve(&info, |w| {
+        let reply = match w {
             ["PEER", a, q] => {
                 e.qp.connect(all_access(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
                     .unwrap();
@@ -123,12 +116,11 @@ fn xproc_child() {
             }
             ["STATE"] => format!("STATE {:?}", e.qp.state()),
             ["STATS"] => format!("STATS {}", host.stats().ring_requests),
-            ["EXIT"] => break,
+            ["EXIT"] => return None,
             _ => "?".into(),
         };
-        writeln!(out, "{reply}").unwrap();
-        out.flush().unwrap();
-    }
+        Some(reply)
+    });
 }
 
 /// Reply prefixes of `xproc_child`.
