@@ -721,8 +721,15 @@ fn last_handle_dropped_inside_a_listener() {
         unsafe { p.register_raw(base, 2 * PG) }.unwrap();
         *holder.0.lock().unwrap() = Some(p.clone());
         drop(p);
-        // The evictor (budget 1, 2 resident pages) calls the listener, which
-        // drops the last handle on the evictor thread.
+        // The evictor may already have evicted one page before the holder was
+        // set (that listener call found nothing to drop). Touch both pages so
+        // that two are resident again: over the budget of 1, the evictor calls
+        // the listener, which drops the last handle on the evictor thread.
+        for off in [0, PG] {
+            // SAFETY: inside `v`; a fault here is served by the live pager.
+            let b = unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+            assert_eq!(b, 3);
+        }
         assert!(wait_until(10, || weak.upgrade().is_none()));
         assert!(v.iter().all(|&b| b == 3), "contents restored at shutdown");
     });
