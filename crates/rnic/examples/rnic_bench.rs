@@ -4,6 +4,11 @@
 //!
 //! Run: `cargo run --release -p rnic --example rnic_bench` (env RNIC_BENCH_ITERS to
 //! change the latency iteration count, default 20000).
+//!
+//! The "pinned vs IOVA" rows compare, per transport and in the same run, the same
+//! page-aligned buffers registered plainly (identity MTT) and through IOVA ranges
+//! statically mapped to their own pages (the IOMMU in the path), alternating blocks of
+//! the two (`RNIC_BENCH_IOVA_ONLY=1` runs only these rows).
 
 use hdrhistogram::Histogram;
 use rnic::*;
@@ -51,16 +56,56 @@ fn side(host: &Host) -> Side {
     }
 }
 
+/// A page-aligned buffer of `BUF` bytes filled with `fill`, leaked for the whole run.
+fn aligned_buf(fill: u8) -> usize {
+    let l = std::alloc::Layout::from_size_align(BUF, 4096).unwrap();
+    // SAFETY: non-zero size layout; the memory is never freed (the MRs over it live
+    // until the process exits).
+    let p = unsafe { std::alloc::alloc(l) };
+    assert!(!p.is_null());
+    // SAFETY: p is valid for BUF bytes.
+    unsafe { std::ptr::write_bytes(p, fill, BUF) };
+    p as usize
+}
+
+/// The same leaked buffer registered plainly and through an IOVA range statically
+/// mapped to its own pages.
+struct Pair {
+    plain: Mr,
+    iova: Mr,
+}
+
+fn pinned_and_iova(host: &Host, pd: &Pd, fill: u8) -> Pair {
+    let addr = aligned_buf(fill);
+    let n = (BUF / Iommu::PAGE_SIZE) as u64;
+    let r = host.iommu().alloc_range(n).unwrap();
+    let frames: Vec<Frame> = (0..n as usize)
+        .map(|i| Frame::Ram(addr + i * Iommu::PAGE_SIZE))
+        .collect();
+    // SAFETY: the leaked buffer stays valid for the whole process.
+    unsafe {
+        host.iommu().map_range(&r, 0, &frames).unwrap();
+        Pair {
+            plain: pd.reg_mr(addr, BUF, all()).unwrap(),
+            iova: pd.reg_mr_iova(addr, BUF, all(), &r).unwrap(),
+        }
+    }
+}
+
 fn server() {
     let host = Host::new(HostConfig::default()).unwrap();
     let s = side(&host);
     let mr = s.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
+    let cmp = pinned_and_iova(&host, &s.pd, 7);
     println!(
-        "INFO {} {} {} {}",
+        "INFO {} {} {} {} {} {} {}",
         host.addr().to_hex(),
         s.qp.qpn(),
         mr.addr(),
-        mr.rkey()
+        mr.rkey(),
+        cmp.plain.addr(),
+        cmp.plain.rkey(),
+        cmp.iova.rkey()
     );
     std::io::stdout().flush().unwrap();
     for line in std::io::stdin().lock().lines() {
@@ -182,6 +227,72 @@ fn suite(name: &str, s: &Side, raddr: u64, rkey: u32, iters: usize, rows: &mut V
     }
 }
 
+const CMP_SIZES: [usize; 4] = [2, 4096, 65536, 1 << 20];
+
+/// Median latency (µs) and window-of-8 throughput (GB/s) of `op` of `sz` bytes from
+/// `local` to `raddr`/`rkey`.
+fn measure(s: &Side, op: WrOpcode, sz: usize, local: &Mr, raddr: u64, rkey: u32, iters: usize) -> (f64, f64) {
+    let sge = [local.sge(0, sz as u32)];
+    let wr = SendWr::new(1, op, &sge).remote(raddr, rkey);
+    let n = (iters * 64 / (64 + sz / 1024)).max(100);
+    let st = lat(&mut || one(s, &wr), n);
+    let depth = 8;
+    let wrs: Vec<SendWr> = (0..depth)
+        .map(|i| SendWr::new(i as u64, op, &sge).remote(raddr, rkey))
+        .collect();
+    let rounds = ((64 << 20) / (sz * depth)).clamp(50, 20000);
+    let mut wc = [Wc::default(); 16];
+    let t = Instant::now();
+    for _ in 0..rounds {
+        s.qp.post_send(&wrs).unwrap();
+        let mut got = 0;
+        while got < depth {
+            let k = s.cq.poll(&mut wc).unwrap();
+            for w in &wc[..k] {
+                assert_eq!(w.status, WcStatus::Success);
+            }
+            got += k;
+        }
+    }
+    (st.median_ns as f64 / 1e3, gbps(sz * depth * rounds, t.elapsed()))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Pinned vs pinned+IOVA, READ and WRITE of `CMP_SIZES`, in 3 alternating blocks
+/// (median of the blocks): the ratio IOVA / pinned is measured in one run.
+fn compare(name: &str, s: &Side, local: &Pair, raddr: u64, rkeys: (u32, u32), iters: usize, rows: &mut Vec<String>) {
+    for op in [WrOpcode::Read, WrOpcode::Write] {
+        let opn = if op == WrOpcode::Read { "READ" } else { "WRITE" };
+        for &sz in &CMP_SIZES {
+            let (mut lp, mut li, mut tp, mut ti) = (vec![], vec![], vec![], vec![]);
+            for _ in 0..3 {
+                let (l, t) = measure(s, op, sz, &local.plain, raddr, rkeys.0, iters);
+                lp.push(l);
+                tp.push(t);
+                let (l, t) = measure(s, op, sz, &local.iova, raddr, rkeys.1, iters);
+                li.push(l);
+                ti.push(t);
+            }
+            let (lp, li, tp, ti) = (median(&mut lp), median(&mut li), median(&mut tp), median(&mut ti));
+            let tput = if sz < 4096 {
+                let k = 1e6 / sz as f64; // GB/s -> kops/s
+                format!("{:.0} / {:.0} kops/s", tp * k, ti * k)
+            } else {
+                format!("{tp:.2} / {ti:.2} GB/s")
+            };
+            rows.push(format!(
+                "| {name} | {opn} {sz} B | median {lp:.2} / {li:.2} us (x{:.2}) | {tput} (x{:.2}) |",
+                li / lp,
+                ti / tp
+            ));
+        }
+    }
+}
+
 fn memcpy_baseline(rows: &mut Vec<String>, iters: usize) {
     let src = vec![3u8; BUF];
     let mut dst = vec![0u8; BUF];
@@ -276,9 +387,15 @@ fn main() {
         "|---|---|---|---|---|".to_string(),
     ];
     let only = std::env::var("RNIC_BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() {
+    let iova_only = std::env::var("RNIC_BENCH_IOVA_ONLY").is_ok();
+    if only.is_empty() && !iova_only {
         memcpy_baseline(&mut rows, iters);
     }
+    let mut cmp_rows = vec![
+        String::new(),
+        "| transport | op size | latency pinned / IOVA (ratio) | throughput pinned / IOVA (ratio) |".to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
 
     // in-process: two hosts in this process
     if only.is_empty() || only == "inproc" {
@@ -289,12 +406,26 @@ fn main() {
         let target = b.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
         a.qp.connect(all(), hb.addr(), b.qp.qpn(), 7).unwrap();
         b.qp.connect(all(), ha.addr(), a.qp.qpn(), 7).unwrap();
-        suite("in-process", &a, target.addr() as u64, target.rkey(), iters, &mut rows);
+        if !iova_only {
+            suite("in-process", &a, target.addr() as u64, target.rkey(), iters, &mut rows);
+        }
+        let (lp, rp) = (pinned_and_iova(&ha, &a.pd, 1), pinned_and_iova(&hb, &b.pd, 7));
+        let rkeys = (rp.plain.rkey(), rp.iova.rkey());
+        compare(
+            "in-process",
+            &a,
+            &lp,
+            rp.plain.addr() as u64,
+            rkeys,
+            iters,
+            &mut cmp_rows,
+        );
         assert_eq!(a.host.stats().nonresident_dma, 0);
+        assert_eq!(b.host.stats().nonresident_dma, 0);
     }
 
     if !(only.is_empty() || only == "shm") {
-        for r in rows {
+        for r in rows.iter().chain(&cmp_rows) {
             println!("{r}");
         }
         return;
@@ -313,6 +444,8 @@ fn main() {
     let f: Vec<&str> = line.split_whitespace().collect();
     let raddr_host = HostAddr::from_hex(f[1]).unwrap();
     let (rqpn, raddr, rkey): (u32, u64, u32) = (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap());
+    let (cmp_addr, cmp_rkeys): (u64, (u32, u32)) =
+        (f[5].parse().unwrap(), (f[6].parse().unwrap(), f[7].parse().unwrap()));
     let h = Host::new(HostConfig {
         dma_help: std::env::var("RNIC_NO_HELP").is_err(),
         ..HostConfig::default()
@@ -325,12 +458,19 @@ fn main() {
     line.clear();
     cout.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "READY");
-    suite("shm (2 processes)", &a, raddr, rkey, iters, &mut rows);
-    pvm_baseline(&mut rows, raddr_host.pid, raddr, iters);
+    if !iova_only {
+        suite("shm (2 processes)", &a, raddr, rkey, iters, &mut rows);
+    }
+    let lp = pinned_and_iova(&h, &a.pd, 1);
+    compare("shm (2 processes)", &a, &lp, cmp_addr, cmp_rkeys, iters, &mut cmp_rows);
+    assert_eq!(h.stats().nonresident_dma, 0);
+    if !iova_only {
+        pvm_baseline(&mut rows, raddr_host.pid, raddr, iters);
+    }
     writeln!(cin, "EXIT").unwrap();
     cin.flush().unwrap();
     child.wait().unwrap();
-    for r in rows {
+    for r in rows.iter().chain(&cmp_rows) {
         println!("{r}");
     }
 }
