@@ -1,5 +1,5 @@
-//! The DMA engine: MR key validation, MR -> MTT -> IOMMU translation of every atom
-//! (max TLP), frame-residency checks, and the copy itself (memmove in-process,
+//! The DMA engine: MR key validation, MR -> MTT -> IOMMU translation (once per page,
+//! the granule every atom of the page shares), frame-residency checks, and the copy itself (memmove in-process,
 //! process_vm_readv/writev into another process), inside IOMMU epoch sections.
 
 use crate::frames::page_resident;
@@ -200,21 +200,16 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Translation unit of a span: one max-TLP atom for IOVA MRs (every atom is translated
-/// separately, so a remap between two atoms tears the transfer exactly there); one page
-/// for passthrough MRs (identity MTT, no IOMMU entry that could change mid-page; the
-/// residency check is per page anyway).
-fn unit(span: &Span, tlp: u64) -> u64 {
-    if span.mr.kind == MR_PASSTHROUGH {
-        PAGE as u64
-    } else {
-        tlp
-    }
-}
+/// Translation unit of a span: one page (the IOMMU and MTT granule) for both MR kinds.
+/// All atoms of a page share its frame, so the page is translated (and its frame's
+/// residency checked) once per epoch section; a remap can then tear a transfer only at
+/// a page boundary, which is an atom boundary (max TLP <= page), a legal subset of
+/// per-atom translation. Passthrough MRs have an identity MTT and no IOMMU entry.
+const UNIT: u64 = PAGE as u64;
 
-/// Copy `total` bytes from `src` to `dst`, translating every atom of each side (its
-/// own host's max TLP) separately. Returns the number of DMA atoms (max-TLP units of
-/// the smaller TLP) moved.
+/// Copy `total` bytes from `src` to `dst`, translating every page of each side once
+/// per epoch section and coalescing pages whose frames are contiguous into one copy.
+/// Returns the number of DMA atoms (max-TLP units of the smaller TLP) moved.
 pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, DmaErr> {
     copy_with_help(src, dst, total, section, None)
 }
@@ -275,17 +270,15 @@ pub fn copy_with_help(src: &Side, dst: &Side, total: u64, section: usize, help: 
             let (Some((ss, sa, sl)), Some((ds, da, dl))) = (sc.cur(), dc.cur()) else {
                 return Err(DmaErr::Io);
             };
-            let su = unit(ss, stlp);
-            let du = unit(ds, dtlp);
             let n = (end - done)
                 .min(sl)
                 .min(dl)
-                .min(su - (sa & (su - 1)))
-                .min(du - (da & (du - 1)));
-            // Each side translates each of its own units exactly once, even when the
-            // other side's boundaries split it into several pieces.
-            let s = atom_loc(&mut scache, src.seg, ss, sa, su, false).map_err(DmaErr::Src)?;
-            let d = atom_loc(&mut dcache, dst.seg, ds, da, du, true).map_err(DmaErr::Dst)?;
+                .min(UNIT - (sa & (UNIT - 1)))
+                .min(UNIT - (da & (UNIT - 1)));
+            // Each side translates each of its pages exactly once per section, even
+            // when the other side's page boundaries split it into two pieces.
+            let s = unit_loc(&mut scache, src.seg, ss, sa, false).map_err(DmaErr::Src)?;
+            let d = unit_loc(&mut dcache, dst.seg, ds, da, true).map_err(DmaErr::Dst)?;
             push(&mut pieces, Piece { src: s, dst: d, len: n });
             sc.off += n;
             dc.off += n;
@@ -304,23 +297,22 @@ fn shift(loc: Loc, delta: u64) -> Loc {
     }
 }
 
-/// Location of `addr`, translating its atom once (cached in `cache`).
-fn atom_loc(
+/// Location of `addr`, translating its unit (page) once (cached in `cache`).
+fn unit_loc(
     cache: &mut Option<(usize, u64, Loc)>,
     seg: &Segment,
     span: &Span,
     addr: u64,
-    unit: u64,
     write: bool,
 ) -> Result<Loc, Fault> {
-    let base = addr & !(unit - 1);
+    let base = addr & !(UNIT - 1);
     let id = span as *const Span as usize;
     if let Some((i, b, l)) = *cache {
         if i == id && b == base {
             return Ok(shift(l, addr - base));
         }
     }
-    // Translate at the atom's first byte inside this span (the span may start mid-atom).
+    // Translate at the unit's first byte inside this span (the span may start mid-page).
     let first = base.max(span.addr);
     let l = translate(seg, &span.mr, first, write)?;
     let at_base = match l {

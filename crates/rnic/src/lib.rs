@@ -67,9 +67,11 @@
 //! * **Deferred work** (RNR retry timers; responses nobody polls for) is progressed by
 //!   the NIC thread: RNR timers wake it; otherwise it looks at least every 10 ms, and
 //!   within 1 ms for QPs nobody progressed, eagerly while a CQ is armed.
-//! * **Translation**: IOVA MRs are translated per max-TLP atom on each side (a remap
-//!   between two atoms tears the transfer exactly at the atom boundary); passthrough
-//!   MRs (identity MTT, no IOMMU entry) per page (the residency check is per page).
+//! * **Translation**: once per page on each side and epoch section, for IOVA MRs
+//!   (MTT -> IOMMU entry; every atom of a page shares its frame, so a remap tears a
+//!   transfer only at a page boundary, which is an atom boundary) and passthrough MRs
+//!   (identity MTT, no IOMMU entry) alike, with the frame-residency check per page;
+//!   pages whose frames are contiguous coalesce into one memmove / iovec.
 //!   Special frames: signature reads return the magic word (writes dropped),
 //!   black-hole reads return zeros (writes absorbed), unmapped fails the WR.
 //! * **Flush**: SRCU-style epochs in the segment; every DMA section (translate + copy,
