@@ -9,35 +9,57 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use nprdma::check::{check_read, check_readback, check_versions, precheck_local, CheckConfig};
+use nprdma::check::{
+    check_read, check_read_walk, check_readback, check_versions, precheck_local, CheckConfig,
+};
 use nprdma::ctrl::{CtrlConfig, FaultKind, FaultRequest, Repr};
 use nprdma::ordering::{Admit, OpDesc, OrderConfig, OrderTable, Range};
 
-/// Median ns per call of `f` over several timed batches.
-fn time(mut f: impl FnMut()) -> f64 {
-    // Calibrate a batch of ~2 ms.
+/// Calls of `f` per batch so that a batch lasts about 300 µs.
+fn batch_len(f: &mut impl FnMut()) -> u64 {
     let mut n = 1u64;
     loop {
         let t = Instant::now();
         for _ in 0..n {
             f();
         }
-        if t.elapsed() > Duration::from_millis(2) {
-            break;
+        if t.elapsed() > Duration::from_micros(300) {
+            return n;
         }
         n *= 2;
     }
-    let mut v: Vec<f64> = (0..15)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed().as_nanos() as f64 / n as f64
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+}
+
+fn run_batch(f: &mut impl FnMut(), n: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// Batches per measurement. The machine is shared and noisy: the minimum
+/// over short batches is the least disturbed figure.
+const BATCHES: usize = 41;
+
+/// Minimum over timed batches of the ns per call of `f`.
+fn time(mut f: impl FnMut()) -> f64 {
+    let n = batch_len(&mut f);
+    (0..BATCHES)
+        .map(|_| run_batch(&mut f, n))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `time` of `f` and `g` with their batches interleaved, so a difference of
+/// the two sees the same machine state.
+fn time_pair(mut f: impl FnMut(), mut g: impl FnMut()) -> (f64, f64) {
+    let n = batch_len(&mut f).min(batch_len(&mut g));
+    let (mut tf, mut tg) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..BATCHES {
+        tf = tf.min(run_batch(&mut f, n));
+        tg = tg.min(run_batch(&mut g, n));
+    }
+    (tf, tg)
 }
 
 /// Compare every aligned u32 against the magic (what a check without the
@@ -47,49 +69,148 @@ fn naive_full_scan(data: &[u8], magic: u32) -> bool {
         .any(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == magic)
 }
 
+/// A destination buffer of `size` bytes after a 64 B offset.
+fn dst_buf_clone(size: usize) -> Vec<u8> {
+    vec![1u8; size + 64]
+}
+
+/// A cold-buffer pool: `slots` copies of clean data, `stride` bytes apart,
+/// visited in a scrambled order so neither the caches nor the prefetchers
+/// hold the next one.
+struct Pool {
+    buf: Vec<u8>,
+    stride: usize,
+    order: Vec<usize>,
+    next: usize,
+}
+
+impl Pool {
+    /// Total footprint well above the last-level cache.
+    const BYTES: usize = 256 << 20;
+
+    fn new(size: usize) -> Pool {
+        // Skew slots by 320 B so they do not all share cache sets.
+        let stride = size.max(4096) + 320;
+        let slots = (Self::BYTES / stride).max(2);
+        let buf: Vec<u8> = (0..slots * stride).map(|i| (i as u8) & 0x7f).collect();
+        // Scrambled visiting order (multiplicative walk, odd step).
+        let mut order: Vec<usize> = (0..slots).collect();
+        let mut x = 0x2545_f491_u64;
+        for i in (1..slots).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        Pool {
+            buf,
+            stride,
+            order,
+            next: 0,
+        }
+    }
+
+    fn take(&mut self, size: usize) -> &[u8] {
+        let s = self.order[self.next] * self.stride;
+        self.next = (self.next + 1) % self.order.len();
+        &self.buf[s..s + size]
+    }
+}
+
+/// (name, local address, remote address) of the checked transfers.
+const GEOMS: [(&str, u64, u64); 3] = [
+    // Both buffers page-aligned: one grid, one u32 per atom.
+    ("aligned", 0x10_0000, 0x20_0000),
+    // The old bench's geometry: grids 16 B apart, same mod 4.
+    ("misaligned", 0x10_0010, 0x20_0100),
+    // Grids apart and different mod 4: two windows per piece.
+    ("odd", 0x10_0013, 0x20_0101),
+];
+
 fn main() {
     let cfg = CheckConfig::default();
     println!(
-        "# nprdma check_bench (atom {} B, page {} B)",
+        "# nprdma check_bench (atom {} B, page {} B); ns/op (ns/atom)",
         cfg.atom(),
         cfg.page_size()
     );
     println!(
-        "{:<28} {:>10} {:>12} {:>12} {:>12}",
-        "what", "size", "ns/op", "GB/s", "baseline"
+        "# min of {BATCHES} batches of ~300 us; hot = same buffer again (in cache);\n# +copy = memcpy into dst then check dst, minus the memcpy alone (interleaved batches);"
     );
-    for &size in &[64usize, 4096, 65536, 1 << 20] {
+    println!(
+        "# cold = next buffer of a {} MiB pool; walk = reference piece walk (the old check_read)",
+        Pool::BYTES >> 20
+    );
+    for &size in &[64usize, 256, 1024, 4096, 16384, 65536, 1 << 18, 1 << 20] {
         let data: Vec<u8> = (0..size).map(|i| (i as u8) & 0x7f).collect();
         // Destination offset by 64 B so src and dst do not 4K-alias.
         let mut dst_buf = vec![1u8; size + 64];
         let dst = &mut dst_buf[64..];
+        let (mut dst1, mut dst2) = (dst_buf_clone(size), dst_buf_clone(size));
+        let mut pool = Pool::new(size);
         let t_memcpy = time(|| {
             dst.copy_from_slice(black_box(&data));
+            black_box(&dst);
+        });
+        let t_memcpy_cold = time(|| {
+            let src = pool.take(size);
+            dst.copy_from_slice(black_box(src));
             black_box(&dst);
         });
         let t_naive = time(|| {
             black_box(naive_full_scan(black_box(&data), cfg.magic()));
         });
-        let t_check = time(|| {
-            black_box(check_read(black_box(&data), 0x10_0010, 0x20_0100, &cfg)).ok();
+        let t_naive_cold = time(|| {
+            black_box(naive_full_scan(black_box(pool.take(size)), cfg.magic()));
         });
-        let gbs = |ns: f64| size as f64 / ns;
         println!(
-            "{:<28} {:>10} {:>12.1} {:>12.2} {:>12}",
-            "check_read (per atom)",
-            size,
-            t_check,
-            gbs(t_check),
-            format!("memcpy {:.2} GB/s", gbs(t_memcpy))
+            "size {size:>8}: baselines memcpy hot {t_memcpy:.1} cold {t_memcpy_cold:.1} | naive full scan hot {t_naive:.1} cold {t_naive_cold:.1}"
         );
-        println!(
-            "{:<28} {:>10} {:>12.1} {:>12.2} {:>12}",
-            "naive full-scan check",
-            size,
-            t_naive,
-            gbs(t_naive),
-            ""
-        );
+        for (name, local, remote) in GEOMS {
+            let atom = cfg.atom() as u64;
+            let atoms = ((remote + size as u64 - 1) / atom - remote / atom + 1) as f64;
+            assert!(check_read(&data, local, remote, &cfg).is_ok());
+            let hot = time(|| {
+                black_box(check_read(black_box(&data), local, remote, &cfg)).ok();
+            });
+            let walk_hot = time(|| {
+                black_box(check_read_walk(black_box(&data), local, remote, &cfg)).ok();
+            });
+            // Copy alone and copy + check, interleaved: the check right
+            // after the (NIC) copy wrote the data.
+            let (d1, d2) = (&mut dst1[64..], &mut dst2[64..]);
+            let (copy_only, copy_check) = time_pair(
+                || {
+                    d1.copy_from_slice(black_box(&data));
+                    black_box(&d1);
+                },
+                || {
+                    d2.copy_from_slice(black_box(&data));
+                    black_box(check_read(black_box(d2), local, remote, &cfg)).ok();
+                },
+            );
+            let cold = time(|| {
+                black_box(check_read(black_box(pool.take(size)), local, remote, &cfg)).ok();
+            });
+            let walk_cold = time(|| {
+                black_box(check_read_walk(
+                    black_box(pool.take(size)),
+                    local,
+                    remote,
+                    &cfg,
+                ))
+                .ok();
+            });
+            let pa = |ns: f64| format!("{ns:.1} ({:.2})", ns / atoms);
+            println!(
+                "  check_read {name:<10} {size:>8}  hot {:>16}  +copy {:>16}  cold {:>16} | walk hot {:>16} cold {:>16}",
+                pa(hot),
+                pa(copy_check - copy_only),
+                pa(cold),
+                pa(walk_hot),
+                pa(walk_cold),
+            );
+        }
         if size <= 65536 {
             let rb = data.clone();
             let t_rb = time(|| {
@@ -101,13 +222,7 @@ fn main() {
                 ))
                 .ok();
             });
-            println!(
-                "{:<28} {:>10} {:>12.1} {:>12.2}",
-                "check_readback",
-                size,
-                t_rb,
-                gbs(t_rb)
-            );
+            println!("  check_readback {size:>8}: {t_rb:.1} ns");
         }
     }
     // Version compare and local pre-check, per page.

@@ -271,3 +271,146 @@ proptest! {
         }
     }
 }
+
+/// Independent byte model of the read check, straight from the module doc:
+/// cut the data at every boundary of the target grid, the initiator grid
+/// and (with `Both`) the transfer-relative grid; in each piece, for the
+/// target's and the initiator's alignment, the first aligned `u32` is the
+/// window, or every byte if none fits. First suspect piece wins.
+fn model_check_read(data: &[u8], local: u64, remote: u64, c: &CheckConfig) -> Result<(), Suspect> {
+    let atom = c.atom() as u64;
+    let both = c.grid() == AtomGrid::Both;
+    let is_cut = |i: usize| {
+        let i64_ = i as u64;
+        (remote + i64_) % atom == 0 || (local + i64_) % atom == 0 || (both && i64_ % atom == 0)
+    };
+    let mut s = 0;
+    while s < data.len() {
+        let mut e = s + 1;
+        while e < data.len() && !is_cut(e) {
+            e += 1;
+        }
+        for base in [remote, local] {
+            let mut w = s;
+            while (base + w as u64) % 4 != 0 {
+                w += 1;
+            }
+            let magic = if w + 4 <= e {
+                u32::from_le_bytes(data[w..w + 4].try_into().unwrap()) == c.magic()
+            } else {
+                (s..e).all(|j| data[j] == c.magic_byte(base + j as u64))
+            };
+            if magic {
+                return Err(Suspect::Magic { offset: s });
+            }
+        }
+        s = e;
+    }
+    Ok(())
+}
+
+/// Addresses for the agreement tests: congruent mod the atom (the fast
+/// one-grid path), congruent mod 4 only, or anything.
+fn arb_addrs(atom: usize) -> impl Strategy<Value = (u64, u64)> {
+    let atom = atom as u64;
+    (0u64..(1 << 30), 0u64..(1 << 20), 0u8..3).prop_map(move |(remote, k, kind)| {
+        let local = match kind {
+            0 => (remote + k * atom) % (1 << 30),
+            1 => (remote + k * 4) % (1 << 30),
+            _ => k.wrapping_mul(0x9e37_79b9) % (1 << 30),
+        };
+        (local, remote)
+    })
+}
+
+/// Config, addresses, data: clean background with magic words planted at
+/// random offsets (any alignment) and runs of signature bytes of random
+/// phase and length (partial words, whole atoms).
+fn arb_case() -> impl Strategy<Value = (CheckConfig, u64, u64, Vec<u8>)> {
+    (2u32..=10, any::<u32>(), any::<bool>())
+        .prop_flat_map(|(sh, magic, both)| {
+            let atom = 1usize << sh;
+            let grid = if both {
+                AtomGrid::Both
+            } else {
+                AtomGrid::Aligned
+            };
+            let c = CheckConfig::new(atom, magic | 0x8080_8080, 4096.max(atom), grid).unwrap();
+            (
+                Just(c),
+                arb_addrs(atom),
+                1usize..6000,
+                any::<u8>(),
+                prop::collection::vec((any::<usize>(), 1usize..300, 0u8..4, any::<bool>()), 0..4),
+            )
+        })
+        .prop_map(|(c, (local, remote), len, seed, plants)| {
+            let mut d = clean_bytes(len, seed);
+            let m = c.magic().to_le_bytes();
+            for (at, run, phase, word) in plants {
+                let s = at % len;
+                if word {
+                    // A whole magic word at an arbitrary offset.
+                    for (j, b) in d[s..(s + 4).min(len)].iter_mut().enumerate() {
+                        *b = m[j];
+                    }
+                } else {
+                    let e = (s + run).min(len);
+                    for (j, b) in d[s..e].iter_mut().enumerate() {
+                        *b = m[(phase as usize + j) & 3];
+                    }
+                }
+            }
+            (c, local, remote, d)
+        })
+}
+
+#[test]
+fn fast_path_matches_walk_on_every_small_geometry() {
+    // Exhaustive over residues for a small atom: every (local, remote)
+    // residue pair, lengths around the fast-path threshold, one magic word
+    // planted at every offset.
+    for grid in [AtomGrid::Aligned, AtomGrid::Both] {
+        let c = CheckConfig::new(16, 0xdead_beef, 4096, grid).unwrap();
+        for rm in 0..16u64 {
+            for lm in 0..16u64 {
+                for len in [40usize, 57, 64, 77] {
+                    let (local, remote) = (0x1000 + lm, 0x8000 + rm);
+                    let clean = clean_bytes(len, 5);
+                    assert_eq!(check_read(&clean, local, remote, &c), Ok(()));
+                    for at in 0..len {
+                        let mut d = clean.clone();
+                        let m = c.magic().to_le_bytes();
+                        for (j, b) in d[at..(at + 4).min(len)].iter_mut().enumerate() {
+                            *b = m[j];
+                        }
+                        let want = model_check_read(&d, local, remote, &c);
+                        assert_eq!(check_read_walk(&d, local, remote, &c), want);
+                        assert_eq!(
+                            check_read(&d, local, remote, &c),
+                            want,
+                            "{grid:?} rm {rm} lm {lm} len {len} magic at {at}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// The fast path (one-grid stride loop, multi-grid template) gives
+    /// exactly the reference walk's answer, offset included, and both agree
+    /// with the byte model.
+    #[test]
+    fn fast_path_agrees_with_walk_and_byte_model((c, local, remote, d) in arb_case()) {
+        let fast = check_read(&d, local, remote, &c);
+        let walk = check_read_walk(&d, local, remote, &c);
+        prop_assert_eq!(fast, walk);
+        prop_assert_eq!(fast, model_check_read(&d, local, remote, &c));
+        // The read-back check uses the same scan on the target grid.
+        prop_assert_eq!(check_readback(&d, &d, remote, &c), model_check_read(&d, remote, remote, &c));
+    }
+}
