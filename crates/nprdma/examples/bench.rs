@@ -256,16 +256,24 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(2usize);
-        let op = if which == "write" {
-            Opcode::Write
+        // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs.
+        let pinned = which.strip_prefix("pinned-");
+        let write = pinned.unwrap_or(&which) == "write";
+        let op = if write { Opcode::Write } else { Opcode::Read };
+        let wop = if write {
+            WrOpcode::Write
         } else {
-            Opcode::Read
+            WrOpcode::Read
         };
         let (raddr, rkey) = (np.r.0.addr() as u64, np.r.1.rkey());
         let mut v = Vec::with_capacity(iters);
         for i in 0..iters {
             let t = Instant::now();
-            np_op(&np, op, len, raddr, rkey, i as u64);
+            if pinned.is_some() {
+                pinned_op(&pin, wop, len, i as u64, false);
+            } else {
+                np_op(&np, op, len, raddr, rkey, i as u64);
+            }
             v.push(t.elapsed().as_secs_f64() * 1e6);
         }
         let (med, avg, p99) = stats(v);

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ use crate::nic::Completion;
 
 pub(crate) struct UCq {
     q: Mutex<VecDeque<Completion>>,
+    /// Entries in `q` (updated under its lock): an empty poll reads this
+    /// instead of taking the lock.
+    len: AtomicUsize,
     depth: usize,
     armed: AtomicBool,
     efd: OwnedFd,
@@ -31,6 +34,7 @@ impl UCq {
             }
         }
         q.push_back(c);
+        self.len.store(q.len(), Ordering::Release);
         drop(q);
         if self.armed.swap(false, Ordering::AcqRel) {
             let one: u64 = 1;
@@ -68,6 +72,7 @@ impl Cq {
             sh,
             u: Arc::new(UCq {
                 q: Mutex::new(VecDeque::new()),
+                len: AtomicUsize::new(0),
                 depth: depth as usize,
                 armed: AtomicBool::new(false),
                 efd,
@@ -95,11 +100,15 @@ impl Cq {
     }
 
     fn take(&self, out: &mut [Completion]) -> usize {
+        if self.u.len.load(Ordering::Acquire) == 0 || out.is_empty() {
+            return 0;
+        }
         let mut q = self.u.q.lock();
         let n = out.len().min(q.len());
         for o in out.iter_mut().take(n) {
             *o = q.pop_front().expect("counted");
         }
+        self.u.len.store(q.len(), Ordering::Release);
         n
     }
 

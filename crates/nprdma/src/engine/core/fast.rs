@@ -1,0 +1,306 @@
+//! The lean path of a QP with nothing else outstanding: a signaled
+//! optimistic READ (magic check) or small WRITE (read-back) is posted
+//! straight to the NIC and completed straight into the application CQ,
+//! without the ordering table, reorder buffer or pending table — with
+//! nothing else in flight on the QP all three are trivially satisfied. As
+//! soon as anything else happens on the QP (another post, an error, a failed
+//! check, a flush) the operation is *promoted*: it enters those structures
+//! exactly as if it had been posted through the general path, and the
+//! general path takes over.
+
+use std::sync::Arc;
+
+use rnic::{WcStatus, WrOpcode};
+
+use super::{
+    comp_op, enc, eval_one_sided, fail_qp, local_versions, qp_at, MrEntry, Op, QpState, Scratch,
+    Shared, Stage, State, Versions, K_FAST, PS,
+};
+use crate::check::{check_read, check_readback, precheck_local};
+use crate::engine::SendWr;
+use crate::mem;
+use crate::nic::{Access, Completion};
+use crate::ordering::{Admit, Range};
+use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
+
+/// An operation on the lean path (at most one per QP).
+pub(super) struct FastOp {
+    wr: SendWr,
+    laddr: u64,
+    len: u64,
+    lmr: Arc<MrEntry>,
+    strat: Strategy,
+    /// NIC WRs posted (only the last one is signaled).
+    steps: u8,
+    /// NIC completions still expected.
+    left: u8,
+    err: u32,
+    vlen: u64,
+    scratch: Option<Scratch>,
+    lver: Versions,
+}
+
+/// Post `wr` on the lean path if QP `qi` is idle and `wr` qualifies;
+/// `false` (nothing done) sends it down the general path.
+pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &SendWr) -> bool {
+    let State { qps, gens, mrs, .. } = &mut *st;
+    if !wr.signaled || gens.get(qi) != Some(&gen) {
+        return false;
+    }
+    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        return false;
+    };
+    if qp.errored
+        || qp.dead
+        || !qp.connected
+        || qp.fast.is_some()
+        || !qp.ops.is_empty()
+        || !qp.order.is_idle()
+        || !qp.deferred.is_empty()
+        || !qp.key_wait.is_empty()
+        || qp.rob.outstanding() != 0
+    {
+        return false;
+    }
+    let Some(sge) = wr.sge else { return false };
+    let (laddr, len) = (sge.addr, sge.length as u64);
+    if len == 0 || len > i32::MAX as u64 {
+        return false;
+    }
+    let strat = choose(wr.op, len, true, &sh.cfg.plan);
+    match (wr.op, strat) {
+        (AppOp::Read, Strategy::ReadMagic) => {}
+        (AppOp::Write, Strategy::WriteReadback { deferred: false })
+            if len as usize <= qp.slot_size && !qp.scratch_free.is_empty() => {}
+        _ => return false,
+    }
+    let Some(lmr) = mrs.get(&sge.lkey) else {
+        return false;
+    };
+    if lmr.pd != qp.pd
+        || !lmr.contains(laddr, len)
+        || (wr.op == AppOp::Read && !lmr.access.contains(Access::LOCAL_WRITE))
+    {
+        return false;
+    }
+    let Ok(t) = qp.peer.lookup(wr.rkey, wr.remote_addr, len) else {
+        return false;
+    };
+    if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
+        return false;
+    }
+    let lmr = lmr.clone();
+    let scratch = match strat {
+        Strategy::WriteReadback { .. } => qp.scratch_free.pop().map(Scratch::Slot),
+        _ => None,
+    };
+    let (saddr, skey) = scratch
+        .as_ref()
+        .map(|s| qp.scratch_addr(s))
+        .unwrap_or((0, 0));
+    let steps = nic_steps_small(strat, wr.remote_addr, len, &t);
+    let mut sges = [[rnic::Sge::default(); 1]; 2];
+    for (s, g) in steps.iter().zip(sges.iter_mut()) {
+        let (addr, lkey) = match s.local {
+            LocalBuf::AppRead => (laddr, lmr.read_lkey()),
+            LocalBuf::AppWrite => (laddr, lmr.write_lkey()),
+            _ => (saddr, skey),
+        };
+        g[0] = rnic::Sge {
+            addr,
+            length: len as u32,
+            lkey,
+        };
+    }
+    let n = steps.len();
+    let last = n - 1;
+    let mk = |k: usize| {
+        let s = &steps[k];
+        let opc = match s.op {
+            crate::nic::WrOp::Read => WrOpcode::Read,
+            _ => WrOpcode::Write,
+        };
+        let mut w = rnic::SendWr::new(enc(qi, gen, K_FAST, k as u64, 0), opc, &sges[k])
+            .remote(s.remote_addr, s.rkey);
+        if k != last {
+            w.flags.remove(rnic::SendFlags::SIGNALED);
+        }
+        w
+    };
+    let lver = local_versions(&lmr.shadow, laddr, len);
+    let res = if n == 1 {
+        qp.data.post_send(&[mk(0)])
+    } else {
+        qp.data.post_send(&[mk(0), mk(1)])
+    };
+    let posted = match res {
+        Ok(()) => n,
+        Err(e) => {
+            tracing::debug!(error = %e.err, "data QP post failed");
+            e.bad_wr_index
+        }
+    };
+    if posted == 0 {
+        // Nothing went out: the general path posts (and reports) it.
+        qp.release_scratch(scratch);
+        return false;
+    }
+    qp.fast_promoted = None;
+    qp.fast = Some(FastOp {
+        wr: *wr,
+        laddr,
+        len,
+        lmr,
+        strat,
+        steps: posted as u8,
+        left: posted as u8,
+        err: 0,
+        vlen: t.version_len,
+        scratch,
+        lver,
+    });
+    if posted < n {
+        // As in `post_steps`: unsignaled WRs without their signaled last
+        // one; the QP fails (every operation completes, flushed).
+        tracing::error!(posted, "partial post of an operation's NIC WRs");
+        qp.promote_fast();
+        fail_qp(st, qi);
+    }
+    true
+}
+
+impl QpState {
+    /// Move the lean-path operation (if any) into the general structures,
+    /// as if it had been posted there: pending table (stage `OneSided`),
+    /// reorder buffer, ordering table (it issues: nothing else is in flight).
+    pub(super) fn promote_fast(&mut self) {
+        let Some(f) = self.fast.take() else { return };
+        let seq = self.rob.post(true);
+        self.next_seq = seq + 1;
+        let op = Op {
+            hold: Default::default(),
+            sent: None,
+            wr: f.wr,
+            laddr: f.laddr,
+            len: f.len,
+            seq,
+            ticket: None,
+            lmr: Some(f.lmr),
+            stage: Stage::OneSided {
+                strat: f.strat,
+                steps: f.steps,
+                left: f.left,
+                err: f.err,
+                vlen: f.vlen,
+            },
+            key_req: 0,
+            key_answered: false,
+            scratch: f.scratch,
+            lver: f.lver,
+            retry: 0,
+        };
+        let id = match self.ops.insert(op) {
+            Ok(id) => id,
+            Err(e) => {
+                // Unreachable: the table was empty when the op was posted.
+                tracing::error!(error = %e, "promoting a lean-path op");
+                return;
+            }
+        };
+        self.fast_promoted = Some(id);
+        let desc = order_desc(
+            f.wr.op,
+            Range::new(f.laddr, f.len),
+            Range::new(f.wr.remote_addr, f.len),
+            f.wr.order_before,
+            f.wr.order_after,
+        );
+        match self.order.submit(desc, id) {
+            Ok(Admit::Issue(t, _)) => {
+                if let Some(o) = self.ops.get_mut(id) {
+                    o.ticket = Some(t);
+                }
+            }
+            Ok(Admit::Parked(_)) | Err(_) => {
+                tracing::error!("lean-path op not admitted at promotion");
+            }
+        }
+    }
+
+    /// Operations outstanding on the lean path (0 or 1).
+    pub(super) fn fast_outstanding(&self) -> usize {
+        usize::from(self.fast.is_some())
+    }
+}
+
+/// A NIC completion of a lean-path WR (step `step`). Returns the pending
+/// id to handle it as a general one-sided completion when the operation
+/// has been promoted meanwhile.
+pub(super) fn on_wc(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    step: u64,
+    wc: &rnic::Wc,
+) -> Option<u32> {
+    let qp = qp_at(st, qi)?;
+    let Some(f) = qp.fast.as_mut() else {
+        return qp.fast_promoted;
+    };
+    let behind = (f.steps as u64).saturating_sub(step + 1) as u8;
+    f.left = f.left.min(behind);
+    if wc.status != WcStatus::Success && f.err == 0 {
+        f.err = wc.status as u32;
+    }
+    if f.left > 0 {
+        return None;
+    }
+    let err = f.err;
+    if err == 0 && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
+        let f = qp.fast.take().expect("checked above");
+        qp.release_scratch(f.scratch);
+        qp.send_cq.push(Completion {
+            wr_id: f.wr.wr_id,
+            status: 0,
+            op: comp_op(f.wr.op),
+            byte_len: f.len as u32,
+            imm: None,
+            qp_num: qp.qpn,
+        });
+        st.stats.optimistic_ok += 1;
+        return None;
+    }
+    // An error or a failed check: the general path decides (two-sided).
+    qp.promote_fast();
+    let id = qp.fast_promoted?;
+    eval_one_sided(sh, st, qi, id);
+    None
+}
+
+/// The optimistic check of a finished lean-path operation (the same as
+/// `eval_one_sided`'s): local page versions unchanged and odd, then the
+/// magic check of a READ or the read-back comparison of a WRITE.
+fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
+    let now = local_versions(&f.lmr.shadow, f.laddr, f.len);
+    if now != f.lver || now.iter().any(|v| v % 2 == 0) {
+        return false;
+    }
+    let (laddr, len, raddr) = (f.laddr, f.len as usize, f.wr.remote_addr);
+    match f.strat {
+        Strategy::ReadMagic => mem::with_slice(laddr, len, |d| {
+            check_read(d, laddr, raddr, &sh.check).is_ok()
+        }),
+        Strategy::WriteReadback { .. } => {
+            let Some(s) = f.scratch.as_ref() else {
+                return false;
+            };
+            let (sa, _) = qp.scratch_addr(s);
+            mem::with_slice(sa, len, |rb| {
+                mem::with_slice(laddr, len, |src| {
+                    check_readback(src, rb, raddr, &sh.check).is_ok()
+                })
+            })
+        }
+        _ => false,
+    }
+}
