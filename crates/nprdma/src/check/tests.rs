@@ -414,3 +414,38 @@ proptest! {
         prop_assert_eq!(check_readback(&d, &d, remote, &c), model_check_read(&d, remote, remote, &c));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Atoms above 4 KiB take the unspecialised loops of the fast path; they
+    /// must agree with the walk too.
+    #[test]
+    fn large_atoms_agree_with_walk(
+        sh in 13u32..=14, both in any::<bool>(), (local, remote) in arb_addrs(1 << 13),
+        len in 1usize..70_000, seed in any::<u8>(),
+        plants in prop::collection::vec((any::<usize>(), 0u8..3, 0usize..5, 0u8..4), 0..3)
+    ) {
+        let grid = if both { AtomGrid::Both } else { AtomGrid::Aligned };
+        let atom = 1usize << sh;
+        let c = CheckConfig::new(atom, 0xdead_beef, atom, grid).unwrap();
+        let mut d = clean_bytes(len, seed);
+        let m = c.magic().to_le_bytes();
+        // Plant signature bytes near boundaries of one of the three grids,
+        // where the windows are.
+        for (k, which, jitter, phase) in plants {
+            let base = match which {
+                0 => remote as usize,
+                1 => local as usize,
+                _ => 0,
+            } % atom;
+            let s = ((k % (len / atom + 1)) * atom + (atom - base) % atom + jitter) % len;
+            for (j, b) in d[s..(s + 6).min(len)].iter_mut().enumerate() {
+                *b = m[(phase as usize + j) & 3];
+            }
+        }
+        let fast = check_read(&d, local, remote, &c);
+        prop_assert_eq!(fast, check_read_walk(&d, local, remote, &c));
+        prop_assert_eq!(fast, model_check_read(&d, local, remote, &c));
+    }
+}
