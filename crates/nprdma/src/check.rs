@@ -318,24 +318,32 @@ impl Geom {
         let len = data.len();
         let b0 = (self.atom - self.rm) & self.mask;
         let single = self.lm == self.rm && !self.rel;
-        // Template windows load 8 bytes inside the period.
-        if len < b0 + 2 * self.atom || (!single && self.atom < 8) {
+        // Template windows load 8 bytes inside the period (atom ≥ 8); the
+        // template costs a setup that a few periods do not repay.
+        if len < b0 + 2 * self.atom || (!single && (self.atom < 8 || len < 8 * self.atom)) {
             return false;
         }
         let mid_end = b0 + ((len - b0) & !self.mask);
         let Some(mid) = data.get(b0..mid_end) else {
             return false;
         };
-        if self.walk(data, 0, b0).is_err() {
+        if b0 > 0 && self.walk(data, 0, b0).is_err() {
             return false;
         }
         let clean = if single {
             // Every window is the first u32 of a target atom.
             stride_clean(mid, self.atom, self.magic)
         } else {
-            self.template().clean(mid, self.atom)
+            self.multi_clean(mid)
         };
-        clean && self.walk(data, mid_end, len).is_ok()
+        clean && (mid_end == len || self.walk(data, mid_end, len).is_ok())
+    }
+
+    /// The whole periods of a multi-grid check (kept out of line: its
+    /// template setup would bloat the one-grid path's frame).
+    #[inline(never)]
+    fn multi_clean(&self, mid: &[u8]) -> bool {
+        self.template().clean(mid, self.atom)
     }
 
     /// The windows of one whole period (from a target-grid boundary to the
