@@ -17,6 +17,10 @@
 //!   in the initiator's when the two differ mod 4), or — for a piece too
 //!   short to hold one — all its bytes. A window equal to the magic marks the
 //!   transfer suspect (a coincidental match only costs a two-sided retry).
+//!   The windows repeat with the atom period, so the middle of a transfer is
+//!   checked by a stride loop (one `u32` per atom when both addresses are
+//!   congruent mod the atom size, else a per-period template of `u64`
+//!   probes); the piece walk covers the ends and locates a hit.
 //! * **Small writes** — the read-back of the written range (into a pinned
 //!   temporary buffer) must equal the source and must not look like magic.
 //! * **Page versions** — for large transfers, the version words read before
@@ -178,9 +182,10 @@ fn piece_is_magic(data: &[u8], s: usize, e: usize, a4: usize, magic: u32) -> boo
 /// through the two-sided path.
 ///
 /// Cost: one `u32` load per atom when the two addresses are congruent mod
-/// the atom size (one grid, e.g. page-aligned buffers), two per atom
-/// otherwise; the piece-by-piece walk only runs at the ends of the transfer
-/// and, to name the offset, after a hit.
+/// the atom size (one grid, e.g. page-aligned buffers), one `u64` load per
+/// piece (two or three per atom) otherwise; the piece-by-piece walk only
+/// runs at the ends of the transfer, for short transfers, and — to name the
+/// offset — after a hit. Exactly the walk's windows either way.
 pub fn check_read(
     data: &[u8],
     local_addr: u64,
@@ -468,7 +473,7 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
 }
 
 /// [`Template::clean`] for atom size `A` (≥ 8) and `N` pieces per period:
-/// four periods per branch, no bounds checks in the loop.
+/// four periods per loop iteration, no bounds checks in the loop.
 fn clean_n<const A: usize, const N: usize>(mid: &[u8], ps: &[PieceProbe; N]) -> bool {
     // Offsets are ≤ A − 8 by construction; the clamp lets the compiler see it.
     let offs = ps.map(|p| p.off.min(A - 8));
@@ -497,7 +502,9 @@ fn clean_n<const A: usize, const N: usize>(mid: &[u8], ps: &[PieceProbe; N]) -> 
 
 /// `true` = no atom of `mid` (a whole number of atoms) starts with the
 /// magic word. Atom sizes up to 4 KiB get a loop specialised on the size
-/// (no bounds checks, eight atoms per branch).
+/// (no bounds checks; compares OR-reduced over eight atoms in the source,
+/// which LLVM turns into one fused compare-and-branch per atom — never
+/// taken on clean data, so as cheap).
 fn stride_clean(mid: &[u8], atom: usize, magic: u32) -> bool {
     match atom {
         4 => stride_clean_n::<4>(mid, magic),
