@@ -4,6 +4,7 @@
 
 use crate::frames::page_resident;
 use crate::iommu::{enter, Frame};
+use crate::scratch::{scratch_slot, Scratch};
 use crate::segment::{Segment, PAGE, PAGE_SHIFT};
 use crate::sys::{self, VmDir};
 use crate::verbs::Access;
@@ -173,6 +174,11 @@ fn contiguous(a: Loc, alen: u64, b: Loc) -> bool {
     }
 }
 
+scratch_slot!(PIECES: Piece);
+scratch_slot!(TRIPLES: (u64, u64, u64));
+scratch_slot!(REST: (u64, u64, u64));
+scratch_slot!(IOVECS: libc::iovec);
+
 fn push(pieces: &mut Vec<Piece>, p: Piece) {
     if let Some(l) = pieces.last_mut() {
         if contiguous(l.src, l.len, p.src) && contiguous(l.dst, l.len, p.dst) {
@@ -256,7 +262,7 @@ pub fn copy_with_help(src: &Side, dst: &Side, total: u64, section: usize, help: 
         off: 0,
     };
     let mut done = 0u64;
-    let mut pieces: Vec<Piece> = Vec::new();
+    let mut pieces = Scratch::take(&PIECES);
     let same = std::ptr::eq(src.seg, dst.seg);
     while done < total {
         let end = total.min(done + section as u64);
@@ -369,7 +375,7 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece], help: Option<&Help>) -> Result<
         (Port::Proc(pid), Port::Local) | (Port::Local, Port::Proc(pid)) => {
             let read = matches!(sp, Port::Proc(_));
             // (local address, remote address, len) of every real copy.
-            let mut triples: Vec<(u64, u64, u64)> = Vec::new();
+            let mut triples = Scratch::take(&TRIPLES);
             let mut keep: Vec<Vec<u8>> = Vec::new();
             for p in pieces {
                 match (p.src, p.dst) {
@@ -407,27 +413,23 @@ const VM_RETRIES: u32 = 3;
 /// failure is retried, so only a persistent fault fails the WR (before, any short
 /// count failed it: a READ then completed with REM_ACCESS_ERR).
 fn vm_copy(pid: u32, dir: VmDir, chunk: &[(u64, u64, u64)]) -> Result<(), DmaErr> {
-    let mut rest: Vec<(u64, u64, u64)> = chunk.iter().copied().filter(|t| t.2 > 0).collect();
+    let mut rest = Scratch::take(&REST);
+    rest.extend(chunk.iter().copied().filter(|t| t.2 > 0));
     let mut retries = 0;
+    let mut iov = Scratch::take(&IOVECS);
     while !rest.is_empty() {
-        let l: Vec<libc::iovec> = rest
-            .iter()
-            .map(|t| libc::iovec {
-                iov_base: t.0 as *mut libc::c_void,
-                iov_len: t.2 as usize,
-            })
-            .collect();
-        let r: Vec<libc::iovec> = rest
-            .iter()
-            .map(|t| libc::iovec {
-                iov_base: t.1 as *mut libc::c_void,
-                iov_len: t.2 as usize,
-            })
-            .collect();
+        iov.clear();
+        let io = |a: u64, n: u64| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: n as usize,
+        };
+        iov.extend(rest.iter().map(|t| io(t.0, t.2)));
+        iov.extend(rest.iter().map(|t| io(t.1, t.2)));
+        let (l, r) = iov.split_at(rest.len());
         // SAFETY: local iovecs point into translated local memory (see `execute`'s
         // invariant), valid and writable for reads into it; pattern buffers outlive
         // the call.
-        match unsafe { sys::process_vm(pid, dir, &l, &r) } {
+        match unsafe { sys::process_vm(pid, dir, l, r) } {
             Ok(n) if n > 0 => {
                 let want: u64 = rest.iter().map(|t| t.2).sum();
                 if n as u64 >= want {

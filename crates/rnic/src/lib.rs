@@ -118,6 +118,7 @@ mod peer;
 pub mod qp;
 mod requester;
 mod responder;
+mod scratch;
 pub mod segment;
 mod sys;
 pub mod verbs;

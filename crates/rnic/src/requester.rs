@@ -9,6 +9,7 @@ use crate::odp;
 use crate::peer::Peer;
 use crate::qp::{EState, Entry, QpInner, Sq};
 use crate::responder::{self, Delivery, Message};
+use crate::scratch::{scratch_slot, Scratch};
 use crate::segment::{self, QpRec};
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
@@ -72,13 +73,16 @@ fn passthrough(addr: u64, len: u64) -> Span {
     }
 }
 
+scratch_slot!(SPANS: Span);
+
 /// Validate the local side of a WR (lkeys against this host's MR table).
-fn local_spans(q: &QpInner, e: &Entry, need: Access) -> Result<Vec<Span>, WcStatus> {
+fn local_spans(q: &QpInner, e: &Entry, need: Access) -> Result<Scratch<Span>, WcStatus> {
+    let mut v = Scratch::take(&SPANS);
     if e.flags.contains(SendFlags::INLINE) {
-        return Ok(vec![passthrough(e.inline.as_ptr() as u64, e.inline.len() as u64)]);
+        v.push(passthrough(e.inline.as_ptr() as u64, e.inline.len() as u64));
+        return Ok(v);
     }
     let seg = &q.host.inner().seg;
-    let mut v = Vec::with_capacity(e.sges.len());
     for s in &e.sges {
         if s.length == 0 {
             continue;
