@@ -218,7 +218,7 @@ fn check_atoms(
     let g = Geom::new(local_addr, remote_addr, cfg);
     // Below two whole atoms the walk is as cheap as the setup of the fast
     // path.
-    if data.len() >= 2 * cfg.atom && g.fast_clean(data) {
+    if data.len() >= cfg.atom.saturating_mul(2) && g.fast_clean(data) {
         Ok(())
     } else {
         // A hit (or data too short for the fast path): the walk decides and
@@ -325,7 +325,9 @@ impl Geom {
         let single = self.lm == self.rm && !self.rel;
         // Template windows load 8 bytes inside the period (atom ≥ 8); the
         // template costs a setup that a few periods do not repay.
-        if len < b0 + 2 * self.atom || (!single && (self.atom < 8 || len < 8 * self.atom)) {
+        let min_len = if single { 2 } else { 8 };
+        if len < self.atom.saturating_mul(min_len).saturating_add(b0) || (!single && self.atom < 8)
+        {
             return false;
         }
         let mid_end = b0 + ((len - b0) & !self.mask);

@@ -156,6 +156,22 @@ fn page_span_and_precheck() {
     );
 }
 
+#[test]
+fn huge_atoms_do_not_overflow() {
+    let atom = 1usize << (usize::BITS - 2);
+    for grid in [AtomGrid::Aligned, AtomGrid::Both] {
+        let c = CheckConfig::new(atom, 0xdead_beef, atom, grid).unwrap();
+        let d = clean_bytes(300, 1);
+        assert_eq!(check_read(&d, 0x1003, u64::MAX - 100, &c), Ok(()));
+        let mut sig = d.clone();
+        tear(&mut sig, 0x1000, 0, 300, &c);
+        assert_eq!(
+            check_read(&sig, 0x1000, 0x1000, &c),
+            Err(Suspect::Magic { offset: 0 })
+        );
+    }
+}
+
 fn arb_cfg() -> impl Strategy<Value = CheckConfig> {
     (2u32..=10, any::<u32>()).prop_map(|(sh, magic)| {
         // Atoms 4 B .. 1 KiB, small pages so tears cross page boundaries.
