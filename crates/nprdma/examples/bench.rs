@@ -221,6 +221,12 @@ fn main() {
     {
         cfg.spin = Duration::from_micros(us);
     }
+    if let Some(t) = std::env::var("NPRDMA_WRITE_VERSION_THRESHOLD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        cfg.plan.write_version_threshold = t;
+    }
     let ha = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let hb = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let pcfg = vmem::PagerConfig {
@@ -256,6 +262,21 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(2usize);
+        if let Some(w) = which.strip_prefix("tput-") {
+            // `tput-read` / `tput-write`: the window-32 signaled throughput
+            // loop (`tput-write-u`: unsignaled, 1 of 16 signaled).
+            let signal_every = if w.ends_with("-u") { 16 } else { 1 };
+            let op = if w.starts_with("write") {
+                Opcode::Write
+            } else {
+                Opcode::Read
+            };
+            let cnt = (iters / 16).max(1) * 16;
+            let g = np_tput(&np, op, len, cnt, 32, signal_every);
+            let us = len as f64 / g / 1e3;
+            println!("prof {which} {len} B x {cnt}: {g:.3} GB/s, {us:.3} us/op");
+            return;
+        }
         // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs.
         let pinned = which.strip_prefix("pinned-");
         let write = pinned.unwrap_or(&which) == "write";

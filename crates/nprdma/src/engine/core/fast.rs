@@ -104,7 +104,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         let (addr, lkey) = match s.local {
             LocalBuf::AppRead => (laddr, lmr.read_lkey()),
             LocalBuf::AppWrite => (laddr, lmr.write_lkey()),
-            _ => (saddr, skey),
+            _ => (saddr + (wr.remote_addr & (PS - 1)), skey),
         };
         g[0] = rnic::Sge {
             addr,
@@ -294,7 +294,7 @@ fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
             let Some(s) = f.scratch.as_ref() else {
                 return false;
             };
-            let (sa, _) = qp.scratch_addr(s);
+            let sa = qp.readback_addr(s, raddr);
             mem::with_slice(sa, len, |rb| {
                 mem::with_slice(laddr, len, |src| {
                     check_readback(src, rb, raddr, &sh.check).is_ok()
