@@ -69,6 +69,68 @@ fn naive_full_scan(data: &[u8], magic: u32) -> bool {
         .any(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == magic)
 }
 
+/// The previous `check_read` (commit 1c725db), verbatim but for the config
+/// accessors: the "before" of this run.
+mod before {
+    use nprdma::check::{AtomGrid, CheckConfig, Suspect};
+
+    #[inline(always)]
+    fn next_aligned(off: usize, base_mod: usize, mask: usize) -> usize {
+        ((base_mod + off) | mask) + 1 - base_mod
+    }
+
+    #[inline(always)]
+    fn piece_is_magic(data: &[u8], s: usize, e: usize, a4: usize, magic: u32) -> bool {
+        let w = s + ((4 - ((a4 + s) & 3)) & 3);
+        if w + 4 <= e {
+            match data.get(w..w + 4) {
+                Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) == magic,
+                None => false,
+            }
+        } else {
+            let m = magic.to_le_bytes();
+            data[s..e]
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == m[(a4 + s + i) & 3])
+        }
+    }
+
+    // Not inlined into the timing loop, like the library's (other crate).
+    #[inline(never)]
+    pub fn check_read(
+        data: &[u8],
+        local_addr: u64,
+        remote_addr: u64,
+        cfg: &CheckConfig,
+    ) -> Result<(), Suspect> {
+        let mask = cfg.atom() - 1;
+        let (rm, lm) = (remote_addr as usize & mask, local_addr as usize & mask);
+        let (r4, l4) = (rm & 3, lm & 3);
+        let magic = cfg.magic();
+        let len = data.len();
+        let both = cfg.grid() == AtomGrid::Both;
+        let mut s = 0;
+        while s < len {
+            let mut e = next_aligned(s, rm, mask);
+            if lm != rm {
+                e = e.min(next_aligned(s, lm, mask));
+            }
+            if both && rm != 0 && lm != 0 {
+                e = e.min(next_aligned(s, 0, mask));
+            }
+            let e = e.min(len);
+            if piece_is_magic(data, s, e, r4, magic)
+                || (l4 != r4 && piece_is_magic(data, s, e, l4, magic))
+            {
+                return Err(Suspect::Magic { offset: s });
+            }
+            s = e;
+        }
+        Ok(())
+    }
+}
+
 /// A destination buffer of `size` bytes after a 64 B offset.
 fn dst_buf_clone(size: usize) -> Vec<u8> {
     vec![1u8; size + 64]
@@ -138,10 +200,20 @@ fn main() {
         "# min of {BATCHES} batches of ~300 us; hot = same buffer again (in cache);\n# +copy = memcpy into dst then check dst, minus the memcpy alone (interleaved batches);"
     );
     println!(
-        "# cold = next buffer of a {} MiB pool; walk = reference piece walk (the old check_read)",
+        "# cold = next buffer of a {} MiB pool; before = the previous check_read (1c725db, copied here);\n# walk = check_read_walk, the piece walk check_read falls back to (short data, after a hit)",
         Pool::BYTES >> 20
     );
-    for &size in &[64usize, 256, 1024, 4096, 16384, 65536, 1 << 18, 1 << 20] {
+    for &size in &[
+        64usize,
+        256,
+        1024,
+        2048,
+        4096,
+        16384,
+        65536,
+        1 << 18,
+        1 << 20,
+    ] {
         let data: Vec<u8> = (0..size).map(|i| (i as u8) & 0x7f).collect();
         // Destination offset by 64 B so src and dst do not 4K-alias.
         let mut dst_buf = vec![1u8; size + 64];
@@ -192,8 +264,11 @@ fn main() {
             let cold = time(|| {
                 black_box(check_read(black_box(pool.take(size)), local, remote, &cfg)).ok();
             });
-            let walk_cold = time(|| {
-                black_box(check_read_walk(
+            let old_hot = time(|| {
+                black_box(before::check_read(black_box(&data), local, remote, &cfg)).ok();
+            });
+            let old_cold = time(|| {
+                black_box(before::check_read(
                     black_box(pool.take(size)),
                     local,
                     remote,
@@ -203,12 +278,13 @@ fn main() {
             });
             let pa = |ns: f64| format!("{ns:.1} ({:.2})", ns / atoms);
             println!(
-                "  check_read {name:<10} {size:>8}  hot {:>16}  +copy {:>16}  cold {:>16} | walk hot {:>16} cold {:>16}",
+                "  check_read {name:<10} {size:>8}  hot {:>15}  +copy {:>15}  cold {:>16} | before hot {:>16} cold {:>17} | walk hot {:>16}",
                 pa(hot),
                 pa(copy_check - copy_only),
                 pa(cold),
+                pa(old_hot),
+                pa(old_cold),
                 pa(walk_hot),
-                pa(walk_cold),
             );
         }
         if size <= 65536 {

@@ -209,6 +209,7 @@ pub fn check_read_walk(
     Geom::new(local_addr, remote_addr, cfg).walk(data, 0, data.len())
 }
 
+#[inline(always)]
 fn check_atoms(
     data: &[u8],
     local_addr: u64,
@@ -216,14 +217,15 @@ fn check_atoms(
     cfg: &CheckConfig,
 ) -> Result<(), Suspect> {
     let g = Geom::new(local_addr, remote_addr, cfg);
-    // Below two whole atoms the walk is as cheap as the setup of the fast
-    // path.
-    if data.len() >= cfg.atom.saturating_mul(2) && g.fast_clean(data) {
+    // (The first test alone keeps short transfers off the fast path's
+    // setup; `atom << 2` may wrap to 0 for absurd atoms, the second test is
+    // exact.)
+    if data.len() >= cfg.atom << 2 && g.fast_worth_it(data.len()) && g.fast_clean(data) {
         Ok(())
     } else {
         // A hit (or data too short for the fast path): the walk decides and
         // names the offset.
-        g.walk(data, 0, data.len())
+        g.walk_inline(data, 0, data.len())
     }
 }
 
@@ -289,7 +291,14 @@ impl Geom {
 
     /// Piece by piece over `data[lo..hi]`; `lo` and `hi` must be piece
     /// boundaries (0, a target-grid boundary, or `data.len()`).
-    fn walk(&self, data: &[u8], lo: usize, hi: usize) -> Result<(), Suspect> {
+    #[inline(never)]
+    fn walk(self, data: &[u8], lo: usize, hi: usize) -> Result<(), Suspect> {
+        self.walk_inline(data, lo, hi)
+    }
+
+    /// [`Geom::walk`], inlined into the short-transfer path.
+    #[inline(always)]
+    fn walk_inline(self, data: &[u8], lo: usize, hi: usize) -> Result<(), Suspect> {
         let hi = hi.min(data.len());
         let mut s = lo;
         while s < hi {
@@ -319,15 +328,11 @@ impl Geom {
     /// the same offsets, so they are checked by a stride loop. The partial
     /// periods at both ends go through the walk.
     #[inline(never)]
-    fn fast_clean(&self, data: &[u8]) -> bool {
+    fn fast_clean(self, data: &[u8]) -> bool {
         let len = data.len();
-        let b0 = (self.atom - self.rm) & self.mask;
-        let single = self.lm == self.rm && !self.rel;
-        // Template windows load 8 bytes inside the period (atom ≥ 8); the
-        // template costs a setup that a few periods do not repay.
-        let min_len = if single { 2 } else { 8 };
-        if len < self.atom.saturating_mul(min_len).saturating_add(b0) || (!single && self.atom < 8)
-        {
+        let b0 = self.first_boundary();
+        let single = self.single();
+        if !self.fast_worth_it(len) {
             return false;
         }
         let mid_end = b0 + ((len - b0) & !self.mask);
@@ -346,16 +351,42 @@ impl Geom {
         clean && (mid_end == len || self.walk(data, mid_end, len).is_ok())
     }
 
+    /// One grid only: the initiator's boundaries are the target's.
+    #[inline(always)]
+    fn single(self) -> bool {
+        self.lm == self.rm && !self.rel
+    }
+
+    /// Data offset of the first target-grid boundary.
+    #[inline(always)]
+    fn first_boundary(self) -> usize {
+        (self.atom - self.rm) & self.mask
+    }
+
+    /// Whether `len` bytes are enough for the fast path to repay its
+    /// setup: four whole atoms on one grid; eight on several (the template's
+    /// setup must be repaid; its `u64` windows need atoms of at least 8
+    /// bytes).
+    #[inline(always)]
+    fn fast_worth_it(self, len: usize) -> bool {
+        let periods = len.saturating_sub(self.first_boundary()) >> self.atom.trailing_zeros();
+        if self.single() {
+            periods >= 4
+        } else {
+            periods >= 8 && self.atom >= 8
+        }
+    }
+
     /// The whole periods of a multi-grid check (kept out of line: its
     /// template setup would bloat the one-grid path's frame).
     #[inline(never)]
-    fn multi_clean(&self, mid: &[u8]) -> bool {
+    fn multi_clean(self, mid: &[u8]) -> bool {
         self.template().clean(mid, self.atom)
     }
 
     /// The windows of one whole period (from a target-grid boundary to the
     /// next), relative to its start.
-    fn template(&self) -> Template {
+    fn template(self) -> Template {
         // Piece cuts inside the period: the target boundary (0), the
         // initiator boundary, the transfer-relative boundary. All distinct
         // when present (see `rel` and the `lm != rm` test).
@@ -396,7 +427,7 @@ impl Geom {
     /// (mask, wanted value) on the `u64` loaded at `s - lead` for the
     /// window of the piece `[s, e)` of a period in the view with address
     /// alignment `a4`.
-    fn window(&self, s: usize, e: usize, a4: usize, lead: usize) -> (u64, u64) {
+    fn window(self, s: usize, e: usize, a4: usize, lead: usize) -> (u64, u64) {
         // A period starts at a target-grid boundary, whose address is ≡ 0
         // mod 4 in the target's view; in the view with alignment `a4` its
         // residue mod 4 is:
