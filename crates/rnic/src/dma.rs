@@ -265,34 +265,52 @@ pub fn copy_with_help(src: &Side, dst: &Side, total: u64, section: usize, help: 
     let mut pieces = Scratch::take(&PIECES);
     let same = std::ptr::eq(src.seg, dst.seg);
     while done < total {
-        let end = total.min(done + section as u64);
+        let n = (total - done).min(section as u64);
+        // Translation and copy of a section inside both hosts' epoch sections: a
+        // `flush()` after a remap waits until the copy that used the old frame is done.
         let _gs = enter(src.seg);
         let _gd = (!same).then(|| enter(dst.seg));
-        // A new epoch section re-translates everything.
-        let mut scache: Option<(usize, u64, Loc)> = None;
-        let mut dcache: Option<(usize, u64, Loc)> = None;
-        pieces.clear();
-        while done < end {
-            let (Some((ss, sa, sl)), Some((ds, da, dl))) = (sc.cur(), dc.cur()) else {
-                return Err(DmaErr::Io);
-            };
-            let n = (end - done)
-                .min(sl)
-                .min(dl)
-                .min(UNIT - (sa & (UNIT - 1)))
-                .min(UNIT - (da & (UNIT - 1)));
-            // Each side translates each of its pages exactly once per section, even
-            // when the other side's page boundaries split it into two pieces.
-            let s = unit_loc(&mut scache, src.seg, ss, sa, false).map_err(DmaErr::Src)?;
-            let d = unit_loc(&mut dcache, dst.seg, ds, da, true).map_err(DmaErr::Dst)?;
-            push(&mut pieces, Piece { src: s, dst: d, len: n });
-            sc.off += n;
-            dc.off += n;
-            done += n;
-        }
+        translate_section(src, dst, &mut sc, &mut dc, n, &mut pieces)?;
         execute(src.port, dst.port, &pieces, help)?;
+        done += n;
     }
     Ok(total.div_ceil(stlp.min(dtlp)))
+}
+
+/// Translate the next `len` bytes of the transfer (cursors `sc` / `dc`) into `pieces`:
+/// every page of each side once (a new section re-translates everything), pieces of
+/// consecutive pages merged where both sides' locations are contiguous.
+fn translate_section(
+    src: &Side,
+    dst: &Side,
+    sc: &mut Cursor,
+    dc: &mut Cursor,
+    len: u64,
+    pieces: &mut Vec<Piece>,
+) -> Result<(), DmaErr> {
+    let mut scache: Option<(usize, u64, Loc)> = None;
+    let mut dcache: Option<(usize, u64, Loc)> = None;
+    pieces.clear();
+    let mut done = 0;
+    while done < len {
+        let (Some((ss, sa, sl)), Some((ds, da, dl))) = (sc.cur(), dc.cur()) else {
+            return Err(DmaErr::Io);
+        };
+        let n = (len - done)
+            .min(sl)
+            .min(dl)
+            .min(UNIT - (sa & (UNIT - 1)))
+            .min(UNIT - (da & (UNIT - 1)));
+        // Each side translates each of its pages exactly once per section, even
+        // when the other side's page boundaries split it into two pieces.
+        let s = unit_loc(&mut scache, src.seg, ss, sa, false).map_err(DmaErr::Src)?;
+        let d = unit_loc(&mut dcache, dst.seg, ds, da, true).map_err(DmaErr::Dst)?;
+        push(pieces, Piece { src: s, dst: d, len: n });
+        sc.off += n;
+        dc.off += n;
+        done += n;
+    }
+    Ok(())
 }
 
 fn shift(loc: Loc, delta: u64) -> Loc {
@@ -636,6 +654,145 @@ mod tests {
             let p = pattern(4, sig_word(m, off));
             assert_eq!(&p[..], &full[off as usize..off as usize + 4]);
         }
+    }
+
+    /// Page-aligned, zeroed heap memory (freed on drop).
+    struct Pages(*mut u8, usize);
+    impl Pages {
+        fn new(n: usize) -> Pages {
+            let l = std::alloc::Layout::from_size_align(n * PAGE, PAGE).unwrap();
+            // SAFETY: non-zero size layout.
+            let p = unsafe { std::alloc::alloc_zeroed(l) };
+            assert!(!p.is_null());
+            Pages(p, n)
+        }
+        fn page(&self, i: usize) -> usize {
+            self.0 as usize + i * PAGE
+        }
+    }
+    impl Drop for Pages {
+        fn drop(&mut self) {
+            let l = std::alloc::Layout::from_size_align(self.1 * PAGE, PAGE).unwrap();
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.0, l) }
+        }
+    }
+
+    #[test]
+    fn iova_pages_translate_per_page_and_coalesce_contiguous_frames() {
+        let h = crate::Host::new(crate::HostConfig::default()).unwrap();
+        let seg = &h.inner().seg;
+        let mem = Pages::new(8);
+        for i in 0..8 * PAGE {
+            // SAFETY: i < 8 pages of `mem`.
+            unsafe { *mem.0.add(i) = (i % 251) as u8 };
+        }
+        let io = h.iommu();
+        let r = io.alloc_range(8).unwrap();
+        let frames = [
+            // IOVA pages 0..4 -> frames 0..4 (one run), 4..6 -> frames 6..8 (a second
+            // run), then two signature pages (one fill run).
+            Frame::Ram(mem.page(0)),
+            Frame::Ram(mem.page(1)),
+            Frame::Ram(mem.page(2)),
+            Frame::Ram(mem.page(3)),
+            Frame::Ram(mem.page(6)),
+            Frame::Ram(mem.page(7)),
+            Frame::Signature,
+            Frame::Signature,
+        ];
+        // SAFETY: `mem` outlives every DMA through these entries: `free_range` at the
+        // end unmaps and flushes them before `mem` drops.
+        unsafe { io.map_range(&r, 0, &frames).unwrap() };
+        let va = 0x10_0000_0000u64;
+        let mr = MrView {
+            kind: MR_IOVA,
+            va,
+            len: 8 * PAGE as u64,
+            iova_base: r.base,
+            odp: false,
+        };
+        let len = 8 * PAGE as u64 - 100;
+        let sspan = [Span {
+            mr,
+            addr: va + 100,
+            len,
+        }];
+        let mut out = vec![0u8; len as usize];
+        // The DMA writes through this address (derived from a unique borrow).
+        let o = out.as_mut_ptr() as u64;
+        let dspan = [Span {
+            mr: MrView {
+                kind: MR_PASSTHROUGH,
+                va: o,
+                len,
+                iova_base: 0,
+                odp: false,
+            },
+            addr: o,
+            len,
+        }];
+        let src = Side {
+            seg,
+            port: Port::Local,
+            spans: &sspan,
+        };
+        let dst = Side {
+            seg,
+            port: Port::Local,
+            spans: &dspan,
+        };
+        let mut sc = Cursor {
+            spans: &sspan,
+            i: 0,
+            off: 0,
+        };
+        let mut dc = Cursor {
+            spans: &dspan,
+            i: 0,
+            off: 0,
+        };
+        let mut pieces = Vec::new();
+        translate_section(&src, &dst, &mut sc, &mut dc, len, &mut pieces).unwrap();
+        let p = PAGE as u64;
+        let got: Vec<(Loc, Loc, u64)> = pieces.iter().map(|x| (x.src, x.dst, x.len)).collect();
+        assert_eq!(
+            got,
+            [
+                (Loc::Addr(mem.page(0) as u64 + 100), Loc::Addr(o), 4 * p - 100),
+                (Loc::Addr(mem.page(6) as u64), Loc::Addr(o + 4 * p - 100), 2 * p),
+                (Loc::Fill(h.inner().seg.p.magic), Loc::Addr(o + 6 * p - 100), 2 * p),
+            ]
+        );
+        // The copy itself moves the same bytes.
+        copy(&src, &dst, len, 1 << 20).unwrap();
+        // SAFETY: `mem` is 8 pages long.
+        let m = unsafe { std::slice::from_raw_parts(mem.0, 8 * PAGE) };
+        assert_eq!(out[..4 * PAGE - 100], m[100..4 * PAGE]);
+        assert_eq!(out[4 * PAGE - 100..6 * PAGE - 100], m[6 * PAGE..]);
+        assert_eq!(out[6 * PAGE - 100..], pattern(2 * PAGE, h.inner().seg.p.magic)[..]);
+        // A section ending mid-page splits the run there (and re-translates).
+        let (mut sc, mut dc) = (
+            Cursor {
+                spans: &sspan,
+                i: 0,
+                off: 0,
+            },
+            Cursor {
+                spans: &dspan,
+                i: 0,
+                off: 0,
+            },
+        );
+        translate_section(&src, &dst, &mut sc, &mut dc, 2 * p, &mut pieces).unwrap();
+        assert_eq!(pieces.len(), 1);
+        translate_section(&src, &dst, &mut sc, &mut dc, 2 * p, &mut pieces).unwrap();
+        assert_eq!(
+            (pieces.len(), pieces[0].src, pieces[0].len),
+            (2, Loc::Addr(mem.page(2) as u64 + 100), 2 * p - 100)
+        );
+        drop(out);
+        io.free_range(r).unwrap();
     }
 
     #[test]
