@@ -11,7 +11,8 @@ use nprdma::{Access, Config, Context, Opcode, SendWr};
 use rnic::{Wc, WrOpcode};
 
 const SIZES: [usize; 7] = [2, 64, 512, 4096, 16384, 65536, 262144];
-const BUF: usize = 1 << 20;
+/// Buffer size: room for 128 distinct 256 KiB slots.
+const BUF: usize = 32 << 20;
 
 fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -113,21 +114,39 @@ fn pinned_op(p: &Pinned, op: WrOpcode, len: usize, id: u64, iova: bool) {
     }
 }
 
-fn pinned_tput(p: &Pinned, op: WrOpcode, len: usize, n: usize, window: usize, iova: bool) -> f64 {
-    let (sge, rkey) = if iova {
-        ([p.li.sge(0, len as u32)], p.ri.rkey())
+/// Offset of op `i` of a throughput loop: 0 (every op on the same
+/// buffers, as perftest does), or with `distinct` a separate `len`-sized
+/// slot per op of the window (no two ops in flight overlap).
+fn slot_off(i: usize, len: usize, window: usize, distinct: bool) -> usize {
+    if distinct {
+        // More slots than ops in flight (the NP-RDMA loop keeps up to
+        // window + 1 signaled, or 3 x 16 unsignaled, outstanding).
+        (i % (BUF / len).clamp(1, 4 * window)) * len
     } else {
-        ([p.l.sge(0, len as u32)], p.r.rkey())
-    };
+        0
+    }
+}
+
+fn pinned_tput(
+    p: &Pinned,
+    op: WrOpcode,
+    len: usize,
+    n: usize,
+    window: usize,
+    iova: bool,
+    distinct: bool,
+) -> f64 {
+    let (l, r) = if iova { (&p.li, &p.ri) } else { (&p.l, &p.r) };
     let mut wc = [Wc::default(); 32];
     let (mut posted, mut done) = (0, 0);
     let t0 = Instant::now();
     while done < n {
         while posted < n && posted - done < window {
-            p.qp.post_send(&[
-                rnic::SendWr::new(posted as u64, op, &sge).remote(p.r.addr() as u64, rkey)
-            ])
-            .unwrap();
+            let off = slot_off(posted, len, window, distinct);
+            let sge = [l.sge(off, len as u32)];
+            p.qp.post_send(&[rnic::SendWr::new(posted as u64, op, &sge)
+                .remote(p.r.addr() as u64 + off as u64, r.rkey())])
+                .unwrap();
             posted += 1;
         }
         done += p.cq.poll(&mut wc).unwrap();
@@ -178,7 +197,15 @@ fn np_op(n: &Np, op: Opcode, len: usize, raddr: u64, rkey: u32, id: u64) {
     }
 }
 
-fn np_tput(n: &Np, op: Opcode, len: usize, cnt: usize, window: usize, signal_every: usize) -> f64 {
+fn np_tput(
+    n: &Np,
+    op: Opcode,
+    len: usize,
+    cnt: usize,
+    window: usize,
+    signal_every: usize,
+    distinct: bool,
+) -> f64 {
     let mut c = [nprdma::Completion::default(); 32];
     let (mut posted, mut done) = (0usize, 0usize);
     let t0 = Instant::now();
@@ -186,11 +213,12 @@ fn np_tput(n: &Np, op: Opcode, len: usize, cnt: usize, window: usize, signal_eve
     let mut sig_done = 0;
     while sig_done < sig_total {
         while posted < cnt && posted / signal_every - done < window / signal_every.max(1) + 1 {
+            let off = slot_off(posted, len, window, distinct);
             let mut wr = SendWr::new(
                 posted as u64,
                 op,
-                Some(n.l.1.sge(0, len as u32)),
-                n.r.0.addr() as u64,
+                Some(n.l.1.sge(off as u64, len as u32)),
+                n.r.0.addr() as u64 + off as u64,
                 n.r.1.rkey(),
             );
             wr.signaled = (posted + 1) % signal_every == 0;
@@ -272,7 +300,8 @@ fn main() {
                 Opcode::Read
             };
             let cnt = (iters / 16).max(1) * 16;
-            let g = np_tput(&np, op, len, cnt, 32, signal_every);
+            let distinct = std::env::var("NPRDMA_BENCH_DISTINCT").is_ok_and(|v| v == "1");
+            let g = np_tput(&np, op, len, cnt, 32, signal_every, distinct);
             let us = len as f64 / g / 1e3;
             println!("prof {which} {len} B x {cnt}: {g:.3} GB/s, {us:.3} us/op");
             return;
@@ -348,21 +377,30 @@ fn main() {
             );
             }
         }
-        println!("# throughput GB/s, window 32");
-        println!("op      size   pinned  pinned_iova  np(signaled)  np(unsignaled 1/16)");
-        for (name, wop, nop) in [
-            ("READ", WrOpcode::Read, Opcode::Read),
-            ("WRITE", WrOpcode::Write, Opcode::Write),
-        ] {
-            for &len in &[4096usize, 65536, 262144] {
-                let cnt = (256 << 20) / len;
-                let tp = pinned_tput(&pin, wop, len, cnt, 32, false);
-                let ti = pinned_tput(&pin, wop, len, cnt, 32, true);
-                let tn = np_tput(&np, nop, len, cnt, 32, 1);
-                let tu = np_tput(&np, nop, len, cnt, 32, 16);
-                println!(
-                    "{name:<6} {len:>6}   {tp:>6.2}   {ti:>6.2}       {tn:>6.2}        {tu:>6.2}"
-                );
+        for distinct in [false, true] {
+            println!(
+                "# throughput GB/s, window 32, {}",
+                if distinct {
+                    "a distinct buffer slot per op in flight"
+                } else {
+                    "every op on the same buffers (NP-RDMA orders overlapping ops)"
+                }
+            );
+            println!("op      size   pinned  pinned_iova  np(signaled)  np(unsignaled 1/16)");
+            for (name, wop, nop) in [
+                ("READ", WrOpcode::Read, Opcode::Read),
+                ("WRITE", WrOpcode::Write, Opcode::Write),
+            ] {
+                for &len in &[4096usize, 65536, 262144] {
+                    let cnt = (256 << 20) / len;
+                    let tp = pinned_tput(&pin, wop, len, cnt, 32, false, distinct);
+                    let ti = pinned_tput(&pin, wop, len, cnt, 32, true, distinct);
+                    let tn = np_tput(&np, nop, len, cnt, 32, 1, distinct);
+                    let tu = np_tput(&np, nop, len, cnt, 32, 16, distinct);
+                    println!(
+                        "{name:<6} {len:>6}   {tp:>6.2}   {ti:>6.2}       {tn:>6.2}        {tu:>6.2}"
+                    );
+                }
             }
         }
     }

@@ -256,12 +256,69 @@ pub enum OrderError {
     NotInFlight(Ticket),
 }
 
+/// Bounding ranges of an op's spans (all, and written ones only) per
+/// side plus its flags: a few comparisons tell that two ops cannot
+/// conflict, so scanning a full window of in-flight ops stays cheap; only
+/// ops whose bounds meet get the exact span-by-span test.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    local_all: (u64, u64),
+    local_w: (u64, u64),
+    remote_all: (u64, u64),
+    remote_w: (u64, u64),
+    message: bool,
+    order_after: bool,
+}
+
+/// `[lo, hi)` covering `spans` (only written ones if `writes`); empty
+/// ranges are skipped, an empty result is `(u64::MAX, 0)`.
+fn bound(spans: &[Span], writes: bool) -> (u64, u64) {
+    spans
+        .iter()
+        .filter(|s| s.range.len != 0 && (!writes || s.access == Access::Write))
+        .fold((u64::MAX, 0), |(lo, hi), s| {
+            let end = s.range.addr.saturating_add(s.range.len);
+            (lo.min(s.range.addr), hi.max(end))
+        })
+}
+
+fn meet(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl Bounds {
+    fn of(op: &OpDesc) -> Bounds {
+        Bounds {
+            local_all: bound(&op.local, false),
+            local_w: bound(&op.local, true),
+            remote_all: bound(&op.remote, false),
+            remote_w: bound(&op.remote, true),
+            message: op.message,
+            order_after: op.order_after,
+        }
+    }
+
+    /// False only if the two ops certainly do not conflict (exact for
+    /// messages, a superset test for memory).
+    fn may_conflict(&self, o: &Bounds, cfg: &OrderConfig) -> bool {
+        if self.message || o.message || cfg.loopback {
+            return true;
+        }
+        meet(self.local_w, o.local_all)
+            || meet(o.local_w, self.local_all)
+            || meet(self.remote_w, o.remote_all)
+            || meet(o.remote_w, self.remote_all)
+    }
+}
+
 /// The per-QP table: in-flight ops and the FIFO of parked ops.
 #[derive(Debug)]
 pub struct OrderTable<T> {
     cfg: OrderConfig,
     next: u64,
     inflight: Vec<(Ticket, OpDesc)>,
+    /// `Bounds` of `inflight[i]` (kept in step with it).
+    bounds: Vec<Bounds>,
     parked: VecDeque<(Ticket, OpDesc, T)>,
 }
 
@@ -272,6 +329,7 @@ impl<T> OrderTable<T> {
             cfg,
             next: 0,
             inflight: Vec::new(),
+            bounds: Vec::new(),
             parked: VecDeque::new(),
         }
     }
@@ -310,10 +368,10 @@ impl<T> OrderTable<T> {
         if op.order_before || self.cfg.mode == Mode::Strict {
             return false;
         }
-        !self
-            .inflight
-            .iter()
-            .any(|(_, f)| f.order_after || self.cfg.conflicts(op, f))
+        let b = Bounds::of(op);
+        !self.bounds.iter().zip(&self.inflight).any(|(fb, (_, f))| {
+            fb.order_after || (fb.may_conflict(&b, &self.cfg) && self.cfg.conflicts(op, f))
+        })
     }
 
     /// Submit a newly posted op. It issues now unless something is parked
@@ -323,6 +381,7 @@ impl<T> OrderTable<T> {
         let t = Ticket(self.next);
         self.next += 1;
         if self.parked.is_empty() && self.may_issue(&op) {
+            self.bounds.push(Bounds::of(&op));
             self.inflight.push((t, op));
             Ok(Admit::Issue(t, payload))
         } else {
@@ -345,6 +404,7 @@ impl<T> OrderTable<T> {
             .position(|(x, _)| *x == t)
             .ok_or(OrderError::NotInFlight(t))?;
         self.inflight.swap_remove(i);
+        self.bounds.swap_remove(i);
         while let Some((_, op, _)) = self.parked.front() {
             if !self.may_issue(op) {
                 break;
@@ -352,6 +412,7 @@ impl<T> OrderTable<T> {
             let Some((pt, op, payload)) = self.parked.pop_front() else {
                 break;
             };
+            self.bounds.push(Bounds::of(&op));
             self.inflight.push((pt, op));
             out.push((pt, payload));
         }

@@ -404,3 +404,16 @@ proptest! {
         prop_assert_eq!(issue_log.len() as u64, submitted, "every op issued exactly once");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The bounds pre-filter never hides a conflict.
+    #[test]
+    fn bounds_never_hide_a_conflict(cfg in arb_cfg(), a in arb_op(), b in arb_op()) {
+        if cfg.conflicts(&a, &b) {
+            prop_assert!(Bounds::of(&a).may_conflict(&Bounds::of(&b), &cfg));
+            prop_assert!(Bounds::of(&b).may_conflict(&Bounds::of(&a), &cfg));
+        }
+    }
+}
