@@ -390,8 +390,7 @@ fn fast_path_matches_walk_on_every_small_geometry() {
         let c = CheckConfig::new(16, 0xdead_beef, 4096, grid).unwrap();
         for rm in 0..16u64 {
             for lm in 0..16u64 {
-                // Below and above the one-grid (4 atoms) and multi-grid
-                // (8 atoms) fast-path thresholds.
+                // Below and above the fast-path threshold (8 atoms).
                 for len in [40usize, 77, 131, 150] {
                     let (local, remote) = (0x1000 + lm, 0x8000 + rm);
                     let clean = clean_bytes(len, 5);
