@@ -1,5 +1,5 @@
 //! The lean path of a QP with nothing else outstanding: a signaled
-//! optimistic READ (magic check) or small WRITE (read-back) is posted
+//! optimistic READ or WRITE (magic check, read-back or page versions) is posted
 //! straight to the NIC and completed straight into the application CQ,
 //! without the ordering table, reorder buffer or pending table — with
 //! nothing else in flight on the QP all three are trivially satisfied. As
@@ -68,11 +68,17 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         return false;
     }
     let strat = choose(wr.op, len, true, &sh.cfg.plan);
-    match (wr.op, strat) {
-        (AppOp::Read, Strategy::ReadMagic) => {}
-        (AppOp::Write, Strategy::WriteReadback { deferred: false })
-            if len as usize <= qp.slot_size && !qp.scratch_free.is_empty() => {}
+    let need = match (wr.op, strat) {
+        (AppOp::Read, Strategy::ReadMagic) => 0,
+        (AppOp::Write, Strategy::WriteReadback { deferred: false }) => len,
+        (AppOp::Read, Strategy::ReadVersioned) | (AppOp::Write, Strategy::WriteVersioned) => {
+            // Both version snapshots in one scratch slot.
+            2 * len.div_ceil(PS).saturating_add(1) * crate::keymap::VERSION_WORD
+        }
         _ => return false,
+    };
+    if need > 0 && (need as usize > qp.slot_size || qp.scratch_free.is_empty()) {
+        return false;
     }
     let Some(lmr) = mrs.get(&sge.lkey) else {
         return false;
@@ -90,25 +96,29 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         return false;
     }
     let lmr = lmr.clone();
-    let scratch = match strat {
-        Strategy::WriteReadback { .. } => qp.scratch_free.pop().map(Scratch::Slot),
-        _ => None,
+    let scratch = if need > 0 {
+        qp.scratch_free.pop().map(Scratch::Slot)
+    } else {
+        None
     };
+    let vlen = t.version_len;
     let (saddr, skey) = scratch
         .as_ref()
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
     let steps = nic_steps_small(strat, wr.remote_addr, len, &t);
-    let mut sges = [[rnic::Sge::default(); 1]; 2];
+    let mut sges = [[rnic::Sge::default(); 1]; 3];
     for (s, g) in steps.iter().zip(sges.iter_mut()) {
-        let (addr, lkey) = match s.local {
-            LocalBuf::AppRead => (laddr, lmr.read_lkey()),
-            LocalBuf::AppWrite => (laddr, lmr.write_lkey()),
-            _ => (saddr + (wr.remote_addr & (PS - 1)), skey),
+        let (addr, length, lkey) = match s.local {
+            LocalBuf::AppRead => (laddr, len, lmr.read_lkey()),
+            LocalBuf::AppWrite => (laddr, len, lmr.write_lkey()),
+            LocalBuf::Temp => (saddr + (wr.remote_addr & (PS - 1)), len, skey),
+            LocalBuf::VersionsBefore => (saddr, vlen, skey),
+            LocalBuf::VersionsAfter => (saddr + vlen, vlen, skey),
         };
         g[0] = rnic::Sge {
             addr,
-            length: len as u32,
+            length: length as u32,
             lkey,
         };
     }
@@ -128,10 +138,10 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         w
     };
     let lver = local_versions(&lmr.shadow, laddr, len);
-    let res = if n == 1 {
-        qp.data.post_send(&[mk(0)])
-    } else {
-        qp.data.post_send(&[mk(0), mk(1)])
+    let res = match n {
+        1 => qp.data.post_send(&[mk(0)]),
+        2 => qp.data.post_send(&[mk(0), mk(1)]),
+        _ => qp.data.post_send(&[mk(0), mk(1), mk(2)]),
     };
     let posted = match res {
         Ok(()) => n,
@@ -155,7 +165,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         steps: posted as u8,
         left: posted as u8,
         err: 0,
-        vlen: t.version_len,
+        vlen,
         scratch,
         lver,
     });
@@ -299,6 +309,19 @@ fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
                 mem::with_slice(laddr, len, |src| {
                     check_readback(src, rb, raddr, &sh.check).is_ok()
                 })
+            })
+        }
+        Strategy::ReadVersioned | Strategy::WriteVersioned => {
+            let Some(s) = f.scratch.as_ref() else {
+                return false;
+            };
+            let (sa, _) = qp.scratch_addr(s);
+            let vlen = f.vlen as usize;
+            mem::with_slice(sa, 2 * vlen, |b| {
+                let (x, y) = b.split_at(vlen);
+                x.chunks_exact(4)
+                    .zip(y.chunks_exact(4))
+                    .all(|(p, q)| p == q && u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1)
             })
         }
         _ => false,
