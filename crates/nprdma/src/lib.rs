@@ -45,15 +45,28 @@
 //!
 //! ## Engine realisation and deviations from the paper
 //!
-//! * Two NIC CQs per context on one completion channel serve all QPs: send
-//!   completions of data and control QPs, and the control QPs' receives
-//!   (kept apart so that only this process's engine pushes into the first);
-//!   application CQs are user-space queues. The polling thread
+//! * Two NIC CQs per context on one completion channel serve all QPs: the
+//!   data QPs' send completions, and the control QPs' sends and receives
+//!   (so an application thread waiting for a one-sided operation polls,
+//!   and progresses, only the data CQ; it looks at the control CQ when the
+//!   data CQ is idle and at least every 16th poll); application CQs are
+//!   user-space queues. The polling thread
 //!   spins `Config::spin` after work (up to 40× that while requests keep
 //!   arriving just after it blocked), then blocks on the channel
 //!   (`interrupt_mode`: no spinning). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
+//! * **Lean path** (`engine/core/fast.rs`): a signaled one-sided READ or
+//!   WRITE (magic check, read-back or page versions) posted while nothing
+//!   else of its QP is outstanding goes straight to the NIC and its
+//!   completion straight to the user CQ — no ordering table, reorder buffer
+//!   or pending-table entry (with nothing else in flight they would decide
+//!   nothing). Any later post, a failed check, an error or a flush first
+//!   *promotes* it into those structures exactly as if it had been posted
+//!   there, so §5's guarantees hold unchanged.
+//! * Read-backs land in page-aligned scratch at the remote address's page
+//!   offset: with a misaligned heap buffer the NIC's copy hit a `rep movsb`
+//!   slow case of this CPU (4 KiB read-back WRITE 3.8 µs instead of 1.4).
 //! * WRs carry one SGE. Unsignaled small WRITEs defer their read-backs to
 //!   the next signaled WR of the QP (merged per [`plan::batch_readbacks`]);
 //!   beyond the paper, an idle QP also flushes them within ~10 ms so they do

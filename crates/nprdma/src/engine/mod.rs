@@ -51,6 +51,18 @@ pub struct Config {
     /// How long the polling thread spins after its last piece of work.
     pub spin: Duration,
     /// Planner thresholds (small-WRITE read-back limit, versioned READ, inline limit).
+    ///
+    /// The default `plan.write_version_threshold` is **4096**: WRITEs up to
+    /// one page use WRITE + read-back, longer ones page versions. Measured
+    /// on the software NIC (in-process, 2 B–16 KiB signaled WRITE medians,
+    /// best of 3, `NPRDMA_WRITE_VERSION_THRESHOLD` in the `bench` example):
+    /// read-back 0.72 / 0.90 / 1.15 / 2.98 µs at 512 B / 4 / 8 / 16 KiB,
+    /// versions 0.98 / 1.04 / 1.37 µs at 4 / 8 / 16 KiB — the crossover lies
+    /// between 4 and 8 KiB, and a read-back also moves the payload twice
+    /// through the NIC (halving WRITE throughput) while versions add 8 B
+    /// per page. `PlanConfig::default()` itself (16 KiB) is the planner's
+    /// generic value; the QP's read-back scratch is `max(threshold, 4 KiB)`
+    /// per WR of depth.
     pub plan: PlanConfig,
     /// Ordering configuration of every QP.
     pub order: OrderConfig,
