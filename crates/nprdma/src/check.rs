@@ -447,8 +447,8 @@ impl Template {
     /// `true` = no window shows the magic in `mid`, a whole number of
     /// periods (atom ≥ 8).
     fn clean(&self, mid: &[u8], atom: usize) -> bool {
+        // A multi-grid period has two or three pieces (`Geom::template`).
         match self.n {
-            1 => self.clean_a::<1>(mid, atom),
             2 => self.clean_a::<2>(mid, atom),
             _ => self.clean_a::<3>(mid, atom),
         }
