@@ -799,6 +799,7 @@ fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
     }
     let mut failed = Vec::new();
     let mut batches = 0;
+    let mut chain = Vec::new();
     for b in crate::plan::batch_readbacks(&list, qp.slot_size as u64) {
         let ids: Vec<u32> = members[b.members.clone()].to_vec();
         let scratch = if b.len as usize <= qp.slot_size && !qp.scratch_free.is_empty() {
@@ -827,24 +828,39 @@ fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
             failed.extend(ids);
             continue;
         };
+        if let Some(bt) = qp.batches.get_mut(bid) {
+            bt.scratch = Some(scratch);
+        }
         let sge = [rnic::Sge {
             addr: saddr,
             length: b.len as u32,
             lkey: skey,
         }];
-        let wr = rnic::SendWr::new(enc(qi, qp.gen, K_RB, 0, bid), WrOpcode::Read, &sge)
-            .remote(b.remote_addr, b.rkey);
-        if qp.data.post_send(&[wr]).is_err() {
-            drop(qp.batches.take(bid));
-            qp.release_scratch(Some(scratch));
-            failed.extend(ids);
-            continue;
-        }
-        if let Some(bt) = qp.batches.get_mut(bid) {
-            bt.scratch = Some(scratch);
-        }
-        batches += 1;
+        chain.push((bid, sge, b.remote_addr, b.rkey));
     }
+    // All read-backs go to the NIC as one chain (one post, one NIC
+    // progress pass); a refused tail is redone two-sided.
+    let gen = qp.gen;
+    let wrs: Vec<rnic::SendWr> = chain
+        .iter()
+        .map(|(bid, sge, raddr, rkey)| {
+            rnic::SendWr::new(enc(qi, gen, K_RB, 0, *bid), WrOpcode::Read, sge)
+                .remote(*raddr, *rkey)
+        })
+        .collect();
+    let posted = match qp.data.post_send(&wrs) {
+        Ok(()) => wrs.len(),
+        Err(e) => e.bad_wr_index,
+    };
+    drop(wrs);
+    for (bid, ..) in &chain[posted..] {
+        if let Some(mut bt) = qp.batches.take(*bid) {
+            let s = bt.scratch.take();
+            qp.release_scratch(s);
+            failed.extend(bt.members);
+        }
+    }
+    batches += posted as u64;
     st.stats.readback_batches += batches;
     // A read-back that could not be posted: redo those WRITEs two-sided.
     for id in failed {
