@@ -138,6 +138,10 @@ pub(crate) struct State {
     wcs: Vec<rnic::Wc>,
     flush_qps: Vec<usize>,
     cq_failed: bool,
+    /// Lean-path completions for the user CQ an application thread is
+    /// polling right now ([`progress_app_into`]), handed straight to its
+    /// array instead of through the CQ's queue.
+    direct: fast::Direct,
 }
 
 impl State {
@@ -156,6 +160,7 @@ impl State {
             wcs: vec![rnic::Wc::default(); 64],
             flush_qps: Vec::new(),
             cq_failed: false,
+            direct: fast::Direct::default(),
         }
     }
 
@@ -1453,10 +1458,20 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
     progress_inner(sh, st, false)
 }
 
-/// [`progress`] from an application thread spinning on its CQ: an idle
-/// poll reads the clock (for the timeout sweep) only every 32nd time.
-pub(crate) fn progress_app(sh: &Shared, st: &mut State) -> usize {
-    progress_inner(sh, st, true)
+/// [`progress`] from an application thread spinning on user CQ `cq` with
+/// room for `out.len()` completions: an idle poll reads the clock (for the
+/// timeout sweep) only every 32nd time, and lean-path completions for `cq`
+/// go straight into `out` while its queue is empty (so post order holds).
+/// Returns how many were put into `out`.
+pub(crate) fn progress_app_into(
+    sh: &Shared,
+    st: &mut State,
+    cq: &Arc<UCq>,
+    out: &mut [Completion],
+) -> usize {
+    st.direct.begin(cq, out.len());
+    progress_inner(sh, st, true);
+    st.direct.end(out)
 }
 
 fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {

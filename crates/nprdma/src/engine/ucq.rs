@@ -25,6 +25,13 @@ pub(crate) struct UCq {
 }
 
 impl UCq {
+    /// Empty and not armed: a completion may bypass the queue straight to
+    /// the thread polling it (called under the engine lock, the only place
+    /// completions are pushed).
+    pub(crate) fn bypassable(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0 && !self.armed.load(Ordering::Acquire)
+    }
+
     pub(crate) fn push(&self, c: Completion) {
         let mut q = self.q.lock();
         if q.len() >= self.depth {
@@ -94,7 +101,12 @@ impl Cq {
         }
         self.sh.mark_app_active();
         if let Some(mut st) = self.sh.st.try_lock() {
-            core::progress_app(&self.sh, &mut st);
+            let k = core::progress_app_into(&self.sh, &mut st, &self.u, out);
+            drop(st);
+            if k > 0 {
+                // Anything queued meanwhile was completed after these.
+                return k + self.take(&mut out[k..]);
+            }
         }
         self.take(out)
     }

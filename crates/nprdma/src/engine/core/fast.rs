@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use rnic::{WcStatus, WrOpcode};
 
+use super::super::ucq::UCq;
 use super::{
-    comp_op, enc, eval_one_sided, fail_qp, local_versions, qp_at, MrEntry, Op, QpState, Scratch,
-    Shared, Stage, State, Versions, K_FAST, PS,
+    comp_op, enc, eval_one_sided, fail_qp, local_versions, MrEntry, Op, QpState, Scratch, Shared,
+    Stage, State, Versions, K_FAST, PS,
 };
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::engine::SendWr;
@@ -253,7 +254,10 @@ pub(super) fn on_wc(
     step: u64,
     wc: &rnic::Wc,
 ) -> Option<u32> {
-    let qp = qp_at(st, qi)?;
+    let State {
+        qps, direct, stats, ..
+    } = &mut *st;
+    let qp = qps.get_mut(qi).and_then(|q| q.as_mut())?;
     let Some(f) = qp.fast.as_mut() else {
         return qp.fast_promoted;
     };
@@ -269,15 +273,18 @@ pub(super) fn on_wc(
     if err == 0 && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
         let f = qp.fast.take().expect("checked above");
         qp.release_scratch(f.scratch);
-        qp.send_cq.push(Completion {
+        let c = Completion {
             wr_id: f.wr.wr_id,
             status: 0,
             op: comp_op(f.wr.op),
             byte_len: f.len as u32,
             imm: None,
             qp_num: qp.qpn,
-        });
-        st.stats.optimistic_ok += 1;
+        };
+        if !direct.offer(&qp.send_cq, c) {
+            qp.send_cq.push(c);
+        }
+        stats.optimistic_ok += 1;
         return None;
     }
     // An error or a failed check: the general path decides (two-sided).
@@ -325,5 +332,47 @@ fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
             })
         }
         _ => false,
+    }
+}
+
+/// Completions handed straight to the array of the application thread that
+/// is polling (see `progress_app_into`).
+#[derive(Default)]
+pub(super) struct Direct {
+    /// The user CQ being polled (by address; only compared), if any.
+    cq: usize,
+    room: usize,
+    buf: Vec<Completion>,
+}
+
+impl Direct {
+    pub(super) fn begin(&mut self, cq: &Arc<UCq>, room: usize) {
+        self.cq = Arc::as_ptr(cq) as usize;
+        self.room = room;
+        self.buf.clear();
+    }
+
+    /// Take `c` for the polling thread if it is for its CQ, there is room,
+    /// and the CQ's queue is empty (nothing older is waiting there) and not
+    /// armed (a notification is due then: the queue path signals it).
+    pub(super) fn offer(&mut self, cq: &Arc<UCq>, c: Completion) -> bool {
+        if self.cq == 0
+            || self.cq != Arc::as_ptr(cq) as usize
+            || self.buf.len() >= self.room
+            || !cq.bypassable()
+        {
+            return false;
+        }
+        self.buf.push(c);
+        true
+    }
+
+    /// Copy the taken completions to `out` and stop taking.
+    pub(super) fn end(&mut self, out: &mut [Completion]) -> usize {
+        self.cq = 0;
+        let n = self.buf.len().min(out.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        self.buf.clear();
+        n
     }
 }
