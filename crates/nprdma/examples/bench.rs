@@ -127,6 +127,26 @@ fn slot_off(i: usize, len: usize, window: usize, distinct: bool) -> usize {
     }
 }
 
+/// The NIC floor of NP-RDMA's small WRITE: a WRITE plus a READ of the same
+/// remote bytes into a second local buffer, one chain, only the READ
+/// signaled — on plain pinned MRs, no engine.
+fn pinned_write_readback(p: &Pinned, len: usize, id: u64) {
+    let src = [p.l.sge(0, len as u32)];
+    let dst = [p.l.sge(BUF / 2, len as u32)];
+    let raddr = p.r.addr() as u64;
+    let mut w = rnic::SendWr::new(id, WrOpcode::Write, &src).remote(raddr, p.r.rkey());
+    w.flags.remove(rnic::SendFlags::SIGNALED);
+    let r = rnic::SendWr::new(id, WrOpcode::Read, &dst).remote(raddr, p.r.rkey());
+    p.qp.post_send(&[w, r]).unwrap();
+    let mut wc = [Wc::default(); 1];
+    loop {
+        if p.cq.poll(&mut wc).unwrap() == 1 {
+            assert!(wc[0].status.is_ok(), "{:?}", wc[0]);
+            return;
+        }
+    }
+}
+
 fn pinned_tput(
     p: &Pinned,
     op: WrOpcode,
@@ -306,7 +326,9 @@ fn main() {
             println!("prof {which} {len} B x {cnt}: {g:.3} GB/s, {us:.3} us/op");
             return;
         }
-        // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs.
+        // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs;
+        // `pinned-write-readback`: WRITE + READ-back chain on them (the NIC
+        // work of NP-RDMA's small WRITE without the engine).
         let pinned = which.strip_prefix("pinned-");
         let write = pinned.unwrap_or(&which) == "write";
         let op = if write { Opcode::Write } else { Opcode::Read };
@@ -319,7 +341,9 @@ fn main() {
         let mut v = Vec::with_capacity(iters);
         for i in 0..iters {
             let t = Instant::now();
-            if pinned.is_some() {
+            if which == "pinned-write-readback" {
+                pinned_write_readback(&pin, len, i as u64);
+            } else if pinned.is_some() {
                 pinned_op(&pin, wop, len, i as u64, false);
             } else {
                 np_op(&np, op, len, raddr, rkey, i as u64);
