@@ -138,6 +138,8 @@ pub(crate) struct State {
     wcs: Vec<rnic::Wc>,
     flush_qps: Vec<usize>,
     cq_failed: bool,
+    /// Ops the ordering table releases on a completion (reused buffer).
+    released: Vec<(Ticket, u32)>,
     /// Lean-path completions for the user CQ an application thread is
     /// polling right now ([`progress_app_into`]), handed straight to its
     /// array instead of through the CQ's queue.
@@ -160,6 +162,7 @@ impl State {
             wcs: vec![rnic::Wc::default(); 64],
             flush_qps: Vec::new(),
             cq_failed: false,
+            released: Vec::new(),
             direct: fast::Direct::default(),
         }
     }
@@ -1420,7 +1423,12 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 /// Complete application operation `id` of QP `qi` and release what waits
 /// behind it.
 fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
-    let State { qps, ready, .. } = &mut *st;
+    let State {
+        qps,
+        ready,
+        released,
+        ..
+    } = &mut *st;
     let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
         return;
     };
@@ -1444,10 +1452,9 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
     let cq = &qp.send_cq;
     qp.rob.drain_ready_with(|c| cq.push(c));
     if let Some(t) = op.ticket {
-        if let Ok(rel) = qp.order.complete(t) {
-            for (_, nid) in rel {
-                ready.push_back((qi, nid));
-            }
+        released.clear();
+        if qp.order.complete_into(t, released).is_ok() {
+            ready.extend(released.drain(..).map(|(_, nid)| (qi, nid)));
         }
     }
 }
