@@ -1462,6 +1462,9 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
 /// number of NIC completions handled.
 pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
+    // No application array to fill here (even if an earlier
+    // `progress_app_into` unwound without clearing it).
+    st.direct.stop();
     progress_inner(sh, st, false)
 }
 

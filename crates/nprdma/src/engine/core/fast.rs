@@ -346,6 +346,11 @@ pub(super) struct Direct {
 }
 
 impl Direct {
+    /// Take nothing (completions go through the queues).
+    pub(super) fn stop(&mut self) {
+        self.cq = 0;
+    }
+
     pub(super) fn begin(&mut self, cq: &Arc<UCq>, room: usize) {
         self.cq = Arc::as_ptr(cq) as usize;
         self.room = room;
