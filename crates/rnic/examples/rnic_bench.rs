@@ -108,19 +108,249 @@ fn server() {
         cmp.iova.rkey()
     );
     std::io::stdout().flush().unwrap();
+    let mut peer = None;
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["PEER", a, q] => {
-                s.qp.connect(all(), HostAddr::from_hex(a).unwrap(), q.parse().unwrap(), 7)
-                    .unwrap();
+                let p = (HostAddr::from_hex(a).unwrap(), q.parse().unwrap());
+                s.qp.connect(all(), p.0, p.1, 7).unwrap();
+                peer = Some(p);
                 println!("READY");
+                std::io::stdout().flush().unwrap();
+            }
+            ["ECHO", pool] => {
+                echo(&s, *pool == "1");
+                let p = peer.expect("PEER before ECHO");
+                reconnect(&s, p.0, p.1);
+                println!("DONE");
                 std::io::stdout().flush().unwrap();
             }
             ["EXIT"] => break,
             _ => {}
         }
+    }
+}
+
+/// RECV slots each side keeps posted in the SEND ping-pong.
+const ECHO_SLOTS: usize = 64;
+/// SEND size of the ping-pong (NP-RDMA's control message).
+const ECHO_SIZE: usize = 64;
+/// First byte of the message that ends the server's echo loop.
+const ECHO_STOP: u8 = 0xff;
+
+/// RECV buffers (one `ECHO_SIZE` slot per posted RECV) and the SEND source buffer.
+struct EchoBufs {
+    recv: Mr,
+    send: Mr,
+    _keep: Vec<Box<dyn std::any::Any>>,
+}
+
+fn echo_bufs(s: &Side, _pool: bool) -> EchoBufs {
+    let recv = s.pd.reg_mr_owned(vec![0u8; ECHO_SLOTS * ECHO_SIZE], all()).unwrap();
+    let send = s.pd.reg_mr_owned(vec![5u8; ECHO_SIZE], all()).unwrap();
+    // SAFETY: the owned MRs are kept alive in `_keep` as long as these views.
+    let (r, w) = unsafe {
+        (
+            s.pd.reg_mr(recv.addr(), recv.len(), all()).unwrap(),
+            s.pd.reg_mr(send.addr(), send.len(), all()).unwrap(),
+        )
+    };
+    EchoBufs {
+        recv: r,
+        send: w,
+        _keep: vec![Box::new(recv), Box::new(send)],
+    }
+}
+
+fn post_recv_slot(s: &Side, b: &EchoBufs, i: usize) {
+    let sge = [b.recv.sge(i * ECHO_SIZE, ECHO_SIZE as u32)];
+    s.qp.post_recv(&[RecvWr {
+        wr_id: i as u64,
+        sg_list: &sge,
+    }])
+    .unwrap();
+}
+
+/// Server side of the SEND ping-pong: every 64 B RECV is reposted and answered with
+/// a 64 B SEND, until a message starting with `ECHO_STOP` arrives.
+fn echo(s: &Side, pool: bool) {
+    let b = echo_bufs(s, pool);
+    for i in 0..ECHO_SLOTS {
+        post_recv_slot(s, &b, i);
+    }
+    println!("ECHOING");
+    std::io::stdout().flush().unwrap();
+    let sge = [b.send.sge(0, ECHO_SIZE as u32)];
+    let mut wc = [Wc::default(); 16];
+    loop {
+        let n = s.cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            if w.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let i = w.wr_id as usize;
+            // SAFETY: slot i of the live RECV buffer, written by the completed RECV.
+            let first = unsafe { *((b.recv.addr() + i * ECHO_SIZE) as *const u8) };
+            if first == ECHO_STOP {
+                return;
+            }
+            post_recv_slot(s, &b, i);
+            s.qp.post_send(&[SendWr::new(1, WrOpcode::Send, &sge)]).unwrap();
+        }
+    }
+}
+
+/// Client side: 64 B SEND, wait for its completion and for the echo. Returns (post
+/// cost = the `post_send` call, which performs the SEND; half round trip) medians and
+/// p99s in ns.
+fn ping_pong(s: &Side, b: &EchoBufs, iters: usize) -> (Stat, Stat) {
+    let sge = [b.send.sge(0, ECHO_SIZE as u32)];
+    let wr = SendWr::new(1, WrOpcode::Send, &sge);
+    let mut post = Histogram::<u64>::new(3).unwrap();
+    let mut half = Histogram::<u64>::new(3).unwrap();
+    let mut wc = [Wc::default(); 4];
+    for k in 0..iters + iters / 10 {
+        let t0 = Instant::now();
+        s.qp.post_send(std::slice::from_ref(&wr)).unwrap();
+        let t1 = Instant::now();
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            let n = s.cq.poll(&mut wc).unwrap();
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if w.opcode == WcOpcode::Recv {
+                    got = true;
+                    post_recv_slot(s, b, w.wr_id as usize);
+                } else {
+                    sent = true;
+                }
+            }
+        }
+        let t2 = Instant::now();
+        if k >= iters / 10 {
+            post.record((t1 - t0).as_nanos() as u64).unwrap();
+            half.record((t2 - t0).as_nanos() as u64 / 2).unwrap();
+        }
+    }
+    let st = |h: &Histogram<u64>| Stat {
+        median_ns: h.value_at_quantile(0.5),
+        p99_ns: h.value_at_quantile(0.99),
+    };
+    (st(&post), st(&half))
+}
+
+/// RESET (drops the RECVs still posted) and connect again.
+fn reconnect(s: &Side, dest: HostAddr, qpn: u32) {
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..Default::default()
+    };
+    s.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+    s.qp.connect(all(), dest, qpn, 7).unwrap();
+}
+
+fn stop_echo(s: &Side, b: &EchoBufs) {
+    // SAFETY: the SEND buffer is live and ECHO_SIZE long; no WR uses it right now.
+    unsafe { *(b.send.addr() as *mut u8) = ECHO_STOP };
+    one(s, &SendWr::new(9, WrOpcode::Send, &[b.send.sge(0, ECHO_SIZE as u32)]));
+    // SAFETY: as above.
+    unsafe { *(b.send.addr() as *mut u8) = 5 };
+}
+
+/// SEND 64 B rows (cross-process): post cost and ping-pong half round trip, with
+/// plain and (`pool`) RECV buffers on both sides, plus a 2 B READ as the same-run
+/// baseline, in `blocks` alternating blocks (median of the block medians).
+fn send_suite(
+    s: &Side,
+    peer: (HostAddr, u32),
+    io: &mut (std::process::ChildStdin, BufReader<std::process::ChildStdout>),
+    raddr: u64,
+    rkey: u32,
+    iters: usize,
+    rows: &mut Vec<String>,
+) {
+    let local = s.pd.reg_mr_owned(vec![1u8; 4096], all()).unwrap();
+    let sge = [local.sge(0, 2)];
+    let rd = SendWr::new(0, WrOpcode::Read, &sge).remote(raddr, rkey);
+    let blocks = 3;
+    let kinds: &[bool] = &[false];
+    // Per kind: post-cost medians, post-cost p99s, half-RTT medians, half-RTT p99s.
+    type Blocks = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut res: Vec<Blocks> = vec![Default::default(); kinds.len()];
+    let mut read = vec![];
+    let mut pvm = vec![];
+    let src = [5u8; ECHO_SIZE];
+    for _ in 0..blocks {
+        let st = lat(&mut || one(s, &rd), iters);
+        read.push(st.median_ns as f64 / 1e3);
+        let l = libc::iovec {
+            iov_base: src.as_ptr() as *mut libc::c_void,
+            iov_len: ECHO_SIZE,
+        };
+        let r = libc::iovec {
+            iov_base: raddr as *mut libc::c_void,
+            iov_len: ECHO_SIZE,
+        };
+        let st = lat(
+            &mut || {
+                // SAFETY: `l` is our live buffer; the remote range lies in the server's MR.
+                let n = unsafe { libc::process_vm_writev(peer.0.pid as i32, &l, 1, &r, 1, 0) };
+                assert_eq!(n, ECHO_SIZE as isize);
+            },
+            iters,
+        );
+        pvm.push(st.median_ns as f64 / 1e3);
+        for (ki, &pool) in kinds.iter().enumerate() {
+            writeln!(io.0, "ECHO {}", pool as u8).unwrap();
+            io.0.flush().unwrap();
+            let mut line = String::new();
+            io.1.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "ECHOING");
+            let b = echo_bufs(s, pool);
+            for i in 0..ECHO_SLOTS {
+                post_recv_slot(s, &b, i);
+            }
+            let (p, h) = ping_pong(s, &b, iters);
+            stop_echo(s, &b);
+            line.clear();
+            io.1.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "DONE");
+            // Drop the RECVs still posted into `b` before `b` goes away.
+            reconnect(s, peer.0, peer.1);
+            drop(b);
+            let r = &mut res[ki];
+            r.0.push(p.median_ns as f64 / 1e3);
+            r.1.push(p.p99_ns as f64 / 1e3);
+            r.2.push(h.median_ns as f64 / 1e3);
+            r.3.push(h.p99_ns as f64 / 1e3);
+        }
+    }
+    rows.push(format!(
+        "| shm (2 processes) | READ 2 B latency (same-run baseline) | 2 B | median {:.2} us | blocks {:?} |",
+        median(&mut read.clone()),
+        read
+    ));
+    rows.push(format!(
+        "| baseline | process_vm_writev {ECHO_SIZE} B (the SEND's data copy) | {ECHO_SIZE} B | median {:.2} us | blocks {:?} |",
+        median(&mut pvm.clone()),
+        pvm
+    ));
+    for (ki, &pool) in kinds.iter().enumerate() {
+        let r = &mut res[ki];
+        let nm = if pool { "pool" } else { "plain" };
+        rows.push(format!(
+            "| shm (2 processes) | SEND {ECHO_SIZE} B post_send cost, {nm} RECV buffers | {ECHO_SIZE} B | median {:.2} us | p99 {:.2} us |",
+            median(&mut r.0),
+            median(&mut r.1)
+        ));
+        rows.push(format!(
+            "| shm (2 processes) | SEND {ECHO_SIZE} B ping-pong half RTT, {nm} RECV buffers | {ECHO_SIZE} B | median {:.2} us | p99 {:.2} us |",
+            median(&mut r.2),
+            median(&mut r.3)
+        ));
     }
 }
 
@@ -424,7 +654,7 @@ fn main() {
         assert_eq!(b.host.stats().nonresident_dma, 0);
     }
 
-    if !(only.is_empty() || only == "shm") {
+    if !(only.is_empty() || only == "shm" || only == "send") {
         for r in rows.iter().chain(&cmp_rows) {
             println!("{r}");
         }
@@ -458,6 +688,17 @@ fn main() {
     line.clear();
     cout.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "READY");
+    if only == "send" {
+        let mut io = (cin, cout);
+        send_suite(&a, (raddr_host, rqpn), &mut io, raddr, rkey, iters, &mut rows);
+        writeln!(io.0, "EXIT").unwrap();
+        io.0.flush().unwrap();
+        child.wait().unwrap();
+        for r in &rows {
+            println!("{r}");
+        }
+        return;
+    }
     if !iova_only {
         suite("shm (2 processes)", &a, raddr, rkey, iters, &mut rows);
     }

@@ -24,9 +24,31 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
         return Err(());
     }
     let depth = c.depth.load(Ordering::Relaxed).max(1);
+    let cached = via.cq_head(idx);
     let t = loop {
         let t = c.tail.load(Ordering::Acquire);
+        if c.overflow.load(Ordering::Relaxed) != 0 {
+            return Err(());
+        }
+        // Heads only grow, and a head seen earlier is <= every later tail: a cached
+        // head that leaves room proves there is room, without touching the line the
+        // consumer writes on every poll.
+        if let Some(ch) = cached {
+            let h = ch.load(Ordering::Relaxed);
+            if h <= t && t - h < depth as u64 {
+                if c.tail
+                    .compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    break t;
+                }
+                continue;
+            }
+        }
         let h = c.head.load(Ordering::Acquire);
+        if let Some(ch) = cached {
+            ch.fetch_max(h, Ordering::Relaxed);
+        }
         if c.overflow.load(Ordering::Relaxed) != 0 {
             return Err(());
         }

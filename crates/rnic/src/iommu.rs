@@ -210,9 +210,10 @@ pub struct EpochGuard<'a> {
 /// before the guard drops are waited for by that host's `flush()`.
 pub fn enter(seg: &Segment) -> EpochGuard<'_> {
     let h = seg.hdr();
+    let slot = &h.inflight[epoch_slot()];
     loop {
         let e = h.epoch.load(Ordering::SeqCst);
-        let ctr = &h.inflight[(e & 1) as usize].0;
+        let ctr = &slot[(e & 1) as usize].0;
         ctr.fetch_add(1, Ordering::SeqCst);
         if h.epoch.load(Ordering::SeqCst) == e {
             return EpochGuard { ctr };
@@ -227,14 +228,30 @@ impl Drop for EpochGuard<'_> {
     }
 }
 
-/// Flip the epoch and wait for the old parity to drain (callers serialize flushes).
+/// This thread's epoch counter slot: spread over threads and processes, so the
+/// sections of one host's own threads and of peer initiators use different cache lines.
+fn epoch_slot() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = {
+            let pid = std::process::id() as usize;
+            (pid.wrapping_mul(0x9e37_79b9) >> 7).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+                % crate::segment::EPOCH_SLOTS
+        };
+    }
+    SLOT.try_with(|s| *s).unwrap_or(0)
+}
+
+/// Flip the epoch and wait for the old parity to drain in every slot (callers
+/// serialize flushes).
 pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
     let h = seg.hdr();
     let old = h.epoch.fetch_add(1, Ordering::SeqCst);
-    let ctr = &h.inflight[(old & 1) as usize].0;
+    let par = (old & 1) as usize;
     let start = Instant::now();
     let mut spins = 0u32;
-    while ctr.load(Ordering::SeqCst) != 0 {
+    while h.inflight.iter().any(|s| s[par].0.load(Ordering::SeqCst) != 0) {
         spins += 1;
         if spins < 200 {
             std::hint::spin_loop();

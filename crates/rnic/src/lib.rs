@@ -120,6 +120,7 @@ mod requester;
 mod responder;
 mod scratch;
 pub mod segment;
+mod small;
 mod sys;
 pub mod verbs;
 

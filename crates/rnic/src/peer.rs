@@ -9,21 +9,36 @@ use crate::{sys, Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 pub(crate) struct Peer {
     pub seg: Arc<Segment>,
     pub port: Port,
     fds: Mutex<HashMap<u32, OwnedFd>>,
+    /// Last head seen per CQ of the peer (heads only grow): a producer rereads the
+    /// consumer's `head` line only when this stale value says the ring may be full.
+    cq_heads: Box<[AtomicU64]>,
 }
 
 impl Peer {
     pub fn local(seg: Arc<Segment>) -> Peer {
+        Peer::new(seg, Port::Local)
+    }
+
+    fn new(seg: Arc<Segment>, port: Port) -> Peer {
+        let cq_heads = (0..seg.p.max_cq).map(|_| AtomicU64::new(0)).collect();
         Peer {
             seg,
-            port: Port::Local,
+            port,
             fds: Mutex::new(HashMap::new()),
+            cq_heads,
         }
+    }
+
+    /// The cached head of CQ `idx` (see `cq::push`).
+    pub fn cq_head(&self, idx: u32) -> Option<&AtomicU64> {
+        self.cq_heads.get(idx as usize)
     }
 
     /// Resolve `addr` as seen from `me` (cached).
@@ -40,11 +55,7 @@ impl Peer {
             return Err(Error::Unreachable("host no longer exists".into()));
         } else {
             let seg = Segment::open(addr.pid, addr.fd, addr.nonce)?;
-            Arc::new(Peer {
-                seg: Arc::new(seg),
-                port: Port::Proc(addr.pid),
-                fds: Mutex::new(HashMap::new()),
-            })
+            Arc::new(Peer::new(Arc::new(seg), Port::Proc(addr.pid)))
         };
         me.peers.lock().insert(addr.nonce, peer.clone());
         Ok(peer)

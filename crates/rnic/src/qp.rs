@@ -10,6 +10,7 @@ use crate::peer::Peer;
 use crate::requester::{self, Outcome};
 use crate::responder;
 use crate::segment::{self, shm_lock, QpRec};
+use crate::small::Small;
 use crate::verbs::*;
 use crate::{sys, Error, PostError, Result};
 use parking_lot::Mutex;
@@ -37,6 +38,11 @@ pub(crate) enum EState {
     },
 }
 
+/// Gather-list entries a queued WR keeps without allocating.
+const INLINE_SGES: usize = 4;
+/// Inline payload bytes a queued WR keeps without allocating.
+const INLINE_BYTES: usize = 64;
+
 /// A send WR owned by the software send queue.
 pub(crate) struct Entry {
     pub wr_id: u64,
@@ -44,8 +50,8 @@ pub(crate) struct Entry {
     pub flags: SendFlags,
     pub raddr: u64,
     pub rkey: u32,
-    pub sges: Vec<Sge>,
-    pub inline: Vec<u8>,
+    pub sges: Small<Sge, INLINE_SGES>,
+    pub inline: Small<u8, INLINE_BYTES>,
     pub signaled: bool,
     pub st: EState,
     pub rnr_left: Option<u8>,
@@ -426,8 +432,16 @@ impl QpInner {
                 flags: wr.flags,
                 raddr: wr.remote_addr,
                 rkey: wr.rkey,
-                sges: if inline { Vec::new() } else { wr.sg_list.to_vec() },
-                inline: if inline { wr.inline_data.to_vec() } else { Vec::new() },
+                sges: if inline {
+                    Small::new()
+                } else {
+                    Small::from_slice(wr.sg_list)
+                },
+                inline: if inline {
+                    Small::from_slice(wr.inline_data)
+                } else {
+                    Small::new()
+                },
                 signaled: wr.flags.contains(SendFlags::SIGNALED) || self.cap.sq_sig_all,
                 st: EState::Pending,
                 rnr_left: None,
@@ -527,6 +541,16 @@ impl QpInner {
     }
 
     pub(crate) fn progress_locked(&self, sq: &mut Sq) {
+        if sq.entries.is_empty()
+            && sq.zombies.is_empty()
+            && self.outstanding.load(Ordering::Relaxed) == 0
+            && self.deadline.load(Ordering::Relaxed) == 0
+        {
+            // Nothing queued, issued or waiting: no clock read, no bookkeeping (this
+            // runs on every CQ poll of a spinning application). An ERR/RESET QP with an
+            // empty SQ has nothing to flush either.
+            return;
+        }
         let now = sys::now_ns();
         self.last_progress.store(now, Ordering::Relaxed);
         requester::reap_zombies(self, sq, now);

@@ -83,7 +83,7 @@ fn local_spans(q: &QpInner, e: &Entry, need: Access) -> Result<Scratch<Span>, Wc
         return Ok(v);
     }
     let seg = &q.host.inner().seg;
-    for s in &e.sges {
+    for s in e.sges.iter() {
         if s.length == 0 {
             continue;
         }
@@ -305,7 +305,7 @@ fn dma_status(err: DmaErr, local_is_src: bool) -> (WcStatus, bool) {
 
 /// Execute a WR directly against the target (initiator-side DMA).
 pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
-    let me = q.host.inner().clone();
+    let me: &HostInner = q.host.inner();
     let Some(peer) = sq.peer.clone() else {
         return Outcome::Done(WcStatus::RetryExcErr, 0);
     };
@@ -323,7 +323,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
         Ok(s) => s,
         Err(s) => return Outcome::Done(s, 0),
     };
-    if let Err(s) = odp_local(&me, &spans, local_need(&e.op) == Access::LOCAL_WRITE) {
+    if let Err(s) = odp_local(me, &spans, local_need(&e.op) == Access::LOCAL_WRITE) {
         return Outcome::Done(s, 0);
     }
     let len = e.len();
@@ -354,7 +354,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 Err(s) => return remote_err(s),
             };
             let tspan = [Span { mr, addr: e.raddr, len }];
-            if mr.odp && odp_remote(tseg, &me, &tspan, !read) {
+            if mr.odp && odp_remote(tseg, me, &tspan, !read) {
                 return Outcome::OdpNak;
             }
             let remote = Side {
@@ -396,10 +396,10 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                 Err(DmaErr::Src(Fault::NotPresent(_)) | DmaErr::Dst(Fault::NotPresent(_))) => {
                     // Invalidated after the scan: a local page is served here, a remote
                     // one is NAKed (the partial transfer is redone).
-                    if let Err(s) = odp_local(&me, &spans, read) {
+                    if let Err(s) = odp_local(me, &spans, read) {
                         return Outcome::Done(s, 0);
                     }
-                    if odp_remote(tseg, &me, &tspan, !read) {
+                    if odp_remote(tseg, me, &tspan, !read) {
                         return Outcome::OdpNak;
                     }
                     Outcome::OdpRetry
@@ -448,7 +448,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                     addr: e.raddr,
                     len: 8,
                 }];
-                if mr.odp && odp_remote(tseg, &me, &tspan, true) {
+                if mr.odp && odp_remote(tseg, me, &tspan, true) {
                     return Outcome::OdpNak;
                 }
             }

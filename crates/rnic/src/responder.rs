@@ -6,9 +6,12 @@
 use crate::cq;
 use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span, MR_PASSTHROUGH};
 use crate::peer::Peer;
+use crate::scratch::{scratch_slot, Scratch};
 use crate::segment::{self, shm_lock, QpRec, Segment};
 use crate::verbs::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
 use std::sync::atomic::Ordering;
+
+scratch_slot!(RECV_SPANS: Span);
 
 /// Result of delivering a message that needs a receive WQE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +174,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
         dma::copy(&m.src, &dst, m.len, m.section)
     } else {
         let n = (w.nsge.load(Ordering::Relaxed) as usize).min(sges.len());
-        let mut spans = Vec::with_capacity(n);
+        let mut spans = Scratch::take(&RECV_SPANS);
         let mut total = 0u64;
         for s in &sges[..n] {
             let (a, l, k) = (

@@ -98,7 +98,10 @@ pub struct Header {
     pub memfd: AtomicU32,
     pub params: Params,
     pub epoch: Line<AtomicU64>,
-    pub inflight: [Line<AtomicU64>; 2],
+    /// DMA-section counters per epoch parity, in `EPOCH_SLOTS` cache lines chosen
+    /// per thread (see `iommu::enter`): initiators of different processes entering
+    /// this host's sections do not bounce one line between cores.
+    pub inflight: [[Line<AtomicU64>; 2]; EPOCH_SLOTS],
     /// NIC thread futex word (bumped to wake it).
     pub nic_seq: Line<AtomicU32>,
     /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
@@ -108,6 +111,9 @@ pub struct Header {
     /// ODP model: page faults raised by peers in other processes (see `odp`).
     pub odp_mail: Line<OdpMail>,
 }
+
+/// Epoch counter slots per host (SRCU-style per-thread counters; a flush sums them).
+pub const EPOCH_SLOTS: usize = 16;
 
 /// Slots of the ODP fault mailbox.
 pub const ODP_MAIL_SLOTS: usize = 16;
@@ -137,6 +143,10 @@ pub struct MrRec {
     _pad: [u64; 3],
 }
 
+/// A QP's shared record. The first cache line is read-mostly (identity, state,
+/// connection); the receive-queue indices, written on every post_recv and every
+/// delivered message, have their own line, so a peer delivering into the RQ does not
+/// invalidate the line the owner reads on every post (QP state).
 #[repr(C)]
 pub struct QpRec {
     pub qpn: AtomicU32,
@@ -150,13 +160,15 @@ pub struct QpRec {
     pub peer_nonce: AtomicU64,
     pub peer_qpn: AtomicU32,
     pub max_recv_sge: AtomicU32,
-    pub rq_lock: AtomicU32,
     pub rq_depth: AtomicU32,
-    pub rq_head: AtomicU64,
-    pub rq_tail: AtomicU64,
     /// Bumped on every RESET so stale peers notice a recycled QP.
     pub incarnation: AtomicU32,
-    _pad0: [u32; 3],
+    _pad0: [u32; 2],
+    pub rq_lock: AtomicU32,
+    _pad_rq: u32,
+    pub rq_head: AtomicU64,
+    pub rq_tail: AtomicU64,
+    _pad_rq2: [u64; 5],
     pub ring_cons: Line<AtomicU64>,
     _pad1: [u64; 16],
 }
@@ -527,6 +539,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<MrRec>(), 64);
         assert_eq!(std::mem::size_of::<WcRec>(), 64);
         assert_eq!(std::mem::size_of::<SlotHdr>(), 64);
+        assert_eq!(std::mem::offset_of!(QpRec, rq_lock), 64, "RQ indices on their own line");
+        assert_eq!(std::mem::offset_of!(QpRec, ring_cons), 128);
     }
 
     #[test]
