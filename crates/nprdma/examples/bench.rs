@@ -3,6 +3,10 @@
 //! major-fault 2 B READ latency, and the swap device's 4 KiB read latency.
 //!
 //! `cargo run --release -p nprdma --example bench [iters]`
+//!
+//! `NPRDMA_WRITE_VERSION_THRESHOLD=n` / `NPRDMA_READ_VERSION_THRESHOLD=n`
+//! override the plan's thresholds (WRITEs / READs longer than `n` use page
+//! versions), so the two checking methods can be compared in one binary.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -274,6 +278,12 @@ fn main() {
         .and_then(|s| s.parse().ok())
     {
         cfg.plan.write_version_threshold = t;
+    }
+    if let Some(t) = std::env::var("NPRDMA_READ_VERSION_THRESHOLD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        cfg.plan.read_version_threshold = Some(t);
     }
     let ha = rnic::Host::new(rnic::HostConfig::default()).unwrap();
     let hb = rnic::Host::new(rnic::HostConfig::default()).unwrap();
