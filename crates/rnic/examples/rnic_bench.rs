@@ -147,20 +147,34 @@ struct EchoBufs {
     _keep: Vec<Box<dyn std::any::Any>>,
 }
 
-fn echo_bufs(s: &Side, _pool: bool) -> EchoBufs {
-    let recv = s.pd.reg_mr_owned(vec![0u8; ECHO_SLOTS * ECHO_SIZE], all()).unwrap();
+fn echo_bufs(s: &Side, pool: bool) -> EchoBufs {
     let send = s.pd.reg_mr_owned(vec![5u8; ECHO_SIZE], all()).unwrap();
-    // SAFETY: the owned MRs are kept alive in `_keep` as long as these views.
+    let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
+    let (addr, len) = if pool {
+        // RECV slots in the host's NIC-shared DMA pool: the peer's SEND is a memcpy.
+        let b = s.host.alloc_dma_buffer(ECHO_SLOTS * ECHO_SIZE).unwrap();
+        let r = (b.addr(), b.len());
+        keep.push(Box::new(b));
+        r
+    } else {
+        let b = s.pd.reg_mr_owned(vec![0u8; ECHO_SLOTS * ECHO_SIZE], all()).unwrap();
+        let r = (b.addr(), b.len());
+        keep.push(Box::new(b));
+        r
+    };
+    // SAFETY: the buffers are kept alive in `_keep`, which drops after these MRs
+    // (field order).
     let (r, w) = unsafe {
         (
-            s.pd.reg_mr(recv.addr(), recv.len(), all()).unwrap(),
+            s.pd.reg_mr(addr, len, all()).unwrap(),
             s.pd.reg_mr(send.addr(), send.len(), all()).unwrap(),
         )
     };
+    keep.push(Box::new(send));
     EchoBufs {
         recv: r,
         send: w,
-        _keep: vec![Box::new(recv), Box::new(send)],
+        _keep: keep,
     }
 }
 
@@ -276,7 +290,7 @@ fn send_suite(
     let sge = [local.sge(0, 2)];
     let rd = SendWr::new(0, WrOpcode::Read, &sge).remote(raddr, rkey);
     let blocks = 3;
-    let kinds: &[bool] = &[false];
+    let kinds: &[bool] = &[false, true];
     // Per kind: post-cost medians, post-cost p99s, half-RTT medians, half-RTT p99s.
     type Blocks = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
     let mut res: Vec<Blocks> = vec![Default::default(); kinds.len()];

@@ -50,6 +50,10 @@ pub struct HostConfig {
     /// ODP model: how long an initiator waits after a remote page-fault NAK before it
     /// retransmits (go-back-N). ConnectX-5 is reported at ~2 ms.
     pub odp_timeout: Duration,
+    /// Size of the host's NIC-shared DMA pool ([`crate::Host::alloc_dma_buffer`]):
+    /// address space reserved in a sealed memfd that peers map too; pages are
+    /// allocated (populated and mlocked) only per buffer. 0 = no pool.
+    pub dma_pool_size: usize,
 }
 
 impl Default for HostConfig {
@@ -77,6 +81,7 @@ impl Default for HostConfig {
             transport_timeout: Duration::from_secs(2),
             rnr_delay: Duration::from_micros(10),
             odp_timeout: Duration::from_millis(2),
+            dma_pool_size: 64 << 20,
         }
     }
 }

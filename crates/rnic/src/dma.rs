@@ -271,7 +271,12 @@ pub fn copy_with_help(src: &Side, dst: &Side, total: u64, section: usize, help: 
         let _gs = enter(src.seg);
         let _gd = (!same).then(|| enter(dst.seg));
         translate_section(src, dst, &mut sc, &mut dc, n, &mut pieces)?;
-        execute(src.port, dst.port, &pieces, help)?;
+        let (local, remote) = if matches!(src.port, Port::Proc(_)) {
+            (dst.seg, src.seg)
+        } else {
+            (src.seg, dst.seg)
+        };
+        execute(src.port, dst.port, (local, remote), &pieces, help)?;
         done += n;
     }
     Ok(total.div_ceil(stlp.min(dtlp)))
@@ -368,7 +373,29 @@ fn pattern(len: usize, word: u32) -> Vec<u8> {
 
 const IOV_MAX: usize = 1024;
 
-fn execute(sp: Port, dp: Port, pieces: &[Piece], help: Option<&Help>) -> Result<(), DmaErr> {
+/// Whether the target host is alive, checked once per section that copies through
+/// its DMA pool mapping (our mapping outlives the target: without the check a SEND
+/// to a dead peer would "succeed" into orphaned memory).
+fn pool_ready(checked: &mut bool, remote: &Segment) -> Result<(), DmaErr> {
+    if !*checked {
+        if !remote.alive() {
+            return Err(DmaErr::Io);
+        }
+        *checked = true;
+    }
+    Ok(())
+}
+
+/// Execute translated pieces. `remote` is the segment of the other process's host
+/// (cross-process copies): addresses inside its DMA pool are copied through our
+/// mapping of the pool memfd, everything else with process_vm_readv/writev.
+fn execute(
+    sp: Port,
+    dp: Port,
+    (local, remote): (&Segment, &Segment),
+    pieces: &[Piece],
+    help: Option<&Help>,
+) -> Result<(), DmaErr> {
     match (sp, dp) {
         (Port::Local, Port::Local) => {
             for p in pieces {
@@ -395,16 +422,43 @@ fn execute(sp: Port, dp: Port, pieces: &[Piece], help: Option<&Help>) -> Result<
             // (local address, remote address, len) of every real copy.
             let mut triples = Scratch::take(&TRIPLES);
             let mut keep: Vec<Vec<u8>> = Vec::new();
+            let mut alive = false;
             for p in pieces {
                 match (p.src, p.dst) {
-                    (Loc::Addr(s), Loc::Addr(d)) => triples.push(if read { (d, s, p.len) } else { (s, d, p.len) }),
+                    (Loc::Addr(s), Loc::Addr(d)) => {
+                        let (l, r) = if read { (d, s) } else { (s, d) };
+                        if let Some(m) = remote.pool_local(r, p.len) {
+                            pool_ready(&mut alive, remote)?;
+                            let (from, to) = if read {
+                                (m as *const u8, l as *mut u8)
+                            } else {
+                                (l as *const u8, m)
+                            };
+                            // SAFETY: `l` is translated local memory (see the Local arm's
+                            // invariant); `m` is our mapping of the target's pool memfd at
+                            // the offset of the translated remote address, inside the
+                            // mapping (`pool_local` checked the bounds) and valid for the
+                            // mapping's life (the memfd is sealed against shrinking). The
+                            // two are different mappings; `copy` tolerates aliasing anyway.
+                            unsafe { std::ptr::copy(from, to, p.len as usize) };
+                        } else {
+                            triples.push((l, r, p.len));
+                        }
+                    }
                     (Loc::Fill(w), Loc::Addr(d)) if read => fill(d as *mut u8, p.len as usize, w),
+                    (Loc::Fill(w), Loc::Addr(d)) if remote.pool_local(d, p.len).is_some() => {
+                        pool_ready(&mut alive, remote)?;
+                        fill(remote.pool_local(d, p.len).expect("checked"), p.len as usize, w);
+                    }
                     (Loc::Fill(w), Loc::Addr(d)) => {
                         keep.push(pattern(p.len as usize, w));
                         triples.push((keep.last().expect("pushed").as_ptr() as u64, d, p.len));
                     }
                     _ => {}
                 }
+            }
+            if alive {
+                local.stats().pool_copies.fetch_add(1, Ordering::Relaxed);
             }
             let total: u64 = triples.iter().map(|t| t.2).sum();
             let dir = if read { VmDir::Read } else { VmDir::Write };

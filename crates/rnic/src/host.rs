@@ -83,6 +83,9 @@ pub struct NicStats {
     pub odp_faults_remote: u64,
     /// ODP model: WRs this host's requester retransmitted (go-back-N after a NAK).
     pub retransmissions: u64,
+    /// Cross-process copies this host's DMA engine did by memcpy through a peer's
+    /// DMA pool mapping (instead of process_vm_readv/writev).
+    pub pool_copies: u64,
 }
 
 /// Simple index allocator with per-index generations.
@@ -143,6 +146,8 @@ pub(crate) struct HostInner {
     pub help_backoff: AtomicU64,
     /// ODP model: fault handler and the raised-fault queue (served by the NIC thread).
     pub odp: crate::odp::OdpState,
+    /// Free pages of the NIC-shared DMA pool (see [`crate::pool`]).
+    pub pool: Mutex<crate::iommu::RangeAlloc>,
 }
 
 impl HostInner {
@@ -239,6 +244,11 @@ impl Host {
             attend_until: AtomicU64::new(0),
             help_backoff: AtomicU64::new(0),
             odp: Default::default(),
+            pool: Mutex::new(crate::iommu::RangeAlloc::new(
+                0,
+                seg.pool_file()
+                    .map_or(0, |(_, _, len)| len / crate::segment::PAGE as u64),
+            )),
             shutdown: AtomicBool::new(false),
             cfg,
             seg,
@@ -249,10 +259,25 @@ impl Host {
             .get_or_insert_with(HashMap::new)
             .insert(nonce, Arc::downgrade(&inner));
         let t = inner.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let nic = std::thread::Builder::new()
             .name("rnic-nic".into())
-            .spawn(move || crate::nic::run(t))
+            .spawn(move || {
+                // The NIC thread holds the host's liveness token for its whole life
+                // (peers see the host dead when it stops or the process dies).
+                let seg = t.seg.clone();
+                let held = seg.hold_life();
+                let _ = tx.send(held);
+                if !held {
+                    return;
+                }
+                crate::nic::run(t);
+                seg.release_life();
+            })
             .map_err(|e| Error::Io(e.to_string()))?;
+        if rx.recv() != Ok(true) {
+            return Err(Error::Io("NIC thread could not take the liveness token".into()));
+        }
         Ok(Host {
             sh: Arc::new(HostShared { inner, nic: Some(nic) }),
         })
@@ -270,6 +295,13 @@ impl Host {
     /// Open a device context.
     pub fn open_context(&self) -> Result<Context> {
         Ok(Context { host: self.clone() })
+    }
+
+    /// Allocate `len` bytes (rounded up to pages) of pinned host memory from the
+    /// NIC-shared DMA pool: populated, mlocked, reachable by every peer's software
+    /// NIC by memcpy. For control rings and message slots only (see [`crate::pool`]).
+    pub fn alloc_dma_buffer(&self, len: usize) -> Result<crate::DmaBuffer> {
+        crate::DmaBuffer::alloc(self, len)
     }
 
     /// The host's IOMMU.
@@ -338,6 +370,7 @@ impl Host {
             odp_faults_local: l(&s.odp_faults_local),
             odp_faults_remote: l(&s.odp_faults_remote),
             retransmissions: l(&s.retransmissions),
+            pool_copies: l(&s.pool_copies),
         }
     }
 

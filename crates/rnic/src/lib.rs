@@ -22,6 +22,8 @@
 //!     post_send(&[SendWr]) / post_recv(&[RecvWr]) -> Result<(), PostError { bad_wr_index, err }>
 //! ODP model: Access::ON_DEMAND MRs; Host::set_odp_fault_handler(Arc<dyn Fn(addr, len)>),
 //!   odp_invalidate(addr, len), odp_invalidate_then(addr, len, swap_out); HostConfig::odp_timeout
+//! DMA pool: Host::alloc_dma_buffer(len) -> DmaBuffer { addr, len, as_ptr, as_mut_ptr,
+//!   write_at, read_at } (pinned; register with unsafe Pd::reg_mr(buf.addr(), buf.len(), ..))
 //! ```
 //! `WcStatus`, `WcOpcode`, `QpState`, `QpAttrMask`, `Access`, `SendFlags`, `WcFlags` and
 //! `WrOpcode::ibv()` are numerically equal to libibverbs' enums.
@@ -79,6 +81,19 @@
 //!   the epoch and waits for the old parity to drain (from any process). MR
 //!   deregistration also flushes.
 //!
+//! * **NIC-shared DMA pool** ([`pool`]): `Host::alloc_dma_buffer` hands out pinned
+//!   (populated, mlocked) pages of a sealed memfd that peers map next to the segment.
+//!   MRs over it are ordinary MRs (same keys, bounds, residency checks, epoch
+//!   sections); a cross-process initiator whose translated target lies in the peer's
+//!   pool copies with memcpy through its own mapping instead of process_vm_*, so a
+//!   small SEND into a pool RECV buffer costs ~0.7 µs instead of ~3 µs (see
+//!   BENCHMARKS.md / notes). Liveness: the owner's NIC thread holds a process-shared
+//!   robust mutex in the segment; a peer's trylock sees it dead (OWNER_DIED, or
+//!   released at shutdown), so a WR into a dead peer's pool fails like one into a dead
+//!   peer's ordinary memory. The pool only changes *how the software NIC reaches* the
+//!   memory (a real NIC DMAs every buffer at the same cost); use it only for buffers
+//!   that are pinned anyway (control rings, message slots), never to get application
+//!   memory around the pager.
 //! * **ODP model** ([`odp`], a *model* of ConnectX-5 on-demand paging, the baseline
 //!   NP-RDMA is compared with): ON_DEMAND MRs pin nothing; a DMA atom on a non-present
 //!   page (the residency map is the NIC's page table) raises a page fault to the owning
@@ -115,6 +130,7 @@ pub mod mr;
 mod nic;
 pub mod odp;
 mod peer;
+pub mod pool;
 pub mod qp;
 mod requester;
 mod responder;
@@ -132,5 +148,6 @@ pub use host::{Context, Host, HostAddr, NicStats};
 pub use iommu::{Frame, Iommu, IovaRange};
 pub use mr::{Mr, OwnedMr, Pd};
 pub use odp::OdpFaultHandler;
+pub use pool::DmaBuffer;
 pub use qp::Qp;
 pub use verbs::*;

@@ -125,7 +125,12 @@ pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
     match e.op {
         // ODP model: READ/WRITE to target ODP memory go direct (the initiator's DMA
         // engine detects the page fault and NAKs it).
-        WrOpcode::Read | WrOpcode::Write => e.len() <= peer.seg.p.ring_rw_max as u64 && !remote_odp(&peer.seg, e.rkey),
+        // A target inside the peer's DMA pool is one memcpy for the initiator: direct.
+        WrOpcode::Read | WrOpcode::Write => {
+            e.len() <= peer.seg.p.ring_rw_max as u64
+                && !remote_odp(&peer.seg, e.rkey)
+                && (peer.port == Port::Local || peer.seg.pool_local(e.raddr, e.len().max(1)).is_none())
+        }
         WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => true,
         _ => false,
     }

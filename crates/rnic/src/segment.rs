@@ -87,6 +87,7 @@ pub struct StatsRec {
     pub odp_faults_local: AtomicU64,
     pub odp_faults_remote: AtomicU64,
     pub retransmissions: AtomicU64,
+    pub pool_copies: AtomicU64,
 }
 
 #[repr(C)]
@@ -110,6 +111,27 @@ pub struct Header {
     pub nranges: Line<AtomicU32>,
     /// ODP model: page faults raised by peers in other processes (see `odp`).
     pub odp_mail: Line<OdpMail>,
+    /// NIC-shared DMA pool (see [`crate::pool`]): memfd number in the owner, the
+    /// owner's mapping address, and its length (0 = no pool).
+    pub pool_fd: AtomicU32,
+    pub pool_base: AtomicU64,
+    pub pool_len: AtomicU64,
+    /// Set when the owner's NIC thread stopped (orderly) or a peer found it dead.
+    pub dead: AtomicU32,
+    /// Liveness token (a process-shared robust `pthread_mutex_t`, see `sys::life`)
+    /// held by the owner's NIC thread.
+    pub life: Line<[AtomicU64; 8]>,
+}
+
+const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= 64);
+
+/// The NIC's mapping of a host's DMA pool memfd (own or a peer's).
+struct PoolMap {
+    map: Mapping,
+    /// The owner's address of the pool's first byte.
+    base: u64,
+    len: u64,
+    fd: OwnedFd,
 }
 
 /// Epoch counter slots per host (SRCU-style per-thread counters; a flush sums them).
@@ -333,11 +355,25 @@ pub struct Segment {
     pub lay: Layout,
     pub p: Params,
     _fd: OwnedFd,
+    pool: Option<PoolMap>,
 }
 
 impl Segment {
     /// Create this host's segment.
     pub fn create(cfg: &HostConfig, nonce: u64) -> Result<Segment> {
+        let pool = if cfg.dma_pool_size > 0 {
+            let len = cfg.dma_pool_size.div_ceil(PAGE) * PAGE;
+            let fd = sys::memfd_fixed("rnic-dma-pool", len)?;
+            let map = Mapping::map_shared(fd.as_raw_fd(), len)?;
+            Some(PoolMap {
+                base: map.ptr() as u64,
+                map,
+                len: len as u64,
+                fd,
+            })
+        } else {
+            None
+        };
         let p = Params::from_config(cfg);
         let lay = Layout::compute(&p).ok_or(Error::InvalidArgument("config too large"))?;
         let fd = sys::memfd("rnic-host", lay.total)?;
@@ -348,8 +384,22 @@ impl Segment {
         unsafe {
             std::ptr::addr_of_mut!((*(base as *mut Header)).params).write(p);
         }
-        let seg = Segment { map, lay, p, _fd: fd };
+        let seg = Segment {
+            map,
+            lay,
+            p,
+            _fd: fd,
+            pool,
+        };
         let h = seg.hdr();
+        if let Some(pm) = &seg.pool {
+            h.pool_fd.store(pm.fd.as_raw_fd() as u32, Ordering::Relaxed);
+            h.pool_base.store(pm.base, Ordering::Relaxed);
+            h.pool_len.store(pm.len, Ordering::Relaxed);
+        }
+        // SAFETY: the header's `life` line is fresh, 64-byte aligned shared memory
+        // large enough for a pthread_mutex_t (asserted above); nobody else sees it yet.
+        unsafe { sys::life::init(seg.life_ptr())? };
         h.nonce.store(nonce, Ordering::Relaxed);
         h.total_len.store(lay.total as u64, Ordering::Relaxed);
         h.pid.store(std::process::id(), Ordering::Relaxed);
@@ -383,7 +433,88 @@ impl Segment {
         if lay.total > flen || h.total_len.load(Ordering::Relaxed) as usize != lay.total {
             return Err(Error::Unreachable("peer segment layout mismatch".into()));
         }
-        Ok(Segment { map, lay, p, _fd: fd })
+        let pool = match h.pool_len.load(Ordering::Relaxed) {
+            0 => None,
+            len => {
+                let ppath = format!("/proc/{pid}/fd/{}", h.pool_fd.load(Ordering::Relaxed));
+                let pf = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&ppath)
+                    .map_err(|e| Error::Unreachable(format!("{ppath}: {e}")))?;
+                // The pool memfd is sealed against size changes: once its length
+                // checks out, our mapping can never SIGBUS.
+                if pf.metadata()?.len() != len {
+                    return Err(Error::Unreachable("peer DMA pool size mismatch".into()));
+                }
+                let pfd: OwnedFd = pf.into();
+                let pmap = Mapping::map_shared(pfd.as_raw_fd(), len as usize)?;
+                Some(PoolMap {
+                    map: pmap,
+                    base: h.pool_base.load(Ordering::Relaxed),
+                    len,
+                    fd: pfd,
+                })
+            }
+        };
+        Ok(Segment {
+            map,
+            lay,
+            p,
+            _fd: fd,
+            pool,
+        })
+    }
+
+    fn life_ptr(&self) -> *mut libc::pthread_mutex_t {
+        self.hdr().life.0.as_ptr() as *mut libc::pthread_mutex_t
+    }
+
+    /// Take this host's liveness token (its NIC thread, for the host's whole life).
+    pub(crate) fn hold_life(&self) -> bool {
+        // SAFETY: initialised in `create`; the NIC thread holds an Arc of this segment
+        // until it calls `release_life`.
+        unsafe { sys::life::hold(self.life_ptr()) }
+    }
+
+    /// Orderly shutdown: mark the host dead and give the token back.
+    pub(crate) fn release_life(&self) {
+        self.hdr().dead.store(1, Ordering::SeqCst);
+        // SAFETY: called on the thread that holds it (see `hold_life`).
+        unsafe { sys::life::release(self.life_ptr()) }
+    }
+
+    /// Whether the owning host's NIC is still alive (a CAS on the token's line; no
+    /// syscall). A dead host stays dead.
+    pub fn alive(&self) -> bool {
+        let h = self.hdr();
+        if h.dead.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        // SAFETY: the token was initialised by the owner before the header magic
+        // was published; our mapping outlives the call.
+        if unsafe { sys::life::probe(self.life_ptr()) } {
+            return true;
+        }
+        h.dead.store(1, Ordering::Release);
+        false
+    }
+
+    /// Our mapping of `[addr, addr+len)` if it lies inside the owner's DMA pool
+    /// (`addr` is the owner's address).
+    pub fn pool_local(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        let p = self.pool.as_ref()?;
+        let off = addr.checked_sub(p.base)?;
+        if off.checked_add(len)? > p.len {
+            return None;
+        }
+        // SAFETY: off + len <= the mapping's length.
+        Some(unsafe { p.map.ptr().add(off as usize) })
+    }
+
+    /// The DMA pool's memfd (own segment), its first address and length.
+    pub(crate) fn pool_file(&self) -> Option<(std::os::fd::RawFd, u64, u64)> {
+        self.pool.as_ref().map(|p| (p.fd.as_raw_fd(), p.base, p.len))
     }
 
     fn at<T>(&self, off: usize) -> &T {

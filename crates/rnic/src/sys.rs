@@ -243,3 +243,134 @@ pub fn now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// A sealed anonymous memory file of `len` bytes: its size can never change, so a
+/// peer's mapping of it can never SIGBUS (used for the NIC-shared DMA pool).
+pub fn memfd_fixed(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: valid fd, plain integer arguments.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0
+            || libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+/// Make `[ptr, ptr+len)` of a shared file mapping present and unswappable: write-fault
+/// every page in (allocating it in the file), then mlock it.
+///
+/// # Safety
+/// The range must be a page-aligned part of a writable mapping nobody else uses yet.
+pub unsafe fn populate_and_lock(ptr: *mut u8, len: usize) -> io::Result<()> {
+    let mut off = 0;
+    while off < len {
+        ptr.add(off).write_volatile(0);
+        off += crate::segment::PAGE;
+    }
+    if libc::mlock(ptr as *const libc::c_void, len) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Undo [`populate_and_lock`]: munlock the range and free its pages in the file
+/// (`fd` at offset `off`); the mapping stays valid (it reads zeros again).
+///
+/// # Safety
+/// `[ptr, ptr+len)` must be the mapping of `fd`'s `[off, off+len)`, no longer in use.
+pub unsafe fn unlock_and_free(fd: RawFd, off: usize, ptr: *mut u8, len: usize) {
+    libc::munlock(ptr as *const libc::c_void, len);
+    if libc::fallocate(
+        fd,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        off as libc::off_t,
+        len as libc::off_t,
+    ) != 0
+    {
+        tracing::warn!(
+            "DMA pool: punching a freed range failed: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// A process-shared robust mutex used as a liveness token: the owning host's NIC
+/// thread holds it for its whole life; the kernel marks it OWNER_DIED when that
+/// thread (or the whole process) dies, so a peer learns about it with a trylock
+/// (a CAS, no syscall) instead of a syscall per check.
+pub mod life {
+    use std::io;
+
+    /// Initialise the mutex at `m` (fresh shared memory).
+    ///
+    /// # Safety
+    /// `m` must point to writable, suitably aligned memory for a `pthread_mutex_t`
+    /// that nobody uses yet.
+    pub unsafe fn init(m: *mut libc::pthread_mutex_t) -> io::Result<()> {
+        let mut a: libc::pthread_mutexattr_t = std::mem::zeroed();
+        let mut r = libc::pthread_mutexattr_init(&mut a);
+        if r == 0 {
+            r = libc::pthread_mutexattr_setpshared(&mut a, libc::PTHREAD_PROCESS_SHARED);
+        }
+        if r == 0 {
+            r = libc::pthread_mutexattr_setrobust(&mut a, libc::PTHREAD_MUTEX_ROBUST);
+        }
+        if r == 0 {
+            r = libc::pthread_mutex_init(m, &a);
+        }
+        libc::pthread_mutexattr_destroy(&mut a);
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+
+    /// Take the token (the owner, once, on the thread that lives as long as the host).
+    ///
+    /// # Safety
+    /// `m` must be an initialised mutex (see [`init`]) that stays mapped until
+    /// [`release`] on the same thread.
+    pub unsafe fn hold(m: *mut libc::pthread_mutex_t) -> bool {
+        libc::pthread_mutex_lock(m) == 0
+    }
+
+    /// Give the token back (orderly shutdown; peers then see the owner gone).
+    ///
+    /// # Safety
+    /// Called on the thread that [`hold`] it.
+    pub unsafe fn release(m: *mut libc::pthread_mutex_t) {
+        libc::pthread_mutex_unlock(m);
+    }
+
+    /// Whether the holder is alive. A dead (or orderly released) token is left
+    /// unlocked-unrecoverable, so the probing thread never keeps it on its robust list.
+    ///
+    /// # Safety
+    /// `m` must be an initialised mutex in a mapping that outlives the call.
+    pub unsafe fn probe(m: *mut libc::pthread_mutex_t) -> bool {
+        match libc::pthread_mutex_trylock(m) {
+            libc::EBUSY => true,
+            0 | libc::EOWNERDEAD => {
+                // We own it now: release it without marking it consistent.
+                libc::pthread_mutex_unlock(m);
+                false
+            }
+            _ => false,
+        }
+    }
+}
