@@ -21,6 +21,7 @@
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`rob`] | reorder buffer: application completions in post order |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
+//! | [`trace`] | opt-in timestamp trace of the two-sided path (latency breakdowns) |
 //! | `mem` | the CPU's (unsafe) access to application memory on the two-sided path |
 //!
 //! ## Using it
@@ -377,6 +378,7 @@ pub mod plan;
 pub mod rob;
 pub mod shadow;
 pub mod target;
+pub mod trace;
 
 #[cfg(test)]
 mod testutil;

@@ -314,6 +314,21 @@ impl<I: IommuControl> MrShadow<I> {
     /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on
     /// it, so the pages are resident): remap to the real frames, then version
     /// → odd. Returns the number of pages that changed state.
+    ///
+    /// **No IOMMU flush here**, on purpose. A flush exists to make sure no
+    /// in-flight DMA atom still uses a frame that is being *taken out of
+    /// use* (swap-out: the page is about to be reclaimed and reused, so a
+    /// late atom would read or write someone else's memory). Map-in takes
+    /// nothing out of use: the old frame is the signature or black-hole
+    /// page, which stays valid forever and is never reclaimed. An atom that
+    /// translated before the remap reads magic (signature) or drops its data
+    /// (black hole) — both exactly what it would have done had it run a
+    /// moment earlier, and both caught by the initiator's checks (magic in
+    /// the data, or an even version seen before the bump below); an atom
+    /// after the remap reaches the pinned real page. Ordering the remap
+    /// before the version bump is all the protocol needs, so a flush (which
+    /// waits for every DMA section in flight on the host) would only add
+    /// latency to every fault.
     pub fn map_in(&self, addr: u64, len: u64) -> Res<usize, I> {
         let oob = ShadowError::OutOfRange { addr, len };
         let end = addr

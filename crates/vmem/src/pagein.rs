@@ -245,14 +245,17 @@ impl Inner {
     pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
+        // No allocation on the common path (a fault's pin of a few pages):
+        // a failure rolls back the first `pinned` pages of the same walk.
+        let notify = self.cfg.eager_swap_in_notify;
         let mut swapped_in = Vec::new();
-        let mut done: Vec<(&PageArray, usize)> = Vec::with_capacity(p1 - p0);
+        let mut pinned = 0usize;
         let r = Self::with_bounce(|buf| -> Result<()> {
             for s in &segs {
                 for p in s.start.max(p0)..s.end.min(p1) {
                     let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
-                    done.push((&s.arr, p));
-                    if b != Brought::Already {
+                    pinned += 1;
+                    if notify && b != Brought::Already {
                         swapped_in.push(p << PAGE_SHIFT);
                     }
                 }
@@ -260,14 +263,17 @@ impl Inner {
             Ok(())
         });
         if let Err(e) = r {
-            for (arr, p) in done {
-                let _ = state::update(arr.word(p), |cur| {
+            let walk = segs
+                .iter()
+                .flat_map(|s| (s.start.max(p0)..s.end.min(p1)).map(move |p| (s, p)));
+            for (s, p) in walk.take(pinned) {
+                let _ = state::update(s.arr.word(p), |cur| {
                     (state::pins(cur) > 0).then(|| cur - PIN_ONE)
                 });
             }
             return Err(e);
         }
-        if self.cfg.eager_swap_in_notify {
+        if notify {
             self.listeners.after_swap_in(&swapped_in);
         }
         Ok(())
@@ -276,17 +282,17 @@ impl Inner {
     pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
-        let mut done: Vec<(&PageArray, usize)> = Vec::new();
-        for s in &segs {
-            for p in s.start.max(p0)..s.end.min(p1) {
-                let w = s.arr.word(p);
-                if state::update(w, |cur| (state::pins(cur) > 0).then(|| cur - PIN_ONE)).is_err() {
-                    for (arr, q) in done {
-                        let _ = state::update(arr.word(q), |cur| Some(cur + PIN_ONE));
-                    }
-                    return Err(Error::NotPinned(p << PAGE_SHIFT));
+        let walk = || {
+            segs.iter()
+                .flat_map(|s| (s.start.max(p0)..s.end.min(p1)).map(move |p| (s, p)))
+        };
+        for (k, (s, p)) in walk().enumerate() {
+            let w = s.arr.word(p);
+            if state::update(w, |cur| (state::pins(cur) > 0).then(|| cur - PIN_ONE)).is_err() {
+                for (s, q) in walk().take(k) {
+                    let _ = state::update(s.arr.word(q), |cur| Some(cur + PIN_ONE));
                 }
-                done.push((&s.arr, p));
+                return Err(Error::NotPinned(p << PAGE_SHIFT));
             }
         }
         Ok(())
