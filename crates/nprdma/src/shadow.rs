@@ -283,18 +283,17 @@ impl<I: IommuControl> MrShadow<I> {
             return Err(oob);
         }
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
-        {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            for k in 0..n {
-                if let Some(i) = self.page_index(first + k * self.page_size) {
-                    self.pins[i].fetch_add(1, Ordering::AcqRel);
-                    self.iommu
-                        .set_resident(first + k * self.page_size, self.page_size, true)
-                        .map_err(ShadowError::Iommu)?;
-                }
+        // One lock hold for both steps (the two-sided path's hot spot).
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for k in 0..n {
+            if let Some(i) = self.page_index(first + k * self.page_size) {
+                self.pins[i].fetch_add(1, Ordering::AcqRel);
+                self.iommu
+                    .set_resident(first + k * self.page_size, self.page_size, true)
+                    .map_err(ShadowError::Iommu)?;
             }
         }
-        self.map_in(addr, len)
+        self.map_in_locked(first, n, false)
     }
 
     /// Undo one [`MrShadow::pinned_map_in`] of the same range.
@@ -339,6 +338,13 @@ impl<I: IommuControl> MrShadow<I> {
         }
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.map_in_locked(first, n, true)
+    }
+
+    /// [`MrShadow::map_in`] of `n` pages from `first`, under `self.lock`;
+    /// `mark_resident`: also mark them resident for the NIC model (the
+    /// pinned path has done so already).
+    fn map_in_locked(&self, first: u64, n: u64, mark_resident: bool) -> Res<usize, I> {
         let mut changed = 0;
         for k in 0..n {
             let page = first + k * self.page_size;
@@ -348,9 +354,11 @@ impl<I: IommuControl> MrShadow<I> {
             if self.versions.get(i).is_some_and(|v| v % 2 == 1) {
                 continue;
             }
-            self.iommu
-                .set_resident(page, self.page_size, true)
-                .map_err(ShadowError::Iommu)?;
+            if mark_resident {
+                self.iommu
+                    .set_resident(page, self.page_size, true)
+                    .map_err(ShadowError::Iommu)?;
+            }
             self.iommu
                 .map(&self.read, i as u64, Frame::Ram(page))
                 .map_err(ShadowError::Iommu)?;
