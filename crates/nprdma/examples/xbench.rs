@@ -656,15 +656,36 @@ fn main() {
     drop(n);
 }
 
-/// Per-step medians of the traced minor-fault pass: the initiator's steps
-/// (split at each post) merged with the target's (split at each control
-/// receive that starts a served request).
+fn step_name(s: Step) -> &'static str {
+    match s {
+        Step::IOptDone => "optimistic READ completion handled",
+        Step::ICheckFail => "check failed, two-sided start",
+        Step::ILocalPinned => "local pin (non-inline only)",
+        Step::ISent => "request SEND posted",
+        Step::IDone => "CQE queued",
+        Step::CtrlEmitted => "message emitted into slots",
+        Step::CtrlRecv => "control receive handled",
+        Step::TParsed => "request parsed",
+        Step::TValidated => "validated",
+        Step::TPinned => "pinned (zero-fill)",
+        Step::TMapped => "IOMMU views mapped in",
+        Step::TCopied => "data copied",
+        Step::TSent => "reply SEND posted",
+    }
+}
+
+/// Per-step medians of the traced minor-fault pass. Each fault's timeline:
+/// the initiator's marks up to its request SEND, the target's marks of the
+/// request it served (in the order they were taken; the target serves the
+/// requests in order, one per fault), then the initiator's marks from the
+/// answer on. Rows are the consecutive pairs, in order of first appearance;
+/// target steps after its reply SEND are off the critical path and listed
+/// as such. Timestamps are CLOCK_REALTIME of one machine.
 fn breakdown(posts: &[u64], mine: &[(Step, u64)], theirs: &[(u8, u64)]) {
     let theirs: Vec<(Step, u64)> = theirs
         .iter()
         .filter_map(|&(s, t)| Step::from_u8(s).map(|s| (s, t)))
         .collect();
-    // Target requests: a CtrlRecv followed (before the next CtrlRecv) by TSent.
     let mut treqs: Vec<Vec<(Step, u64)>> = Vec::new();
     for &(s, t) in &theirs {
         if s == Step::CtrlRecv {
@@ -675,34 +696,16 @@ fn breakdown(posts: &[u64], mine: &[(Step, u64)], theirs: &[(u8, u64)]) {
         }
     }
     treqs.retain(|r| r.iter().any(|x| x.0 == Step::TSent));
-    let at = |r: &[(Step, u64)], s: Step| r.iter().find(|x| x.0 == s).map(|x| x.1);
-    let mut rows: Vec<(&str, Vec<f64>)> = [
-        "post -> optimistic READ completion handled",
-        "check (magic found) -> two-sided start",
-        "local pin + map-in",
-        "request emit (into slots)",
-        "request NIC SEND post",
-        "wire + target wake/poll",
-        "target reassemble + parse",
-        "target validate",
-        "target pin (zero-fill)",
-        "target IOMMU map-in",
-        "target copy + unpin",
-        "target reply emit",
-        "target reply NIC SEND post",
-        "wire + initiator poll",
-        "initiator parse + copy + CQE",
-        "total (post -> CQE queued)",
-    ]
-    .iter()
-    .map(|n| (*n, Vec::new()))
-    .collect();
     assert_eq!(
         treqs.len(),
         posts.len(),
         "one served request per traced fault"
     );
-    let mut tq = 0;
+    let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut add = |label: String, d: f64| match rows.iter_mut().find(|r| r.0 == label) {
+        Some(r) => r.1.push(d),
+        None => rows.push((label, vec![d])),
+    };
     let mut matched = 0;
     for (k, &p0) in posts.iter().enumerate() {
         let end = posts.get(k + 1).copied().unwrap_or(u64::MAX);
@@ -711,61 +714,57 @@ fn breakdown(posts: &[u64], mine: &[(Step, u64)], theirs: &[(u8, u64)]) {
             .copied()
             .filter(|x| x.1 >= p0 && x.1 < end)
             .collect();
-        let (Some(sent), Some(done)) = (at(&me, Step::ISent), at(&me, Step::IDone)) else {
-            tq += 1;
+        let Some(si) = me.iter().position(|x| x.0 == Step::ISent) else {
             continue;
         };
-        // The target serves the requests in order, one per fault (its
-        // receive can precede our `ISent` mark: the SEND is done first).
-        let Some(t) = treqs.get(tq) else { break };
-        let tr = |s| at(t, s);
-        let recv_back = me
-            .iter()
-            .filter(|x| x.0 == Step::CtrlRecv && x.1 > sent)
-            .map(|x| x.1)
-            .next();
-        let pts = [
-            Some(p0),
-            at(&me, Step::IOptDone),
-            at(&me, Step::ICheckFail),
-            at(&me, Step::ILocalPinned),
-            at(&me, Step::CtrlEmitted),
-            Some(sent),
-            tr(Step::CtrlRecv),
-            tr(Step::TParsed),
-            tr(Step::TValidated),
-            tr(Step::TPinned),
-            tr(Step::TMapped),
-            tr(Step::TCopied),
-            tr(Step::CtrlEmitted),
-            tr(Step::TSent),
-            recv_back,
-            Some(done),
-        ];
-        if pts.iter().any(|x| x.is_none()) {
-            tq += 1;
+        let t = &treqs[k];
+        let Some(ti) = t.iter().position(|x| x.0 == Step::TSent) else {
             continue;
+        };
+        let us = |a: u64, b: u64| b.wrapping_sub(a) as i64 as f64 / 1e3;
+        // Initiator, up to the request SEND.
+        let mut prev = ("application post", p0);
+        for &(s, ts) in &me[..=si] {
+            add(format!("I: {} -> {}", prev.0, step_name(s)), us(prev.1, ts));
+            prev = (step_name(s), ts);
         }
-        // Relative to the post: epoch nanoseconds do not fit an f64 exactly.
-        let pts: Vec<f64> = pts
-            .iter()
-            .map(|x| x.unwrap().wrapping_sub(p0) as i64 as f64 / 1e3)
-            .collect();
-        let last = pts.len() - 1;
-        for i in 0..last {
-            rows[i].1.push(pts[i + 1] - pts[i]);
+        // Wire + target wake, then the target up to its reply SEND.
+        add("wire + target wake/poll".into(), us(me[si].1, t[0].1));
+        for w in t[..=ti].windows(2) {
+            let l = format!("T: {} -> {}", step_name(w[0].0), step_name(w[1].0));
+            add(l, us(w[0].1, w[1].1));
         }
-        rows[last].1.push(pts[last] - pts[0]);
+        // The initiator from the answer on.
+        let back = &me[si + 1..];
+        if let Some(&(s0, t0)) = back.first() {
+            add(
+                format!("wire + initiator poll -> {}", step_name(s0)),
+                us(t[ti].1, t0),
+            );
+            for w in back.windows(2) {
+                let l = format!("I: {} -> {}", step_name(w[0].0), step_name(w[1].0));
+                add(l, us(w[0].1, w[1].1));
+            }
+        }
+        add(
+            "total (post -> CQE queued)".into(),
+            us(p0, me.last().map(|x| x.1).unwrap_or(p0)),
+        );
+        // Target work after its reply (off the critical path).
+        for w in t[ti..].windows(2) {
+            let l = format!(
+                "T (after reply): {} -> {}",
+                step_name(w[0].0),
+                step_name(w[1].0)
+            );
+            add(l, us(w[0].1, w[1].1));
+        }
         matched += 1;
-        tq += 1;
     }
-    println!("# minor-fault breakdown (traced pass, {matched} faults matched), median / avg us");
+    println!("# minor-fault breakdown (traced pass, {matched} faults), median / avg us, n");
     for (name, v) in rows {
-        if v.is_empty() {
-            println!("{name:<44}      na");
-            continue;
-        }
+        let n = v.len();
         let (m, a, _) = stats(v);
-        println!("{name:<44} {m:>7.2} {a:>7.2}");
+        println!("{name:<64} {m:>7.2} {a:>7.2} {n:>5}");
     }
 }

@@ -80,6 +80,12 @@
 //!   eviction a pin is aborting cannot break them ([`shadow::MrShadow::pinned_map_in`]).
 //! * Atomics, SEND data ≤ 1 KB and faulted READ/WRITE ≤ 1 KB go inline on the
 //!   control channel; the target CPU copies/executes under a temporary pin.
+//!   The initiator pins nothing for inline forms (its CPU copies; the NIC
+//!   never touches its buffer). An inline READ of pages the target can
+//!   prove never populated (page table and pager state,
+//!   [`nic::MemoryManager::reads_as_zero`]) is answered with zeroes first
+//!   and the pages are pinned (zero-filled) and mapped in right after the
+//!   answer, off the initiator's critical path.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no

@@ -439,3 +439,97 @@ fn inline_two_sided_with_local_swap_out_in_flight() {
     assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
+
+/// The pager adapter proves zero content only for never-populated pages.
+#[test]
+fn reads_as_zero_only_for_never_populated_pages() {
+    use nprdma::adapt::VmemMm;
+    use nprdma::nic::MemoryManager;
+    let s = side();
+    let mm = VmemMm(s.pager.clone());
+    let mut r = s.pager.alloc(8 * 4096).expect("alloc");
+    let a = r.addr() as u64;
+    assert!(mm.reads_as_zero(a + 10, 100));
+    assert!(mm.reads_as_zero(a + 4000, 200), "two pages");
+    assert!(!mm.reads_as_zero(a, 0), "empty range");
+    assert!(!mm.reads_as_zero(a, 8 * 4096), "more than 4 pages: unsure");
+    assert!(!mm.reads_as_zero(u64::MAX - 10, 100), "wrapping range");
+    r.as_mut_slice()[4096] = 1;
+    assert!(!mm.reads_as_zero(a + 4096, 10), "resident");
+    assert!(
+        !mm.reads_as_zero(a + 4000, 200),
+        "one of two pages resident"
+    );
+    r.swap_out().expect("swap out");
+    assert!(!mm.reads_as_zero(a + 4096, 10), "swapped out by the pager");
+    assert!(mm.reads_as_zero(a + 2 * 4096, 10), "still never populated");
+    std::hint::black_box(r.as_slice()[3 * 4096]);
+    assert!(
+        !mm.reads_as_zero(a + 3 * 4096, 10),
+        "read-faulted (zero page mapped)"
+    );
+    let mut plain = vec![0u8; 3 * 4096];
+    plain[5000] = 1;
+    assert!(
+        !mm.reads_as_zero(plain.as_ptr() as u64 + 4096, 10),
+        "not managed"
+    );
+}
+
+/// A remote inline READ of never-touched pages answers zeroes before the
+/// target faults them in; they are mapped in afterwards, so the next READ
+/// of the same page is one-sided.
+#[test]
+fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
+    let e = env();
+    let la = Buf::with(&e.a, 4 * 4096, Some(&pattern(5, 4 * 4096)));
+    let rb = Buf::new(&e.b, 4 * 4096);
+    for (k, &(off, len)) in [(10usize, 2usize), (4090, 12), (8192, 1024)]
+        .iter()
+        .enumerate()
+    {
+        let served = e.b.ctx.stats().served;
+        let c = post1(
+            &e,
+            SendWr::new(
+                k as u64,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert!(la.bytes()[off..off + len].iter().all(|&b| b == 0), "zeroes");
+        assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
+        // The target pinned (zero-filled) and mapped the pages after
+        // answering: the same READ now succeeds one-sided.
+        let t0 = std::time::Instant::now();
+        while e
+            .b
+            .pager
+            .resident_count(rb.region.addr() + off, len)
+            .unwrap()
+            < (off + len).div_ceil(4096) - off / 4096
+        {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::yield_now();
+        }
+        let ok = e.a.ctx.stats().optimistic_ok;
+        let c = post1(
+            &e,
+            SendWr::new(
+                9,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert_eq!(e.a.ctx.stats().optimistic_ok, ok + 1, "one-sided now");
+        assert_eq!(e.b.ctx.stats().served, served + 1);
+    }
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}

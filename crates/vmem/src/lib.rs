@@ -390,6 +390,16 @@ impl Pager {
         self.inner().unpin(addr, len)
     }
 
+    /// Whether the page holding `addr` is registered, not external, and in
+    /// the pager's *untouched* state: never filled since registration (or
+    /// dropped by the application), so the pager would serve it as zeroes.
+    /// Not a proof of zero content on its own: a page the kernel swapped out
+    /// itself before registration is also recorded untouched (its pte holds
+    /// the kernel's swap entry, which a fill then finds). No syscall.
+    pub fn is_untouched(&self, addr: usize) -> bool {
+        self.inner().is_untouched(addr)
+    }
+
     /// Whether the page holding `addr` is resident (false if not registered).
     pub fn is_resident(&self, addr: usize) -> bool {
         self.inner().is_resident(addr)

@@ -26,7 +26,7 @@ use crate::ctrl::{
 };
 use crate::keymap::{KeyMapError, KeyTable, PeerKeys, SyncState, Translation};
 use crate::mem;
-use crate::nic::{Access, CompOp, Completion, Pinned};
+use crate::nic::{Access, CompOp, Completion, MemoryManager, Pinned};
 use crate::ordering::{Admit, OrderTable, Range, Ticket};
 use crate::pending::Pending;
 use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
@@ -1924,6 +1924,45 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             mark(Step::TParsed);
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
+            // Never-populated pages (a remote minor fault): the answer is
+            // known without faulting them in, so it leaves first and the
+            // zero-fill pin + map-in follow off the initiator's critical
+            // path. Validation is the same as below; zero content is proven
+            // by `reads_as_zero` (page table and pager state), and the READ
+            // linearises at that proof (a racing local write may follow it).
+            if len > 0
+                && len as usize <= mem::STACK_COPY
+                && validate(
+                    r.as_ref().map(|x| &x.1),
+                    remote_addr,
+                    len as u64,
+                    Access::REMOTE_READ,
+                    false,
+                )
+                .is_ok()
+                && sh.mm.reads_as_zero(remote_addr, len as u64)
+            {
+                mark(Step::TValidated);
+                let zeros = [0u8; mem::STACK_COPY];
+                mark(Step::TCopied);
+                let data = Cow::Borrowed(&zeros[..len as usize]);
+                let status = Status::Ok;
+                qp.send_ctrl(
+                    &ctrl,
+                    &Repr::ReadInlineResp {
+                        req_id,
+                        status,
+                        data,
+                    },
+                );
+                mark(Step::TSent);
+                // Now fault them in and map them for the NIC, as the pinned
+                // path would have: later READs go one-sided.
+                if let Some((m, _)) = &r {
+                    drop(engine_pin(sh, m, remote_addr, len as u64));
+                }
+                return;
+            }
             let res = grant(
                 sh,
                 r.as_ref(),
