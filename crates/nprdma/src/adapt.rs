@@ -128,41 +128,6 @@ impl MemoryManager for VmemMm {
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         self.0.unpin(addr as usize, len as usize)
     }
-    /// Zero is proven by two views, read in this order: the kernel's page
-    /// table (`/proc/self/pagemap`: no pte and no kernel swap entry — the
-    /// pager records a page the kernel swapped out before registration as
-    /// untouched too), then the pager's state (untouched: never filled, not
-    /// in the pager's swap). A page that gained content between the two
-    /// reads was filled, i.e. left the untouched state, and can only have
-    /// returned to it as a dropped (zero) page; so if the second read still
-    /// says untouched, the page holds zeroes at that moment. Only small
-    /// ranges (≤ 4 pages: the inline path); one `pread` of pagemap, and only
-    /// after a cheap pre-check of the pager state.
-    fn reads_as_zero(&self, addr: u64, len: u64) -> bool {
-        let ps = vmem::PAGE_SIZE as u64;
-        let Some(end) = addr.checked_add(len).filter(|_| len > 0) else {
-            return false;
-        };
-        let first = addr & !(ps - 1);
-        let n = ((end - 1 - first) / ps + 1) as usize;
-        if n > 4 {
-            return false;
-        }
-        let untouched = || (0..n as u64).all(|k| self.0.is_untouched((first + k * ps) as usize));
-        if !untouched() {
-            return false;
-        }
-        let Some(pm) = pagemap() else { return false };
-        let mut buf = [0u8; 32];
-        if pm.read_exact_at(&mut buf[..n * 8], first / ps * 8).is_err() {
-            return false;
-        }
-        let populated = buf[..n * 8].chunks_exact(8).any(|e| {
-            let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-            v & (PM_PRESENT | PM_SWAP) != 0
-        });
-        !populated && untouched()
-    }
     fn add_swap_listener(&self, l: Arc<dyn nic::SwapListener>) -> nic::ListenerId {
         nic::ListenerId(self.0.add_listener(Arc::new(ListenerBridge(l))).0)
     }
@@ -174,6 +139,31 @@ impl MemoryManager for VmemMm {
 /// pagemap entry bits: page present / swapped (by the kernel).
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAP: u64 = 1 << 62;
+
+/// For each of the `npages` pages from page-aligned `first`: whether the
+/// kernel's page table has neither a page nor a (kernel) swap entry for it
+/// (`/proc/self/pagemap`), i.e. the page was never populated or was dropped.
+/// All `false` if pagemap cannot be read. One `pread` per 512 pages.
+pub fn unpopulated_pages(first: u64, npages: u64) -> Vec<bool> {
+    let ps = vmem::PAGE_SIZE as u64;
+    let mut out = vec![false; npages as usize];
+    let Some(pm) = pagemap() else { return out };
+    let mut buf = [0u8; 512 * 8];
+    let mut done = 0u64;
+    while done < npages {
+        let n = (npages - done).min(512) as usize;
+        let page = first / ps + done;
+        if pm.read_exact_at(&mut buf[..n * 8], page * 8).is_err() {
+            return vec![false; npages as usize];
+        }
+        for (k, e) in buf[..n * 8].chunks_exact(8).enumerate() {
+            let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+            out[done as usize + k] = v & (PM_PRESENT | PM_SWAP) == 0;
+        }
+        done += n as u64;
+    }
+    out
+}
 
 /// `/proc/self/pagemap`, opened once (`None` if unavailable: no zero proofs).
 fn pagemap() -> Option<&'static std::fs::File> {

@@ -82,8 +82,8 @@
 //!   control channel; the target CPU copies/executes under a temporary pin.
 //!   The initiator pins nothing for inline forms (its CPU copies; the NIC
 //!   never touches its buffer). An inline READ of pages the target can
-//!   prove never populated (page table and pager state,
-//!   [`nic::MemoryManager::reads_as_zero`]) is answered with zeroes first
+//!   prove never populated (the pager's state and the page table at
+//!   registration, `MrEntry::reads_as_zero`) is answered with zeroes first
 //!   and the pages are pinned (zero-filled) and mapped in right after the
 //!   answer, off the initiator's critical path.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any

@@ -318,12 +318,7 @@ pub trait MemoryManager: Send + Sync {
     fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
     /// Drop one pin reference of every page of the range.
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
-    /// Whether every page of `[addr, addr+len)` provably holds zeroes and
-    /// is not resident (never populated): a CPU read would fault a zero page
-    /// in. `false` whenever unsure (the default).
-    fn reads_as_zero(&self, _addr: u64, _len: u64) -> bool {
-        false
-    }
+
     /// Register a swap listener.
     fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId;
     /// Unregister; returns once no call to it is running.
@@ -347,9 +342,7 @@ impl<M: MemoryManager + ?Sized> MemoryManager for Arc<M> {
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         (**self).unpin(addr, len)
     }
-    fn reads_as_zero(&self, addr: u64, len: u64) -> bool {
-        (**self).reads_as_zero(addr, len)
-    }
+
     fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
         (**self).add_swap_listener(l)
     }

@@ -440,40 +440,34 @@ fn inline_two_sided_with_local_swap_out_in_flight() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
-/// The pager adapter proves zero content only for never-populated pages.
+/// The two views behind the zero proof of a target page: the kernel's page
+/// table (`adapt::unpopulated_pages`) and the pager's state
+/// (`Pager::is_untouched`).
 #[test]
-fn reads_as_zero_only_for_never_populated_pages() {
-    use nprdma::adapt::VmemMm;
-    use nprdma::nic::MemoryManager;
+fn zero_proof_views_of_pages() {
+    use nprdma::adapt::unpopulated_pages;
     let s = side();
-    let mm = VmemMm(s.pager.clone());
-    let mut r = s.pager.alloc(8 * 4096).expect("alloc");
+    let mut r = s.pager.alloc(4 * 4096).expect("alloc");
     let a = r.addr() as u64;
-    assert!(mm.reads_as_zero(a + 10, 100));
-    assert!(mm.reads_as_zero(a + 4000, 200), "two pages");
-    assert!(!mm.reads_as_zero(a, 0), "empty range");
-    assert!(!mm.reads_as_zero(a, 8 * 4096), "more than 4 pages: unsure");
-    assert!(!mm.reads_as_zero(u64::MAX - 10, 100), "wrapping range");
+    let untouched = |k: u64| s.pager.is_untouched((a + k * 4096) as usize);
+    assert_eq!(unpopulated_pages(a, 4), [true; 4]);
+    assert!((0..4).all(untouched));
     r.as_mut_slice()[4096] = 1;
-    assert!(!mm.reads_as_zero(a + 4096, 10), "resident");
-    assert!(
-        !mm.reads_as_zero(a + 4000, 200),
-        "one of two pages resident"
+    std::hint::black_box(r.as_slice()[2 * 4096]);
+    assert_eq!(unpopulated_pages(a, 4), [true, false, false, true]);
+    assert_eq!(
+        (0..4).map(untouched).collect::<Vec<_>>(),
+        [true, false, false, true]
     );
-    r.swap_out().expect("swap out");
-    assert!(!mm.reads_as_zero(a + 4096, 10), "swapped out by the pager");
-    assert!(mm.reads_as_zero(a + 2 * 4096, 10), "still never populated");
-    std::hint::black_box(r.as_slice()[3 * 4096]);
-    assert!(
-        !mm.reads_as_zero(a + 3 * 4096, 10),
-        "read-faulted (zero page mapped)"
-    );
-    let mut plain = vec![0u8; 3 * 4096];
-    plain[5000] = 1;
-    assert!(
-        !mm.reads_as_zero(plain.as_ptr() as u64 + 4096, 10),
-        "not managed"
-    );
+    s.pager.swap_out(a as usize + 4096, 4096).expect("swap out");
+    // Swapped by the pager: no pte, but not untouched (its data is in swap).
+    assert_eq!(unpopulated_pages(a, 4), [true, true, false, true]);
+    assert!(!untouched(1));
+    // Memory the pager does not manage: populated, and never "untouched".
+    let plain = vec![1u8; 3 * 4096];
+    let p = (plain.as_ptr() as u64 + 4095) & !4095;
+    assert_eq!(unpopulated_pages(p, 1), [false]);
+    assert!(!s.pager.is_untouched(p as usize));
 }
 
 /// A remote inline READ of never-touched pages answers zeroes before the

@@ -26,7 +26,7 @@ use crate::ctrl::{
 };
 use crate::keymap::{KeyMapError, KeyTable, PeerKeys, SyncState, Translation};
 use crate::mem;
-use crate::nic::{Access, CompOp, Completion, MemoryManager, Pinned};
+use crate::nic::{Access, CompOp, Completion, Pinned};
 use crate::ordering::{Admit, OrderTable, Range, Ticket};
 use crate::pending::Pending;
 use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
@@ -1928,8 +1928,9 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             // known without faulting them in, so it leaves first and the
             // zero-fill pin + map-in follow off the initiator's critical
             // path. Validation is the same as below; zero content is proven
-            // by `reads_as_zero` (page table and pager state), and the READ
-            // linearises at that proof (a racing local write may follow it).
+            // by `MrEntry::reads_as_zero` (pager state + the page table at
+            // registration), and the READ linearises at that proof (a racing
+            // local write may follow it).
             if len > 0
                 && len as usize <= mem::STACK_COPY
                 && validate(
@@ -1940,7 +1941,8 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                     false,
                 )
                 .is_ok()
-                && sh.mm.reads_as_zero(remote_addr, len as u64)
+                && r.as_ref()
+                    .is_some_and(|(m, _)| m.reads_as_zero(&sh.mm.0, remote_addr, len as u64))
             {
                 mark(Step::TValidated);
                 let zeros = [0u8; mem::STACK_COPY];
