@@ -143,15 +143,17 @@ const PM_SWAP: u64 = 1 << 62;
 /// For each of the `npages` pages from page-aligned `first`: whether the
 /// kernel's page table has neither a page nor a (kernel) swap entry for it
 /// (`/proc/self/pagemap`), i.e. the page was never populated or was dropped.
-/// All `false` if pagemap cannot be read. One `pread` per 512 pages.
+/// All `false` if pagemap cannot be read. One `pread` per 8192 pages
+/// (≈ 1–2 ms per GiB of registration).
 pub fn unpopulated_pages(first: u64, npages: u64) -> Vec<bool> {
+    const CHUNK: u64 = 8192;
     let ps = vmem::PAGE_SIZE as u64;
     let mut out = vec![false; npages as usize];
     let Some(pm) = pagemap() else { return out };
-    let mut buf = [0u8; 512 * 8];
+    let mut buf = vec![0u8; (npages.min(CHUNK) * 8) as usize];
     let mut done = 0u64;
     while done < npages {
-        let n = (npages - done).min(512) as usize;
+        let n = (npages - done).min(CHUNK) as usize;
         let page = first / ps + done;
         if pm.read_exact_at(&mut buf[..n * 8], page * 8).is_err() {
             return vec![false; npages as usize];

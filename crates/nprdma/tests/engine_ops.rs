@@ -463,6 +463,12 @@ fn zero_proof_views_of_pages() {
     // Swapped by the pager: no pte, but not untouched (its data is in swap).
     assert_eq!(unpopulated_pages(a, 4), [true, true, false, true]);
     assert!(!untouched(1));
+    // Across the scan's chunks (8192 pages per read).
+    let mut big = s.pager.alloc(20_000 * 4096).expect("alloc");
+    big.as_mut_slice()[8193 * 4096] = 1;
+    let v = unpopulated_pages(big.addr() as u64, 20_000);
+    assert_eq!(v.len(), 20_000);
+    assert!(!v[8193] && v.iter().filter(|&&x| !x).count() == 1);
     // Memory the pager does not manage: populated, and never "untouched".
     let plain = vec![1u8; 3 * 4096];
     let p = (plain.as_ptr() as u64 + 4095) & !4095;
