@@ -83,9 +83,11 @@
 //!   The initiator pins nothing for inline forms (its CPU copies; the NIC
 //!   never touches its buffer). An inline READ of pages the target can
 //!   prove never populated (the pager's state and the page table at
-//!   registration, `MrEntry::reads_as_zero`) is answered with zeroes first
-//!   and the pages are pinned (zero-filled) and mapped in right after the
-//!   answer, off the initiator's critical path.
+//!   registration, `MrEntry::reads_as_zero`) is answered with zeroes, one
+//!   of a page the pager holds swapped out with the bytes read from its
+//!   swap slot (`vmem::Pager::read_swapped`); the pages are then pinned
+//!   (zero-filled / swapped in) and mapped in right after the answer, off
+//!   the initiator's critical path.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no

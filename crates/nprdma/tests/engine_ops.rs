@@ -533,3 +533,67 @@ fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
     assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
+
+/// A remote inline READ of swapped-out pages is answered from the swap
+/// slot, then the target swaps them in and maps them: the next READ of the
+/// same page is one-sided and the data is intact.
+#[test]
+fn remote_read_of_swapped_pages_answers_from_swap_then_maps_them_in() {
+    let e = env();
+    let la = Buf::with(&e.a, 4 * 4096, Some(&pattern(6, 4 * 4096)));
+    let pb = pattern(7, 4 * 4096);
+    let rb = Buf::with(&e.b, 4 * 4096, Some(&pb));
+    rb.swap_out();
+    for (k, &(off, len)) in [
+        (10usize, 2usize),
+        (5000, 64),
+        (8192, 1024),
+        (3 * 4096 - 6, 12),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let served = e.b.ctx.stats().served;
+        let c = post1(
+            &e,
+            SendWr::new(
+                k as u64,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len], "READ {k}");
+        assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
+        let t0 = std::time::Instant::now();
+        while e
+            .b
+            .pager
+            .resident_count(rb.region.addr() + off, len)
+            .unwrap()
+            < (off + len).div_ceil(4096) - off / 4096
+        {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::yield_now();
+        }
+        let ok = e.a.ctx.stats().optimistic_ok;
+        let c = post1(
+            &e,
+            SendWr::new(
+                9,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert_eq!(e.a.ctx.stats().optimistic_ok, ok + 1, "one-sided now");
+        assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len]);
+    }
+    assert_eq!(rb.bytes(), &pb[..], "target memory intact");
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}

@@ -279,6 +279,48 @@ impl Inner {
         Ok(())
     }
 
+    /// Copies `out.len()` bytes at `addr` (within one page) out of the swap
+    /// slot of a page the pager holds swapped out, without bringing it in.
+    /// `Ok(false)`: the page is not (or not stably) swapped out here, or
+    /// external — nothing copied. The page's transition lock is held for
+    /// the read, so its slot cannot be freed and reused meanwhile; a
+    /// swapped-out page's content cannot change, so the bytes are its
+    /// content at that moment.
+    pub fn read_swapped(&self, addr: usize, out: &mut [u8]) -> Result<bool> {
+        let off = addr & (PAGE - 1);
+        if out.is_empty() || off + out.len() > PAGE {
+            return Ok(false);
+        }
+        let p = addr >> PAGE_SHIFT;
+        let segs = self.segments_for(p, p + 1)?;
+        let Some(s) = segs.first() else {
+            return Ok(false);
+        };
+        if s.arr.external {
+            return Ok(false);
+        }
+        let w = s.arr.word(p);
+        let v = w.load(Acquire);
+        if state::kind(v) != SWAPPED || v & BUSY != 0 {
+            return Ok(false);
+        }
+        if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+            return Ok(false);
+        }
+        let Some(slot) = state::slot(v) else {
+            w.fetch_and(!BUSY, Release);
+            return Ok(false);
+        };
+        let r = Self::with_bounce(|buf| {
+            let page = buf.as_mut_slice();
+            self.swap.read(slot, page).map(|()| {
+                out.copy_from_slice(&page[off..off + out.len()]);
+            })
+        });
+        w.fetch_and(!BUSY, Release);
+        r.map(|()| true).map_err(Error::SwapIo)
+    }
+
     pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;

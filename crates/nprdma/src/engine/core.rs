@@ -1924,46 +1924,53 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             mark(Step::TParsed);
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
-            // Never-populated pages (a remote minor fault): the answer is
-            // known without faulting them in, so it leaves first and the
-            // zero-fill pin + map-in follow off the initiator's critical
-            // path. Validation is the same as below; zero content is proven
-            // by `MrEntry::reads_as_zero` (pager state + the page table at
-            // registration), and the READ linearises at that proof (a racing
-            // local write may follow it).
-            if len > 0
-                && len as usize <= mem::STACK_COPY
-                && validate(
-                    r.as_ref().map(|x| &x.1),
-                    remote_addr,
-                    len as u64,
-                    Access::REMOTE_READ,
-                    false,
-                )
-                .is_ok()
-                && r.as_ref()
-                    .is_some_and(|(m, _)| m.reads_as_zero(&sh.mm.0, remote_addr, len as u64))
-            {
-                mark(Step::TValidated);
-                let zeros = [0u8; mem::STACK_COPY];
-                mark(Step::TCopied);
-                let data = Cow::Borrowed(&zeros[..len as usize]);
-                let status = Status::Ok;
-                qp.send_ctrl(
-                    &ctrl,
-                    &Repr::ReadInlineResp {
-                        req_id,
-                        status,
-                        data,
-                    },
-                );
-                mark(Step::TSent);
-                // Now fault them in and map them for the NIC, as the pinned
-                // path would have: later READs go one-sided.
-                if let Some((m, _)) = &r {
+            // Pages whose content the target knows without faulting them in
+            // — never populated (a remote minor fault: zeroes, proven by
+            // `MrEntry::reads_as_zero`) or swapped out by the pager (a major
+            // fault: the bytes are read from the swap slot) — are answered
+            // first; the pin (zero-fill / swap-in) and map-in follow, off the
+            // initiator's critical path. Validation is the same as below, and
+            // the READ linearises at the proof / slot read (a racing local
+            // write may follow it).
+            let early = r.as_ref().filter(|_| {
+                len > 0
+                    && len as usize <= mem::STACK_COPY
+                    && validate(
+                        r.as_ref().map(|x| &x.1),
+                        remote_addr,
+                        len as u64,
+                        Access::REMOTE_READ,
+                        false,
+                    )
+                    .is_ok()
+            });
+            if let Some((m, _)) = early {
+                let mut data = [0u8; mem::STACK_COPY];
+                let n = len as usize;
+                let known = m.reads_as_zero(&sh.mm.0, remote_addr, len as u64)
+                    || matches!(
+                        sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
+                        Ok(true)
+                    );
+                if known {
+                    mark(Step::TValidated);
+                    mark(Step::TCopied);
+                    let status = Status::Ok;
+                    let data = Cow::Borrowed(&data[..n]);
+                    qp.send_ctrl(
+                        &ctrl,
+                        &Repr::ReadInlineResp {
+                            req_id,
+                            status,
+                            data,
+                        },
+                    );
+                    mark(Step::TSent);
+                    // Now fault them in and map them for the NIC, as the
+                    // pinned path would have: later READs go one-sided.
                     drop(engine_pin(sh, m, remote_addr, len as u64));
+                    return;
                 }
-                return;
             }
             let res = grant(
                 sh,
