@@ -85,9 +85,10 @@
 //!   prove never populated (the pager's state and the page table at
 //!   registration, `MrEntry::reads_as_zero`) is answered with zeroes, one
 //!   of a page the pager holds swapped out with the bytes read from its
-//!   swap slot (`vmem::Pager::read_swapped`); the pages are then pinned
-//!   (zero-filled / swapped in) and mapped in right after the answer, off
-//!   the initiator's critical path.
+//!   swap slot (`vmem::Pager::read_swapped`), one of resident pages (lazy
+//!   swap-in) by a CPU copy; the pages are then pinned (zero-filled /
+//!   swapped in) and mapped in right after the answer, off the initiator's
+//!   critical path.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no

@@ -1924,12 +1924,13 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             mark(Step::TParsed);
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
-            // Pages whose content the target knows without faulting them in
-            // — never populated (a remote minor fault: zeroes, proven by
-            // `MrEntry::reads_as_zero`) or swapped out by the pager (a major
-            // fault: the bytes are read from the swap slot) — are answered
-            // first; the pin (zero-fill / swap-in) and map-in follow, off the
-            // initiator's critical path. Validation is the same as below, and
+            // Pages whose content the target gets without pinning them —
+            // never populated (a remote minor fault: zeroes, proven by
+            // `MrEntry::reads_as_zero`), swapped out by the pager (a major
+            // fault: the bytes are read from the swap slot) or resident (a
+            // lazy swap-in: a CPU copy) — are answered first; the pin
+            // (zero-fill / swap-in) and map-in follow, off the initiator's
+            // critical path. Validation is the same as below, and
             // the READ linearises at the proof / slot read (a racing local
             // write may follow it).
             let early = r.as_ref().filter(|_| {
@@ -1951,7 +1952,17 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                     || matches!(
                         sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
                         Ok(true)
-                    );
+                    )
+                    || (page_span(remote_addr, len as u64, PS as usize).is_some_and(|(p, k)| {
+                        (0..k).all(|i| sh.mm.0.is_resident((p + i * PS) as usize))
+                    }) && {
+                        // Resident (a lazy swap-in: the NIC views are
+                        // still unmapped): the CPU copies it now; were
+                        // it evicted meanwhile, the copy faults it back
+                        // in through the pager (slow, still exact).
+                        mem::read_into(remote_addr, &mut data[..n]);
+                        true
+                    });
                 if known {
                     mark(Step::TValidated);
                     mark(Step::TCopied);
