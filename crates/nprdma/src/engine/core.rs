@@ -145,6 +145,10 @@ pub(crate) struct State {
     /// polling right now ([`progress_app_into`]), handed straight to its
     /// array instead of through the CQ's queue.
     direct: fast::Direct,
+    /// Pins + map-ins owed after an answer-first inline READ (target side):
+    /// done when a progress pass finds no new NIC completion, so a request
+    /// that is already waiting is served first.
+    post_answer: VecDeque<(Arc<MrEntry>, u64, u64)>,
 }
 
 impl State {
@@ -165,6 +169,7 @@ impl State {
             cq_failed: false,
             released: Vec::new(),
             direct: fast::Direct::default(),
+            post_answer: VecDeque::new(),
         }
     }
 
@@ -1581,6 +1586,14 @@ fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
         st.last_sweep = Instant::now();
         sweep_timeouts(sh, st);
     }
+    if total == 0 {
+        // Nothing new arrived: one owed pin + map-in (counts as work, so
+        // the polling thread keeps going until the queue is empty).
+        if let Some((m, addr, len)) = st.post_answer.pop_front() {
+            drop(engine_pin(sh, &m, addr, len));
+            return 1;
+        }
+    }
     total
 }
 
@@ -1796,6 +1809,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
         keys,
         stats,
         ready,
+        post_answer,
         ..
     } = &mut *st;
     let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
@@ -1977,9 +1991,15 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                         },
                     );
                     mark(Step::TSent);
-                    // Now fault them in and map them for the NIC, as the
-                    // pinned path would have: later READs go one-sided.
-                    drop(engine_pin(sh, m, remote_addr, len as u64));
+                    // Then fault them in and map them for the NIC, as the
+                    // pinned path would have, so that later READs go
+                    // one-sided: at the next idle progress pass (a bounded
+                    // queue; beyond it, now).
+                    if post_answer.len() < 64 {
+                        post_answer.push_back((m.clone(), remote_addr, len as u64));
+                    } else {
+                        drop(engine_pin(sh, m, remote_addr, len as u64));
+                    }
                     return;
                 }
             }
