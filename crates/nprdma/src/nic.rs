@@ -318,7 +318,6 @@ pub trait MemoryManager: Send + Sync {
     fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
     /// Drop one pin reference of every page of the range.
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
-
     /// Register a swap listener.
     fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId;
     /// Unregister; returns once no call to it is running.
@@ -342,7 +341,6 @@ impl<M: MemoryManager + ?Sized> MemoryManager for Arc<M> {
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         (**self).unpin(addr, len)
     }
-
     fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
         (**self).add_swap_listener(l)
     }
