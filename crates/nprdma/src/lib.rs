@@ -21,6 +21,7 @@
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`rob`] | reorder buffer: application completions in post order |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
+//! | [`trace`] | opt-in timestamp trace of the two-sided path (latency breakdowns) |
 //! | `mem` | the CPU's (unsafe) access to application memory on the two-sided path |
 //!
 //! ## Using it
@@ -79,6 +80,15 @@
 //!   eviction a pin is aborting cannot break them ([`shadow::MrShadow::pinned_map_in`]).
 //! * Atomics, SEND data ≤ 1 KB and faulted READ/WRITE ≤ 1 KB go inline on the
 //!   control channel; the target CPU copies/executes under a temporary pin.
+//!   The initiator pins nothing for inline forms (its CPU copies; the NIC
+//!   never touches its buffer). An inline READ of pages the target can
+//!   prove never populated (the pager's state and the page table at
+//!   registration, `MrEntry::reads_as_zero`) is answered with zeroes, one
+//!   of a page the pager holds swapped out with the bytes read from its
+//!   swap slot (`vmem::Pager::read_swapped`), one of resident pages (lazy
+//!   swap-in) by a CPU copy; the pages are then pinned (zero-filled /
+//!   swapped in) and mapped in right after the answer, off the initiator's
+//!   critical path.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no
@@ -377,6 +387,7 @@ pub mod plan;
 pub mod rob;
 pub mod shadow;
 pub mod target;
+pub mod trace;
 
 #[cfg(test)]
 mod testutil;

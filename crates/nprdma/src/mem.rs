@@ -22,6 +22,30 @@ pub fn read(addr: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// Copy `out.len()` bytes at `addr` into `out` (no allocation).
+pub fn read_into(addr: u64, out: &mut [u8]) {
+    if !out.is_empty() {
+        // SAFETY: [addr, addr+out.len()) lies inside a registered MR
+        // (validated by the caller), which stays mapped while registered;
+        // `out` is engine-owned memory that cannot overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+    }
+}
+
+/// Up to this many bytes, [`copy_out`] copies onto the caller's stack.
+pub const STACK_COPY: usize = 1024;
+
+/// The `len` bytes at `addr` as a copy: borrowed from `stack` when they fit
+/// (inline messages up to the default 1 KB limit allocate nothing), else owned.
+pub fn copy_out(addr: u64, len: usize, stack: &mut [u8; STACK_COPY]) -> std::borrow::Cow<'_, [u8]> {
+    if len <= STACK_COPY {
+        read_into(addr, &mut stack[..len]);
+        std::borrow::Cow::Borrowed(&stack[..len])
+    } else {
+        std::borrow::Cow::Owned(read(addr, len))
+    }
+}
+
 /// Copy `data` to `addr`.
 pub fn write(addr: u64, data: &[u8]) {
     if !data.is_empty() {

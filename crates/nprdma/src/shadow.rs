@@ -283,18 +283,17 @@ impl<I: IommuControl> MrShadow<I> {
             return Err(oob);
         }
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
-        {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            for k in 0..n {
-                if let Some(i) = self.page_index(first + k * self.page_size) {
-                    self.pins[i].fetch_add(1, Ordering::AcqRel);
-                    self.iommu
-                        .set_resident(first + k * self.page_size, self.page_size, true)
-                        .map_err(ShadowError::Iommu)?;
-                }
+        // One lock hold for both steps (the two-sided path's hot spot).
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for k in 0..n {
+            if let Some(i) = self.page_index(first + k * self.page_size) {
+                self.pins[i].fetch_add(1, Ordering::AcqRel);
+                self.iommu
+                    .set_resident(first + k * self.page_size, self.page_size, true)
+                    .map_err(ShadowError::Iommu)?;
             }
         }
-        self.map_in(addr, len)
+        self.map_in_locked(first, n, false)
     }
 
     /// Undo one [`MrShadow::pinned_map_in`] of the same range.
@@ -314,6 +313,21 @@ impl<I: IommuControl> MrShadow<I> {
     /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on
     /// it, so the pages are resident): remap to the real frames, then version
     /// → odd. Returns the number of pages that changed state.
+    ///
+    /// **No IOMMU flush here**, on purpose. A flush exists to make sure no
+    /// in-flight DMA atom still uses a frame that is being *taken out of
+    /// use* (swap-out: the page is about to be reclaimed and reused, so a
+    /// late atom would read or write someone else's memory). Map-in takes
+    /// nothing out of use: the old frame is the signature or black-hole
+    /// page, which stays valid forever and is never reclaimed. An atom that
+    /// translated before the remap reads magic (signature) or drops its data
+    /// (black hole) — both exactly what it would have done had it run a
+    /// moment earlier, and both caught by the initiator's checks (magic in
+    /// the data, or an even version seen before the bump below); an atom
+    /// after the remap reaches the pinned real page. Ordering the remap
+    /// before the version bump is all the protocol needs, so a flush (which
+    /// waits for every DMA section in flight on the host) would only add
+    /// latency to every fault.
     pub fn map_in(&self, addr: u64, len: u64) -> Res<usize, I> {
         let oob = ShadowError::OutOfRange { addr, len };
         let end = addr
@@ -324,6 +338,13 @@ impl<I: IommuControl> MrShadow<I> {
         }
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.map_in_locked(first, n, true)
+    }
+
+    /// [`MrShadow::map_in`] of `n` pages from `first`, under `self.lock`;
+    /// `mark_resident`: also mark them resident for the NIC model (the
+    /// pinned path has done so already).
+    fn map_in_locked(&self, first: u64, n: u64, mark_resident: bool) -> Res<usize, I> {
         let mut changed = 0;
         for k in 0..n {
             let page = first + k * self.page_size;
@@ -333,9 +354,11 @@ impl<I: IommuControl> MrShadow<I> {
             if self.versions.get(i).is_some_and(|v| v % 2 == 1) {
                 continue;
             }
-            self.iommu
-                .set_resident(page, self.page_size, true)
-                .map_err(ShadowError::Iommu)?;
+            if mark_resident {
+                self.iommu
+                    .set_resident(page, self.page_size, true)
+                    .map_err(ShadowError::Iommu)?;
+            }
             self.iommu
                 .map(&self.read, i as u64, Frame::Ram(page))
                 .map_err(ShadowError::Iommu)?;

@@ -389,3 +389,233 @@ fn unsignaled_writes_defer_and_batch_their_readbacks() {
         }
     }
 }
+
+/// Inline two-sided READ/WRITE (≤ 1 KB) take no local pin: the CPU copies
+/// the local buffer. Swapping the local buffer out while such an operation
+/// is in flight must not change the result (the copy faults the page back
+/// in through the pager) and the NIC must never touch a non-resident page.
+#[test]
+fn inline_two_sided_with_local_swap_out_in_flight() {
+    let e = env();
+    for i in 0..40u64 {
+        let la = Buf::with(&e.a, 4 * 4096, Some(&pattern(i, 4 * 4096)));
+        let pb = pattern(1000 + i, 4 * 4096);
+        let rb = Buf::with(&e.b, 4 * 4096, Some(&pb));
+        rb.swap_out();
+        let (off, len) = (100 + (i as usize % 7) * 300, 64 + (i as usize % 5) * 200);
+        let wr = if i % 2 == 0 {
+            SendWr::new(
+                i,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            )
+        } else {
+            SendWr::new(
+                i,
+                Opcode::Write,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + 8192 + off as u64,
+                rb.mr.rkey(),
+            )
+        };
+        e.qa.post_send(&[wr]).expect("post");
+        la.swap_out();
+        let c = wait1(&e.a.cq);
+        assert_eq!(c.status, 0, "op {i}: {c:?}");
+        if i % 2 == 0 {
+            assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len], "READ {i}");
+        } else {
+            let src = pattern(i, 4 * 4096);
+            assert_eq!(
+                &rb.bytes()[8192 + off..8192 + off + len],
+                &src[off..off + len],
+                "WRITE {i}"
+            );
+        }
+    }
+    assert!(e.a.ctx.stats().two_sided >= 40);
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
+/// The two views behind the zero proof of a target page: the kernel's page
+/// table (`adapt::unpopulated_pages`) and the pager's state
+/// (`Pager::is_untouched`).
+#[test]
+fn zero_proof_views_of_pages() {
+    use nprdma::adapt::unpopulated_pages;
+    let s = side();
+    let mut r = s.pager.alloc(4 * 4096).expect("alloc");
+    let a = r.addr() as u64;
+    let untouched = |k: u64| s.pager.is_untouched((a + k * 4096) as usize);
+    assert_eq!(unpopulated_pages(a, 4), [true; 4]);
+    assert!((0..4).all(untouched));
+    r.as_mut_slice()[4096] = 1;
+    std::hint::black_box(r.as_slice()[2 * 4096]);
+    assert_eq!(unpopulated_pages(a, 4), [true, false, false, true]);
+    assert_eq!(
+        (0..4).map(untouched).collect::<Vec<_>>(),
+        [true, false, false, true]
+    );
+    s.pager.swap_out(a as usize + 4096, 4096).expect("swap out");
+    // Swapped by the pager: no pte, but not untouched (its data is in swap).
+    assert_eq!(unpopulated_pages(a, 4), [true, true, false, true]);
+    assert!(!untouched(1));
+    // Across the scan's chunks (8192 pages per read).
+    let mut big = s.pager.alloc(20_000 * 4096).expect("alloc");
+    big.as_mut_slice()[8193 * 4096] = 1;
+    let v = unpopulated_pages(big.addr() as u64, 20_000);
+    assert_eq!(v.len(), 20_000);
+    assert!(!v[8193] && v.iter().filter(|&&x| !x).count() == 1);
+    // Memory the pager does not manage: populated, and never "untouched".
+    let plain = vec![1u8; 3 * 4096];
+    let p = (plain.as_ptr() as u64 + 4095) & !4095;
+    assert_eq!(unpopulated_pages(p, 1), [false]);
+    assert!(!s.pager.is_untouched(p as usize));
+}
+
+/// A remote inline READ of never-touched pages answers zeroes before the
+/// target faults them in; they are mapped in afterwards, so the next READ
+/// of the same page is one-sided.
+#[test]
+fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
+    let e = env();
+    let la = Buf::with(&e.a, 4 * 4096, Some(&pattern(5, 4 * 4096)));
+    let rb = Buf::new(&e.b, 4 * 4096);
+    for (k, &(off, len)) in [(10usize, 2usize), (4090, 12), (8192, 1024)]
+        .iter()
+        .enumerate()
+    {
+        let served = e.b.ctx.stats().served;
+        let c = post1(
+            &e,
+            SendWr::new(
+                k as u64,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert!(la.bytes()[off..off + len].iter().all(|&b| b == 0), "zeroes");
+        assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
+        // The target pinned (zero-filled) and mapped the pages after
+        // answering: the same READ now succeeds one-sided.
+        let again = || {
+            let wr = SendWr::new(
+                9,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            );
+            post1(&e, wr).status == 0 && la.bytes()[off..off + len].iter().all(|&b| b == 0)
+        };
+        assert!(eventually_one_sided(&e, again), "one-sided now");
+    }
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
+/// A remote inline READ of swapped-out pages is answered from the swap
+/// slot, then the target swaps them in and maps them: the next READ of the
+/// same page is one-sided and the data is intact.
+#[test]
+fn remote_read_of_swapped_pages_answers_from_swap_then_maps_them_in() {
+    let e = env();
+    let la = Buf::with(&e.a, 4 * 4096, Some(&pattern(6, 4 * 4096)));
+    let pb = pattern(7, 4 * 4096);
+    let rb = Buf::with(&e.b, 4 * 4096, Some(&pb));
+    rb.swap_out();
+    for (k, &(off, len)) in [
+        (10usize, 2usize),
+        (5000, 64),
+        (8192, 1024),
+        (3 * 4096 - 6, 12),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let served = e.b.ctx.stats().served;
+        let c = post1(
+            &e,
+            SendWr::new(
+                k as u64,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            ),
+        );
+        assert_eq!(c.status, 0);
+        assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len], "READ {k}");
+        assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
+        let again = || {
+            let wr = SendWr::new(
+                9,
+                Opcode::Read,
+                Some(la.mr.sge(off as u64, len as u32)),
+                rb.addr() + off as u64,
+                rb.mr.rkey(),
+            );
+            post1(&e, wr).status == 0 && la.bytes()[off..off + len] == pb[off..off + len]
+        };
+        assert!(eventually_one_sided(&e, again), "one-sided now");
+    }
+    assert_eq!(rb.bytes(), &pb[..], "target memory intact");
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
+/// Lazy swap-in: the target's CPU brought the page back (resident, NIC
+/// views still unmapped). An inline READ goes two-sided once, is answered
+/// with the right bytes, and the page is mapped in for the next one.
+#[test]
+fn remote_read_of_lazily_swapped_in_page() {
+    let e = env();
+    let la = Buf::with(&e.a, 4096, Some(&pattern(8, 4096)));
+    let pb = pattern(9, 4 * 4096);
+    let rb = Buf::with(&e.b, 4 * 4096, Some(&pb));
+    rb.swap_out();
+    assert_eq!(std::hint::black_box(rb.bytes()[4096 + 7]), pb[4096 + 7]);
+    assert!(e.b.pager.is_resident(rb.region.addr() + 4096));
+    let served = e.b.ctx.stats().served;
+    let wr = |id| {
+        SendWr::new(
+            id,
+            Opcode::Read,
+            Some(la.mr.sge(0, 300)),
+            rb.addr() + 4096 + 500,
+            rb.mr.rkey(),
+        )
+    };
+    assert_eq!(post1(&e, wr(1)).status, 0);
+    assert_eq!(&la.bytes()[..300], &pb[4096 + 500..4096 + 800]);
+    assert_eq!(e.b.ctx.stats().served, served + 1);
+    // The target maps the page in right after answering: READs turn
+    // one-sided (bounded wait for the target thread to get there).
+    assert!(
+        eventually_one_sided(&e, || post1(&e, wr(2)).status == 0),
+        "mapped in after the answer"
+    );
+    assert_eq!(&la.bytes()[..300], &pb[4096 + 500..4096 + 800]);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
+/// Repeat `op` (which must succeed) until one run of it completed one-sided
+/// (an optimistic success at the initiator); false after 5 s.
+fn eventually_one_sided(e: &Env, op: impl Fn() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_secs(5) {
+        let ok = e.a.ctx.stats().optimistic_ok;
+        assert!(op(), "operation failed");
+        if e.a.ctx.stats().optimistic_ok > ok {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}

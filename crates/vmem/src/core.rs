@@ -189,6 +189,17 @@ impl Inner {
         }
     }
 
+    /// Whether the page holding `addr` is a managed (non-external) page the
+    /// pager has never filled, or dropped as a hole: no content of its own
+    /// (see [`crate::Pager::is_untouched`]).
+    pub fn is_untouched(&self, addr: usize) -> bool {
+        let p = addr >> PAGE_SHIFT;
+        let sp = self.space.read();
+        sp.lookup(p).is_some_and(|s| {
+            !s.arr.external && state::kind(s.arr.word(p).load(Acquire)) == state::UNTOUCHED
+        })
+    }
+
     pub fn is_resident(&self, addr: usize) -> bool {
         let p = addr >> PAGE_SHIFT;
         let sp = self.space.read();

@@ -390,6 +390,25 @@ impl Pager {
         self.inner().unpin(addr, len)
     }
 
+    /// Whether the page holding `addr` is registered, not external, and in
+    /// the pager's *untouched* state: never filled since registration (or
+    /// dropped by the application), so the pager would serve it as zeroes.
+    /// Not a proof of zero content on its own: a page the kernel swapped out
+    /// itself before registration is also recorded untouched (its pte holds
+    /// the kernel's swap entry, which a fill then finds). No syscall.
+    pub fn is_untouched(&self, addr: usize) -> bool {
+        self.inner().is_untouched(addr)
+    }
+
+    /// Copies `out.len()` bytes at `addr` (inside one page) from the swap
+    /// slot of a page the pager holds swapped out, without swapping it in
+    /// (one swap read; the page stays swapped out). `Ok(false)` if the page
+    /// is not swapped out by this pager (resident, untouched, external, or
+    /// in transition) or the range crosses a page: nothing was copied.
+    pub fn read_swapped(&self, addr: usize, out: &mut [u8]) -> Result<bool> {
+        self.inner().read_swapped(addr, out)
+    }
+
     /// Whether the page holding `addr` is resident (false if not registered).
     pub fn is_resident(&self, addr: usize) -> bool {
         self.inner().is_resident(addr)
@@ -527,6 +546,57 @@ impl Drop for Handle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_swapped_copies_from_the_slot_and_leaves_the_page_out() {
+        let p = Pager::new(PagerConfig {
+            swap_size: 1 << 20,
+            background_evictor: false,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = p.alloc(4 * PAGE_SIZE).unwrap();
+        for (i, b) in r.as_mut_slice()[..3 * PAGE_SIZE].iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let a = r.addr();
+        p.swap_out(a, 2 * PAGE_SIZE).unwrap();
+        let ins = p.stats().swap_ins;
+        let mut out = [0u8; 16];
+        assert!(p.read_swapped(a + PAGE_SIZE + 100, &mut out).unwrap());
+        let want: Vec<u8> = (PAGE_SIZE + 100..PAGE_SIZE + 116)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        assert_eq!(&out[..], &want[..]);
+        assert!(!p.is_resident(a + PAGE_SIZE), "still swapped out");
+        assert_eq!(p.stats().swap_ins, ins);
+        // Not swapped out here: nothing copied.
+        let mut z = [7u8; 16];
+        assert!(
+            !p.read_swapped(a + 2 * PAGE_SIZE, &mut z).unwrap(),
+            "resident"
+        );
+        assert!(
+            !p.read_swapped(a + 3 * PAGE_SIZE, &mut z).unwrap(),
+            "untouched"
+        );
+        assert!(
+            !p.read_swapped(a + PAGE_SIZE - 8, &mut z).unwrap(),
+            "crosses a page"
+        );
+        assert!(!p.read_swapped(a, &mut []).unwrap(), "empty");
+        assert_eq!(z, [7u8; 16]);
+        assert!(
+            p.read_swapped(usize::MAX & !4095, &mut z).is_err(),
+            "not registered"
+        );
+        // The page still comes back intact afterwards.
+        assert_eq!(
+            r.as_slice()[PAGE_SIZE + 100],
+            ((PAGE_SIZE + 100) % 251) as u8
+        );
+        assert_eq!(p.stats().swap_ins, ins + 1);
+    }
 
     #[test]
     fn swap_write_failure_keeps_pages_resident_and_intact() {

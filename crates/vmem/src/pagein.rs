@@ -245,14 +245,17 @@ impl Inner {
     pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
+        // No allocation on the common path (a fault's pin of a few pages):
+        // a failure rolls back the first `pinned` pages of the same walk.
+        let notify = self.cfg.eager_swap_in_notify;
         let mut swapped_in = Vec::new();
-        let mut done: Vec<(&PageArray, usize)> = Vec::with_capacity(p1 - p0);
+        let mut pinned = 0usize;
         let r = Self::with_bounce(|buf| -> Result<()> {
             for s in &segs {
                 for p in s.start.max(p0)..s.end.min(p1) {
                     let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
-                    done.push((&s.arr, p));
-                    if b != Brought::Already {
+                    pinned += 1;
+                    if notify && b != Brought::Already {
                         swapped_in.push(p << PAGE_SHIFT);
                     }
                 }
@@ -260,33 +263,78 @@ impl Inner {
             Ok(())
         });
         if let Err(e) = r {
-            for (arr, p) in done {
-                let _ = state::update(arr.word(p), |cur| {
+            let walk = segs
+                .iter()
+                .flat_map(|s| (s.start.max(p0)..s.end.min(p1)).map(move |p| (s, p)));
+            for (s, p) in walk.take(pinned) {
+                let _ = state::update(s.arr.word(p), |cur| {
                     (state::pins(cur) > 0).then(|| cur - PIN_ONE)
                 });
             }
             return Err(e);
         }
-        if self.cfg.eager_swap_in_notify {
+        if notify {
             self.listeners.after_swap_in(&swapped_in);
         }
         Ok(())
     }
 
+    /// Copies `out.len()` bytes at `addr` (within one page) out of the swap
+    /// slot of a page the pager holds swapped out, without bringing it in.
+    /// `Ok(false)`: the page is not (or not stably) swapped out here, or
+    /// external — nothing copied. The page's transition lock is held for
+    /// the read, so its slot cannot be freed and reused meanwhile; a
+    /// swapped-out page's content cannot change, so the bytes are its
+    /// content at that moment.
+    pub fn read_swapped(&self, addr: usize, out: &mut [u8]) -> Result<bool> {
+        let off = addr & (PAGE - 1);
+        if out.is_empty() || off + out.len() > PAGE {
+            return Ok(false);
+        }
+        let p = addr >> PAGE_SHIFT;
+        let segs = self.segments_for(p, p + 1)?;
+        let Some(s) = segs.first() else {
+            return Ok(false);
+        };
+        if s.arr.external {
+            return Ok(false);
+        }
+        let w = s.arr.word(p);
+        let v = w.load(Acquire);
+        if state::kind(v) != SWAPPED || v & BUSY != 0 {
+            return Ok(false);
+        }
+        if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+            return Ok(false);
+        }
+        let Some(slot) = state::slot(v) else {
+            w.fetch_and(!BUSY, Release);
+            return Ok(false);
+        };
+        let r = Self::with_bounce(|buf| {
+            let page = buf.as_mut_slice();
+            self.swap.read(slot, page).map(|()| {
+                out.copy_from_slice(&page[off..off + out.len()]);
+            })
+        });
+        w.fetch_and(!BUSY, Release);
+        r.map(|()| true).map_err(Error::SwapIo)
+    }
+
     pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
-        let mut done: Vec<(&PageArray, usize)> = Vec::new();
-        for s in &segs {
-            for p in s.start.max(p0)..s.end.min(p1) {
-                let w = s.arr.word(p);
-                if state::update(w, |cur| (state::pins(cur) > 0).then(|| cur - PIN_ONE)).is_err() {
-                    for (arr, q) in done {
-                        let _ = state::update(arr.word(q), |cur| Some(cur + PIN_ONE));
-                    }
-                    return Err(Error::NotPinned(p << PAGE_SHIFT));
+        let walk = || {
+            segs.iter()
+                .flat_map(|s| (s.start.max(p0)..s.end.min(p1)).map(move |p| (s, p)))
+        };
+        for (k, (s, p)) in walk().enumerate() {
+            let w = s.arr.word(p);
+            if state::update(w, |cur| (state::pins(cur) > 0).then(|| cur - PIN_ONE)).is_err() {
+                for (s, q) in walk().take(k) {
+                    let _ = state::update(s.arr.word(q), |cur| Some(cur + PIN_ONE));
                 }
-                done.push((&s.arr, p));
+                return Err(Error::NotPinned(p << PAGE_SHIFT));
             }
         }
         Ok(())

@@ -33,6 +33,7 @@ use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy
 use crate::rob::CompletionOrder;
 use crate::shadow::MrShadow;
 use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
+use crate::trace::{mark, Step};
 
 const PS: u64 = vmem::PAGE_SIZE as u64;
 /// The control QP's number: the data QP's with this bit set.
@@ -144,6 +145,10 @@ pub(crate) struct State {
     /// polling right now ([`progress_app_into`]), handed straight to its
     /// array instead of through the CQ's queue.
     direct: fast::Direct,
+    /// Pins + map-ins owed after an answer-first inline READ (target side):
+    /// done when a progress pass finds no new NIC completion, so a request
+    /// that is already waiting is served first.
+    post_answer: VecDeque<(Arc<MrEntry>, u64, u64)>,
 }
 
 impl State {
@@ -164,6 +169,7 @@ impl State {
             cq_failed: false,
             released: Vec::new(),
             direct: fast::Direct::default(),
+            post_answer: VecDeque::new(),
         }
     }
 
@@ -222,6 +228,7 @@ fn engine_pin(sh: &Shared, mr: &MrEntry, addr: u64, len: u64) -> Result<EnginePi
     let p = Pinned::new(sh.mm.clone(), addr, len).map_err(|e| {
         tracing::warn!(addr, len, error = %e, "pin failed");
     })?;
+    mark(Step::TPinned);
     let g = EnginePin {
         shadow: mr.shadow.clone(),
         addr,
@@ -232,6 +239,7 @@ fn engine_pin(sh: &Shared, mr: &MrEntry, addr: u64, len: u64) -> Result<EnginePi
         tracing::error!(error = %e, "map-in failed");
         return Err(());
     }
+    mark(Step::TMapped);
     Ok(g)
 }
 
@@ -341,6 +349,8 @@ pub(crate) struct QpState {
     /// this) may wait for its answer; later ones need their own query.
     sync_cover: u64,
     reasm: Reassembler,
+    /// Emit buffer of [`QpState::send_ctrl`] (reused: no allocation per message).
+    emit_buf: Vec<u8>,
     backlog: VecDeque<[u8; SLOT]>,
     ctrl_out: u32,
     order: OrderTable<u32>,
@@ -448,6 +458,7 @@ impl QpState {
             next_seq: 0,
             sync_cover: 0,
             reasm: Reassembler::new(&sh.cfg.ctrl),
+            emit_buf: Vec::with_capacity(sh.cfg.ctrl.max_message_slots() * SLOT),
             backlog: VecDeque::new(),
             ctrl_out: 0,
             order: OrderTable::new(sh.cfg.order),
@@ -569,18 +580,48 @@ impl QpState {
             .map_err(|e| Error::Nic(e.err))
     }
 
+    /// Send one control message. With nothing queued ahead and enough send
+    /// credits (the common case) its slots are posted straight from the
+    /// reused emit buffer as one chain of inline SENDs: no allocation, no
+    /// copy through the backlog.
     fn send_ctrl(&mut self, ctrl: &crate::ctrl::CtrlConfig, msg: &Repr<'_>) {
-        let mut buf = vec![0u8; msg.buffer_len()];
+        let mut buf = std::mem::take(&mut self.emit_buf);
+        buf.resize(msg.buffer_len(), 0);
         if let Err(e) = msg.emit(&mut buf, ctrl) {
             tracing::error!(error = %e, "control message not emitted");
+            self.emit_buf = buf;
             return;
         }
-        for s in cmdq::slots(&buf) {
-            let mut a = [0u8; SLOT];
-            a.copy_from_slice(s);
-            self.backlog.push_back(a);
+        mark(Step::CtrlEmitted);
+        let n = buf.len() / SLOT;
+        if self.backlog.is_empty() && n <= (self.nslots - self.ctrl_out) as usize && n <= 8 {
+            let wr_id = enc(self.idx, self.gen, K_CSEND, 0, 0);
+            let wrs: SmallVec<[rnic::SendWr; 8]> = cmdq::slots(&buf)
+                .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
+                .collect();
+            match self.ctrl.post_send(&wrs) {
+                Ok(()) => self.ctrl_out += n as u32,
+                Err(e) => {
+                    // The first `bad_wr_index` slots went out; queue the
+                    // rest in order and let `flush_ctrl` decide.
+                    self.ctrl_out += e.bad_wr_index as u32;
+                    for sl in cmdq::slots(&buf).skip(e.bad_wr_index) {
+                        let mut a = [0u8; SLOT];
+                        a.copy_from_slice(sl);
+                        self.backlog.push_back(a);
+                    }
+                    self.flush_ctrl();
+                }
+            }
+        } else {
+            for sl in cmdq::slots(&buf) {
+                let mut a = [0u8; SLOT];
+                a.copy_from_slice(sl);
+                self.backlog.push_back(a);
+            }
+            self.flush_ctrl();
         }
-        self.flush_ctrl();
+        self.emit_buf = buf;
     }
 
     fn flush_ctrl(&mut self) {
@@ -1298,20 +1339,30 @@ fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::
 }
 
 fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+    mark(Step::ICheckFail);
     st.stats.two_sided += 1;
     let Some(qp) = qp_at(st, qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let inline_max = (sh.cfg.ctrl.max_inline as u64).min(sh.cfg.plan.inline_max);
     let (laddr, len, raddr, rkey) = (op.laddr, op.len, op.wr.remote_addr, op.wr.rkey);
     let mut hold = Hold::default();
+    let mut stack = [0u8; mem::STACK_COPY];
     let msg = match op.wr.op {
         AppOp::Read | AppOp::Write | AppOp::WriteImm(_) => {
-            let Ok(pin) = pin_local(sh, op) else {
-                finish(st, qi, id, ST_LOC_PROT, 0);
-                return;
-            };
-            hold.pin = pin;
             let read = op.wr.op == AppOp::Read;
+            // Inline forms need no local pin: the NIC never touches the
+            // local buffer, the CPU copies it (now for a WRITE, at the answer
+            // for a READ), as for atomics and inline SENDs. A page swapped
+            // out meanwhile faults on that copy and the pager's fault thread
+            // brings it back (it never needs the engine lock).
+            if len > inline_max {
+                let Ok(pin) = pin_local(sh, op) else {
+                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    return;
+                };
+                hold.pin = pin;
+            }
+            mark(Step::ILocalPinned);
             if len <= inline_max {
                 if read {
                     Repr::ReadInline {
@@ -1325,7 +1376,7 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                         req_id: id,
                         remote_addr: raddr,
                         rkey,
-                        data: Cow::Owned(mem::read(laddr, len as usize)),
+                        data: mem::copy_out(laddr, len as usize, &mut stack),
                     }
                 }
             } else {
@@ -1388,7 +1439,7 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                     req_id: id,
                     imm,
                     solicited: false,
-                    data: Cow::Owned(mem::read(laddr, len as usize)),
+                    data: mem::copy_out(laddr, len as usize, &mut stack),
                 }
             } else {
                 let Ok(pin) = pin_local(sh, op) else {
@@ -1418,6 +1469,7 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     op.stage = Stage::TwoSided;
     op.sent = Some(Instant::now());
     qp.send_ctrl(&sh.cfg.ctrl, &msg);
+    mark(Step::ISent);
 }
 
 /// Complete application operation `id` of QP `qi` and release what waits
@@ -1451,6 +1503,7 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
     }
     let cq = &qp.send_cq;
     qp.rob.drain_ready_with(|c| cq.push(c));
+    mark(Step::IDone);
     if let Some(t) = op.ticket {
         released.clear();
         if qp.order.complete_into(t, released).is_ok() {
@@ -1533,6 +1586,14 @@ fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
         st.last_sweep = Instant::now();
         sweep_timeouts(sh, st);
     }
+    if total == 0 {
+        // Nothing new arrived: one owed pin + map-in (counts as work, so
+        // the polling thread keeps going until the queue is empty).
+        if let Some((m, addr, len)) = st.post_answer.pop_front() {
+            drop(engine_pin(sh, &m, addr, len));
+            return 1;
+        }
+    }
     total
 }
 
@@ -1595,6 +1656,7 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                     *err = wc.status as u32;
                 }
                 if *left == 0 {
+                    mark(Step::IOptDone);
                     eval_one_sided(sh, st, qi, id);
                 }
             }
@@ -1661,26 +1723,34 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             if !ok {
                 return;
             }
+            mark(Step::CtrlRecv);
             let mut slot = [0u8; SLOT];
             qp.ring.read(id as usize * SLOT, &mut slot);
-            if let Err(e) = qp.post_slot(id) {
-                tracing::warn!(error = %e, "re-posting a command slot failed");
+            // The message is copied out of the reassembler (it lives in the
+            // engine state the handler mutates) onto the stack: parsing
+            // borrows from it, so no allocation for any message up to the
+            // default inline limit.
+            let mut bytes: SmallVec<[u8; 2048]> = SmallVec::new();
+            match qp.reasm.push(&slot) {
+                Ok(Some(b)) => bytes.extend_from_slice(b),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "broken control stream"),
             }
-            let msg = match qp.reasm.push(&slot) {
-                Ok(Some(bytes)) => match Repr::parse_bytes(bytes, &sh.cfg.ctrl) {
-                    Ok(r) => r.into_owned(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "malformed control message");
-                        return;
-                    }
-                },
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "broken control stream");
-                    return;
+            if !bytes.is_empty() {
+                match Repr::parse_bytes(&bytes, &sh.cfg.ctrl) {
+                    Ok(msg) => handle_msg(sh, st, qi, msg),
+                    Err(e) => tracing::warn!(error = %e, "malformed control message"),
                 }
-            };
-            handle_msg(sh, st, qi, msg);
+            }
+            // The slot was copied out above; it is re-posted only after the
+            // message was handled, so an answer leaves without waiting for
+            // the NIC's receive post (the ring has slots to spare, and the
+            // control QP retries on RNR forever).
+            if let Some(qp) = qp_at(st, qi).filter(|q| !q.dead) {
+                if let Err(e) = qp.post_slot(id) {
+                    tracing::warn!(error = %e, "re-posting a command slot failed");
+                }
+            }
         }
         _ => {}
     }
@@ -1706,6 +1776,7 @@ fn grant(
     atomic: bool,
 ) -> Result<Option<EnginePin>, Status> {
     validate(r.map(|x| &x.1), addr, len, need, atomic)?;
+    mark(Step::TValidated);
     let (m, _) = r.ok_or(Status::RemoteAccess)?;
     if len == 0 {
         return Ok(None);
@@ -1730,7 +1801,7 @@ fn region<'a>(
     ))
 }
 
-fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
+fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
     let ctrl = sh.cfg.ctrl;
     let State {
         qps,
@@ -1738,6 +1809,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
         keys,
         stats,
         ready,
+        post_answer,
         ..
     } = &mut *st;
     let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
@@ -1863,8 +1935,74 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             rkey,
             len,
         } => {
+            mark(Step::TParsed);
             stats.served += 1;
             let r = region(mrs, qp.pd, rkey);
+            // Pages whose content the target gets without pinning them —
+            // never populated (a remote minor fault: zeroes, proven by
+            // `MrEntry::reads_as_zero`), swapped out by the pager (a major
+            // fault: the bytes are read from the swap slot) or resident (a
+            // lazy swap-in: a CPU copy) — are answered first; the pin
+            // (zero-fill / swap-in) and map-in follow, off the initiator's
+            // critical path. Validation is the same as below, and
+            // the READ linearises at the proof / slot read (a racing local
+            // write may follow it).
+            let early = r.as_ref().filter(|_| {
+                len > 0
+                    && len as usize <= mem::STACK_COPY
+                    && validate(
+                        r.as_ref().map(|x| &x.1),
+                        remote_addr,
+                        len as u64,
+                        Access::REMOTE_READ,
+                        false,
+                    )
+                    .is_ok()
+            });
+            if let Some((m, _)) = early {
+                let mut data = [0u8; mem::STACK_COPY];
+                let n = len as usize;
+                let known = m.reads_as_zero(&sh.mm.0, remote_addr, len as u64)
+                    || matches!(
+                        sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
+                        Ok(true)
+                    )
+                    || (page_span(remote_addr, len as u64, PS as usize).is_some_and(|(p, k)| {
+                        (0..k).all(|i| sh.mm.0.is_resident((p + i * PS) as usize))
+                    }) && {
+                        // Resident (a lazy swap-in: the NIC views are
+                        // still unmapped): the CPU copies it now; were
+                        // it evicted meanwhile, the copy faults it back
+                        // in through the pager (slow, still exact).
+                        mem::read_into(remote_addr, &mut data[..n]);
+                        true
+                    });
+                if known {
+                    mark(Step::TValidated);
+                    mark(Step::TCopied);
+                    let status = Status::Ok;
+                    let data = Cow::Borrowed(&data[..n]);
+                    qp.send_ctrl(
+                        &ctrl,
+                        &Repr::ReadInlineResp {
+                            req_id,
+                            status,
+                            data,
+                        },
+                    );
+                    mark(Step::TSent);
+                    // Then fault them in and map them for the NIC, as the
+                    // pinned path would have, so that later READs go
+                    // one-sided: at the next idle progress pass (a bounded
+                    // queue; beyond it, now).
+                    if post_answer.len() < 64 {
+                        post_answer.push_back((m.clone(), remote_addr, len as u64));
+                    } else {
+                        drop(engine_pin(sh, m, remote_addr, len as u64));
+                    }
+                    return;
+                }
+            }
             let res = grant(
                 sh,
                 r.as_ref(),
@@ -1873,22 +2011,25 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
                 Access::REMOTE_READ,
                 false,
             );
+            let mut stack = [0u8; mem::STACK_COPY];
             let (status, data) = match res {
                 Ok(g) => {
-                    let d = mem::read(remote_addr, len as usize);
+                    let d = mem::copy_out(remote_addr, len as usize, &mut stack);
                     drop(g);
                     (Status::Ok, d)
                 }
-                Err(s) => (s, Vec::new()),
+                Err(s) => (s, Cow::Borrowed(&[][..])),
             };
+            mark(Step::TCopied);
             qp.send_ctrl(
                 &ctrl,
                 &Repr::ReadInlineResp {
                     req_id,
                     status,
-                    data: Cow::Owned(data),
+                    data,
                 },
             );
+            mark(Step::TSent);
         }
         Repr::WriteInline {
             req_id,
@@ -1955,7 +2096,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'static>) {
             );
         }
         Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
-            qp.inbound.push_back(msg);
+            qp.inbound.push_back(msg.into_owned());
             deliver_inbound(sh, st, qi);
         }
         Repr::Completion {

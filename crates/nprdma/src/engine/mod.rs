@@ -160,6 +160,9 @@ impl Drop for PollerGuard {
 impl Context {
     /// Open NP-RDMA on `host` with the process's `pager`.
     pub fn new(host: &rnic::Host, pager: &vmem::Pager, cfg: Config) -> Result<Context, Error> {
+        if std::env::var_os("NPRDMA_TRACE").is_some_and(|v| v == "1") {
+            crate::trace::enable(true);
+        }
         let ctx = host.open_context()?;
         let pd = ctx.alloc_pd()?;
         let chan = ctx.create_comp_channel()?;

@@ -27,6 +27,10 @@ pub(crate) struct MrEntry {
     region: vmem::RegionId,
     host: rnic::Host,
     track: usize,
+    /// Per page: no pte and no kernel swap entry when the MR was registered
+    /// (read after the pager's userfaultfd registration): see
+    /// [`MrEntry::reads_as_zero`].
+    unpopulated: Box<[bool]>,
 }
 
 struct NicMrs {
@@ -42,6 +46,33 @@ impl MrEntry {
     pub fn write_lkey(&self) -> u32 {
         self.nic.as_ref().map(|m| m.write.lkey()).unwrap_or(0)
     }
+    /// Whether every page of `[addr, addr+len)` (inside the MR, ≤ 4 pages)
+    /// provably holds zeroes now, without touching it.
+    ///
+    /// The proof: the page is in the pager's *untouched* state (never filled
+    /// by the pager since it took the range over, not in its swap; a page
+    /// the application dropped returns to it, as a hole) **and** had neither
+    /// a page nor a kernel swap entry when this MR was registered, which was
+    /// after the pager registered the range with userfaultfd. From then on a
+    /// page without a pte can only get content through a userfaultfd fill,
+    /// which leaves the untouched state; so an untouched page of this MR has
+    /// never had content the pager does not know about (the case the second
+    /// condition excludes: memory the kernel swapped out itself before the
+    /// registration, which the pager records as untouched too) and reads as
+    /// zeroes at the moment of the check. No syscall.
+    pub fn reads_as_zero(&self, pager: &vmem::Pager, addr: u64, len: u64) -> bool {
+        const PS: u64 = vmem::PAGE_SIZE as u64;
+        if len == 0 || !self.contains(addr, len) {
+            return false;
+        }
+        let (p0, p1) = (addr / PS, (addr + len - 1) / PS);
+        let base = self.addr / PS;
+        p1 - p0 < 4
+            && (p0..=p1).all(|p| {
+                self.unpopulated[(p - base) as usize] && pager.is_untouched((p * PS) as usize)
+            })
+    }
+
     /// Whether `[addr, addr+len)` is inside the MR.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
@@ -153,6 +184,7 @@ pub(crate) unsafe fn register(
     if let Err(e) = sh.mm.residency(first, npages * PS, &mut resident) {
         return Err(untrack(e.into()));
     }
+    let unpopulated = crate::adapt::unpopulated_pages(first, npages).into_boxed_slice();
     let shadow = match MrShadow::new(sh.iommu.clone(), addr, len, PS, &resident) {
         Ok(s) => Arc::new(s),
         Err(e) => return Err(untrack(Error::Other(e.to_string()))),
@@ -198,6 +230,7 @@ pub(crate) unsafe fn register(
         region,
         host: sh.host.clone(),
         track: first as usize,
+        unpopulated,
     };
     let vers = shadow.versions();
     // SAFETY: the version table is heap memory owned by the shadow, which

@@ -269,6 +269,7 @@ pub(super) fn on_wc(
     if f.left > 0 {
         return None;
     }
+    crate::trace::mark(crate::trace::Step::IOptDone);
     let err = f.err;
     if err == 0 && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
         let f = qp.fast.take().expect("checked above");
