@@ -23,7 +23,8 @@
 //! ODP model: Access::ON_DEMAND MRs; Host::set_odp_fault_handler(Arc<dyn Fn(addr, len)>),
 //!   odp_invalidate(addr, len), odp_invalidate_then(addr, len, swap_out); HostConfig::odp_timeout
 //! DMA pool: Host::alloc_dma_buffer(len) -> DmaBuffer { addr, len, as_ptr, as_mut_ptr,
-//!   write_at, read_at } (pinned; register with unsafe Pd::reg_mr(buf.addr(), buf.len(), ..))
+//!   write_at, read_at } (pinned); Pd::reg_dma_buffer(buf, Access) -> DmaMr (owns the buffer,
+//!   derefs to Mr; .buffer()), or unsafe Pd::reg_mr(buf.addr(), buf.len(), ..) / reg_mr_iova
 //! ```
 //! `WcStatus`, `WcOpcode`, `QpState`, `QpAttrMask`, `Access`, `SendFlags`, `WcFlags` and
 //! `WrOpcode::ibv()` are numerically equal to libibverbs' enums.
@@ -146,7 +147,7 @@ pub use error::{Error, PostError, Result};
 pub use frames::FrameMap;
 pub use host::{Context, Host, HostAddr, NicStats};
 pub use iommu::{Frame, Iommu, IovaRange};
-pub use mr::{Mr, OwnedMr, Pd};
+pub use mr::{DmaMr, Mr, OwnedMr, Pd};
 pub use odp::OdpFaultHandler;
 pub use pool::DmaBuffer;
 pub use qp::Qp;

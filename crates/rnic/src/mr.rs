@@ -114,6 +114,15 @@ impl Pd {
         }
     }
 
+    /// Register a NIC-shared DMA pool buffer (safe: the returned [`DmaMr`] owns the
+    /// buffer and deregisters before freeing it).
+    pub fn reg_dma_buffer(&self, buf: crate::DmaBuffer, access: Access) -> Result<DmaMr> {
+        // SAFETY: the buffer moves into the DmaMr, whose field order drops the MR
+        // (deregistration + flush) before the buffer.
+        let mr = unsafe { self.reg_mr(buf.addr(), buf.len(), access)? };
+        Ok(DmaMr { mr, buf })
+    }
+
     /// Create an RC QP on this PD.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
         Qp::create(self.clone(), send_cq, recv_cq, attr)
@@ -172,6 +181,28 @@ impl Drop for Mr {
             tracing::error!("flush on MR deregistration failed: {e}");
         }
         hi.mrs.lock().release(self.idx);
+    }
+}
+
+/// An MR over a NIC-shared DMA pool buffer that it owns (see [`Pd::reg_dma_buffer`]).
+/// Derefs to the [`Mr`] (`lkey`, `rkey`, `addr`, `sge`, ...).
+pub struct DmaMr {
+    // Field order matters: the MR is dropped (deregistered) before the buffer.
+    mr: Mr,
+    buf: crate::DmaBuffer,
+}
+
+impl DmaMr {
+    /// The pinned buffer (`write_at`, `read_at`, `as_ptr`).
+    pub fn buffer(&self) -> &crate::DmaBuffer {
+        &self.buf
+    }
+}
+
+impl std::ops::Deref for DmaMr {
+    type Target = Mr;
+    fn deref(&self) -> &Mr {
+        &self.mr
     }
 }
 

@@ -62,9 +62,11 @@ fn alloc_is_pinned_bounded_and_freed_on_drop() {
 #[test]
 fn in_process_send_into_pool_buffer() {
     let (a, b) = pair();
-    let rb = b.host.alloc_dma_buffer(4096).unwrap();
-    // SAFETY: `rb` outlives the MR (dropped first below).
-    let rmr = unsafe { b.pd.reg_mr(rb.addr(), rb.len(), all_access()).unwrap() };
+    let rmr =
+        b.pd.reg_dma_buffer(b.host.alloc_dma_buffer(4096).unwrap(), all_access())
+            .unwrap();
+    let rb = rmr.buffer();
+    assert_eq!((rmr.addr(), rmr.len()), (rb.addr(), 4096));
     let rs = [rmr.sge(0, 64)];
     b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &rs }]).unwrap();
     let src = buf(&a.pd, 64, 0);
@@ -78,7 +80,6 @@ fn in_process_send_into_pool_buffer() {
     rb.read_at(0, &mut got).unwrap();
     assert_eq!(got[..], pattern(64, 3)[..]);
     assert_eq!(a.host.stats().pool_copies, 0, "in-process copies are plain memmoves");
-    drop(rmr);
 }
 
 const POOL: usize = 64 * 1024;
