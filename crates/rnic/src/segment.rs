@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
-const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0001; // "nprdma" v1
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0002; // "nprdma" v2 (epoch slots, RQ line, DMA pool)
 
 /// A cache-line-aligned wrapper to keep hot shared counters apart.
 #[repr(C, align(64))]

@@ -138,6 +138,22 @@ fn pool_child() {
                     "BAD".into()
                 }
             }
+            ["IOVA"] => {
+                // An IOVA MR over the pool buffer's frames at an unrelated VA (the VA
+                // only addresses the MR): the translated frames are pool memory.
+                let io = host.iommu();
+                let n = (POOL / 4096) as u64;
+                let range = io.alloc_range(n).unwrap();
+                let frames: Vec<Frame> = (0..n as usize).map(|i| Frame::Ram(tb.addr() + i * 4096)).collect();
+                // SAFETY: `tb` lives until the process exits.
+                unsafe { io.map_range(&range, 0, &frames).unwrap() };
+                let va = 0x10_0000_0000usize;
+                // SAFETY: as above; the VA is never dereferenced.
+                let mr = unsafe { e.pd.reg_mr_iova(va, POOL, all_access(), &range).unwrap() };
+                let r = format!("IOVA {} {}", va, mr.rkey());
+                std::mem::forget((mr, range));
+                r
+            }
             ["STATE"] => format!("STATE {:?}", e.qp.state()),
             ["EXIT"] => return None,
             _ => "?".into(),
@@ -147,7 +163,7 @@ fn pool_child() {
     std::mem::forget((rmr, tmr, rb, tb));
 }
 
-const REPLIES: &[&str] = &["INFO", "READY", "OK", "BAD", "WC", "ERR", "STATE"];
+const REPLIES: &[&str] = &["INFO", "READY", "OK", "BAD", "WC", "ERR", "STATE", "IOVA"];
 
 struct Peer {
     c: Child,
@@ -266,6 +282,41 @@ fn cross_process_send_write_read_through_the_pool() {
         let wc = post1(&p.e, WrOpcode::Read, local.sge(0, 8), p.taddr, p.trkey ^ 0x40);
         assert_eq!(wc.status, WcStatus::RemAccessErr, "bad rkey");
         assert_eq!(p.c.cmd("STATE"), "STATE Err");
+    }
+}
+
+#[test]
+fn cross_process_iova_mr_over_pool_frames() {
+    for cfg in [
+        HostConfig::default(),
+        HostConfig {
+            ring_rw_max: Some(0),
+            ..Default::default()
+        },
+    ] {
+        let mut p = connect_child(cfg);
+        let r = p.c.cmd("IOVA");
+        let f: Vec<&str> = r.split_whitespace().collect();
+        let (va, rkey): (u64, u32) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+        let local = buf(&p.e.pd, POOL, 0);
+        let c0 = p.host.stats().pool_copies;
+        for (len, off, seed) in [(8usize, 8usize, 41u8), (5000, 4000, 42), (POOL - 8192, 8192, 43)] {
+            local.write(0, &pattern(len, seed));
+            let wc = post1(&p.e, WrOpcode::Write, local.sge(0, len as u32), va + off as u64, rkey);
+            assert_eq!(wc.status, WcStatus::Success, "IOVA WRITE {len}");
+            assert_eq!(p.c.cmd(&format!("CHECK {off} {len} {seed}")), "OK", "IOVA WRITE {len}");
+            local.fill(0);
+            let wc = post1(&p.e, WrOpcode::Read, local.sge(0, len as u32), va + off as u64, rkey);
+            assert_eq!(wc.status, WcStatus::Success, "IOVA READ {len}");
+            assert_eq!(local.to_vec(0, len), pattern(len, seed), "IOVA READ {len} data");
+        }
+        // Large ones are always direct; with ring_rw_max = 0 all six are.
+        assert!(
+            p.host.stats().pool_copies >= c0 + 2,
+            "IOVA pages over pool frames use the pool mapping"
+        );
+        let wc = post1(&p.e, WrOpcode::Read, local.sge(0, 16), va + POOL as u64 - 8, rkey);
+        assert_eq!(wc.status, WcStatus::RemAccessErr, "past the IOVA MR end");
     }
 }
 
