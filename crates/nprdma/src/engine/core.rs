@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use rnic::{QpAttr, QpAttrMask, QpInitAttr, QpState as NicQpState, WcStatus, WrOpcode};
 use smallvec::SmallVec;
 
+use super::ctrlbuf::CtrlBuf;
 use super::mr::MrEntry;
 use super::ucq::UCq;
 use super::{Config, Error, RecvWr, SendWr, Stats};
@@ -324,7 +325,8 @@ struct TReq {
 pub(crate) struct QpState {
     data: rnic::Qp,
     ctrl: rnic::Qp,
-    ring: rnic::OwnedMr,
+    /// Command-slot receive ring (from the NIC-shared DMA pool if possible).
+    ring: CtrlBuf,
     scratch: rnic::OwnedMr,
     idx: usize,
     gen: u8,
@@ -415,9 +417,12 @@ impl QpState {
                 sq_sig_all: false,
             },
         )?;
-        let ring = sh
-            .pd
-            .reg_mr_owned(vec![0; nslots as usize * SLOT], rnic::Access::LOCAL_WRITE)?;
+        let ring = CtrlBuf::new(
+            &sh.host,
+            &sh.pd,
+            nslots as usize * SLOT,
+            rnic::Access::LOCAL_WRITE,
+        )?;
         // Small WRITEs are read back into a per-op scratch slot of the QP.
         // Slots are page-aligned with a page of slack: a read-back lands at
         // the remote address's page offset (see `readback_addr`).

@@ -4,6 +4,7 @@
 //! in `core`; registration in `mr`.
 
 mod core;
+mod ctrlbuf;
 mod mr;
 mod ucq;
 

@@ -16,7 +16,12 @@ pub struct Side {
 }
 
 pub fn side_with(cfg: Config) -> Side {
-    let host = rnic::Host::new(rnic::HostConfig::default()).expect("host");
+    side_on(rnic::HostConfig::default(), cfg)
+}
+
+/// A side on a host with configuration `hc`.
+pub fn side_on(hc: rnic::HostConfig, cfg: Config) -> Side {
+    let host = rnic::Host::new(hc).expect("host");
     let pager = vmem::Pager::new(vmem::PagerConfig {
         swap_size: 256 << 20,
         ..vmem::PagerConfig::default()
