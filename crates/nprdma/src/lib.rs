@@ -101,8 +101,9 @@
 //! * Deregistering an MR with operations in flight lets them finish (they
 //!   hold the registration); peers learn the revocation by KeyRevoke.
 //! * Key sync: a KeyQuery on the first operation that needs an unknown key
-//!   (all keys if never synced, else that key), new MRs pushed to connected
-//!   peers; unknown after the answer → REM_ACCESS_ERR.
+//!   (all keys if never synced, else that key), new MRs pushed to peers
+//!   that have done their initial sync; unknown after the answer →
+//!   REM_ACCESS_ERR.
 //!
 //! The sections below describe the design the engine follows.
 //!
@@ -304,9 +305,11 @@
 //! and parks the QP's operations until the peer's
 //! [`keymap::KeyTable::sync_messages`] (KeySync chunks, `more` on all but the
 //! last) have been applied to its [`keymap::PeerKeys`] — one extra RTT, once
-//! per QP. Afterwards a newly registered MR is pushed to connected peers as
-//! an unsolicited KeySync, and a deregistered one as
-//! [`ctrl::Repr::KeyRevoke`]. An rkey still unknown at use triggers one
+//! per QP. *After that initial synchronisation* (the peer's KeyQuery has
+//! reached us) a newly registered MR is pushed to the peer as an
+//! unsolicited KeySync, and a deregistered one as
+//! [`ctrl::Repr::KeyRevoke`]; before it nothing is pushed (the peer's QP may
+//! not be connected yet, and its first use fetches the whole table). An rkey still unknown at use triggers one
 //! `KeyQuery{rkey}`; if still unknown the WR completes with REM_ACCESS_ERR.
 //! Only the answer to a query sent *after* the WR was posted can fail it:
 //! a WR posted while the first-use query is still out sends its own query,

@@ -65,3 +65,137 @@ fn key_registered_after_first_query_answer() {
         drop(rb1);
     }
 }
+
+/// Post one WR on `qp` and wait for its completion on `cq`.
+fn run1(qp: &nprdma::Qp, cq: &nprdma::Cq, wr: SendWr) -> nprdma::Completion {
+    qp.post_send(&[wr]).unwrap();
+    wait1(cq)
+}
+
+/// An MR registered after the local QP connected but before the peer's QP
+/// did: its key must not be pushed to the unconnected peer (that SEND used
+/// to fail and kill the control QP: every later operation completed with
+/// WR_FLUSH_ERR). The peer learns it by its first-use query; an MR
+/// registered after that initial sync is pushed. Operations in both
+/// directions then succeed with the new keys.
+#[test]
+fn register_between_local_and_peer_connect() {
+    let a = side();
+    let b = side();
+    let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).expect("qp a");
+    let qb = b.pd.create_qp(&b.cq, &b.rcq, 16).expect("qp b");
+    qa.connect(&qb.endpoint()).expect("connect a");
+    // A's QP is connected, B's is not: registrations on A happen now.
+    let pa = pattern(11, LEN);
+    let ma = Buf::with(&a, LEN, Some(&pa));
+    let la = Buf::with(&a, LEN, None);
+    // Give a (wrongly) pushed KeySync time to reach B's unconnected QP.
+    std::thread::sleep(Duration::from_millis(50));
+    qb.connect(&qa.endpoint()).expect("connect b");
+    let pb = pattern(12, LEN);
+    let mb = Buf::with(&b, LEN, Some(&pb));
+    let lb = Buf::with(&b, LEN, Some(&pattern(13, LEN)));
+
+    // B -> A: READ then WRITE with the key registered before B connected.
+    let c = run1(
+        &qb,
+        &b.cq,
+        SendWr::new(
+            1,
+            Opcode::Read,
+            Some(lb.mr.sge(0, 64)),
+            ma.addr(),
+            ma.mr.rkey(),
+        ),
+    );
+    assert_eq!(c.status, 0, "B reads A's new MR: {c:?}");
+    assert_eq!(&lb.bytes()[..64], &pa[..64], "B read data");
+    let c = run1(
+        &qb,
+        &b.cq,
+        SendWr::new(
+            2,
+            Opcode::Write,
+            Some(lb.mr.sge(64, 64)),
+            ma.addr() + 128,
+            ma.mr.rkey(),
+        ),
+    );
+    assert_eq!(c.status, 0, "B writes A's new MR: {c:?}");
+    assert_eq!(&ma.bytes()[128..192], &lb.bytes()[64..128], "B write data");
+
+    // A -> B: READ and WRITE on A's QP (connected first), with B's keys.
+    let c = run1(
+        &qa,
+        &a.cq,
+        SendWr::new(
+            3,
+            Opcode::Read,
+            Some(la.mr.sge(0, 64)),
+            mb.addr(),
+            mb.mr.rkey(),
+        ),
+    );
+    assert_eq!(c.status, 0, "A reads B's MR: {c:?}");
+    assert_eq!(&la.bytes()[..64], &pb[..64], "A read data");
+    let c = run1(
+        &qa,
+        &a.cq,
+        SendWr::new(
+            4,
+            Opcode::Write,
+            Some(ma.mr.sge(0, 64)),
+            mb.addr() + 256,
+            mb.mr.rkey(),
+        ),
+    );
+    assert_eq!(c.status, 0, "A writes B's MR: {c:?}");
+    assert_eq!(&mb.bytes()[256..320], &pa[..64], "A write data");
+
+    // After the initial sync both ways, new MRs are pushed (or, if the
+    // push is still in flight, found by a KeyQuery for that key).
+    let pa2 = pattern(14, LEN);
+    let ma2 = Buf::with(&a, LEN, Some(&pa2));
+    let c = run1(
+        &qb,
+        &b.cq,
+        SendWr::new(
+            5,
+            Opcode::Read,
+            Some(lb.mr.sge(512, 64)),
+            ma2.addr(),
+            ma2.mr.rkey(),
+        ),
+    );
+    assert_eq!(
+        c.status, 0,
+        "B reads A's MR registered after the sync: {c:?}"
+    );
+    assert_eq!(
+        &lb.bytes()[512..576],
+        &pa2[..64],
+        "B read data (pushed key)"
+    );
+    let pb2 = pattern(15, LEN);
+    let mb2 = Buf::with(&b, LEN, Some(&pb2));
+    let c = run1(
+        &qa,
+        &a.cq,
+        SendWr::new(
+            6,
+            Opcode::Read,
+            Some(la.mr.sge(512, 64)),
+            mb2.addr(),
+            mb2.mr.rkey(),
+        ),
+    );
+    assert_eq!(
+        c.status, 0,
+        "A reads B's MR registered after the sync: {c:?}"
+    );
+    assert_eq!(
+        &la.bytes()[512..576],
+        &pb2[..64],
+        "A read data (pushed key)"
+    );
+}

@@ -344,6 +344,10 @@ pub(crate) struct QpState {
     /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
     errored: bool,
     peer: PeerKeys,
+    /// The peer has queried our key table (its initial sync happened): from
+    /// then on new MRs and revocations are pushed to it. Before that its QP
+    /// may not even be connected, and its first use syncs everything.
+    keys_served: bool,
     key_wait: Vec<u32>,
     /// Sequence number the next posted WR gets.
     next_seq: u64,
@@ -459,6 +463,7 @@ impl QpState {
             dead: false,
             errored: false,
             peer: PeerKeys::new(PS as usize).expect("page size"),
+            keys_served: false,
             key_wait: Vec::new(),
             next_seq: 0,
             sync_cover: 0,
@@ -1822,6 +1827,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
     };
     match msg {
         Repr::KeyQuery { req_id, .. } => {
+            qp.keys_served = true;
             for m in keys.sync_messages(req_id, &ctrl) {
                 qp.send_ctrl(&ctrl, &m);
             }
@@ -2350,10 +2356,12 @@ fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
     }
 }
 
-/// Tell every connected peer about a new MR.
+/// Tell every peer whose initial key sync happened about a new MR (the
+/// others learn it with the whole table on their first use; pushing to a
+/// peer QP not yet connected would kill our control QP).
 pub(crate) fn broadcast_keysync(sh: &Shared, st: &mut State, m: KeyMapping) {
     for qp in st.qps.iter_mut().flatten() {
-        if qp.connected && !qp.dead {
+        if qp.connected && qp.keys_served && !qp.dead {
             qp.send_ctrl(
                 &sh.cfg.ctrl,
                 &Repr::KeySync {
@@ -2366,10 +2374,11 @@ pub(crate) fn broadcast_keysync(sh: &Shared, st: &mut State, m: KeyMapping) {
     }
 }
 
-/// Tell every connected peer to forget `rkey`.
+/// Tell every peer whose initial key sync happened to forget `rkey` (the
+/// others never got it).
 pub(crate) fn broadcast_revoke(sh: &Shared, st: &mut State, rkey: u32) {
     for qp in st.qps.iter_mut().flatten() {
-        if qp.connected && !qp.dead {
+        if qp.connected && qp.keys_served && !qp.dead {
             qp.send_ctrl(&sh.cfg.ctrl, &Repr::KeyRevoke { req_id: 0, rkey });
         }
     }
