@@ -26,11 +26,41 @@
 //! completes). [`Mode::Strict`] treats every operation as order-before, i.e.
 //! at most one in flight.
 //!
+//! **Pipelining behind optimistic ops (replay).** The RC data QP executes
+//! NIC WRs in post order, so an op that conflicts only with in-flight ops
+//! still in their *optimistic one-sided phase* (their NIC WRs are posted,
+//! their check is not done yet; the owner reports this with
+//! [`OrderTable::on_nic`]) may issue at once: its NIC WRs execute after
+//! theirs. Only plain one-sided READ/WRITE ([`OpDesc::optimistic`]) qualify,
+//! on both sides of the conflict, and only if the new op does not write
+//! memory the earlier one reads (a write-after-read: the earlier op's
+//! fallback would see the later bytes, and replaying cannot undo a write); messages, atomics, order-before/after and
+//! [`Mode::Strict`] keep the parking rule above, and so does a conflict
+//! with an op that is not (or no longer) optimistic. Two consequences:
+//!
+//! * an op issued behind optimistic conflicts may not *finish* (complete,
+//!   or fall back to the two-sided path) while an earlier conflicting op is
+//!   still in flight: [`OrderTable::must_wait`] holds it, and
+//!   [`OrderTable::complete_into`] hands it back once its predecessors are
+//!   done;
+//! * when an optimistic op's check fails ([`OrderTable::fail`]), it goes
+//!   two-sided and finishes later. Every later in-flight op that conflicts
+//!   with it — transitively — has its one-sided result discarded and is
+//!   re-parked in post order ahead of everything parked: it re-executes
+//!   after the failed op (a READ re-reads, a WRITE rewrites), so the final
+//!   local and remote bytes and the completion order are those of RC.
+//!
+//! *Weakening:* while such a replay is pending, a concurrent observer of
+//! the remote memory may transiently see a later overlapping WRITE's bytes
+//! before (and then again after) an earlier one's; the final state and the
+//! completion order are RC's.
+//!
 //! The table is a plain data structure (no locking, no I/O): the QP's owner
-//! calls [`OrderTable::submit`] when the application posts and
-//! [`OrderTable::complete`] when an operation finishes; both hand back the
-//! operations to issue now, in order. The in-flight set is scanned linearly:
-//! it is bounded by the QP depth and almost always tiny.
+//! calls [`OrderTable::submit`] when the application posts,
+//! [`OrderTable::on_nic`] when an op's NIC WRs are posted and
+//! [`OrderTable::complete`] when an operation finishes; they hand back the
+//! operations to issue (or to finish) now, in order. The in-flight set is
+//! scanned linearly: it is bounded by the QP depth and almost always tiny.
 
 use std::collections::VecDeque;
 
@@ -93,6 +123,10 @@ pub struct OpDesc {
     pub order_before: bool,
     /// Issue nothing behind this op until it completes.
     pub order_after: bool,
+    /// A plain one-sided READ/WRITE that runs optimistically on the data
+    /// QP: it may be pipelined behind (and ahead of) other such ops it
+    /// overlaps (module docs, "replay").
+    pub optimistic: bool,
 }
 
 fn span(addr: u64, len: u64, access: Access) -> Span {
@@ -108,6 +142,7 @@ impl OpDesc {
         OpDesc {
             local: smallvec![span(local.addr, local.len, Access::Write)],
             remote: smallvec![span(remote.addr, remote.len, Access::Read)],
+            optimistic: true,
             ..OpDesc::default()
         }
     }
@@ -116,6 +151,7 @@ impl OpDesc {
         OpDesc {
             local: smallvec![span(local.addr, local.len, Access::Read)],
             remote: smallvec![span(remote.addr, remote.len, Access::Write)],
+            optimistic: true,
             ..OpDesc::default()
         }
     }
@@ -123,6 +159,7 @@ impl OpDesc {
     pub fn write_imm(local: Range, remote: Range) -> OpDesc {
         OpDesc {
             message: true,
+            optimistic: false,
             ..OpDesc::write(local, remote)
         }
     }
@@ -157,6 +194,15 @@ impl OpDesc {
         self.order_after = on;
         self
     }
+    /// Set the optimistic bit (see [`OpDesc::optimistic`]).
+    pub fn optimistic(mut self, on: bool) -> OpDesc {
+        self.optimistic = on;
+        self
+    }
+    /// May be pipelined behind / ahead of optimistic conflicts.
+    fn pipelines(&self) -> bool {
+        self.optimistic && !self.message && !self.order_before && !self.order_after
+    }
     fn writes_remote(&self) -> bool {
         self.remote
             .iter()
@@ -180,6 +226,15 @@ fn spans_conflict(a: &[Span], b: &[Span]) -> bool {
         b.iter().any(|y| {
             (x.access == Access::Write || y.access == Access::Write) && x.range.overlaps(&y.range)
         })
+    })
+}
+
+/// Whether `a` writes memory that `b` only reads.
+fn overwrites_reads(a: &[Span], b: &[Span]) -> bool {
+    a.iter().any(|x| {
+        x.access == Access::Write
+            && b.iter()
+                .any(|y| y.access == Access::Read && x.range.overlaps(&y.range))
     })
 }
 
@@ -230,6 +285,19 @@ impl OrderConfig {
         }
         self.loopback
             && (spans_conflict(&a.local, &b.remote) || spans_conflict(&a.remote, &b.local))
+    }
+}
+
+impl OrderConfig {
+    /// Whether `later` writes memory that `earlier` reads (a
+    /// write-after-read hazard): replaying `later` cannot undo that, so it
+    /// never pipelines behind `earlier`.
+    fn overwrites(&self, later: &OpDesc, earlier: &OpDesc) -> bool {
+        overwrites_reads(&later.local, &earlier.local)
+            || overwrites_reads(&later.remote, &earlier.remote)
+            || (self.loopback
+                && (overwrites_reads(&later.local, &earlier.remote)
+                    || overwrites_reads(&later.remote, &earlier.local)))
     }
 }
 
@@ -311,25 +379,48 @@ impl Bounds {
     }
 }
 
+/// Phase of an in-flight op (module docs, "replay").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Admitted; not (or no longer) on the optimistic one-sided path:
+    /// nothing conflicting may issue behind it.
+    Issued,
+    /// Its NIC WRs are posted and its check is pending: conflicting
+    /// optimistic ops may issue behind it.
+    Optimistic,
+}
+
+/// One in-flight op.
+#[derive(Debug)]
+struct Entry<T> {
+    ticket: Ticket,
+    op: OpDesc,
+    bounds: Bounds,
+    payload: T,
+    phase: Phase,
+    /// Issued while a conflicting op was in flight.
+    behind: bool,
+    /// Waiting (in [`OrderTable::must_wait`]) for earlier conflicting ops.
+    held: bool,
+}
+
 /// The per-QP table: in-flight ops and the FIFO of parked ops.
 #[derive(Debug)]
 pub struct OrderTable<T> {
     cfg: OrderConfig,
     next: u64,
-    inflight: Vec<(Ticket, OpDesc)>,
-    /// `Bounds` of `inflight[i]` (kept in step with it).
-    bounds: Vec<Bounds>,
+    /// In flight, in ticket (post) order.
+    inflight: Vec<Entry<T>>,
     parked: VecDeque<(Ticket, OpDesc, T)>,
 }
 
-impl<T> OrderTable<T> {
+impl<T: Clone> OrderTable<T> {
     /// An empty table.
     pub fn new(cfg: OrderConfig) -> Self {
         OrderTable {
             cfg,
             next: 0,
             inflight: Vec::new(),
-            bounds: Vec::new(),
             parked: VecDeque::new(),
         }
     }
@@ -356,22 +447,60 @@ impl<T> OrderTable<T> {
 
     /// Whether `t` is in flight.
     pub fn is_inflight(&self, t: Ticket) -> bool {
-        self.inflight.iter().any(|(x, _)| *x == t)
+        self.pos(t).is_some()
+    }
+
+    fn pos(&self, t: Ticket) -> Option<usize> {
+        self.inflight.binary_search_by_key(&t, |e| e.ticket).ok()
+    }
+
+    fn conflict(&self, a: &OpDesc, ab: &Bounds, b: &OpDesc, bb: &Bounds) -> bool {
+        ab.may_conflict(bb, &self.cfg) && self.cfg.conflicts(a, b)
     }
 
     /// Whether `op` may issue given the current in-flight set (ignoring
-    /// parked ops).
-    fn may_issue(&self, op: &OpDesc) -> bool {
+    /// parked ops); `Some(behind)` if so (`behind`: it overlaps an
+    /// optimistic in-flight op).
+    fn may_issue(&self, op: &OpDesc, b: &Bounds) -> Option<bool> {
         if self.inflight.is_empty() {
-            return true;
+            return Some(false);
         }
         if op.order_before || self.cfg.mode == Mode::Strict {
-            return false;
+            return None;
         }
-        let b = Bounds::of(op);
-        !self.bounds.iter().zip(&self.inflight).any(|(fb, (_, f))| {
-            fb.order_after || (fb.may_conflict(&b, &self.cfg) && self.cfg.conflicts(op, f))
-        })
+        let pipelines = op.pipelines();
+        let mut behind = false;
+        for e in &self.inflight {
+            if e.bounds.order_after {
+                return None;
+            }
+            if self.conflict(op, b, &e.op, &e.bounds) {
+                if pipelines && e.phase == Phase::Optimistic && !self.cfg.overwrites(op, &e.op) {
+                    behind = true;
+                } else {
+                    return None;
+                }
+            }
+        }
+        Some(behind)
+    }
+
+    fn push_inflight(&mut self, ticket: Ticket, op: OpDesc, bounds: Bounds, payload: T, behind: bool) {
+        // Tickets only grow, except for replayed ops re-issued from the
+        // front of the parked FIFO: keep the vector sorted.
+        let at = self.inflight.partition_point(|e| e.ticket < ticket);
+        self.inflight.insert(
+            at,
+            Entry {
+                ticket,
+                op,
+                bounds,
+                payload,
+                phase: Phase::Issued,
+                behind,
+                held: false,
+            },
+        );
     }
 
     /// Submit a newly posted op. It issues now unless something is parked
@@ -380,9 +509,14 @@ impl<T> OrderTable<T> {
         op.validate()?;
         let t = Ticket(self.next);
         self.next += 1;
-        if self.parked.is_empty() && self.may_issue(&op) {
-            self.bounds.push(Bounds::of(&op));
-            self.inflight.push((t, op));
+        let b = Bounds::of(&op);
+        let admit = if self.parked.is_empty() {
+            self.may_issue(&op, &b)
+        } else {
+            None
+        };
+        if let Some(behind) = admit {
+            self.push_inflight(t, op, b, payload.clone(), behind);
             Ok(Admit::Issue(t, payload))
         } else {
             tracing::trace!(ticket = t.0, "ordering: op parked");
@@ -391,31 +525,109 @@ impl<T> OrderTable<T> {
         }
     }
 
+    /// Issue parked ops (FIFO) while the head may issue.
+    fn release_parked(&mut self, out: &mut Vec<(Ticket, T)>) {
+        while let Some((_, op, _)) = self.parked.front() {
+            let b = Bounds::of(op);
+            let Some(behind) = self.may_issue(op, &b) else {
+                break;
+            };
+            let Some((pt, op, payload)) = self.parked.pop_front() else {
+                break;
+            };
+            out.push((pt, payload.clone()));
+            self.push_inflight(pt, op, b, payload, behind);
+        }
+    }
+
+    /// In-flight op `t`'s NIC WRs are posted: if it is an optimistic op
+    /// (see [`OpDesc::optimistic`]), conflicting optimistic ops may issue
+    /// behind it now; they are appended to `out` in post order.
+    pub fn on_nic(&mut self, t: Ticket, out: &mut Vec<(Ticket, T)>) -> Result<(), OrderError> {
+        let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
+        let e = &mut self.inflight[i];
+        if e.op.pipelines() && self.cfg.mode == Mode::Relaxed {
+            e.phase = Phase::Optimistic;
+            self.release_parked(out);
+        }
+        Ok(())
+    }
+
+    /// Whether the in-flight op at index `i` conflicts with an earlier
+    /// in-flight op.
+    fn blocked(&self, i: usize) -> bool {
+        let e = &self.inflight[i];
+        e.behind
+            && self.inflight[..i]
+                .iter()
+                .any(|f| self.conflict(&e.op, &e.bounds, &f.op, &f.bounds))
+    }
+
+    /// In-flight op `t` has its result (success, or a failed check that
+    /// sends it two-sided). `true`: an earlier conflicting op is still in
+    /// flight, so `t` must not finish (nor go two-sided) yet; the table
+    /// holds it and [`OrderTable::complete_into`] hands it back once those
+    /// are done (it may also be replayed by a [`OrderTable::fail`] of one
+    /// of them). `false`: go ahead.
+    pub fn must_wait(&mut self, t: Ticket) -> Result<bool, OrderError> {
+        let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
+        let wait = self.blocked(i);
+        self.inflight[i].held = wait;
+        Ok(wait)
+    }
+
+    /// In-flight op `t`'s optimistic check failed and it goes two-sided
+    /// (it stays in flight, no longer optimistic). The later in-flight ops
+    /// that conflict with it, transitively, lose their one-sided result:
+    /// they are re-parked in post order ahead of every parked op (to issue
+    /// again once `t` completes) and appended to `out` in post order; the
+    /// owner discards whatever they did so far.
+    pub fn fail(&mut self, t: Ticket, out: &mut Vec<(Ticket, T)>) -> Result<(), OrderError> {
+        let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
+        self.inflight[i].phase = Phase::Issued;
+        self.inflight[i].held = false;
+        // The closure: scan later ops in ticket order; one joins if it
+        // conflicts with `t` or with an op that joined before it.
+        let mut set: SmallVec<[usize; 8]> = smallvec![i];
+        for k in i + 1..self.inflight.len() {
+            let e = &self.inflight[k];
+            if set.iter().any(|&s| {
+                let f = &self.inflight[s];
+                self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
+            }) {
+                set.push(k);
+            }
+        }
+        let start = out.len();
+        for &k in set[1..].iter().rev() {
+            let e = self.inflight.remove(k);
+            tracing::trace!(ticket = e.ticket.0, failed = t.0, "ordering: op replayed");
+            out.push((e.ticket, e.payload.clone()));
+            self.parked.push_front((e.ticket, e.op, e.payload));
+        }
+        out[start..].reverse();
+        Ok(())
+    }
+
     /// Record the completion of in-flight op `t` and append to `out`, in
-    /// post order, the parked ops that may issue now (they become in flight).
+    /// post order, first the held ops (see [`OrderTable::must_wait`]) whose
+    /// earlier conflicts are now all done (they stay in flight), then the
+    /// parked ops that may issue now (they become in flight).
     pub fn complete_into(
         &mut self,
         t: Ticket,
         out: &mut Vec<(Ticket, T)>,
     ) -> Result<(), OrderError> {
-        let i = self
-            .inflight
-            .iter()
-            .position(|(x, _)| *x == t)
-            .ok_or(OrderError::NotInFlight(t))?;
-        self.inflight.swap_remove(i);
-        self.bounds.swap_remove(i);
-        while let Some((_, op, _)) = self.parked.front() {
-            if !self.may_issue(op) {
-                break;
+        let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
+        self.inflight.remove(i);
+        for k in i..self.inflight.len() {
+            if self.inflight[k].held && !self.blocked(k) {
+                let e = &mut self.inflight[k];
+                e.held = false;
+                out.push((e.ticket, e.payload.clone()));
             }
-            let Some((pt, op, payload)) = self.parked.pop_front() else {
-                break;
-            };
-            self.bounds.push(Bounds::of(&op));
-            self.inflight.push((pt, op));
-            out.push((pt, payload));
         }
+        self.release_parked(out);
         Ok(())
     }
 

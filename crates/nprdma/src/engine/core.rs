@@ -49,6 +49,7 @@ const K_RB: u64 = 4;
 const K_FAST: u64 = 5;
 
 mod fast;
+mod replay;
 
 const ST_LOC_LEN: u32 = 1;
 const ST_LOC_PROT: u32 = 4;
@@ -268,6 +269,10 @@ enum Stage {
     Deferred,
     /// Its read-back is in flight (batch).
     Checking,
+    /// Passed its check, waiting for earlier conflicting ops ([`replay`]).
+    HeldOk(u32),
+    /// Needs the two-sided path once earlier conflicting ops are done.
+    HeldTwoSided,
 }
 
 struct Op {
@@ -291,6 +296,11 @@ struct Op {
     /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
     /// one-sided retry is in flight, 3 = retried (use the reverse path).
     retry: u8,
+    /// Replayed while its NIC WRs (or read-back) were still out: the
+    /// result is discarded when they complete ([`replay`]).
+    stale: bool,
+    /// Re-issued by the ordering table while stale: start again then.
+    restart: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -786,6 +796,8 @@ pub(crate) fn post_send(
             key_req: 0,
             key_answered: false,
             retry: 0,
+            stale: false,
+            restart: false,
             scratch: None,
             lver: Versions::new(),
             hold: Hold::default(),
@@ -923,7 +935,7 @@ fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
     st.stats.readback_batches += batches;
     // A read-back that could not be posted: redo those WRITEs two-sided.
     for id in failed {
-        go_two_sided(sh, st, qi, id);
+        replay::two_sided(sh, st, qi, id);
     }
 }
 
@@ -939,10 +951,15 @@ fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, status: WcStatu
         .map(|s| qp.readback_addr(s, b.remote_addr))
         .unwrap_or(0);
     let mut results = Vec::new();
+    let mut stale = Vec::new();
     for &id in &b.members {
         let Some(op) = qp.ops.get_mut(id) else {
             continue;
         };
+        if op.stale {
+            stale.push(id);
+            continue;
+        }
         if status != WcStatus::Success {
             results.push((id, Err(status as u32)));
             continue;
@@ -961,14 +978,17 @@ fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, status: WcStatu
         results.push((id, Ok((ok, len))));
     }
     qp.release_scratch(scratch);
+    for id in stale {
+        replay::stale_done(st, qi, id);
+    }
     for (id, r) in results {
         match r {
             Err(e) => finish(st, qi, id, e, 0),
             Ok((true, len)) => {
                 st.stats.optimistic_ok += 1;
-                finish(st, qi, id, 0, len as u32);
+                replay::finish_ok(st, qi, id, len as u32);
             }
-            Ok((false, _)) => go_two_sided(sh, st, qi, id),
+            Ok((false, _)) => replay::two_sided(sh, st, qi, id),
         }
     }
 }
@@ -1026,14 +1046,30 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     let Some(op) = qp.ops.get_mut(id) else {
         return;
     };
-    if let Stage::Failed(s) = op.stage {
-        finish(st, qi, id, s, 0);
+    if op.stale {
+        // Replayed while its old NIC WRs are out: start when they are done.
+        op.restart = true;
         return;
+    }
+    match op.stage {
+        Stage::Failed(s) => {
+            finish(st, qi, id, s, 0);
+            return;
+        }
+        Stage::HeldOk(len) => {
+            finish(st, qi, id, 0, len);
+            return;
+        }
+        Stage::HeldTwoSided => {
+            replay::two_sided(sh, st, qi, id);
+            return;
+        }
+        _ => {}
     }
     match op.wr.op {
         AppOp::Read | AppOp::Write | AppOp::WriteImm(_) => {}
         _ => {
-            go_two_sided(sh, st, qi, id);
+            replay::two_sided(sh, st, qi, id);
             return;
         }
     }
@@ -1096,7 +1132,7 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     }
     let strat = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
     if let Strategy::TwoSided(_) = strat {
-        go_two_sided(sh, st, qi, id);
+        replay::two_sided(sh, st, qi, id);
         return;
     }
     post_steps(sh, st, qi, id, strat, &t, &lmr);
@@ -1229,6 +1265,9 @@ fn post_steps(
         err,
         vlen,
     };
+    if op.retry == 0 {
+        replay::on_nic(st, qi, id);
+    }
 }
 
 fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
@@ -1240,6 +1279,10 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     else {
         return;
     };
+    if op.stale {
+        replay::stale_done(st, qi, id);
+        return;
+    }
     if strat == (Strategy::WriteReadback { deferred: true }) && err == 0 {
         // The read-back waits for the next signaled WR (or an idle QP).
         op.stage = Stage::Deferred;
@@ -1299,14 +1342,14 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         }
     }
     if !ok {
-        go_two_sided(sh, st, qi, id);
+        replay::two_sided(sh, st, qi, id);
         return;
     }
     st.stats.optimistic_ok += 1;
     if let AppOp::WriteImm(_) = wop {
         start_notify(sh, st, qi, id);
     } else {
-        finish(st, qi, id, 0, len as u32);
+        replay::finish_ok(st, qi, id, len as u32);
     }
 }
 

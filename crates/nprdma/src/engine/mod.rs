@@ -258,6 +258,9 @@ pub struct Stats {
     pub deferred_writes: u64,
     /// Read-back READs posted for deferred WRITEs (contiguous ones merged).
     pub readback_batches: u64,
+    /// Ops pipelined behind an op whose optimistic check then failed: their
+    /// one-sided result was discarded and they ran again after it.
+    pub replayed: u64,
 }
 
 /// A protection domain.

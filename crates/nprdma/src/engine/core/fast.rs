@@ -209,6 +209,8 @@ impl QpState {
             scratch: f.scratch,
             lver: f.lver,
             retry: 0,
+            stale: false,
+            restart: false,
         };
         let id = match self.ops.insert(op) {
             Ok(id) => id,
@@ -231,6 +233,10 @@ impl QpState {
                 if let Some(o) = self.ops.get_mut(id) {
                     o.ticket = Some(t);
                 }
+                // Its NIC WRs are out: conflicting ops may pipeline behind
+                // it (nothing is parked: the table was idle).
+                let mut none = Vec::new();
+                let _ = self.order.on_nic(t, &mut none);
             }
             Ok(Admit::Parked(_)) | Err(_) => {
                 tracing::error!("lean-path op not admitted at promotion");
