@@ -417,3 +417,279 @@ proptest! {
         }
     }
 }
+
+// ---- pipelining behind optimistic ops, replay ----
+
+fn tickets<T>(v: Vec<(Ticket, T)>) -> Vec<Ticket> {
+    v.into_iter().map(|(t, _)| t).collect()
+}
+
+fn on_nic(t: &mut OrderTable<u32>, k: Ticket) -> Vec<Ticket> {
+    let mut out = Vec::new();
+    t.on_nic(k, &mut out).unwrap();
+    tickets(out)
+}
+
+#[test]
+fn overlapping_writes_pipeline_behind_an_optimistic_one_and_finish_in_order() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let w = || OpDesc::write(r(0, 4096), r(1 << 20, 4096));
+    let a = issued(t.submit(w(), 0u32).unwrap());
+    // Not on the NIC yet: the next one parks as before.
+    let b = parked(t.submit(w(), 1).unwrap());
+    assert_eq!(on_nic(&mut t, a), vec![b]);
+    // `b` is issued behind `a`: more pipeline behind `b` once it is out.
+    let c = parked(t.submit(w(), 2).unwrap());
+    assert_eq!(on_nic(&mut t, b), vec![c]);
+    on_nic(&mut t, c);
+    let d = issued(t.submit(w(), 3).unwrap());
+    assert!(!t.must_wait(a).unwrap());
+    // `c` has its result first: it must wait for `a` and `b`.
+    assert!(t.must_wait(c).unwrap());
+    assert_eq!(tickets(t.complete(a).unwrap()), Vec::<Ticket>::new());
+    assert!(!t.must_wait(b).unwrap());
+    // Completing `b` hands the held `c` back.
+    assert_eq!(tickets(t.complete(b).unwrap()), vec![c]);
+    t.complete(c).unwrap();
+    t.complete(d).unwrap();
+    assert!(t.is_idle());
+}
+
+#[test]
+fn a_failed_check_replays_the_later_overlapping_ops_in_post_order() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let w = |x: u64| OpDesc::write(r(0, 64), r(1000 + x, 64));
+    let a = issued(t.submit(w(0), 0u32).unwrap());
+    on_nic(&mut t, a);
+    let b = issued(t.submit(w(32), 1).unwrap()); // overlaps a
+    on_nic(&mut t, b);
+    let other = issued(t.submit(OpDesc::read(r(5000, 8), r(9000, 8)), 2).unwrap());
+    let c = issued(t.submit(w(90), 3).unwrap()); // overlaps b only
+    on_nic(&mut t, c);
+    let mut out = Vec::new();
+    t.fail(a, &mut out).unwrap();
+    assert_eq!(out, vec![(b, 1), (c, 3)], "transitive closure, post order");
+    assert_eq!(t.inflight_len(), 2);
+    assert!(t.is_inflight(other) && !t.is_inflight(b) && !t.is_inflight(c));
+    // `a` goes two-sided: an overlapping post parks behind the replays.
+    let e = parked(t.submit(w(0), 4).unwrap());
+    assert_eq!(t.parked_len(), 3);
+    assert_eq!(tickets(t.complete(other).unwrap()), Vec::<Ticket>::new());
+    // Replays run after `a`, then pipeline again as they reach the NIC.
+    assert_eq!(tickets(t.complete(a).unwrap()), vec![b]);
+    // `e` overlaps only `b` (optimistic now), not the not-yet-posted `c`.
+    assert_eq!(on_nic(&mut t, b), vec![c, e]);
+    assert_eq!(on_nic(&mut t, c), Vec::<Ticket>::new());
+    for k in [b, c, e] {
+        t.complete(k).unwrap();
+    }
+    assert!(t.is_idle());
+}
+
+#[test]
+fn reads_into_one_buffer_pipeline_but_a_write_after_read_does_not() {
+    let mut t = OrderTable::new(OrderConfig::default());
+    let a = issued(t.submit(OpDesc::read(r(0, 64), r(1000, 64)), 0u32).unwrap());
+    on_nic(&mut t, a);
+    let b = issued(t.submit(OpDesc::read(r(0, 64), r(2000, 64)), 1).unwrap());
+    on_nic(&mut t, b);
+    // A WRITE of the remote range `a` reads: `a`'s fallback would see it.
+    parked(t.submit(OpDesc::write(r(500, 64), r(1000, 64)), 2).unwrap());
+    t.complete(a).unwrap();
+    t.complete(b).unwrap();
+    // A READ into the buffer a WRITE sends from: same hazard, locally.
+    let mut t = OrderTable::new(OrderConfig::default());
+    let w = issued(t.submit(OpDesc::write(r(0, 64), r(1000, 64)), 0u32).unwrap());
+    on_nic(&mut t, w);
+    parked(t.submit(OpDesc::read(r(0, 64), r(3000, 64)), 1).unwrap());
+}
+
+#[test]
+fn messages_atomics_bits_and_strict_mode_do_not_pipeline() {
+    let w = || OpDesc::write(r(0, 64), r(1000, 64));
+    let blocked = [
+        OpDesc::write_imm(r(0, 64), r(1000, 64)),
+        OpDesc::atomic(4096, 1000),
+        OpDesc::send(r(100, 8)),
+        w().order_before(true),
+        w().order_after(true),
+    ];
+    for op in blocked {
+        let mut t = OrderTable::new(OrderConfig::default());
+        let a = issued(t.submit(w(), 0u32).unwrap());
+        on_nic(&mut t, a);
+        parked(t.submit(op.clone(), 1).unwrap());
+    }
+    let mut t = OrderTable::new(OrderConfig {
+        mode: Mode::Strict,
+        ..OrderConfig::default()
+    });
+    let a = issued(t.submit(w(), 0u32).unwrap());
+    on_nic(&mut t, a);
+    parked(t.submit(w(), 1).unwrap());
+    // Nothing issues behind an optimistic op that is order-after either.
+    let mut t = OrderTable::new(OrderConfig::default());
+    let a = issued(t.submit(w().order_after(true), 0u32).unwrap());
+    on_nic(&mut t, a);
+    parked(t.submit(w(), 1).unwrap());
+}
+
+#[derive(Debug, Clone)]
+enum RAction {
+    Submit(OpDesc),
+    Nic(usize),
+    Result(usize),
+    Fail(usize),
+    Complete(usize),
+}
+
+fn arb_raction() -> impl Strategy<Value = RAction> {
+    prop_oneof![
+        4 => arb_op().prop_map(RAction::Submit),
+        3 => any::<usize>().prop_map(RAction::Nic),
+        1 => any::<usize>().prop_map(RAction::Result),
+        1 => any::<usize>().prop_map(RAction::Fail),
+        2 => any::<usize>().prop_map(RAction::Complete),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Pipelining and replay against a model: ops issue in post order
+    /// behind conflicting ops only if all of those are optimistic (no
+    /// write-after-read); `must_wait` is "an earlier conflicting op is in
+    /// flight"; `fail` returns exactly the transitive closure of later
+    /// conflicting in-flight ops, in post order, and they re-issue (once)
+    /// before anything parked; every op issues and completes.
+    #[test]
+    fn replay_matches_model(cfg in arb_cfg(), actions in prop::collection::vec(arb_raction(), 1..100)) {
+        let mut table: OrderTable<u64> = OrderTable::new(cfg);
+        // In flight (ticket order): (ticket, op, optimistic).
+        let mut inflight: Vec<(Ticket, OpDesc, bool)> = Vec::new();
+        let mut parked: std::collections::VecDeque<(Ticket, OpDesc)> = Default::default();
+        let mut submitted = 0u64;
+        let mut completed = 0u64;
+
+        fn admissible(cfg: &OrderConfig, op: &OpDesc, inflight: &[(Ticket, OpDesc, bool)]) -> bool {
+            inflight.is_empty()
+                || (!op.order_before
+                    && cfg.mode == Mode::Relaxed
+                    && inflight.iter().all(|(_, f, opt)| {
+                        !f.order_after
+                            && (!cfg.conflicts(op, f)
+                                || (*opt
+                                    && op.optimistic
+                                    && !op.message
+                                    && !op.order_after
+                                    && !cfg.overwrites(op, f)))
+                    }))
+        }
+        fn issue(
+            cfg: &OrderConfig,
+            released: Vec<(Ticket, u64)>,
+            parked: &mut std::collections::VecDeque<(Ticket, OpDesc)>,
+            inflight: &mut Vec<(Ticket, OpDesc, bool)>,
+        ) -> Result<(), TestCaseError> {
+            for (rt, p) in released {
+                prop_assert_eq!(rt.0, p);
+                let (mt, op) = parked.pop_front().expect("released op was parked");
+                prop_assert_eq!(mt, rt, "release in post order");
+                prop_assert!(admissible(cfg, &op, inflight), "{:?} issued while blocked", rt);
+                let at = inflight.partition_point(|(t, _, _)| *t < rt);
+                inflight.insert(at, (rt, op, false));
+            }
+            if let Some((_, head)) = parked.front() {
+                prop_assert!(!admissible(cfg, head, inflight), "missed wake-up");
+            }
+            Ok(())
+        }
+
+        for a in actions {
+            match a {
+                RAction::Submit(desc) => {
+                    let expect = parked.is_empty() && admissible(&cfg, &desc, &inflight);
+                    match table.submit(desc.clone(), submitted).unwrap() {
+                        Admit::Issue(t, _) => {
+                            prop_assert!(expect);
+                            inflight.push((t, desc, false));
+                        }
+                        Admit::Parked(t) => {
+                            prop_assert!(!expect);
+                            parked.push_back((t, desc));
+                        }
+                    }
+                    submitted += 1;
+                }
+                RAction::Nic(i) if !inflight.is_empty() => {
+                    let i = i % inflight.len();
+                    let t = inflight[i].0;
+                    let d = &inflight[i].1;
+                    inflight[i].2 = d.optimistic && !d.message && !d.order_before
+                        && !d.order_after && cfg.mode == Mode::Relaxed;
+                    let mut out = Vec::new();
+                    table.on_nic(t, &mut out).unwrap();
+                    issue(&cfg, out, &mut parked, &mut inflight)?;
+                }
+                RAction::Result(i) if !inflight.is_empty() => {
+                    let i = i % inflight.len();
+                    let (t, op, _) = &inflight[i];
+                    let expect = inflight[..i].iter().any(|(_, f, _)| cfg.conflicts(op, f));
+                    prop_assert_eq!(table.must_wait(*t).unwrap(), expect);
+                }
+                RAction::Fail(i) if !inflight.is_empty() => {
+                    let i = i % inflight.len();
+                    let t = inflight[i].0;
+                    inflight[i].2 = false;
+                    let mut set = vec![i];
+                    for k in i + 1..inflight.len() {
+                        if set.iter().any(|&s| cfg.conflicts(&inflight[k].1, &inflight[s].1)) {
+                            set.push(k);
+                        }
+                    }
+                    let mut out = Vec::new();
+                    table.fail(t, &mut out).unwrap();
+                    let want: Vec<Ticket> = set[1..].iter().map(|&k| inflight[k].0).collect();
+                    prop_assert_eq!(tickets(out.clone()), want, "replay set = closure, post order");
+                    for (_, p) in &out {
+                        prop_assert!(*p > t.0);
+                    }
+                    for &k in set[1..].iter().rev() {
+                        let (rt, op, _) = inflight.remove(k);
+                        parked.push_front((rt, op));
+                    }
+                }
+                RAction::Complete(i) if !inflight.is_empty() => {
+                    let (t, _, _) = inflight.remove(i % inflight.len());
+                    completed += 1;
+                    let out = table.complete(t).unwrap();
+                    // Held ops come back first (they stay in flight).
+                    let released: Vec<_> = out
+                        .into_iter()
+                        .filter(|(rt, _)| !inflight.iter().any(|(x, _, _)| x == rt))
+                        .collect();
+                    issue(&cfg, released, &mut parked, &mut inflight)?;
+                }
+                _ => {}
+            }
+            prop_assert_eq!(table.inflight_len(), inflight.len());
+            prop_assert_eq!(table.parked_len(), parked.len());
+        }
+        // Drain: complete in post order; everything issues and completes once.
+        let mut steps = 0;
+        while !inflight.is_empty() {
+            let (t, _, _) = inflight.remove(0);
+            completed += 1;
+            let out = table.complete(t).unwrap();
+            let released: Vec<_> = out
+                .into_iter()
+                .filter(|(rt, _)| !inflight.iter().any(|(x, _, _)| x == rt))
+                .collect();
+            issue(&cfg, released, &mut parked, &mut inflight)?;
+            steps += 1;
+            prop_assert!(steps <= 4 * submitted as usize + 4);
+        }
+        prop_assert!(parked.is_empty() && table.is_idle());
+        prop_assert_eq!(completed, submitted);
+    }
+}
