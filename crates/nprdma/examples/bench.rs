@@ -334,6 +334,9 @@ fn main() {
             let g = np_tput(&np, op, len, cnt, 32, signal_every, distinct);
             let us = len as f64 / g / 1e3;
             println!("prof {which} {len} B x {cnt}: {g:.3} GB/s, {us:.3} us/op");
+            if std::env::var("NPRDMA_BENCH_STATS").is_ok_and(|v| v == "1") {
+                println!("initiator stats: {:?}", ca.stats());
+            }
             return;
         }
         // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs;

@@ -65,6 +65,24 @@
 //!   nothing). Any later post, a failed check, an error or a flush first
 //!   *promotes* it into those structures exactly as if it had been posted
 //!   there, so §5's guarantees hold unchanged.
+//! * **Pipelining overlapping one-sided ops, with replay** (beyond the
+//!   paper, `engine/core/replay.rs`, [`ordering`] module docs): the paper
+//!   parks an op behind every overlapping in-flight op, which turns a
+//!   perftest-style window on the same buffers into one op at a time. Here
+//!   a READ/WRITE that overlaps only in-flight READ/WRITEs still in their
+//!   optimistic one-sided phase (NIC WRs posted, check pending, deferred
+//!   read-backs included) issues at once — the RC data QP executes it after
+//!   them — unless it would overwrite memory an earlier one reads. Results
+//!   are final only in post order (a later op's result waits for earlier
+//!   overlapping ones). If an earlier op's check fails, it goes two-sided
+//!   and every later overlapping op already issued (transitively) has its
+//!   one-sided result discarded and runs again after it, in post order;
+//!   completions stay in post order, one per WR. **Weakening:** while such
+//!   a replay is pending, a concurrent observer of the remote memory may
+//!   transiently see a later overlapping WRITE's bytes before (and again
+//!   after) an earlier one's; the final bytes and the completion order are
+//!   RC's. Messages, atomics, order-before/after and strict mode keep the
+//!   paper's parking.
 //! * Read-backs land in page-aligned scratch at the remote address's page
 //!   offset: with a misaligned heap buffer the NIC's copy hit a `rep movsb`
 //!   slow case of this CPU (4 KiB read-back WRITE 3.8 µs instead of 1.4).
@@ -204,9 +222,11 @@
 //!   unsignaled and recorded; the read-backs of all deferred WRITEs of the QP
 //!   (contiguous ranges merged by [`plan::batch_readbacks`]) are posted in front of the next *signaled*
 //!   WR, whose application completion is generated only after they all pass.
-//!   The deferred WRITEs stay in the ordering table until checked, so an
-//!   overlapping op still parks behind them; a failed check redoes that
-//!   WRITE two-sided before the signaled WR completes.
+//!   The deferred WRITEs stay in the ordering table until checked (an
+//!   overlapping READ/WRITE may pipeline behind them and is replayed if
+//!   their check fails, see the deviations above; anything else parks);
+//!   a failed check redoes that WRITE two-sided before the signaled WR
+//!   completes.
 //! * **Large WRITE** (and, optionally, large READ — page versioning
 //!   instead of per-atom checks) → 3 NIC WRs in a row: READ the remote
 //!   version words ([`keymap::Translation::version_addr`]/`version_len`
@@ -277,7 +297,8 @@
 //! themselves and messages vs. remote writes are ordered; the per-WR
 //! order-before / order-after bits and a strict mode give full ordering on
 //! request. Parked ops wait in a FIFO, so the issue order within a QP is the
-//! post order. Application completions of a QP are delivered in post order
+//! post order. (Overlapping one-sided ops pipeline behind optimistic ones
+//! and are replayed when one fails: see the deviations above.) Application completions of a QP are delivered in post order
 //! ([`rob::CompletionOrder`]: a finished op waits until every op posted
 //! before it has finished), as RC requires — in particular a signaled
 //! completion still implies that all earlier unsignaled WRs are done.

@@ -40,7 +40,15 @@ fn write_window(len: usize, signal_every: usize) {
         let before = a.ctx.stats();
         let wrs: Vec<SendWr> = (0..WIN)
             .map(|k| {
-                let mut w = op(k as u64, Opcode::Write, &la, (k * len) as u64, &rb, 8, len as u32);
+                let mut w = op(
+                    k as u64,
+                    Opcode::Write,
+                    &la,
+                    (k * len) as u64,
+                    &rb,
+                    8,
+                    len as u32,
+                );
                 w.signaled = (k + 1) % signal_every == 0;
                 w
             })
@@ -110,7 +118,15 @@ fn a_failed_read_in_a_same_buffer_window_replays_the_later_reads() {
         }
         let mut wrs = vec![op(0, Opcode::Read, &la, 0, &bad, 0, LEN as u32)];
         wrs.extend((1..WIN).map(|k| {
-            op(k as u64, Opcode::Read, &la, 0, &good, (k * LEN) as u64, HALF as u32)
+            op(
+                k as u64,
+                Opcode::Read,
+                &la,
+                0,
+                &good,
+                (k * LEN) as u64,
+                HALF as u32,
+            )
         }));
         if round == 2 {
             // The last READ is the failing one: nothing to replay behind it.
@@ -132,11 +148,17 @@ fn a_failed_read_in_a_same_buffer_window_replays_the_later_reads() {
             let last = (WIN - 1) * LEN;
             want[..HALF].copy_from_slice(&good_src[last..last + HALF]);
         }
-        assert!(la.bytes() == &want[..], "round {round}: local bytes are not the last READs'");
+        assert!(
+            la.bytes() == &want[..],
+            "round {round}: local bytes are not the last READs'"
+        );
         let after = a.ctx.stats();
         if round == 1 {
             assert!(after.two_sided > before.two_sided, "no check failed");
-            assert!(after.replayed >= (WIN - 1) as u64, "later READs not replayed");
+            assert!(
+                after.replayed >= (WIN - 1) as u64,
+                "later READs not replayed"
+            );
         }
         assert_eq!(qa.outstanding(), 0);
     }

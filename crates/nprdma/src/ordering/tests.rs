@@ -499,7 +499,10 @@ fn reads_into_one_buffer_pipeline_but_a_write_after_read_does_not() {
     t.complete(b).unwrap();
     // A READ into the buffer a WRITE sends from: same hazard, locally.
     let mut t = OrderTable::new(OrderConfig::default());
-    let w = issued(t.submit(OpDesc::write(r(0, 64), r(1000, 64)), 0u32).unwrap());
+    let w = issued(
+        t.submit(OpDesc::write(r(0, 64), r(1000, 64)), 0u32)
+            .unwrap(),
+    );
     on_nic(&mut t, w);
     parked(t.submit(OpDesc::read(r(0, 64), r(3000, 64)), 1).unwrap());
 }
