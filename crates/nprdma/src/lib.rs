@@ -82,7 +82,11 @@
 //!   transiently see a later overlapping WRITE's bytes before (and again
 //!   after) an earlier one's; the final bytes and the completion order are
 //!   RC's. Messages, atomics, order-before/after and strict mode keep the
-//!   paper's parking.
+//!   paper's parking. *Known cost:* overlapping unsignaled small WRITEs
+//!   with *different* data to the same range defer their read-backs past
+//!   the later WRITEs, so the earlier ones' read-backs see the later bytes
+//!   and fail: they go two-sided and the later ones replay — correct, but
+//!   slow (perftest-style loops write the same data and are unaffected).
 //! * Read-backs land in page-aligned scratch at the remote address's page
 //!   offset: with a misaligned heap buffer the NIC's copy hit a `rep movsb`
 //!   slow case of this CPU (4 KiB read-back WRITE 3.8 µs instead of 1.4).
