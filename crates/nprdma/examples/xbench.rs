@@ -18,6 +18,8 @@
 //! `XBENCH_RING_RW_MAX=none|<bytes>`: rnic's `ring_rw_max` for both hosts
 //! (default 0: every READ/WRITE is done directly by the initiator, so the
 //! target's NIC thread sleeps and only its polling thread spins).
+//! `XBENCH_NIC_SPIN_US=<us>`: rnic's `nic_spin` (how long the NIC thread
+//! spins after its last request before it sleeps; default rnic's).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -61,9 +63,14 @@ fn host_cfg() -> rnic::HostConfig {
         Ok(s) => Some(s.parse().expect("XBENCH_RING_RW_MAX: none or bytes")),
         Err(_) => Some(0),
     };
+    let d = rnic::HostConfig::default();
+    let nic_spin = std::env::var("XBENCH_NIC_SPIN_US").map_or(d.nic_spin, |s| {
+        std::time::Duration::from_micros(s.parse().expect("XBENCH_NIC_SPIN_US: microseconds"))
+    });
     rnic::HostConfig {
         ring_rw_max,
-        ..Default::default()
+        nic_spin,
+        ..d
     }
 }
 
