@@ -8,12 +8,8 @@
 
 /// A registered control buffer (see the module docs).
 pub(crate) enum CtrlBuf {
-    Pool {
-        // Field order is drop order: the MR is deregistered before the pool
-        // pages are released.
-        mr: rnic::Mr,
-        buf: rnic::DmaBuffer,
-    },
+    /// Owns the pool buffer; deregisters before freeing it.
+    Pool(rnic::DmaMr),
     Heap(rnic::OwnedMr),
 }
 
@@ -27,13 +23,7 @@ impl CtrlBuf {
         access: rnic::Access,
     ) -> Result<CtrlBuf, rnic::Error> {
         match host.alloc_dma_buffer(len) {
-            Ok(buf) => {
-                // SAFETY: the pool buffer is populated, mlocked and owned by
-                // the returned value; it outlives the MR (field drop order).
-                #[allow(unsafe_code)]
-                let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), access) }?;
-                Ok(CtrlBuf::Pool { mr, buf })
-            }
+            Ok(buf) => Ok(CtrlBuf::Pool(pd.reg_dma_buffer(buf, access)?)),
             Err(e) => {
                 tracing::debug!(error = %e, len, "control buffer not from the DMA pool");
                 Ok(CtrlBuf::Heap(pd.reg_mr_owned(vec![0; len], access)?))
@@ -43,7 +33,7 @@ impl CtrlBuf {
 
     pub fn sge(&self, off: usize, len: u32) -> rnic::Sge {
         match self {
-            CtrlBuf::Pool { mr, .. } => mr.sge(off, len),
+            CtrlBuf::Pool(m) => m.sge(off, len),
             CtrlBuf::Heap(m) => m.sge(off, len),
         }
     }
@@ -55,9 +45,10 @@ impl CtrlBuf {
     /// derived from the ring size).
     pub fn read(&self, off: usize, out: &mut [u8]) {
         match self {
-            CtrlBuf::Pool { buf, .. } => {
-                buf.read_at(off, out).expect("control slot read in bounds")
-            }
+            CtrlBuf::Pool(m) => m
+                .buffer()
+                .read_at(off, out)
+                .expect("control slot read in bounds"),
             CtrlBuf::Heap(m) => m.read(off, out),
         }
     }
