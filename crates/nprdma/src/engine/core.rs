@@ -6,7 +6,7 @@
 //! polling thread, or an application thread polling its CQ).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +16,7 @@ use rnic::{QpAttr, QpAttrMask, QpInitAttr, QpState as NicQpState, WcStatus, WrOp
 use smallvec::SmallVec;
 
 use super::ctrlbuf::CtrlBuf;
+use super::idhash::IdMap;
 use super::mr::MrEntry;
 use super::ucq::UCq;
 use super::{Config, Error, RecvWr, SendWr, Stats};
@@ -122,14 +123,18 @@ impl Shared {
     /// An application thread is polling: the polling thread stays asleep
     /// for a while (the application progresses inline).
     pub fn mark_app_active(&self) {
-        self.app_polls.fetch_add(1, Ordering::Relaxed);
+        // A plain load + store, not a locked read-modify-write: the polling
+        // thread only watches for a change; an increment lost between two
+        // racing pollers is harmless (each stores a value it did not read).
+        let n = self.app_polls.load(Ordering::Relaxed);
+        self.app_polls.store(n.wrapping_add(1), Ordering::Relaxed);
     }
 }
 
 pub(crate) struct State {
     qps: Vec<Option<QpState>>,
     gens: Vec<u8>,
-    pub mrs: HashMap<u32, Arc<MrEntry>>,
+    pub mrs: IdMap<Arc<MrEntry>>,
     pub keys: KeyTable,
     ready: VecDeque<(usize, u32)>,
     pub next_pd: u32,
@@ -158,7 +163,7 @@ impl State {
         State {
             qps: Vec::new(),
             gens: Vec::new(),
-            mrs: HashMap::new(),
+            mrs: IdMap::default(),
             keys: KeyTable::new(PS as usize).expect("page size is a power of two"),
             ready: VecDeque::new(),
             next_pd: 0,
@@ -1840,7 +1845,7 @@ fn grant(
 }
 
 fn region<'a>(
-    mrs: &'a HashMap<u32, Arc<MrEntry>>,
+    mrs: &'a IdMap<Arc<MrEntry>>,
     pd: u32,
     rkey: u32,
 ) -> Option<(Arc<MrEntry>, LocalRegion<'a, RnicIommu>)> {

@@ -5,6 +5,7 @@
 
 mod core;
 mod ctrlbuf;
+mod idhash;
 mod mr;
 mod ucq;
 
