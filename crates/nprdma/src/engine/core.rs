@@ -1146,6 +1146,7 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 /// Page versions of a local range (inline up to 8 pages: no allocation).
 type Versions = SmallVec<[u32; 8]>;
 
+#[inline]
 fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Versions {
     let Some((first, n)) = page_span(addr, len, PS as usize) else {
         return Versions::new();
@@ -1155,6 +1156,31 @@ fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Versions
         shadow.versions().snapshot(i, &mut v);
     }
     v
+}
+
+/// The optimistic check's version condition, read in place: a fresh
+/// `local_versions(shadow, addr, len)` equals `before` and every version is
+/// odd (each page's word is read once; a range outside the table reads as
+/// even versions, i.e. fails, as in `local_versions`).
+fn versions_unchanged(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64, before: &[u32]) -> bool {
+    let Some((first, n)) = page_span(addr, len, PS as usize) else {
+        return before.is_empty();
+    };
+    if n as usize != before.len() {
+        return false;
+    }
+    if n == 0 {
+        return true;
+    }
+    let Some(i) = shadow.page_index(first) else {
+        return false;
+    };
+    let vt = shadow.versions();
+    before.iter().enumerate().all(|(k, &b)| {
+        i.checked_add(k)
+            .and_then(|j| vt.get(j))
+            .is_some_and(|v| v == b && v % 2 == 1)
+    })
 }
 
 fn post_steps(
@@ -1310,8 +1336,7 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         finish(st, qi, id, err, 0);
         return;
     }
-    let now = local_versions(&lmr.shadow, laddr, len);
-    let mut ok = now == lver && now.iter().all(|v| v % 2 == 1);
+    let mut ok = versions_unchanged(&lmr.shadow, laddr, len, &lver);
     if ok {
         ok = match strat {
             Strategy::ReadMagic => mem::with_slice(laddr, len as usize, |d| {

@@ -14,8 +14,8 @@ use rnic::{WcStatus, WrOpcode};
 
 use super::super::ucq::UCq;
 use super::{
-    comp_op, enc, eval_one_sided, fail_qp, local_versions, MrEntry, Op, QpState, Scratch, Shared,
-    Stage, State, Versions, K_FAST, PS,
+    comp_op, enc, eval_one_sided, fail_qp, local_versions, versions_unchanged, MrEntry, Op,
+    QpState, Scratch, Shared, Stage, State, Versions, K_FAST, PS,
 };
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::engine::SendWr;
@@ -305,8 +305,7 @@ pub(super) fn on_wc(
 /// `eval_one_sided`'s): local page versions unchanged and odd, then the
 /// magic check of a READ or the read-back comparison of a WRITE.
 fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
-    let now = local_versions(&f.lmr.shadow, f.laddr, f.len);
-    if now != f.lver || now.iter().any(|v| v % 2 == 0) {
+    if !versions_unchanged(&f.lmr.shadow, f.laddr, f.len, &f.lver) {
         return false;
     }
     let (laddr, len, raddr) = (f.laddr, f.len as usize, f.wr.remote_addr);
