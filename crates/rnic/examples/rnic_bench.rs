@@ -617,6 +617,25 @@ fn pvm_baseline(rows: &mut Vec<String>, pid: u32, raddr: u64, iters: usize) {
     }
 }
 
+/// Cost of an idle `Cq::poll` (empty CQ, its QP connected with nothing queued): what
+/// a spinning poller pays per loop. Median of 200 blocks of 10000 polls.
+fn idle_poll(transport: &str, a: &Side, rows: &mut Vec<String>) {
+    let mut out = [Wc::default(); 16];
+    let mut blocks = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let t = Instant::now();
+        for _ in 0..10_000 {
+            assert_eq!(a.cq.poll(std::hint::black_box(&mut out)).unwrap(), 0);
+        }
+        blocks.push(t.elapsed().as_nanos() as f64 / 10_000.0);
+    }
+    blocks.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    rows.push(format!(
+        "| {transport} | idle Cq::poll (median / min of 200x10k) | 0 | {:.1} ns | {:.1} ns |",
+        blocks[100], blocks[0]
+    ));
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--server") {
         server();
@@ -652,6 +671,7 @@ fn main() {
         b.qp.connect(all(), ha.addr(), a.qp.qpn(), 7).unwrap();
         if !iova_only {
             suite("in-process", &a, target.addr() as u64, target.rkey(), iters, &mut rows);
+            idle_poll("in-process", &a, &mut rows);
         }
         let (lp, rp) = (pinned_and_iova(&ha, &a.pd, 1), pinned_and_iova(&hb, &b.pd, 7));
         let rkeys = (rp.plain.rkey(), rp.iova.rkey());

@@ -10,7 +10,7 @@ use crate::verbs::{Wc, WcFlags, WcOpcode, WcStatus};
 use crate::{sys, Error, Result};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,10 @@ pub(crate) struct CqInner {
     poll_lock: Mutex<()>,
     /// QPs whose send queue completes here (progressed by `poll`).
     pub qps: Mutex<Vec<Weak<QpInner>>>,
+    /// How many of `qps` have send-queue work (queued, issued or waiting WRs, zombie
+    /// ring slots): maintained by each QP under its SQ lock (`QpInner::note_busy`).
+    /// Zero lets an idle `poll` skip the `qps` lock entirely.
+    pub busy_qps: AtomicU32,
     channel: Option<CompChannel>,
 }
 
@@ -157,6 +161,7 @@ impl Cq {
                 depth,
                 poll_lock: Mutex::new(()),
                 qps: Mutex::new(Vec::new()),
+                busy_qps: AtomicU32::new(0),
                 channel: channel.cloned(),
             }),
         };
@@ -182,14 +187,27 @@ impl Cq {
     /// queues of the QPs completing here. Err(CqOverflow) once the CQ overflowed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         // Progress the send queues completing here (no allocation on this hot path).
-        for w in self.inner.qps.lock().iter() {
-            if let Some(q) = w.upgrade() {
-                q.progress();
+        // Idle QPs have nothing to progress (the NIC thread attends to issued WRs and
+        // RNR timers on its own): with none busy, no lock is taken.
+        if self.inner.busy_qps.load(Ordering::Acquire) != 0 {
+            for w in self.inner.qps.lock().iter() {
+                if let Some(q) = w.upgrade() {
+                    q.progress();
+                }
             }
         }
         let hi = self.inner.host.inner();
         let seg = &hi.seg;
         let c = seg.cq(self.inner.idx).expect("own CQ");
+        let h0 = c.head.load(Ordering::Acquire);
+        if out.is_empty() || seg.wc(self.inner.idx, h0, self.inner.depth).seq.load(Ordering::Acquire) != h0 + 1 {
+            // Nothing ready at the head (a racing poller may have just taken it, which
+            // only means this call returns empty, as it could have under the lock).
+            if c.overflow.load(Ordering::Acquire) != 0 {
+                return Err(Error::CqOverflow);
+            }
+            return Ok(0);
+        }
         let _g = self.inner.poll_lock.lock();
         let mut n = 0;
         let mut h = c.head.load(Ordering::Relaxed);

@@ -100,6 +100,8 @@ pub(crate) struct QpInner {
     pub last_progress: AtomicU64,
     /// Whether the QP is on the host's active list (NIC-thread attention).
     pub in_active: std::sync::atomic::AtomicBool,
+    /// Whether this QP counts in its send CQ's `busy_qps` (written under the SQ lock).
+    busy: std::sync::atomic::AtomicBool,
     me: Weak<QpInner>,
 }
 
@@ -200,6 +202,7 @@ impl Qp {
             deadline: AtomicU64::new(0),
             last_progress: AtomicU64::new(0),
             in_active: std::sync::atomic::AtomicBool::new(false),
+            busy: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         });
         {
@@ -275,6 +278,9 @@ impl Drop for QpInner {
         }
         h.qps.lock().release(self.idx);
         h.qpns.lock().1.remove(&self.qpn);
+        if *self.busy.get_mut() {
+            self.send_cq.inner.busy_qps.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
@@ -388,6 +394,7 @@ impl QpInner {
                 sq.attr = QpAttr::default();
                 self.outstanding.store(0, Ordering::Relaxed);
                 self.deadline.store(0, Ordering::Relaxed);
+                self.note_busy(&sq);
             }
             QpState::Err => {
                 responder::qp_error(&h.seg, &h.self_peer, self.idx);
@@ -549,6 +556,7 @@ impl QpInner {
             // Nothing queued, issued or waiting: no clock read, no bookkeeping (this
             // runs on every CQ poll of a spinning application). An ERR/RESET QP with an
             // empty SQ has nothing to flush either.
+            self.note_busy(sq);
             return;
         }
         let now = sys::now_ns();
@@ -592,6 +600,24 @@ impl QpInner {
         if dl != 0 && dl != old_dl {
             // A new RNR timer: make the NIC thread recompute its sleep.
             hi(self).kick_nic();
+        }
+        self.note_busy(sq);
+    }
+
+    /// Keep the send CQ's `busy_qps` count in step with this SQ (call under the SQ
+    /// lock after any change): busy while WRs are queued, issued or waiting on a timer
+    /// (all in `entries`) or zombie ring slots remain; otherwise `progress` is a no-op
+    /// and an idle `Cq::poll` may skip this QP.
+    fn note_busy(&self, sq: &Sq) {
+        let busy = !sq.entries.is_empty() || !sq.zombies.is_empty();
+        if busy != self.busy.load(Ordering::Relaxed) {
+            self.busy.store(busy, Ordering::Relaxed);
+            let n = &self.send_cq.inner.busy_qps;
+            if busy {
+                n.fetch_add(1, Ordering::Release);
+            } else {
+                n.fetch_sub(1, Ordering::Release);
+            }
         }
     }
 
@@ -827,5 +853,52 @@ mod tests {
         assert!(QpAttr::rts(7).1.contains(req));
         let (req, _) = allowed(Reset, Init).unwrap();
         assert!(QpAttr::init(Access::empty()).1.contains(req));
+    }
+
+    /// The send CQ's busy count tracks SQ work: raised while a SEND waits out RNR
+    /// retries (and `poll` keeps retrying it), back to zero once it completes, and
+    /// released when a busy QP is destroyed.
+    #[test]
+    fn send_cq_busy_count_follows_sq_work() {
+        use crate::{Host, HostConfig};
+        use std::time::Duration;
+        let h = Host::new(HostConfig::default()).unwrap();
+        let ctx = h.open_context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let (cq, rcq) = (ctx.create_cq(16, None).unwrap(), ctx.create_cq(16, None).unwrap());
+        let a = pd.create_qp(&cq, &rcq, &QpInitAttr::default()).unwrap();
+        let b = pd.create_qp(&rcq, &rcq, &QpInitAttr::default()).unwrap();
+        let acc = Access::LOCAL_WRITE;
+        a.connect(acc, h.addr(), b.qpn(), 7).unwrap();
+        b.connect(acc, h.addr(), a.qpn(), 7).unwrap();
+        let busy = || cq.inner.busy_qps.load(Ordering::Acquire);
+        assert_eq!(busy(), 0);
+        let src = pd.reg_mr_owned(vec![7u8; 8], acc).unwrap();
+        let dst = pd.reg_mr_owned(vec![0u8; 8], acc).unwrap();
+        let sge = [src.sge(0, 8)];
+        a.post_send(&[SendWr::new(1, WrOpcode::Send, &sge)]).unwrap();
+        // No receive posted: RNR, retried forever (rnr_retry 7).
+        let mut out = [Wc::default(); 1];
+        for _ in 0..50 {
+            assert_eq!(cq.poll(&mut out).unwrap(), 0);
+            assert_eq!(busy(), 1, "RNR-waiting SQ must keep the CQ busy");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let rs = [dst.sge(0, 8)];
+        b.post_recv(&[RecvWr { wr_id: 9, sg_list: &rs }]).unwrap();
+        let wc = cq.poll_wait(1, Duration::from_secs(5)).unwrap()[0];
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+        assert_eq!(busy(), 0);
+        assert_eq!(dst.to_vec(0, 8), vec![7u8; 8]);
+        // A QP destroyed with work still queued gives its count back.
+        a.post_send(&[SendWr::new(2, WrOpcode::Send, &sge)]).unwrap();
+        assert_eq!(busy(), 1);
+        drop(a);
+        // The NIC thread may briefly hold its own reference (RNR timer scan).
+        let t = std::time::Instant::now();
+        while busy() != 0 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(busy(), 0);
     }
 }
