@@ -25,18 +25,8 @@ const FAULTS: [Fault; 5] = [
     Fault::LocalMinor,
 ];
 
-struct Env {
-    a: Side,
-    b: Side,
-    qa: nprdma::Qp,
-    _qb: nprdma::Qp,
-}
-
 fn env() -> Env {
-    let a = side();
-    let b = side();
-    let (qa, qb) = connect(&a, &b, 64);
-    Env { a, b, qa, _qb: qb }
+    env_with_depth(64)
 }
 
 /// Fresh buffers for one case; "minor" = never touched (zero pages), so we

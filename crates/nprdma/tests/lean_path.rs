@@ -13,18 +13,8 @@ use nprdma::{CompOp, Opcode, SendWr};
 
 const LEN: usize = 64 * 1024;
 
-struct Env {
-    a: Side,
-    b: Side,
-    qa: nprdma::Qp,
-    _qb: nprdma::Qp,
-}
-
 fn env() -> Env {
-    let a = side();
-    let b = side();
-    let (qa, qb) = connect(&a, &b, 16);
-    Env { a, b, qa, _qb: qb }
+    env_with_depth(16)
 }
 
 fn rd(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {

@@ -54,6 +54,22 @@ pub fn connect(a: &Side, b: &Side, depth: u32) -> (Qp, Qp) {
     (qa, qb)
 }
 
+/// Two default sides and one connected QP pair (`qa` on `a` is the initiator).
+pub struct Env {
+    pub a: Side,
+    pub b: Side,
+    pub qa: Qp,
+    pub _qb: Qp,
+}
+
+/// [`Env`] with QPs of `depth`.
+pub fn env_with_depth(depth: u32) -> Env {
+    let a = side();
+    let b = side();
+    let (qa, qb) = connect(&a, &b, depth);
+    Env { a, b, qa, _qb: qb }
+}
+
 /// Pager-managed memory registered as an NP-RDMA MR.
 pub struct Buf {
     pub mr: Mr,
