@@ -111,6 +111,11 @@
 //!   swap-in) by a CPU copy; the pages are then pinned (zero-filled /
 //!   swapped in) and mapped in right after the answer, off the initiator's
 //!   critical path.
+//! * The control channel's pinned command-slot receive rings (64 B × depth)
+//!   are buffers of rnic's NIC-shared DMA pool (`engine/ctrlbuf.rs`;
+//!   `rnic::Host::alloc_dma_buffer`), so the peer's software NIC delivers a
+//!   control SEND with a memcpy instead of a cross-process copy syscall; a
+//!   QP whose pool is off or full falls back to an owned heap ring.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no
