@@ -481,13 +481,7 @@ fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
         let served = e.b.ctx.stats().served;
         let c = post1(
             &e,
-            SendWr::new(
-                k as u64,
-                Opcode::Read,
-                Some(la.mr.sge(off as u64, len as u32)),
-                rb.addr() + off as u64,
-                rb.mr.rkey(),
-            ),
+            rd(k as u64, &la, off as u64, &rb, off as u64, len as u32),
         );
         assert_eq!(c.status, 0);
         assert!(la.bytes()[off..off + len].iter().all(|&b| b == 0), "zeroes");
@@ -495,13 +489,7 @@ fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
         // The target pinned (zero-filled) and mapped the pages after
         // answering: the same READ now succeeds one-sided.
         let again = || {
-            let wr = SendWr::new(
-                9,
-                Opcode::Read,
-                Some(la.mr.sge(off as u64, len as u32)),
-                rb.addr() + off as u64,
-                rb.mr.rkey(),
-            );
+            let wr = rd(9, &la, off as u64, &rb, off as u64, len as u32);
             post1(&e, wr).status == 0 && la.bytes()[off..off + len].iter().all(|&b| b == 0)
         };
         assert!(eventually_one_sided(&e, again), "one-sided now");
@@ -532,25 +520,13 @@ fn remote_read_of_swapped_pages_answers_from_swap_then_maps_them_in() {
         let served = e.b.ctx.stats().served;
         let c = post1(
             &e,
-            SendWr::new(
-                k as u64,
-                Opcode::Read,
-                Some(la.mr.sge(off as u64, len as u32)),
-                rb.addr() + off as u64,
-                rb.mr.rkey(),
-            ),
+            rd(k as u64, &la, off as u64, &rb, off as u64, len as u32),
         );
         assert_eq!(c.status, 0);
         assert_eq!(&la.bytes()[off..off + len], &pb[off..off + len], "READ {k}");
         assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
         let again = || {
-            let wr = SendWr::new(
-                9,
-                Opcode::Read,
-                Some(la.mr.sge(off as u64, len as u32)),
-                rb.addr() + off as u64,
-                rb.mr.rkey(),
-            );
+            let wr = rd(9, &la, off as u64, &rb, off as u64, len as u32);
             post1(&e, wr).status == 0 && la.bytes()[off..off + len] == pb[off..off + len]
         };
         assert!(eventually_one_sided(&e, again), "one-sided now");

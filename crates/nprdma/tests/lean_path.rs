@@ -9,32 +9,12 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use nprdma::{CompOp, Opcode, SendWr};
+use nprdma::{CompOp, Opcode};
 
 const LEN: usize = 64 * 1024;
 
 fn env() -> Env {
     env_with_depth(16)
-}
-
-fn rd(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
-    SendWr::new(
-        id,
-        Opcode::Read,
-        Some(l.mr.sge(loff, len)),
-        r.addr() + roff,
-        r.mr.rkey(),
-    )
-}
-
-fn wr(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
-    SendWr::new(
-        id,
-        Opcode::Write,
-        Some(l.mr.sge(loff, len)),
-        r.addr() + roff,
-        r.mr.rkey(),
-    )
 }
 
 /// Key sync happens on first use (general path); afterwards the QP is idle.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use nprdma::{Access, Completion, Config, Context, Cq, Mr, Pd, Qp};
+use nprdma::{Access, Completion, Config, Context, Cq, Mr, Opcode, Pd, Qp, SendWr};
 
 pub struct Side {
     pub host: rnic::Host,
@@ -131,4 +131,25 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A signaled one-sided `op` of `len` bytes from `l + loff` to/from `r + roff`.
+pub fn one_sided(op: Opcode, id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
+    SendWr::new(
+        id,
+        op,
+        Some(l.mr.sge(loff, len)),
+        r.addr() + roff,
+        r.mr.rkey(),
+    )
+}
+
+/// A READ of `r[roff..roff+len]` into `l[loff..]`.
+pub fn rd(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
+    one_sided(Opcode::Read, id, l, loff, r, roff, len)
+}
+
+/// A WRITE of `l[loff..loff+len]` to `r[roff..]`.
+pub fn wr(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
+    one_sided(Opcode::Write, id, l, loff, r, roff, len)
 }
