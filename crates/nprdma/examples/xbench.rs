@@ -17,7 +17,9 @@
 //! `XBENCH_PROFILE=1`: only the minor-fault row (for `perf record`).
 //! `XBENCH_RING_RW_MAX=none|<bytes>`: rnic's `ring_rw_max` for both hosts
 //! (default 0: every READ/WRITE is done directly by the initiator, so the
-//! target's NIC thread sleeps and only its polling thread spins).
+//! target's NIC thread sleeps and only its polling thread spins; `none`
+//! sends small ones through the target's request ring, which its polling
+//! thread then serves while it spins).
 //! `XBENCH_NIC_SPIN_US=<us>`: rnic's `nic_spin` (how long the NIC thread
 //! spins after its last request before it sleeps; default rnic's).
 

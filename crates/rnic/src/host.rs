@@ -148,6 +148,9 @@ pub(crate) struct HostInner {
     pub odp: crate::odp::OdpState,
     /// Free pages of the NIC-shared DMA pool (see [`crate::pool`]).
     pub pool: Mutex<crate::iommu::RangeAlloc>,
+    /// Held by whichever thread serves the doorbells (the NIC thread, or an
+    /// external poller, see [`Host::serve_rings`]): request rings have one consumer.
+    pub ring_server: Mutex<()>,
 }
 
 impl HostInner {
@@ -242,6 +245,7 @@ impl Host {
             peers: Mutex::new(HashMap::new()),
             active: Mutex::new(Vec::new()),
             attend_until: AtomicU64::new(0),
+            ring_server: Mutex::new(()),
             help_backoff: AtomicU64::new(0),
             odp: Default::default(),
             pool: Mutex::new(crate::iommu::RangeAlloc::new(
@@ -305,6 +309,34 @@ impl Host {
     }
 
     /// The host's IOMMU.
+    /// Declare that a thread of this process polls the request rings in the NIC
+    /// thread's place (`on`), or stops doing so. While on, peers ringing a
+    /// doorbell do not wake the NIC thread and the NIC thread does not spin after
+    /// its work: the caller must call [`Host::serve_rings`] in its loop. This
+    /// keeps a process at one spinning thread when it has its own polling
+    /// thread (NP-RDMA's). Turning it off serves what is pending, so no request
+    /// waits for a wake-up that was skipped; returns whether it served any.
+    pub fn set_ring_polling(&self, on: bool) -> bool {
+        let hdr = self.inner().seg.hdr();
+        if on {
+            hdr.ext_polling.store(1, Ordering::SeqCst);
+            return false;
+        }
+        hdr.ext_polling.store(0, Ordering::SeqCst);
+        // A requester that saw the flag still set rang before our store: its bit
+        // is visible now. Wait for the lock: the NIC thread may hold it (it then
+        // serves, but may have swapped the words before that bit arrived).
+        let _g = self.inner().ring_server.lock();
+        crate::nic::serve_doorbells_locked(self.inner())
+    }
+
+    /// Serve pending requests of peers (small READ/WRITE, atomics, shared copies)
+    /// from the calling thread, unless the NIC thread is serving right now.
+    /// Returns whether any was served. See [`Host::set_ring_polling`].
+    pub fn serve_rings(&self) -> bool {
+        crate::nic::serve_doorbells(self.inner())
+    }
+
     pub fn iommu(&self) -> &Iommu {
         &self.sh.inner.iommu
     }

@@ -54,7 +54,12 @@
 //!   (requesters wake it). A latency run therefore has one spinning thread per process:
 //!   the initiator's poller and the target's NIC thread; the initiator's own NIC thread
 //!   sleeps. It costs the active side no latency: a 2 B READ takes ~0.75 µs (see
-//!   BENCHMARKS.md).
+//!   BENCHMARKS.md). A process with a polling thread of its own (NP-RDMA's) lets that
+//!   thread serve the rings while it spins (`Host::set_ring_polling` +
+//!   `Host::serve_rings`): the NIC thread then neither spins nor is woken for a
+//!   doorbell, and turning the external polling off serves what rang meanwhile
+//!   (the requester reads the flag after ringing, SeqCst, so no request waits for a
+//!   wake-up that nobody sends). One request ring keeps one consumer (a lock).
 //! * **Large cross-process READ/WRITE** (≥ 256 KiB per section) are shared with the
 //!   target's NIC thread: the initiator posts the validated, translated copy units
 //!   (128 KiB) in a free ring slot and both claim units from a shared counter, so the

@@ -7,7 +7,6 @@
 use crate::host::HostInner;
 use crate::qp::QpInner;
 use crate::responder;
-use crate::segment::Segment;
 use crate::sys;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,8 +19,23 @@ pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
 /// While spinning, deferred work is looked at this often (or when kicked).
 const DEFERRED_EVERY_NS: u64 = 20_000;
 
-/// Serve every doorbell that rang. Returns whether any request was served.
-fn serve_doorbells(h: &HostInner, seg: &Segment) -> bool {
+/// Serve every doorbell that rang, unless another thread is serving them (it then
+/// sees what rang). Returns whether any request was served.
+pub(crate) fn serve_doorbells(h: &HostInner) -> bool {
+    let seg = &h.seg;
+    // Cheap idle test first: no lock traffic while nothing rang.
+    if (0..seg.doorbell_words()).all(|w| seg.doorbell_word(w).load(Ordering::Acquire) == 0) {
+        return false;
+    }
+    match h.ring_server.try_lock() {
+        Some(_g) => serve_doorbells_locked(h),
+        None => false,
+    }
+}
+
+/// [`serve_doorbells`] with `h.ring_server` held by the caller.
+pub(crate) fn serve_doorbells_locked(h: &HostInner) -> bool {
+    let seg = &h.seg;
     let mut work = false;
     for w in 0..seg.doorbell_words() {
         let word = seg.doorbell_word(w);
@@ -121,7 +135,9 @@ pub(crate) fn run(h: Arc<HostInner>) {
     };
     while !h.shutdown.load(Ordering::Acquire) {
         let seq = hdr.nic_seq.load(Ordering::SeqCst);
-        let mut work = serve_doorbells(&h, &seg);
+        let mut work = serve_doorbells(&h);
+        // Another thread polls the rings: do not spin for them.
+        let ext = hdr.ext_polling.load(Ordering::SeqCst) != 0;
         work |= crate::odp::serve(&h);
         let now = sys::now_ns();
         if seq != last_seq || now >= next_check || d.attend {
@@ -143,7 +159,7 @@ pub(crate) fn run(h: Arc<HostInner>) {
             last_work = now;
             continue;
         }
-        if now.saturating_sub(last_work) < spin_ns {
+        if !ext && now.saturating_sub(last_work) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
@@ -159,7 +175,10 @@ pub(crate) fn run(h: Arc<HostInner>) {
             continue;
         }
         hdr.nic_sleeping.store(1, Ordering::SeqCst);
-        let pending = (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0)
+        // Pending doorbells keep us awake unless the external poller serves them
+        // (it serves what is pending when it stops, see `Host::set_ring_polling`).
+        let ext = hdr.ext_polling.load(Ordering::SeqCst) != 0;
+        let pending = (!ext && (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0))
             || crate::odp::mail_pending(&seg);
         if !pending && !h.shutdown.load(Ordering::SeqCst) {
             let mut timeout = d.next_deadline.map(|x| x.saturating_sub(now));

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
-const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0002; // "nprdma" v2 (epoch slots, RQ line, DMA pool)
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0003; // "nprdma" v3 (epoch slots, RQ line, DMA pool, ext polling)
 
 /// A cache-line-aligned wrapper to keep hot shared counters apart.
 #[repr(C, align(64))]
@@ -107,6 +107,10 @@ pub struct Header {
     pub nic_seq: Line<AtomicU32>,
     /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
     pub nic_sleeping: Line<AtomicU32>,
+    /// 1 while another thread of the owner polls the doorbells in the NIC
+    /// thread's place (see `Host::set_ring_polling`): requesters then do not wake
+    /// the NIC thread for a doorbell.
+    pub ext_polling: Line<AtomicU32>,
     pub stats: Line<StatsRec>,
     pub nranges: Line<AtomicU32>,
     /// ODP model: page faults raised by peers in other processes (see `odp`).
@@ -598,10 +602,15 @@ impl Segment {
     pub fn doorbell_words(&self) -> u32 {
         self.p.max_qp.div_ceil(64)
     }
-    /// Ring the NIC thread's doorbell for QP index `qp`, waking it if asleep.
+    /// Ring the NIC thread's doorbell for QP index `qp`, waking it if asleep and
+    /// no other thread of the owner polls the doorbells.
     pub fn ring_doorbell(&self, qp: u32) {
         self.doorbell_word(qp / 64).fetch_or(1 << (qp % 64), Ordering::SeqCst);
-        self.kick();
+        // SeqCst pairs with `set_ring_polling(false)`: either the poller's final
+        // pass sees our bit, or we see the flag cleared and wake the NIC thread.
+        if self.hdr().ext_polling.load(Ordering::SeqCst) == 0 {
+            self.kick();
+        }
     }
     /// Wake the NIC thread if it sleeps.
     pub fn kick(&self) {
