@@ -2,7 +2,7 @@
 //! handler measured in the same run, pin latency, swap-out cost per page,
 //! residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
 //!
-//! `cargo run --release -p vmem --example vmem_bench [-- --quick]`
+//! `cargo run --release -p vmem --example vmem_bench [-- --quick] [--pins (only the pin table)]`
 
 use hdrhistogram::Histogram;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -356,6 +356,29 @@ fn pins(pages: usize) {
     run("resident");
     r.swap_out().unwrap();
     run("swapped out (swap read + COPY)");
+    // A two-sided NP-RDMA fault pins a whole request range at once.
+    let range_run = |r: &vmem::Region, name: &str| {
+        let range = 256;
+        let mut h = hist();
+        for i in 0..pages / range {
+            let a = r.addr() + i * range * PG;
+            let t = Instant::now();
+            p.pin(a, range * PG).unwrap();
+            h.record(t.elapsed().as_nanos() as u64 / range as u64)
+                .unwrap();
+            p.unpin(a, range * PG).unwrap();
+        }
+        println!(
+            "| {name}, one pin() of {range} pages (per page) | {:.2} | {:.2} | {:.2} |",
+            us(h.value_at_quantile(0.5)),
+            us(h.value_at_quantile(0.99)),
+            h.mean() / 1000.0
+        );
+    };
+    r.swap_out().unwrap();
+    range_run(&r, "swapped out");
+    let fresh = p.alloc(pages * PG).unwrap();
+    range_run(&fresh, "never touched");
     let mut h = hist();
     for i in 0..pages {
         let t = Instant::now();
@@ -599,6 +622,10 @@ fn main() {
             .map(|n| n.get())
             .unwrap_or(0)
     );
+    if std::env::args().any(|a| a == "--pins") {
+        pins(pages.min(10000));
+        return;
+    }
     faults(pages);
     pins(pages.min(10000));
     swap_out_cost(if quick { 4096 } else { 16384 });

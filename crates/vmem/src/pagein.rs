@@ -146,7 +146,6 @@ impl Inner {
             // SAFETY: self.zero is one readable page of zeroes.
             unsafe { self.uffd.copy(addr, self.zero.as_ptr(), PAGE, wake) }
         };
-        let add_pin = if why == Why::Pin { PIN_ONE } else { 0 };
         let outcome = match res {
             Ok(()) => {
                 if swapped {
@@ -185,6 +184,28 @@ impl Inner {
                 ));
             }
         };
+        self.publish_filled(w, v, why, outcome);
+        if is_fault {
+            let _ = self.uffd.wake(addr, PAGE);
+        }
+        self.check_budget();
+        Ok(outcome)
+    }
+
+    /// Publishes a page we filled (its BUSY bit held, `v` = word before):
+    /// resident (+ a pin for `Why::Pin`), BUSY and EVICTING cleared, its swap
+    /// slot freed, counters. The caller wakes faulting threads and checks the
+    /// budget.
+    pub(crate) fn publish_filled(
+        &self,
+        w: &std::sync::atomic::AtomicU64,
+        v: u64,
+        why: Why,
+        outcome: Brought,
+    ) {
+        let swapped = state::kind(v) == SWAPPED;
+        let is_fault = matches!(why, Why::Fault { .. });
+        let add_pin = if why == Why::Pin { PIN_ONE } else { 0 };
         // Pinned pages cannot be evicted before their notification anyway;
         // the caller clears NOTIFYING after notifying (outcomes Zero/Swap).
         let notifying = if self.cfg.eager_swap_in_notify
@@ -218,10 +239,7 @@ impl Inner {
                 Brought::Already => &self.stats.c.spurious_faults,
                 _ => &self.stats.c.minor_faults,
             });
-            let _ = self.uffd.wake(addr, PAGE);
         }
-        self.check_budget();
-        Ok(outcome)
     }
 
     /// Marks a BUSY page whose mapping vanished as GONE (releasing its slot).
@@ -252,12 +270,26 @@ impl Inner {
         let mut pinned = 0usize;
         let r = Self::with_bounce(|buf| -> Result<()> {
             for s in &segs {
-                for p in s.start.max(p0)..s.end.min(p1) {
+                let end = s.end.min(p1);
+                let mut p = s.start.max(p0);
+                while p < end {
+                    // Runs of non-resident pages: one read + one ioctl each.
+                    let n = self.pin_run(&s.arr, p, end, |q| {
+                        if notify {
+                            swapped_in.push(q << PAGE_SHIFT);
+                        }
+                    })?;
+                    if n > 0 {
+                        pinned += n;
+                        p += n;
+                        continue;
+                    }
                     let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
                     pinned += 1;
                     if notify && b != Brought::Already {
                         swapped_in.push(p << PAGE_SHIFT);
                     }
+                    p += 1;
                 }
             }
             Ok(())

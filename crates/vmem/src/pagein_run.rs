@@ -1,0 +1,118 @@
+//! Pinning runs of consecutive non-resident pages at once: one swap read of
+//! consecutive slots (or one zeroed buffer) and one `UFFDIO_COPY` for the
+//! whole run, instead of a read and an ioctl per page. Used by `pin` of a
+//! range (a two-sided NP-RDMA fault pins whole request ranges); anything
+//! that does not fit a run falls back to the page-at-a-time path.
+
+use crate::core::{Brought, Inner, Why};
+use crate::error::{Error, Result};
+use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED, UNTOUCHED};
+use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::*;
+
+/// Longest run brought in by one read + one ioctl (128 KiB).
+pub const MAX_RUN: usize = 32;
+
+thread_local! {
+    static RUN_BUF: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+}
+
+impl Inner {
+    /// Tries to bring in and pin pages `p..` (at most up to `end`) as one run:
+    /// all UNTOUCHED, or all SWAPPED in consecutive slots, none busy. Returns
+    /// how many pages it pinned, each counted in `swapped_in` order; 0 means
+    /// "no run here" (fewer than two such pages, or the ioctl did nothing):
+    /// the caller takes the page-at-a-time path, which handles every special
+    /// case (resident, busy, gone, external, EEXIST, ...).
+    pub(crate) fn pin_run(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        end: usize,
+        mut on_page: impl FnMut(usize),
+    ) -> Result<usize> {
+        if arr.external || end - p < 2 {
+            return Ok(0);
+        }
+        // Lock the run: BUSY on each page, in order, stopping at the first
+        // page that does not continue it.
+        let mut words = [0u64; MAX_RUN];
+        let mut n = 0;
+        let kind0 = state::kind(arr.word(p).load(Acquire));
+        if kind0 != SWAPPED && kind0 != UNTOUCHED {
+            return Ok(0);
+        }
+        let mut slot0 = 0u32;
+        while n < MAX_RUN && p + n < end {
+            let w = arr.word(p + n);
+            let v = w.load(Acquire);
+            let fits = v & BUSY == 0
+                && state::kind(v) == kind0
+                && state::pins(v) < MAX_PINS
+                && match (kind0, state::slot(v)) {
+                    (SWAPPED, Some(s)) if n == 0 => {
+                        slot0 = s;
+                        true
+                    }
+                    (SWAPPED, Some(s)) => s == slot0.wrapping_add(n as u32),
+                    (SWAPPED, None) => false,
+                    _ => true,
+                };
+            if !fits || w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+                break;
+            }
+            words[n] = v;
+            n += 1;
+        }
+        let unlock = |from: usize| {
+            for k in from..n {
+                arr.word(p + k).fetch_and(!BUSY, Release);
+            }
+        };
+        if n < 2 {
+            unlock(0);
+            return Ok(0);
+        }
+        let addr = p << PAGE_SHIFT;
+        let copied = RUN_BUF.with(|b| -> Result<usize> {
+            let mut b = b.borrow_mut();
+            let buf = b.get_or_insert_with(|| PageBuf::new(MAX_RUN));
+            let bytes = &mut buf.as_mut_slice()[..n * PAGE];
+            if kind0 == SWAPPED {
+                // Slots of BUSY swapped pages cannot be freed or reused.
+                if let Err(e) = self.swap.read(slot0, bytes) {
+                    tracing::error!(addr, slot0, n, %e, "swap read of a run failed");
+                    unlock(0);
+                    return Err(Error::SwapIo(e));
+                }
+            } else {
+                bytes.fill(0);
+            }
+            // SAFETY: `buf` holds at least n readable pages; the destination
+            // pages are registered with our uffd and only filled if missing.
+            Ok(
+                match unsafe { self.uffd.copy(addr, buf.as_ptr(), n * PAGE, true) } {
+                    Ok(()) => n,
+                    Err(e) => (e.done as usize / PAGE).min(n),
+                },
+            )
+        })?;
+        let outcome = if kind0 == SWAPPED {
+            Brought::Swap
+        } else {
+            Brought::Zero
+        };
+        for (k, &v) in words.iter().enumerate().take(copied) {
+            self.publish_filled(arr.word(p + k), v, Why::Pin, outcome);
+            on_page(p + k);
+        }
+        // Pages the ioctl did not fill (EEXIST, EAGAIN, a vanished mapping):
+        // the page-at-a-time path sorts each of them out.
+        unlock(copied);
+        if copied > 0 {
+            self.check_budget();
+        }
+        Ok(copied)
+    }
+}
