@@ -95,11 +95,14 @@ impl Cq {
     /// Non-blocking poll; also progresses the engine in this thread (so a
     /// polling application never waits for the polling thread).
     pub fn poll(&self, out: &mut [Completion]) -> usize {
+        // Even a poll served from the queue: otherwise, once the polling
+        // thread is the one filling it, it never steps aside and fights the
+        // application's posts for the context lock.
+        self.sh.mark_app_active();
         let n = self.take(out);
         if n > 0 {
             return n;
         }
-        self.sh.mark_app_active();
         if let Some(mut st) = self.sh.st.try_lock() {
             let k = core::progress_app_into(&self.sh, &mut st, &self.u, out);
             drop(st);
