@@ -71,14 +71,18 @@
 //!   nothing). Any later post, a failed check, an error or a flush first
 //!   *promotes* it into those structures exactly as if it had been posted
 //!   there, so §5's guarantees hold unchanged.
-//! * **Pipelining overlapping one-sided ops, with replay** (beyond the
-//!   paper, `engine/core/replay.rs`, [`ordering`] module docs): the paper
+//! * **Pipelining overlapping one-sided ops, with replay**
+//!   (`Config::order.pipeline`, on by default; off = the paper's parking). Beyond the
+//!   paper, `engine/core/replay.rs`, [`ordering`] module docs: the paper
 //!   parks an op behind every overlapping in-flight op, which turns a
 //!   perftest-style window on the same buffers into one op at a time. Here
 //!   a READ/WRITE that overlaps only in-flight READ/WRITEs still in their
 //!   optimistic one-sided phase (NIC WRs posted, check pending, deferred
 //!   read-backs included) issues at once — the RC data QP executes it after
-//!   them — unless it would overwrite memory an earlier one reads. Results
+//!   them — unless it would overwrite memory an earlier one reads or part
+//!   of an earlier READ's destination (that would land before the earlier
+//!   READ's sampled check and could hide a torn atom from it; the long
+//!   chaos test caught this on 2026-11-25). Results
 //!   are final only in post order (a later op's result waits for earlier
 //!   overlapping ones). If an earlier op's check fails, it goes two-sided
 //!   and every later overlapping op already issued (transitively) has its

@@ -26,7 +26,8 @@
 //! completes). [`Mode::Strict`] treats every operation as order-before, i.e.
 //! at most one in flight.
 //!
-//! **Pipelining behind optimistic ops (replay).** The RC data QP executes
+//! **Pipelining behind optimistic ops (replay)** ([`OrderConfig::pipeline`],
+//! on by default). The RC data QP executes
 //! NIC WRs in post order, so an op that conflicts only with in-flight ops
 //! still in their *optimistic one-sided phase* (their NIC WRs are posted,
 //! their check is not done yet; the owner reports this with
@@ -34,7 +35,12 @@
 //! theirs. Only plain one-sided READ/WRITE ([`OpDesc::optimistic`]) qualify,
 //! on both sides of the conflict, and only if the new op does not write
 //! memory the earlier one reads (a write-after-read: the earlier op's
-//! fallback would see the later bytes, and replaying cannot undo a write); messages, atomics, order-before/after and
+//! fallback would see the later bytes, and replaying cannot undo a write)
+//! nor *part* of the earlier op's local destination (its data lands before
+//! the earlier op's check, which samples one word per DMA atom: covering
+//! the sampled word of a torn atom would hide the rest of it — found by the
+//! long chaos test; an identical destination, a same-buffer window, is
+//! fine: the later op replaces all of it and is checked itself); messages, atomics, order-before/after and
 //! [`Mode::Strict`] keep the parking rule above, and so does a conflict
 //! with an op that is not (or no longer) optimistic. Two consequences:
 //!
@@ -238,6 +244,16 @@ fn overwrites_reads(a: &[Span], b: &[Span]) -> bool {
     })
 }
 
+/// Whether `a` writes part, but not exactly all, of a range `b` writes.
+fn clobbers_partly(a: &[Span], b: &[Span]) -> bool {
+    a.iter().any(|x| {
+        x.access == Access::Write
+            && b.iter().any(|y| {
+                y.access == Access::Write && x.range.overlaps(&y.range) && x.range != y.range
+            })
+    })
+}
+
 /// Ordering policy of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -257,6 +273,9 @@ pub struct OrderConfig {
     pub loopback: bool,
     /// Messages conflict with in-flight remote writes (see module docs).
     pub messages_fence_writes: bool,
+    /// Pipeline overlapping optimistic READ/WRITEs with replay (see module
+    /// docs); on by default. Off = the paper's parking for every overlap.
+    pub pipeline: bool,
 }
 
 impl Default for OrderConfig {
@@ -265,6 +284,7 @@ impl Default for OrderConfig {
             mode: Mode::Relaxed,
             loopback: false,
             messages_fence_writes: true,
+            pipeline: true,
         }
     }
 }
@@ -289,15 +309,23 @@ impl OrderConfig {
 }
 
 impl OrderConfig {
-    /// Whether `later` writes memory that `earlier` reads (a
-    /// write-after-read hazard): replaying `later` cannot undo that, so it
-    /// never pipelines behind `earlier`.
+    /// Whether `later` may not pipeline behind `earlier` although both are
+    /// optimistic: it writes memory that `earlier` reads (a write-after-read
+    /// hazard: replaying `later` cannot undo that), or it overwrites *part*
+    /// of `earlier`'s local destination. The latter lands before
+    /// `earlier`'s check, which samples one word per DMA atom of its own
+    /// data: a partial overwrite can cover the sampled word of a torn
+    /// (signature) atom and leave the rest of it behind. Identical
+    /// destinations (a same-buffer window) are fine: `later` replaces all
+    /// of it and is checked itself.
     fn overwrites(&self, later: &OpDesc, earlier: &OpDesc) -> bool {
         overwrites_reads(&later.local, &earlier.local)
             || overwrites_reads(&later.remote, &earlier.remote)
+            || clobbers_partly(&later.local, &earlier.local)
             || (self.loopback
                 && (overwrites_reads(&later.local, &earlier.remote)
-                    || overwrites_reads(&later.remote, &earlier.local)))
+                    || overwrites_reads(&later.remote, &earlier.local)
+                    || clobbers_partly(&later.remote, &earlier.local)))
     }
 }
 
@@ -469,7 +497,7 @@ impl<T: Clone> OrderTable<T> {
         if op.order_before || self.cfg.mode == Mode::Strict {
             return None;
         }
-        let pipelines = op.pipelines();
+        let pipelines = self.cfg.pipeline && op.pipelines();
         let mut behind = false;
         // Newest first. An optimistic in-flight op with the same
         // description that `op` may pipeline behind vouches for every
@@ -567,7 +595,7 @@ impl<T: Clone> OrderTable<T> {
     pub fn on_nic(&mut self, t: Ticket, out: &mut Vec<(Ticket, T)>) -> Result<(), OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         let e = &mut self.inflight[i];
-        if e.op.pipelines() && self.cfg.mode == Mode::Relaxed {
+        if self.cfg.pipeline && e.op.pipelines() && self.cfg.mode == Mode::Relaxed {
             e.phase = Phase::Optimistic;
             self.release_parked(out);
         }

@@ -50,10 +50,13 @@ struct Driver {
     mlocal: Vec<u8>,
     mremote: Vec<u8>,
     expect: VecDeque<(u64, bool)>, // (wr_id, signaled) in post order
-    sends: VecDeque<Vec<u8>>,      // expected payloads of posted SENDs
+    sends: VecDeque<(usize, Vec<u8>)>, // (local offset, expected payload) of posted SENDs
     next_recv_slot: usize,
     completions: u64,
     recvs_done: u64,
+    /// (wr id, kind, local offset, len, remote offset) of every posted WR,
+    /// to name the operations behind a failure.
+    history: Vec<(u64, &'static str, usize, usize, usize)>,
 }
 
 fn driver(a: &Side, b: &Side, seed: u64) -> Driver {
@@ -92,7 +95,26 @@ fn driver(a: &Side, b: &Side, seed: u64) -> Driver {
         next_recv_slot: 0,
         completions: 0,
         recvs_done: 0,
+        history: Vec::new(),
     }
+}
+
+/// What a wrong payload looks like: where it differs, and whether the
+/// wrong bytes are the source's later content, zeroes or the magic word.
+fn mismatch(got: &[u8], want: &[u8], later: &[u8], lo: usize) -> String {
+    let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+    let (first, last) = (bad[0], *bad.last().expect("some byte differs"));
+    let later_match = bad.iter().all(|&i| got[i] == later[i]);
+    let zeros = bad.iter().all(|&i| got[i] == 0);
+    let magic = MAGIC.to_le_bytes();
+    let magicish = bad.iter().all(|&i| got[i] == magic[(lo + i) % 4]);
+    format!(
+        "len {} src offset {lo}: {} bytes differ in [{first}, {last}]; wrong bytes = source's later content: {later_match}, zeroes: {zeros}, magic: {magicish}; got {:02x?} want {:02x?}",
+        want.len(),
+        bad.len(),
+        &got[first..(first + 16).min(got.len())],
+        &want[first..(first + 16).min(want.len())],
+    )
 }
 
 fn rand_len(r: &mut Rng) -> usize {
@@ -125,12 +147,27 @@ impl Driver {
         for c in &rc[..k] {
             assert_eq!(c.status, 0, "recv error {c:?}");
             assert_eq!(c.op, CompOp::Recv);
-            let want = self.sends.pop_front().expect("a RECV for a posted SEND");
+            let (lo, want) = self.sends.pop_front().expect("a RECV for a posted SEND");
             let s = c.wr_id as usize;
             assert_eq!(s, self.next_recv_slot, "RECVs complete in order");
             assert_eq!(c.byte_len as usize, want.len());
             let got = &self.recv.bytes()[s * RSLOT..s * RSLOT + want.len()];
-            assert!(got == &want[..], "SEND payload mismatch");
+            if got != &want[..] {
+                let first = (0..want.len()).find(|&i| got[i] != want[i]).unwrap_or(0);
+                let at = lo + first;
+                let recent: Vec<_> = self
+                    .history
+                    .iter()
+                    .rev()
+                    .filter(|h| h.2 <= at && at < h.2 + h.3)
+                    .take(6)
+                    .collect();
+                panic!(
+                    "SEND payload mismatch: {}; last WR {:?}; latest WRs touching local {at}: {recent:?}",
+                    mismatch(got, &want, &self.mlocal[lo..lo + want.len()], lo),
+                    self.history.last()
+                );
+            }
             self.next_recv_slot = (s + 1) % RSLOTS;
             self.qb
                 .post_recv(&[RecvWr {
@@ -176,6 +213,34 @@ impl Driver {
         self.expect.clear();
     }
 
+    /// After a drain the local buffer must equal the model byte for byte
+    /// (every READ and atomic result landed): name the first wrong range
+    /// and the WRs that wrote it.
+    fn verify_local(&self, i: u64) {
+        let got = self.la.bytes();
+        let Some(first) = (0..MR).find(|&k| got[k] != self.mlocal[k]) else {
+            return;
+        };
+        let last = (first..MR)
+            .take_while(|&k| got[k] != self.mlocal[k])
+            .last()
+            .unwrap_or(first);
+        let writers: Vec<_> = self
+            .history
+            .iter()
+            .rev()
+            .filter(|h| {
+                matches!(h.1, "READ" | "ATOMIC" | "MAGIC") && h.2 <= first && first < h.2 + h.3
+            })
+            .take(4)
+            .collect();
+        panic!(
+            "local memory differs from the model after op {i}: [{first}, {last}] got {:02x?} want {:02x?}; latest writers {writers:?}",
+            &got[first..(first + 16).min(MR)],
+            &self.mlocal[first..(first + 16).min(MR)],
+        );
+    }
+
     /// Put magic words into both buffers (and the model) on purpose.
     fn inject_magic(&mut self, r: &mut Rng) {
         for _ in 0..8 {
@@ -184,9 +249,11 @@ impl Driver {
             if r.below(2) == 0 {
                 self.mlocal[off..off + 4].copy_from_slice(&m);
                 self.la.bytes_mut()[off..off + 4].copy_from_slice(&m);
+                self.history.push((0, "MAGIC", off, 4, 0));
             } else {
                 self.mremote[off..off + 4].copy_from_slice(&m);
                 self.rb.bytes_mut()[off..off + 4].copy_from_slice(&m);
+                self.history.push((0, "MAGIC-REMOTE", 0, 0, off));
             }
         }
     }
@@ -198,6 +265,7 @@ impl Driver {
         for i in 0..ops {
             if i % 200 == 199 {
                 self.drain();
+                self.verify_local(i);
                 self.inject_magic(&mut r);
             }
             let id = i + 1;
@@ -208,6 +276,7 @@ impl Driver {
                 let ro = r.below((DATA - len + 1) as u64) as usize;
                 let src = self.mremote[ro..ro + len].to_vec();
                 self.mlocal[lo..lo + len].copy_from_slice(&src);
+                self.history.push((id, "READ", lo, len, ro));
                 self.post(SendWr::new(
                     id,
                     Opcode::Read,
@@ -221,6 +290,7 @@ impl Driver {
                 let ro = r.below((DATA - len + 1) as u64) as usize;
                 let src = self.mlocal[lo..lo + len].to_vec();
                 self.mremote[ro..ro + len].copy_from_slice(&src);
+                self.history.push((id, "WRITE", lo, len, ro));
                 let mut wr = SendWr::new(
                     id,
                     Opcode::Write,
@@ -248,6 +318,7 @@ impl Driver {
                     Opcode::CmpSwap { compare, swap }
                 };
                 self.mlocal[res..res + 8].copy_from_slice(&old.to_le_bytes());
+                self.history.push((id, "ATOMIC", res, 8, w));
                 self.post(SendWr::new(
                     id,
                     op,
@@ -261,7 +332,9 @@ impl Driver {
                 }
                 let len = (rand_len(&mut r) % RSLOT).max(1);
                 let lo = r.below((DATA - len + 1) as u64) as usize;
-                self.sends.push_back(self.mlocal[lo..lo + len].to_vec());
+                self.sends
+                    .push_back((lo, self.mlocal[lo..lo + len].to_vec()));
+                self.history.push((id, "SEND", lo, len, 0));
                 self.post(SendWr::new(
                     id,
                     Opcode::Send,
@@ -316,6 +389,15 @@ fn ops(default: u64) -> u64 {
 #[test]
 fn chaos() {
     run_chaos(nprdma::Config::default(), ops(600));
+}
+
+/// The chaos test with the paper's parking instead of pipelining
+/// (`OrderConfig::pipeline` off).
+#[test]
+fn chaos_parking() {
+    let mut cfg = nprdma::Config::default();
+    cfg.order.pipeline = false;
+    run_chaos(cfg, ops(600));
 }
 
 /// The same under the other modes: retry mode (Receiver-Ready), versioned

@@ -301,13 +301,18 @@ fn arb_action() -> impl Strategy<Value = Action> {
 }
 
 fn arb_cfg() -> impl Strategy<Value = OrderConfig> {
-    (prop::bool::weighted(0.15), any::<bool>(), any::<bool>()).prop_map(|(strict, lb, fence)| {
-        OrderConfig {
+    (
+        prop::bool::weighted(0.15),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(strict, lb, fence, pipeline)| OrderConfig {
             mode: if strict { Mode::Strict } else { Mode::Relaxed },
             loopback: lb,
             messages_fence_writes: fence,
-        }
-    })
+            pipeline,
+        })
 }
 
 /// Checks one issue against the model state and records it.
@@ -424,6 +429,55 @@ fn tickets<T>(v: Vec<(Ticket, T)>) -> Vec<Ticket> {
     v.into_iter().map(|(t, _)| t).collect()
 }
 
+/// The default configuration with pipelining on (it is off by default).
+fn pipe() -> OrderConfig {
+    OrderConfig {
+        pipeline: true,
+        ..OrderConfig::default()
+    }
+}
+
+#[test]
+fn a_read_partly_overwriting_an_optimistic_reads_destination_parks() {
+    // Identical destination (a same-buffer window): pipelines.
+    let mut t = OrderTable::new(pipe());
+    let a = issued(
+        t.submit(OpDesc::read(r(0, 4096), r(0, 4096)), 0u32)
+            .unwrap(),
+    );
+    on_nic(&mut t, a);
+    issued(
+        t.submit(OpDesc::read(r(0, 4096), r(8192, 4096)), 1)
+            .unwrap(),
+    );
+    // Part of it: parks (it would land before `a`'s sampled check).
+    let mut t = OrderTable::new(pipe());
+    let a = issued(
+        t.submit(OpDesc::read(r(0, 4096), r(0, 4096)), 0u32)
+            .unwrap(),
+    );
+    on_nic(&mut t, a);
+    let b = parked(
+        t.submit(OpDesc::read(r(0, 2048), r(8192, 2048)), 1)
+            .unwrap(),
+    );
+    assert_eq!(tickets(t.complete(a).unwrap()), vec![b]);
+    // With loopback, a WRITE into part of it parks too.
+    let mut t = OrderTable::new(OrderConfig {
+        loopback: true,
+        ..pipe()
+    });
+    let a = issued(
+        t.submit(OpDesc::read(r(0, 4096), r(1 << 20, 4096)), 0u32)
+            .unwrap(),
+    );
+    on_nic(&mut t, a);
+    parked(
+        t.submit(OpDesc::write(r(1 << 21, 64), r(100, 64)), 1)
+            .unwrap(),
+    );
+}
+
 fn on_nic(t: &mut OrderTable<u32>, k: Ticket) -> Vec<Ticket> {
     let mut out = Vec::new();
     t.on_nic(k, &mut out).unwrap();
@@ -432,7 +486,7 @@ fn on_nic(t: &mut OrderTable<u32>, k: Ticket) -> Vec<Ticket> {
 
 #[test]
 fn overlapping_writes_pipeline_behind_an_optimistic_one_and_finish_in_order() {
-    let mut t = OrderTable::new(OrderConfig::default());
+    let mut t = OrderTable::new(pipe());
     let w = || OpDesc::write(r(0, 4096), r(1 << 20, 4096));
     let a = issued(t.submit(w(), 0u32).unwrap());
     // Not on the NIC yet: the next one parks as before.
@@ -457,7 +511,7 @@ fn overlapping_writes_pipeline_behind_an_optimistic_one_and_finish_in_order() {
 
 #[test]
 fn a_failed_check_replays_the_later_overlapping_ops_in_post_order() {
-    let mut t = OrderTable::new(OrderConfig::default());
+    let mut t = OrderTable::new(pipe());
     let w = |x: u64| OpDesc::write(r(0, 64), r(1000 + x, 64));
     let a = issued(t.submit(w(0), 0u32).unwrap());
     on_nic(&mut t, a);
@@ -488,7 +542,7 @@ fn a_failed_check_replays_the_later_overlapping_ops_in_post_order() {
 
 #[test]
 fn reads_into_one_buffer_pipeline_but_a_write_after_read_does_not() {
-    let mut t = OrderTable::new(OrderConfig::default());
+    let mut t = OrderTable::new(pipe());
     let a = issued(t.submit(OpDesc::read(r(0, 64), r(1000, 64)), 0u32).unwrap());
     on_nic(&mut t, a);
     let b = issued(t.submit(OpDesc::read(r(0, 64), r(2000, 64)), 1).unwrap());
@@ -498,7 +552,7 @@ fn reads_into_one_buffer_pipeline_but_a_write_after_read_does_not() {
     t.complete(a).unwrap();
     t.complete(b).unwrap();
     // A READ into the buffer a WRITE sends from: same hazard, locally.
-    let mut t = OrderTable::new(OrderConfig::default());
+    let mut t = OrderTable::new(pipe());
     let w = issued(
         t.submit(OpDesc::write(r(0, 64), r(1000, 64)), 0u32)
             .unwrap(),
@@ -518,7 +572,7 @@ fn messages_atomics_bits_and_strict_mode_do_not_pipeline() {
         w().order_after(true),
     ];
     for op in blocked {
-        let mut t = OrderTable::new(OrderConfig::default());
+        let mut t = OrderTable::new(pipe());
         let a = issued(t.submit(w(), 0u32).unwrap());
         on_nic(&mut t, a);
         parked(t.submit(op.clone(), 1).unwrap());
@@ -531,7 +585,7 @@ fn messages_atomics_bits_and_strict_mode_do_not_pipeline() {
     on_nic(&mut t, a);
     parked(t.submit(w(), 1).unwrap());
     // Nothing issues behind an optimistic op that is order-after either.
-    let mut t = OrderTable::new(OrderConfig::default());
+    let mut t = OrderTable::new(pipe());
     let a = issued(t.submit(w().order_after(true), 0u32).unwrap());
     on_nic(&mut t, a);
     parked(t.submit(w(), 1).unwrap());
@@ -582,6 +636,7 @@ proptest! {
                         !f.order_after
                             && (!cfg.conflicts(op, f)
                                 || (*opt
+                                    && cfg.pipeline
                                     && op.optimistic
                                     && !op.message
                                     && !op.order_after
