@@ -25,19 +25,6 @@ const RSLOTS: usize = 8;
 const RSLOT: usize = 32 * 1024;
 const MAGIC: u32 = 0xdead_beef;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// One initiator QP with its own MRs on both sides and its model.
 struct Driver {
     qa: Qp,
@@ -115,14 +102,6 @@ fn mismatch(got: &[u8], want: &[u8], later: &[u8], lo: usize) -> String {
         &got[first..(first + 16).min(got.len())],
         &want[first..(first + 16).min(want.len())],
     )
-}
-
-fn rand_len(r: &mut Rng) -> usize {
-    match r.below(10) {
-        0..=5 => 1 + r.below(4096) as usize,
-        6..=8 => 1 + r.below(16384) as usize,
-        _ => 1 + r.below(131072) as usize,
-    }
 }
 
 impl Driver {
@@ -358,37 +337,9 @@ impl Driver {
     }
 }
 
-fn evictor(
-    pager: vmem::Pager,
-    ranges: Vec<(usize, usize)>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let mut r = Rng(seed | 1);
-        let mut n = 0;
-        while !stop.load(Ordering::Relaxed) {
-            let (a, len) = ranges[r.below(ranges.len() as u64) as usize];
-            let pages = len / 4096;
-            let p = r.below(pages as u64) as usize;
-            let k = (1 + r.below(8) as usize).min(pages - p);
-            n += pager.swap_out(a + p * 4096, k * 4096).unwrap_or(0) as u64;
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        n
-    })
-}
-
-fn ops(default: u64) -> u64 {
-    std::env::var("NPRDMA_CHAOS_OPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn chaos() {
-    run_chaos(nprdma::Config::default(), ops(600));
+    run_chaos(nprdma::Config::default(), chaos_ops(600));
 }
 
 /// The chaos test with the paper's parking instead of pipelining
@@ -397,7 +348,7 @@ fn chaos() {
 fn chaos_parking() {
     let mut cfg = nprdma::Config::default();
     cfg.order.pipeline = false;
-    run_chaos(cfg, ops(600));
+    run_chaos(cfg, chaos_ops(600));
 }
 
 /// The same under the other modes: retry mode (Receiver-Ready), versioned
@@ -411,7 +362,7 @@ fn chaos_modes() {
     };
     cfg.plan.read_version_threshold = Some(8192);
     cfg.plan.inline_max = 256;
-    run_chaos(cfg, ops(400));
+    run_chaos(cfg, chaos_ops(400));
 }
 
 fn run_chaos(cfg: nprdma::Config, ops: u64) {

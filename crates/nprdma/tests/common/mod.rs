@@ -153,3 +153,58 @@ pub fn rd(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
 pub fn wr(id: u64, l: &Buf, loff: u64, r: &Buf, roff: u64, len: u32) -> SendWr {
     one_sided(Opcode::Write, id, l, loff, r, roff, len)
 }
+
+/// Xorshift PRNG of the randomized tests (deterministic per seed).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Chaos-test transfer length: mostly ≤ 4 KiB, some ≤ 16 KiB, a few ≤ 128 KiB.
+pub fn rand_len(r: &mut Rng) -> usize {
+    match r.below(10) {
+        0..=5 => 1 + r.below(4096) as usize,
+        6..=8 => 1 + r.below(16384) as usize,
+        _ => 1 + r.below(131072) as usize,
+    }
+}
+
+/// A thread swapping random runs of 1–8 pages of `ranges` out until `stop`;
+/// returns how many pages it swapped out.
+pub fn evictor(
+    pager: vmem::Pager,
+    ranges: Vec<(usize, usize)>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seed: u64,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut r = Rng(seed | 1);
+        let mut n = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let (a, len) = ranges[r.below(ranges.len() as u64) as usize];
+            let pages = len / 4096;
+            let p = r.below(pages as u64) as usize;
+            let k = (1 + r.below(8) as usize).min(pages - p);
+            n += pager.swap_out(a + p * 4096, k * 4096).unwrap_or(0) as u64;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        n
+    })
+}
+
+/// Operations per QP of a chaos test: `default`, or `NPRDMA_CHAOS_OPS`.
+pub fn chaos_ops(default: u64) -> u64 {
+    std::env::var("NPRDMA_CHAOS_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}

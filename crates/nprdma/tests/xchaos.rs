@@ -1,0 +1,415 @@
+//! The chaos test across processes: the target is a child process (this
+//! test binary re-executed) on the software NIC's shared-memory transport,
+//! so small one-sided ops and atomics go through the target's request ring
+//! and the control channel crosses processes. The parent posts random READ /
+//! WRITE / ATOMIC / SEND of random sizes and offsets; evictors on both sides
+//! swap random pages out; both MRs hold magic words on purpose. Checked: the
+//! parent's buffer against its model after every drain (every 200 ops),
+//! one completion per signaled WR in post order, and at the end — from the
+//! child — a hash of its memory against the model's, the received SEND
+//! payloads (count and a hash over them in order), zero NIC accesses to
+//! non-resident pages and no page left pinned on either side.
+//!
+//! Short by default; `NPRDMA_CHAOS_OPS=<ops>` runs the long form.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nprdma::{Endpoint, Opcode, RecvWr, SendWr};
+
+const MR: usize = 1 << 20;
+const ATOM_AREA: usize = 8192; // top of the MR: atomic words / results
+const DATA: usize = MR - ATOM_AREA;
+const RSLOTS: usize = 8;
+const RSLOT: usize = 32 * 1024;
+const MAGIC: u32 = 0xdead_beef;
+
+/// FNV-1a, 64 bit.
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
+}
+const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Initial content of a side's MR: a pattern with magic words at random
+/// 4-aligned offsets (both processes compute the same).
+fn initial(seed: u64) -> Vec<u8> {
+    let mut v = pattern(seed, MR);
+    let mut r = Rng(seed.wrapping_mul(77) | 1);
+    for _ in 0..64 {
+        let off = (r.below((MR / 4) as u64) * 4) as usize;
+        v[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
+    }
+    v
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn ep_from(s: &str) -> Endpoint {
+    let b: Vec<u8> = (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    Endpoint::from_bytes(b[..20].try_into().unwrap())
+}
+
+fn say(out: &mut impl Write, s: &str) {
+    writeln!(out, "NPX {s}").unwrap();
+    out.flush().unwrap();
+}
+
+/// The child: the target MR, a ring of RECV slots, an evictor; hashes each
+/// received SEND in order; answers `done` with its verdicts.
+fn child_main() {
+    let s = side();
+    let mut out = std::io::stdout();
+    let rb = Buf::with(&s, MR, Some(&initial(2)));
+    let recv = Buf::new(&s, RSLOTS * RSLOT);
+    let qp = s.pd.create_qp(&s.cq, &s.rcq, 32).unwrap();
+    for k in 0..RSLOTS {
+        qp.post_recv(&[RecvWr {
+            wr_id: k as u64,
+            sge: Some(recv.mr.sge((k * RSLOT) as u64, RSLOT as u32)),
+        }])
+        .unwrap();
+    }
+    say(
+        &mut out,
+        &format!(
+            "{} {} {}",
+            hex(&qp.endpoint().to_bytes()),
+            rb.addr(),
+            rb.mr.rkey()
+        ),
+    );
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let peer = ep_from(&lines.next().unwrap().unwrap());
+    qp.connect(&peer).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ranges = vec![
+        (rb.addr() as usize, MR),
+        (recv.addr() as usize, RSLOTS * RSLOT),
+    ];
+    let ev = evictor(s.pager.clone(), ranges.clone(), stop.clone(), 12);
+    // Receive in a thread that blocks between completions (no spinner).
+    let quit = AtomicBool::new(false);
+    let receiver = || {
+        let (mut n, mut h) = (0u64, FNV0);
+        let mut cs = [nprdma::Completion::default(); 8];
+        while !quit.load(Ordering::Acquire) {
+            s.rcq.req_notify();
+            let k = s.rcq.poll(&mut cs);
+            if k == 0 {
+                s.rcq.wait_event(Duration::from_millis(5));
+                continue;
+            }
+            for c in &cs[..k] {
+                assert_eq!(c.status, 0, "RECV error {c:?}");
+                let slot = c.wr_id as usize;
+                let data = &recv.bytes()[slot * RSLOT..slot * RSLOT + c.byte_len as usize];
+                h = fnv(fnv(h, &c.byte_len.to_le_bytes()), data);
+                n += 1;
+                qp.post_recv(&[RecvWr {
+                    wr_id: slot as u64,
+                    sge: Some(recv.mr.sge((slot * RSLOT) as u64, RSLOT as u32)),
+                }])
+                .unwrap();
+            }
+        }
+        (n, h)
+    };
+    std::thread::scope(|sc| {
+        let rx = sc.spawn(receiver);
+        say(&mut out, "ready");
+        let l = lines.next().map(|l| l.unwrap());
+        // `done`: the parent drained, every SEND completed, so every RECV
+        // is in (or the parent went away).
+        quit.store(true, Ordering::Release);
+        let (n, h) = rx.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let swapped = ev.join().unwrap();
+        if l.as_deref().map(str::trim) != Some("done") {
+            return;
+        }
+        let mem = fnv(FNV0, rb.bytes());
+        let nonres = s.ctx.nic_stats().nonresident_dma;
+        s.pager.set_budget(None);
+        let mut left = 0;
+        for &(a, len) in &ranges {
+            s.pager.swap_out(a, len).unwrap();
+            left += s.pager.resident_count(a, len).unwrap();
+        }
+        eprintln!(
+            "child: {n} RECVs, evictor swapped {swapped} pages, {:?}",
+            s.ctx.stats()
+        );
+        say(&mut out, &format!("{n} {h} {mem} {nonres} {left}"));
+    });
+}
+
+#[test]
+fn xchaos_child() {
+    if std::env::var("NPRDMA_XCHAOS_CHILD").is_ok() {
+        child_main();
+    }
+}
+
+#[test]
+fn chaos_across_processes() {
+    let ops = chaos_ops(1500);
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", "xchaos_child", "--nocapture", "--test-threads=1"])
+        .env("NPRDMA_XCHAOS_CHILD", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Watchdog: a hung run kills the child, which fails the test.
+    let pid = child.id() as i32;
+    let done = Arc::new(AtomicBool::new(false));
+    let limit = Duration::from_secs(60 + ops / 100);
+    {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while t.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(100));
+                if done.load(Ordering::Relaxed) {
+                    return;
+                }
+            }
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        });
+    }
+    let mut cin = child.stdin.take().unwrap();
+    let mut cout = BufReader::new(child.stdout.take().unwrap());
+    let mut read_line = move || -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(cout.read_line(&mut line).unwrap() > 0, "child exited");
+            if let Some(i) = line.find("NPX ") {
+                return line[i + 4..].trim().to_string();
+            }
+        }
+    };
+    let first = read_line();
+    let w: Vec<&str> = first.split_whitespace().collect();
+    let (peer, rbase, rkey): (Endpoint, u64, u32) =
+        (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
+
+    let a = side();
+    let mut mlocal = initial(1);
+    let mut mremote = initial(2);
+    let mut la = Buf::with(&a, MR, Some(&mlocal));
+    let qa = a.pd.create_qp(&a.cq, &a.rcq, 32).unwrap();
+    qa.connect(&peer).unwrap();
+    writeln!(cin, "{}", hex(&qa.endpoint().to_bytes())).unwrap();
+    cin.flush().unwrap();
+    assert_eq!(read_line(), "ready");
+    let stop = Arc::new(AtomicBool::new(false));
+    let ev = evictor(
+        a.pager.clone(),
+        vec![(la.addr() as usize, MR)],
+        stop.clone(),
+        11,
+    );
+    a.pager.set_budget(Some(128));
+
+    let mut r = Rng(4242);
+    let mut expect: VecDeque<(u64, bool)> = VecDeque::new();
+    let (mut sends, mut send_hash) = (0u64, FNV0);
+    let mut last_writer: Vec<(u64, &str, usize, usize)> = Vec::new();
+    let poll = |expect: &mut VecDeque<(u64, bool)>| -> usize {
+        let mut out = [nprdma::Completion::default(); 32];
+        let n = a.cq.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, 0, "completion error {c:?}");
+            loop {
+                let (id, sig) = expect.pop_front().expect("completion for a posted WR");
+                if id == c.wr_id {
+                    assert!(sig, "completion for an unsignaled WR {id}");
+                    break;
+                }
+                assert!(!sig, "signaled WR {id} skipped (got {})", c.wr_id);
+            }
+        }
+        n
+    };
+    let drain = |expect: &mut VecDeque<(u64, bool)>| {
+        let t0 = Instant::now();
+        while qa.outstanding() > 0 || expect.iter().any(|e| e.1) {
+            if poll(expect) == 0 {
+                std::thread::yield_now();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "drain stuck");
+        }
+        expect.clear();
+    };
+    let t0 = Instant::now();
+    for i in 0..ops {
+        if i % 200 == 199 {
+            drain(&mut expect);
+            if let Some(k) = (0..MR).find(|&k| la.bytes()[k] != mlocal[k]) {
+                let writers: Vec<_> = last_writer
+                    .iter()
+                    .rev()
+                    .filter(|w| w.2 <= k && k < w.2 + w.3)
+                    .take(4)
+                    .collect();
+                panic!(
+                    "local memory differs from the model after op {i} at {k}: got {:02x?} want {:02x?}; latest writers {writers:?}",
+                    &la.bytes()[k..(k + 16).min(MR)],
+                    &mlocal[k..(k + 16).min(MR)]
+                );
+            }
+            let off = (r.below((DATA / 4) as u64) * 4) as usize;
+            mlocal[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
+            la.bytes_mut()[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
+        }
+        let id = i + 1;
+        let kind = r.below(100);
+        let wr = if kind < 40 {
+            let len = rand_len(&mut r).min(DATA);
+            let lo = r.below((DATA - len + 1) as u64) as usize;
+            let ro = r.below((DATA - len + 1) as u64) as usize;
+            let src = mremote[ro..ro + len].to_vec();
+            mlocal[lo..lo + len].copy_from_slice(&src);
+            last_writer.push((id, "READ", lo, len));
+            SendWr::new(
+                id,
+                Opcode::Read,
+                Some(la.mr.sge(lo as u64, len as u32)),
+                rbase + ro as u64,
+                rkey,
+            )
+        } else if kind < 80 {
+            let len = rand_len(&mut r).min(DATA);
+            let lo = r.below((DATA - len + 1) as u64) as usize;
+            let ro = r.below((DATA - len + 1) as u64) as usize;
+            let src = mlocal[lo..lo + len].to_vec();
+            mremote[ro..ro + len].copy_from_slice(&src);
+            let mut w = SendWr::new(
+                id,
+                Opcode::Write,
+                Some(la.mr.sge(lo as u64, len as u32)),
+                rbase + ro as u64,
+                rkey,
+            );
+            w.signaled = r.below(5) != 0;
+            w
+        } else if kind < 92 {
+            let w = DATA + 8 * r.below(64) as usize;
+            let res = DATA + 4096 + 8 * r.below(64) as usize;
+            let old = u64::from_le_bytes(mremote[w..w + 8].try_into().unwrap());
+            let op = if r.below(2) == 0 {
+                let add = r.below(1000);
+                mremote[w..w + 8].copy_from_slice(&old.wrapping_add(add).to_le_bytes());
+                Opcode::FetchAdd { add }
+            } else {
+                let hit = r.below(2) == 0;
+                let compare = if hit { old } else { old ^ 1 };
+                let swap = r.next();
+                if hit {
+                    mremote[w..w + 8].copy_from_slice(&swap.to_le_bytes());
+                }
+                Opcode::CmpSwap { compare, swap }
+            };
+            mlocal[res..res + 8].copy_from_slice(&old.to_le_bytes());
+            last_writer.push((id, "ATOMIC", res, 8));
+            SendWr::new(
+                id,
+                op,
+                Some(la.mr.sge(res as u64, 8)),
+                rbase + w as u64,
+                rkey,
+            )
+        } else {
+            let len = (rand_len(&mut r) % RSLOT).max(1);
+            let lo = r.below((DATA - len + 1) as u64) as usize;
+            send_hash = fnv(
+                fnv(send_hash, &(len as u32).to_le_bytes()),
+                &mlocal[lo..lo + len],
+            );
+            sends += 1;
+            SendWr::new(
+                id,
+                Opcode::Send,
+                Some(la.mr.sge(lo as u64, len as u32)),
+                0,
+                0,
+            )
+        };
+        let tp = Instant::now();
+        loop {
+            match qa.post_send(&[wr]) {
+                Ok(()) => break,
+                Err((_, nprdma::Error::QueueFull)) => {
+                    poll(&mut expect);
+                    assert!(tp.elapsed() < Duration::from_secs(30), "QP stuck");
+                }
+                Err((_, e)) => panic!("post: {e}"),
+            }
+        }
+        expect.push_back((wr.wr_id, wr.signaled));
+        poll(&mut expect);
+    }
+    drain(&mut expect);
+    assert!(
+        la.bytes() == &mlocal[..],
+        "local memory differs from the model at the end"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let swapped = ev.join().unwrap();
+    writeln!(cin, "done").unwrap();
+    cin.flush().unwrap();
+    let v: Vec<u64> = read_line()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    done.store(true, Ordering::Relaxed);
+    let _ = child.wait();
+    eprintln!(
+        "xchaos: {ops} ops in {:?}; {sends} SENDs; parent evictor {swapped} pages; {:?}; pager {:?}",
+        t0.elapsed(),
+        a.ctx.stats(),
+        (a.pager.stats().swap_outs, a.pager.stats().major_faults)
+    );
+    assert_eq!(v[0], sends, "RECVs at the child");
+    assert_eq!(v[1], send_hash, "SEND payloads (hash over all, in order)");
+    assert_eq!(
+        v[2],
+        fnv(FNV0, &mremote),
+        "the child's memory differs from the model"
+    );
+    assert_eq!(v[3], 0, "NIC touched a non-resident page at the child");
+    assert_eq!(v[4], 0, "a page stayed pinned at the child");
+    assert_eq!(
+        a.ctx.nic_stats().nonresident_dma,
+        0,
+        "NIC touched a non-resident page here"
+    );
+    let st = a.ctx.stats();
+    assert!(
+        st.two_sided > 0 && st.optimistic_ok > 0,
+        "both paths ran: {st:?}"
+    );
+    a.pager.set_budget(None);
+    a.pager.swap_out(la.addr() as usize, MR).unwrap();
+    assert_eq!(
+        a.pager.resident_count(la.addr() as usize, MR).unwrap(),
+        0,
+        "a page stayed pinned here"
+    );
+}
