@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nprdma::{CompOp, Cq, Opcode, Qp, RecvWr, SendWr};
+use nprdma::{CompOp, Cq, Qp, RecvWr, SendWr};
 
 const MR: usize = 1 << 20;
 const ATOM_AREA: usize = 8192; // top of each MR: atomic words / results
@@ -34,8 +34,7 @@ struct Driver {
     la: Buf,
     rb: Buf,
     recv: Buf,
-    mlocal: Vec<u8>,
-    mremote: Vec<u8>,
+    m: ChaosModel,
     expect: VecDeque<(u64, bool)>, // (wr_id, signaled) in post order
     sends: VecDeque<(usize, Vec<u8>)>, // (local offset, expected payload) of posted SENDs
     next_recv_slot: usize,
@@ -75,8 +74,12 @@ fn driver(a: &Side, b: &Side, seed: u64) -> Driver {
         la,
         rb,
         recv,
-        mlocal: pl,
-        mremote: pr,
+        m: ChaosModel {
+            local: pl,
+            remote: pr,
+            data: DATA,
+            max_send: RSLOT,
+        },
         expect: VecDeque::new(),
         sends: VecDeque::new(),
         next_recv_slot: 0,
@@ -143,7 +146,7 @@ impl Driver {
                     .collect();
                 panic!(
                     "SEND payload mismatch: {}; last WR {:?}; latest WRs touching local {at}: {recent:?}",
-                    mismatch(got, &want, &self.mlocal[lo..lo + want.len()], lo),
+                    mismatch(got, &want, &self.m.local[lo..lo + want.len()], lo),
                     self.history.last()
                 );
             }
@@ -197,13 +200,9 @@ impl Driver {
     /// and the WRs that wrote it.
     fn verify_local(&self, i: u64) {
         let got = self.la.bytes();
-        let Some(first) = (0..MR).find(|&k| got[k] != self.mlocal[k]) else {
+        let Some((first, last)) = first_difference(got, &self.m.local) else {
             return;
         };
-        let last = (first..MR)
-            .take_while(|&k| got[k] != self.mlocal[k])
-            .last()
-            .unwrap_or(first);
         let writers: Vec<_> = self
             .history
             .iter()
@@ -216,7 +215,7 @@ impl Driver {
         panic!(
             "local memory differs from the model after op {i}: [{first}, {last}] got {:02x?} want {:02x?}; latest writers {writers:?}",
             &got[first..(first + 16).min(MR)],
-            &self.mlocal[first..(first + 16).min(MR)],
+            &self.m.local[first..(first + 16).min(MR)],
         );
     }
 
@@ -226,11 +225,11 @@ impl Driver {
             let off = (r.below((DATA / 4) as u64) * 4) as usize;
             let m = MAGIC.to_le_bytes();
             if r.below(2) == 0 {
-                self.mlocal[off..off + 4].copy_from_slice(&m);
+                self.m.local[off..off + 4].copy_from_slice(&m);
                 self.la.bytes_mut()[off..off + 4].copy_from_slice(&m);
                 self.history.push((0, "MAGIC", off, 4, 0));
             } else {
-                self.mremote[off..off + 4].copy_from_slice(&m);
+                self.m.remote[off..off + 4].copy_from_slice(&m);
                 self.rb.bytes_mut()[off..off + 4].copy_from_slice(&m);
                 self.history.push((0, "MAGIC-REMOTE", 0, 0, off));
             }
@@ -239,7 +238,7 @@ impl Driver {
 
     fn run(&mut self, ops: u64, seed: u64) {
         let mut r = Rng(seed | 1);
-        let (la, rb) = (self.la.addr(), self.rb.addr());
+        let rb = self.rb.addr();
         let rkey = self.rb.mr.rkey();
         for i in 0..ops {
             if i % 200 == 199 {
@@ -248,90 +247,26 @@ impl Driver {
                 self.inject_magic(&mut r);
             }
             let id = i + 1;
-            let kind = r.below(100);
-            if kind < 40 {
-                let len = rand_len(&mut r).min(DATA);
-                let lo = r.below((DATA - len + 1) as u64) as usize;
-                let ro = r.below((DATA - len + 1) as u64) as usize;
-                let src = self.mremote[ro..ro + len].to_vec();
-                self.mlocal[lo..lo + len].copy_from_slice(&src);
-                self.history.push((id, "READ", lo, len, ro));
-                self.post(SendWr::new(
-                    id,
-                    Opcode::Read,
-                    Some(self.la.mr.sge(lo as u64, len as u32)),
-                    rb + ro as u64,
-                    rkey,
-                ));
-            } else if kind < 80 {
-                let len = rand_len(&mut r).min(DATA);
-                let lo = r.below((DATA - len + 1) as u64) as usize;
-                let ro = r.below((DATA - len + 1) as u64) as usize;
-                let src = self.mlocal[lo..lo + len].to_vec();
-                self.mremote[ro..ro + len].copy_from_slice(&src);
-                self.history.push((id, "WRITE", lo, len, ro));
-                let mut wr = SendWr::new(
-                    id,
-                    Opcode::Write,
-                    Some(self.la.mr.sge(lo as u64, len as u32)),
-                    rb + ro as u64,
-                    rkey,
-                );
-                wr.signaled = r.below(5) != 0;
-                self.post(wr);
-            } else if kind < 92 {
-                let w = DATA + 8 * r.below(64) as usize;
-                let res = DATA + 4096 + 8 * r.below(64) as usize;
-                let old = u64::from_le_bytes(self.mremote[w..w + 8].try_into().unwrap());
-                let op = if r.below(2) == 0 {
-                    let add = r.below(1000);
-                    self.mremote[w..w + 8].copy_from_slice(&old.wrapping_add(add).to_le_bytes());
-                    Opcode::FetchAdd { add }
-                } else {
-                    let hit = r.below(2) == 0;
-                    let compare = if hit { old } else { old ^ 1 };
-                    let swap = r.next();
-                    if hit {
-                        self.mremote[w..w + 8].copy_from_slice(&swap.to_le_bytes());
-                    }
-                    Opcode::CmpSwap { compare, swap }
-                };
-                self.mlocal[res..res + 8].copy_from_slice(&old.to_le_bytes());
-                self.history.push((id, "ATOMIC", res, 8, w));
-                self.post(SendWr::new(
-                    id,
-                    op,
-                    Some(self.la.mr.sge(res as u64, 8)),
-                    rb + w as u64,
-                    rkey,
-                ));
-            } else {
+            let op = self.m.next(&mut r);
+            let (kind, lo, len, ro) = op.describe();
+            self.history.push((id, kind, lo, len, ro));
+            if let ChaosOp::Send { lo, len } = op {
                 if self.sends.len() >= RSLOTS {
                     self.drain();
                 }
-                let len = (rand_len(&mut r) % RSLOT).max(1);
-                let lo = r.below((DATA - len + 1) as u64) as usize;
                 self.sends
-                    .push_back((lo, self.mlocal[lo..lo + len].to_vec()));
-                self.history.push((id, "SEND", lo, len, 0));
-                self.post(SendWr::new(
-                    id,
-                    Opcode::Send,
-                    Some(self.la.mr.sge(lo as u64, len as u32)),
-                    0,
-                    0,
-                ));
+                    .push_back((lo, self.m.local[lo..lo + len].to_vec()));
             }
+            self.post(op.wr(id, &self.la.mr, rb, rkey));
             self.poll();
-            let _ = la;
         }
         self.drain();
         assert!(
-            self.la.bytes() == &self.mlocal[..],
+            self.la.bytes() == &self.m.local[..],
             "local memory differs from the model"
         );
         assert!(
-            self.rb.bytes() == &self.mremote[..],
+            self.rb.bytes() == &self.m.remote[..],
             "remote memory differs from the model"
         );
     }

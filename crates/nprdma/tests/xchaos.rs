@@ -15,14 +15,14 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::child::{ep_from, hex, say, ChildProc};
 use common::*;
-use nprdma::{Endpoint, Opcode, RecvWr, SendWr};
+use nprdma::{Endpoint, RecvWr};
 
 const MR: usize = 1 << 20;
 const ATOM_AREA: usize = 8192; // top of the MR: atomic words / results
@@ -49,22 +49,6 @@ fn initial(seed: u64) -> Vec<u8> {
         v[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
     }
     v
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn ep_from(s: &str) -> Endpoint {
-    let b: Vec<u8> = (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    Endpoint::from_bytes(b[..20].try_into().unwrap())
-}
-
-fn say(out: &mut impl Write, s: &str) {
-    writeln!(out, "NPX {s}").unwrap();
-    out.flush().unwrap();
 }
 
 /// The child: the target MR, a ring of RECV slots, an evictor; hashes each
@@ -167,57 +151,28 @@ fn xchaos_child() {
 #[test]
 fn chaos_across_processes() {
     let ops = chaos_ops(1500);
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args(["--exact", "xchaos_child", "--nocapture", "--test-threads=1"])
-        .env("NPRDMA_XCHAOS_CHILD", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Watchdog: a hung run kills the child, which fails the test.
-    let pid = child.id() as i32;
-    let done = Arc::new(AtomicBool::new(false));
-    let limit = Duration::from_secs(60 + ops / 100);
-    {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            while t.elapsed() < limit {
-                std::thread::sleep(Duration::from_millis(100));
-                if done.load(Ordering::Relaxed) {
-                    return;
-                }
-            }
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        });
-    }
-    let mut cin = child.stdin.take().unwrap();
-    let mut cout = BufReader::new(child.stdout.take().unwrap());
-    let mut read_line = move || -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(cout.read_line(&mut line).unwrap() > 0, "child exited");
-            if let Some(i) = line.find("NPX ") {
-                return line[i + 4..].trim().to_string();
-            }
-        }
-    };
-    let first = read_line();
+    let mut child = ChildProc::spawn(
+        "xchaos_child",
+        "NPRDMA_XCHAOS_CHILD",
+        Duration::from_secs(60 + ops / 100),
+    );
+    let first = child.read_line();
     let w: Vec<&str> = first.split_whitespace().collect();
     let (peer, rbase, rkey): (Endpoint, u64, u32) =
         (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
 
     let a = side();
-    let mut mlocal = initial(1);
-    let mut mremote = initial(2);
-    let mut la = Buf::with(&a, MR, Some(&mlocal));
+    let mut m = ChaosModel {
+        local: initial(1),
+        remote: initial(2),
+        data: DATA,
+        max_send: RSLOT,
+    };
+    let mut la = Buf::with(&a, MR, Some(&m.local));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, 32).unwrap();
     qa.connect(&peer).unwrap();
-    writeln!(cin, "{}", hex(&qa.endpoint().to_bytes())).unwrap();
-    cin.flush().unwrap();
-    assert_eq!(read_line(), "ready");
+    child.send(&hex(&qa.endpoint().to_bytes()));
+    assert_eq!(child.read_line(), "ready");
     let stop = Arc::new(AtomicBool::new(false));
     let ev = evictor(
         a.pager.clone(),
@@ -230,7 +185,7 @@ fn chaos_across_processes() {
     let mut r = Rng(4242);
     let mut expect: VecDeque<(u64, bool)> = VecDeque::new();
     let (mut sends, mut send_hash) = (0u64, FNV0);
-    let mut last_writer: Vec<(u64, &str, usize, usize)> = Vec::new();
+    let mut history: Vec<(u64, &str, usize, usize, usize)> = Vec::new();
     let poll = |expect: &mut VecDeque<(u64, bool)>| -> usize {
         let mut out = [nprdma::Completion::default(); 32];
         let n = a.cq.poll(&mut out);
@@ -261,96 +216,35 @@ fn chaos_across_processes() {
     for i in 0..ops {
         if i % 200 == 199 {
             drain(&mut expect);
-            if let Some(k) = (0..MR).find(|&k| la.bytes()[k] != mlocal[k]) {
-                let writers: Vec<_> = last_writer
+            if let Some((k, last)) = first_difference(la.bytes(), &m.local) {
+                let writers: Vec<_> = history
                     .iter()
                     .rev()
-                    .filter(|w| w.2 <= k && k < w.2 + w.3)
+                    .filter(|h| matches!(h.1, "READ" | "ATOMIC") && h.2 <= k && k < h.2 + h.3)
                     .take(4)
                     .collect();
                 panic!(
-                    "local memory differs from the model after op {i} at {k}: got {:02x?} want {:02x?}; latest writers {writers:?}",
+                    "local memory differs from the model after op {i}: [{k}, {last}] got {:02x?} want {:02x?}; latest writers {writers:?}",
                     &la.bytes()[k..(k + 16).min(MR)],
-                    &mlocal[k..(k + 16).min(MR)]
+                    &m.local[k..(k + 16).min(MR)]
                 );
             }
             let off = (r.below((DATA / 4) as u64) * 4) as usize;
-            mlocal[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
+            m.local[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
             la.bytes_mut()[off..off + 4].copy_from_slice(&MAGIC.to_le_bytes());
         }
         let id = i + 1;
-        let kind = r.below(100);
-        let wr = if kind < 40 {
-            let len = rand_len(&mut r).min(DATA);
-            let lo = r.below((DATA - len + 1) as u64) as usize;
-            let ro = r.below((DATA - len + 1) as u64) as usize;
-            let src = mremote[ro..ro + len].to_vec();
-            mlocal[lo..lo + len].copy_from_slice(&src);
-            last_writer.push((id, "READ", lo, len));
-            SendWr::new(
-                id,
-                Opcode::Read,
-                Some(la.mr.sge(lo as u64, len as u32)),
-                rbase + ro as u64,
-                rkey,
-            )
-        } else if kind < 80 {
-            let len = rand_len(&mut r).min(DATA);
-            let lo = r.below((DATA - len + 1) as u64) as usize;
-            let ro = r.below((DATA - len + 1) as u64) as usize;
-            let src = mlocal[lo..lo + len].to_vec();
-            mremote[ro..ro + len].copy_from_slice(&src);
-            let mut w = SendWr::new(
-                id,
-                Opcode::Write,
-                Some(la.mr.sge(lo as u64, len as u32)),
-                rbase + ro as u64,
-                rkey,
-            );
-            w.signaled = r.below(5) != 0;
-            w
-        } else if kind < 92 {
-            let w = DATA + 8 * r.below(64) as usize;
-            let res = DATA + 4096 + 8 * r.below(64) as usize;
-            let old = u64::from_le_bytes(mremote[w..w + 8].try_into().unwrap());
-            let op = if r.below(2) == 0 {
-                let add = r.below(1000);
-                mremote[w..w + 8].copy_from_slice(&old.wrapping_add(add).to_le_bytes());
-                Opcode::FetchAdd { add }
-            } else {
-                let hit = r.below(2) == 0;
-                let compare = if hit { old } else { old ^ 1 };
-                let swap = r.next();
-                if hit {
-                    mremote[w..w + 8].copy_from_slice(&swap.to_le_bytes());
-                }
-                Opcode::CmpSwap { compare, swap }
-            };
-            mlocal[res..res + 8].copy_from_slice(&old.to_le_bytes());
-            last_writer.push((id, "ATOMIC", res, 8));
-            SendWr::new(
-                id,
-                op,
-                Some(la.mr.sge(res as u64, 8)),
-                rbase + w as u64,
-                rkey,
-            )
-        } else {
-            let len = (rand_len(&mut r) % RSLOT).max(1);
-            let lo = r.below((DATA - len + 1) as u64) as usize;
+        let op = m.next(&mut r);
+        let (kind, lo, len, ro) = op.describe();
+        history.push((id, kind, lo, len, ro));
+        if let ChaosOp::Send { lo, len } = op {
             send_hash = fnv(
                 fnv(send_hash, &(len as u32).to_le_bytes()),
-                &mlocal[lo..lo + len],
+                &m.local[lo..lo + len],
             );
             sends += 1;
-            SendWr::new(
-                id,
-                Opcode::Send,
-                Some(la.mr.sge(lo as u64, len as u32)),
-                0,
-                0,
-            )
-        };
+        }
+        let wr = op.wr(id, &la.mr, rbase, rkey);
         let tp = Instant::now();
         loop {
             match qa.post_send(&[wr]) {
@@ -367,19 +261,18 @@ fn chaos_across_processes() {
     }
     drain(&mut expect);
     assert!(
-        la.bytes() == &mlocal[..],
+        la.bytes() == &m.local[..],
         "local memory differs from the model at the end"
     );
     stop.store(true, Ordering::Relaxed);
     let swapped = ev.join().unwrap();
-    writeln!(cin, "done").unwrap();
-    cin.flush().unwrap();
-    let v: Vec<u64> = read_line()
+    child.send("done");
+    let v: Vec<u64> = child
+        .read_line()
         .split_whitespace()
         .map(|x| x.parse().unwrap())
         .collect();
-    done.store(true, Ordering::Relaxed);
-    let _ = child.wait();
+    assert!(child.finish(), "child failed");
     eprintln!(
         "xchaos: {ops} ops in {:?}; {sends} SENDs; parent evictor {swapped} pages; {:?}; pager {:?}",
         t0.elapsed(),
@@ -390,7 +283,7 @@ fn chaos_across_processes() {
     assert_eq!(v[1], send_hash, "SEND payloads (hash over all, in order)");
     assert_eq!(
         v[2],
-        fnv(FNV0, &mremote),
+        fnv(FNV0, &m.remote),
         "the child's memory differs from the model"
     );
     assert_eq!(v[3], 0, "NIC touched a non-resident page at the child");

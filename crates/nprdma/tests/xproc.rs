@@ -5,29 +5,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::BufRead;
 use std::time::Duration;
 
+use common::child::{ep_from, hex, say, ChildProc};
 use common::*;
 use nprdma::{Endpoint, Opcode, SendWr};
 
 const LEN: usize = 256 * 1024;
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
-}
-
-fn ep_from(s: &str) -> Endpoint {
-    let b = unhex(s);
-    Endpoint::from_bytes(b[..20].try_into().unwrap())
-}
 
 /// The child: registers a pattern MR, swaps it out, serves until stdin
 /// says `check <off> <len> <seed>` (verify) or `quit`.
@@ -36,22 +21,21 @@ fn child_main() {
     let mut out = std::io::stdout();
     let b = Buf::with(&s, LEN, Some(&pattern(42, LEN)));
     let qp = s.pd.create_qp(&s.cq, &s.rcq, 16).unwrap();
-    writeln!(
-        out,
-        "NPX {} {} {}",
-        hex(&qp.endpoint().to_bytes()),
-        b.addr(),
-        b.mr.rkey()
-    )
-    .unwrap();
-    out.flush().unwrap();
+    say(
+        &mut out,
+        &format!(
+            "{} {} {}",
+            hex(&qp.endpoint().to_bytes()),
+            b.addr(),
+            b.mr.rkey()
+        ),
+    );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let peer = ep_from(&lines.next().unwrap().unwrap());
     qp.connect(&peer).unwrap();
     b.swap_out();
-    writeln!(out, "NPX ready").unwrap();
-    out.flush().unwrap();
+    say(&mut out, "ready");
     for l in lines {
         let l = l.unwrap();
         let w: Vec<&str> = l.split_whitespace().collect();
@@ -63,19 +47,16 @@ fn child_main() {
                     seed.parse().unwrap(),
                 );
                 let ok = b.bytes()[off..off + len] == pattern(seed, len)[..];
-                writeln!(out, "NPX {}", if ok { "ok" } else { "bad" }).unwrap();
-                out.flush().unwrap();
+                say(&mut out, if ok { "ok" } else { "bad" });
             }
             ["u64", off] => {
                 let off: usize = off.parse().unwrap();
                 let v = u64::from_le_bytes(b.bytes()[off..off + 8].try_into().unwrap());
-                writeln!(out, "NPX {v}").unwrap();
-                out.flush().unwrap();
+                say(&mut out, &v.to_string());
             }
             ["swap"] => {
                 b.swap_out();
-                writeln!(out, "NPX swapped").unwrap();
-                out.flush().unwrap();
+                say(&mut out, "swapped");
             }
             _ => break,
         }
@@ -92,42 +73,8 @@ fn xproc_child() {
 
 #[test]
 fn cross_process_read_write_with_faults() {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args(["--exact", "xproc_child", "--nocapture", "--test-threads=1"])
-        .env("NPRDMA_XPROC_CHILD", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Watchdog: a hung child is killed, which fails the test instead of
-    // hanging it.
-    let pid = child.id() as i32;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d2 = done.clone();
-    std::thread::spawn(move || {
-        for _ in 0..600 {
-            std::thread::sleep(Duration::from_millis(100));
-            if d2.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-        }
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    });
-    let mut cin = child.stdin.take().unwrap();
-    let mut cout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let mut read_line = |cout: &mut BufReader<_>| -> String {
-        loop {
-            line.clear();
-            assert!(cout.read_line(&mut line).unwrap() > 0, "child exited");
-            // Skip the test harness's own output.
-            if let Some(i) = line.find("NPX ") {
-                return line[i + 4..].trim().to_string();
-            }
-        }
-    };
-    let first = read_line(&mut cout);
+    let mut child = ChildProc::spawn("xproc_child", "NPRDMA_XPROC_CHILD", Duration::from_secs(60));
+    let first = child.read_line();
     eprintln!("parent: child said {first}");
     let w: Vec<&str> = first.split_whitespace().collect();
     let (peer, raddr, rkey): (Endpoint, u64, u32) =
@@ -136,9 +83,8 @@ fn cross_process_read_write_with_faults() {
     let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
     qa.connect(&peer).unwrap();
-    writeln!(cin, "{}", hex(&qa.endpoint().to_bytes())).unwrap();
-    cin.flush().unwrap();
-    assert_eq!(read_line(&mut cout), "ready");
+    child.send(&hex(&qa.endpoint().to_bytes()));
+    assert_eq!(child.read_line(), "ready");
     eprintln!("parent: child ready");
 
     // READ with a remote major fault (small: inline; large: reverse WRITE).
@@ -161,9 +107,8 @@ fn cross_process_read_write_with_faults() {
         );
     }
     // WRITE with a local major fault and a remote fault.
-    writeln!(cin, "swap").unwrap();
-    cin.flush().unwrap();
-    assert_eq!(read_line(&mut cout), "swapped");
+    child.send("swap");
+    assert_eq!(child.read_line(), "swapped");
     let mut lb = Buf::with(&a, LEN, None);
     lb.bytes_mut()[..LEN].copy_from_slice(&pattern(99, LEN));
     lb.swap_out();
@@ -179,10 +124,9 @@ fn cross_process_read_write_with_faults() {
         let c = a.cq.poll_wait(1, Duration::from_secs(10));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].status, 0, "{:?}", c[0]);
-        writeln!(cin, "check {off} {len} 99").unwrap();
-        cin.flush().unwrap();
+        child.send(&format!("check {off} {len} 99"));
         assert_eq!(
-            read_line(&mut cout),
+            child.read_line(),
             "ok",
             "child memory after WRITE {off}+{len}"
         );
@@ -199,9 +143,8 @@ fn cross_process_read_write_with_faults() {
     assert_eq!(a.cq.poll_wait(1, Duration::from_secs(10))[0].status, 0);
     assert_eq!(&la.bytes()[..512], &pattern(99, 512)[..]);
     // Atomics across processes, executed by the child's CPU (page swapped out).
-    writeln!(cin, "swap").unwrap();
-    cin.flush().unwrap();
-    assert_eq!(read_line(&mut cout), "swapped");
+    child.send("swap");
+    assert_eq!(child.read_line(), "swapped");
     let off = 200_000u64;
     let orig = u64::from_le_bytes(
         pattern(42, LEN)[off as usize..off as usize + 8]
@@ -222,14 +165,10 @@ fn cross_process_read_write_with_faults() {
         u64::from_le_bytes(la.bytes()[1024..1032].try_into().unwrap()),
         orig
     );
-    writeln!(cin, "u64 {off}").unwrap();
-    cin.flush().unwrap();
-    assert_eq!(read_line(&mut cout), orig.wrapping_add(5).to_string());
-    writeln!(cin, "quit").unwrap();
-    drop(cin);
-    let st = child.wait().unwrap();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(st.success(), "child failed");
+    child.send(&format!("u64 {off}"));
+    assert_eq!(child.read_line(), orig.wrapping_add(5).to_string());
+    child.send("quit");
+    assert!(child.finish(), "child failed");
     assert!(a.ctx.stats().two_sided >= 3);
     assert_eq!(a.ctx.nic_stats().nonresident_dma, 0);
 }

@@ -2,6 +2,8 @@
 //! this process, each with its own pager, context, PD and CQs.
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::time::Duration;
 
 use nprdma::{Access, Completion, Config, Context, Cq, Mr, Opcode, Pd, Qp, SendWr};
@@ -207,4 +209,148 @@ pub fn chaos_ops(default: u64) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// One random operation of the chaos tests, already applied to the model
+/// (offsets into the local / remote MR).
+#[derive(Debug, Clone, Copy)]
+pub enum ChaosOp {
+    Read {
+        lo: usize,
+        ro: usize,
+        len: usize,
+    },
+    Write {
+        lo: usize,
+        ro: usize,
+        len: usize,
+        signaled: bool,
+    },
+    Atomic {
+        op: Opcode,
+        w: usize,
+        res: usize,
+    },
+    Send {
+        lo: usize,
+        len: usize,
+    },
+}
+
+/// The expected bytes of both MRs of a chaos QP: `data` bytes of READ /
+/// WRITE / SEND area, then 4 KiB of atomic words and 4 KiB of results.
+pub struct ChaosModel {
+    pub local: Vec<u8>,
+    pub remote: Vec<u8>,
+    pub data: usize,
+    /// Largest SEND (a receive slot).
+    pub max_send: usize,
+}
+
+impl ChaosModel {
+    /// Draw the next operation (40 % READ, 40 % WRITE, 12 % atomic, 8 %
+    /// SEND) and apply it to the model as RC executes it.
+    pub fn next(&mut self, r: &mut Rng) -> ChaosOp {
+        let data = self.data;
+        let kind = r.below(100);
+        if kind < 80 {
+            let len = rand_len(r).min(data);
+            let lo = r.below((data - len + 1) as u64) as usize;
+            let ro = r.below((data - len + 1) as u64) as usize;
+            if kind < 40 {
+                let src = self.remote[ro..ro + len].to_vec();
+                self.local[lo..lo + len].copy_from_slice(&src);
+                return ChaosOp::Read { lo, ro, len };
+            }
+            let src = self.local[lo..lo + len].to_vec();
+            self.remote[ro..ro + len].copy_from_slice(&src);
+            let signaled = r.below(5) != 0;
+            return ChaosOp::Write {
+                lo,
+                ro,
+                len,
+                signaled,
+            };
+        }
+        if kind < 92 {
+            let w = data + 8 * r.below(64) as usize;
+            let res = data + 4096 + 8 * r.below(64) as usize;
+            let old = u64::from_le_bytes(self.remote[w..w + 8].try_into().unwrap());
+            let op = if r.below(2) == 0 {
+                let add = r.below(1000);
+                self.remote[w..w + 8].copy_from_slice(&old.wrapping_add(add).to_le_bytes());
+                Opcode::FetchAdd { add }
+            } else {
+                let hit = r.below(2) == 0;
+                let compare = if hit { old } else { old ^ 1 };
+                let swap = r.next();
+                if hit {
+                    self.remote[w..w + 8].copy_from_slice(&swap.to_le_bytes());
+                }
+                Opcode::CmpSwap { compare, swap }
+            };
+            self.local[res..res + 8].copy_from_slice(&old.to_le_bytes());
+            return ChaosOp::Atomic { op, w, res };
+        }
+        let len = (rand_len(r) % self.max_send).max(1);
+        let lo = r.below((data - len + 1) as u64) as usize;
+        ChaosOp::Send { lo, len }
+    }
+}
+
+impl ChaosOp {
+    /// The WR: local buffer `l`, remote MR at `rbase` with `rkey`.
+    pub fn wr(&self, id: u64, l: &Mr, rbase: u64, rkey: u32) -> SendWr {
+        match *self {
+            ChaosOp::Read { lo, ro, len } => SendWr::new(
+                id,
+                Opcode::Read,
+                Some(l.sge(lo as u64, len as u32)),
+                rbase + ro as u64,
+                rkey,
+            ),
+            ChaosOp::Write {
+                lo,
+                ro,
+                len,
+                signaled,
+            } => {
+                let mut w = SendWr::new(
+                    id,
+                    Opcode::Write,
+                    Some(l.sge(lo as u64, len as u32)),
+                    rbase + ro as u64,
+                    rkey,
+                );
+                w.signaled = signaled;
+                w
+            }
+            ChaosOp::Atomic { op, w, res } => {
+                SendWr::new(id, op, Some(l.sge(res as u64, 8)), rbase + w as u64, rkey)
+            }
+            ChaosOp::Send { lo, len } => {
+                SendWr::new(id, Opcode::Send, Some(l.sge(lo as u64, len as u32)), 0, 0)
+            }
+        }
+    }
+
+    /// (kind, local offset, length, remote offset), for failure reports.
+    pub fn describe(&self) -> (&'static str, usize, usize, usize) {
+        match *self {
+            ChaosOp::Read { lo, ro, len } => ("READ", lo, len, ro),
+            ChaosOp::Write { lo, ro, len, .. } => ("WRITE", lo, len, ro),
+            ChaosOp::Atomic { w, res, .. } => ("ATOMIC", res, 8, w),
+            ChaosOp::Send { lo, len } => ("SEND", lo, len, 0),
+        }
+    }
+}
+
+/// The first run of bytes where `got` differs from `want`, as `[first, last]`.
+pub fn first_difference(got: &[u8], want: &[u8]) -> Option<(usize, usize)> {
+    let first = (0..want.len()).find(|&k| got[k] != want[k])?;
+    let last = (first..want.len())
+        .take_while(|&k| got[k] != want[k])
+        .last()
+        .unwrap_or(first);
+    Some((first, last))
 }

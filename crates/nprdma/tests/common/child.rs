@@ -1,0 +1,103 @@
+//! A peer in a child process: this test binary re-executed to run one test
+//! (the child's `main`), talking over stdin / stdout lines. The child prints
+//! its lines with [`say`] ("NPX …", so the test harness's own output is
+//! skipped); a watchdog kills a child that outlives its time limit, which
+//! fails the test instead of hanging it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nprdma::Endpoint;
+
+pub struct ChildProc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: BufReader<ChildStdout>,
+    done: Arc<AtomicBool>,
+}
+
+impl ChildProc {
+    /// Run test `test` of this binary with `env_var=1` in its environment,
+    /// killed after `limit`.
+    pub fn spawn(test: &str, env_var: &str, limit: Duration) -> ChildProc {
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(env_var, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let done = Arc::new(AtomicBool::new(false));
+        {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                while t.elapsed() < limit {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if done.load(Ordering::Relaxed) {
+                        return;
+                    }
+                }
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            });
+        }
+        let stdin = child.stdin.take();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        ChildProc {
+            child,
+            stdin,
+            out,
+            done,
+        }
+    }
+
+    /// The child's next `NPX` line (without the prefix).
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.out.read_line(&mut line).unwrap() > 0, "child exited");
+            if let Some(i) = line.find("NPX ") {
+                return line[i + 4..].trim().to_string();
+            }
+        }
+    }
+
+    /// Send one line to the child.
+    pub fn send(&mut self, line: &str) {
+        let w = self.stdin.as_mut().expect("child stdin open");
+        writeln!(w, "{line}").unwrap();
+        w.flush().unwrap();
+    }
+
+    /// Close the child's stdin, wait for it and say whether it succeeded.
+    pub fn finish(mut self) -> bool {
+        drop(self.stdin.take());
+        let ok = self.child.wait().map(|s| s.success()).unwrap_or(false);
+        self.done.store(true, Ordering::Relaxed);
+        ok
+    }
+}
+
+/// Print one protocol line from the child.
+pub fn say(out: &mut impl Write, s: &str) {
+    writeln!(out, "NPX {s}").unwrap();
+    out.flush().unwrap();
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// An endpoint from its [`hex`] form.
+pub fn ep_from(s: &str) -> Endpoint {
+    let b: Vec<u8> = (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    Endpoint::from_bytes(b[..20].try_into().unwrap())
+}
