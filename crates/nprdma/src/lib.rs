@@ -58,9 +58,9 @@
 //!   software NIC's request rings (`rnic::Host::set_ring_polling`), so the
 //!   host's NIC thread does not spin beside it: with rnic's default
 //!   `ring_rw_max` a remote fault took ≈1.1 ms across processes (two
-//!   spinners in the target on 2 cores), now ≈9 µs (≈4 µs with
+//!   spinners in the target on 2 cores), now ≈9 µs (4–8 µs with
 //!   `ring_rw_max: Some(0)`, where the target's threads are not on the
-//!   one-sided path at all). An application thread polling its CQ
+//!   one-sided path at all; BENCHMARKS.md). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
 //! * **Lean path** (`engine/core/fast.rs`): a signaled one-sided READ or
