@@ -308,7 +308,6 @@ impl Host {
         crate::DmaBuffer::alloc(self, len)
     }
 
-    /// The host's IOMMU.
     /// Declare that a thread of this process polls the request rings in the NIC
     /// thread's place (`on`), or stops doing so. While on, peers ringing a
     /// doorbell do not wake the NIC thread and the NIC thread does not spin after
@@ -337,6 +336,7 @@ impl Host {
         crate::nic::serve_doorbells(self.inner())
     }
 
+    /// The host's IOMMU.
     pub fn iommu(&self) -> &Iommu {
         &self.sh.inner.iommu
     }
