@@ -15,15 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::chaos_layout::*;
 use common::*;
 use nprdma::{CompOp, Cq, Qp, RecvWr, SendWr};
-
-const MR: usize = 1 << 20;
-const ATOM_AREA: usize = 8192; // top of each MR: atomic words / results
-const DATA: usize = MR - ATOM_AREA;
-const RSLOTS: usize = 8;
-const RSLOT: usize = 32 * 1024;
-const MAGIC: u32 = 0xdead_beef;
 
 /// One initiator QP with its own MRs on both sides and its model.
 struct Driver {

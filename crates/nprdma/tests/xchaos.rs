@@ -20,16 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::chaos_layout::*;
 use common::child::{ep_from, hex, say, ChildProc};
 use common::*;
 use nprdma::{Endpoint, RecvWr};
-
-const MR: usize = 1 << 20;
-const ATOM_AREA: usize = 8192; // top of the MR: atomic words / results
-const DATA: usize = MR - ATOM_AREA;
-const RSLOTS: usize = 8;
-const RSLOT: usize = 32 * 1024;
-const MAGIC: u32 = 0xdead_beef;
 
 /// FNV-1a, 64 bit.
 fn fnv(h: u64, bytes: &[u8]) -> u64 {

@@ -211,6 +211,20 @@ pub fn chaos_ops(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Layout of a chaos test's MRs and receive ring (both chaos tests and
+/// [`ChaosModel`] assume it).
+pub mod chaos_layout {
+    pub const MR: usize = 1 << 20;
+    /// Top of each MR: 4 KiB of atomic words, then 4 KiB of their results.
+    pub const ATOM_AREA: usize = 8192;
+    /// READ / WRITE / SEND area below it.
+    pub const DATA: usize = MR - ATOM_AREA;
+    pub const RSLOTS: usize = 8;
+    pub const RSLOT: usize = 32 * 1024;
+    /// The software NIC's default magic word, planted in buffers on purpose.
+    pub const MAGIC: u32 = 0xdead_beef;
+}
+
 /// One random operation of the chaos tests, already applied to the model
 /// (offsets into the local / remote MR).
 #[derive(Debug, Clone, Copy)]
@@ -237,8 +251,8 @@ pub enum ChaosOp {
     },
 }
 
-/// The expected bytes of both MRs of a chaos QP: `data` bytes of READ /
-/// WRITE / SEND area, then 4 KiB of atomic words and 4 KiB of results.
+/// The expected bytes of both MRs of a chaos QP ([`chaos_layout`]): `data`
+/// bytes of READ / WRITE / SEND area, then the atomic words and results.
 pub struct ChaosModel {
     pub local: Vec<u8>,
     pub remote: Vec<u8>,
@@ -274,7 +288,7 @@ impl ChaosModel {
         }
         if kind < 92 {
             let w = data + 8 * r.below(64) as usize;
-            let res = data + 4096 + 8 * r.below(64) as usize;
+            let res = data + chaos_layout::ATOM_AREA / 2 + 8 * r.below(64) as usize;
             let old = u64::from_le_bytes(self.remote[w..w + 8].try_into().unwrap());
             let op = if r.below(2) == 0 {
                 let add = r.below(1000);
