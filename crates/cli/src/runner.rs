@@ -45,6 +45,7 @@ pub struct PerfArgs {
     #[arg(long, default_value_t = 128)]
     pub tx_depth: usize,
     /// Signal one WR in N (bandwidth test; the last WR is always signaled).
+    /// Capped at --tx-depth, as perftest caps its cq_mod.
     #[arg(long, default_value_t = 100)]
     pub signal_every: usize,
     /// Latency test (the default).
@@ -103,7 +104,7 @@ impl PerfArgs {
                 signal_every: if test == Test::Lat {
                     1
                 } else {
-                    self.signal_every
+                    self.signal_every.min(self.tx_depth)
                 },
             })
             .collect();

@@ -306,9 +306,32 @@ fn perf_shm_spawns_its_peer() {
 }
 
 #[test]
+fn signal_every_is_capped_at_the_depth_like_perftests_cq_mod() {
+    // The default (100) and any larger value signal every depth-th WR.
+    for extra in [&[][..], &["--signal-every", "16"][..]] {
+        let mut args = vec![
+            "perf",
+            "--bw",
+            "--tx-depth",
+            "8",
+            "--iters",
+            "64",
+            "--size",
+            "64",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(ok(&args).trim()).unwrap();
+        assert_eq!(v["signal_every"], 8, "{extra:?}");
+        assert_eq!(v["tx_depth"], 8);
+        check_row(&v);
+    }
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     fails(
-        &["perf", "--tx-depth", "8", "--signal-every", "16", "--bw"],
+        &["perf", "--tx-depth", "8", "--signal-every", "0", "--bw"],
         "--signal-every",
     );
     fails(&["perf", "--size", "0"], "--size");

@@ -403,7 +403,7 @@
 //! let (local, remote, len) = (0x10_0000u64, 0x7000_1000u64, 64u64);
 //! let t = peer.lookup(0x11, remote, len).unwrap();
 //! let mut qp: OrderTable<u64> = OrderTable::new(OrderConfig::default());
-//! let desc = order_desc(AppOp::Write, Range::new(local, len), Range::new(remote, len), false, false);
+//! let desc = order_desc(AppOp::Write, Range::new(local, len), Range::new(remote, len), false, false, 1024);
 //! assert!(matches!(qp.submit(desc, 42).unwrap(), Admit::Issue(_, 42)));
 //! let s = choose(AppOp::Write, len, true, &PlanConfig::default());
 //! assert_eq!(s, Strategy::WriteReadback { deferred: false });

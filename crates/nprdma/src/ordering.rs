@@ -56,6 +56,21 @@
 //!   after the failed op (a READ re-reads, a WRITE rewrites), so the final
 //!   local and remote bytes and the completion order are those of RC.
 //!
+//! **Superseded destinations.** In a same-buffer window (perftest's
+//! bandwidth loop: every READ lands in one local buffer) a later READ that
+//! writes exactly the same local ranges *supersedes* an earlier one: RC
+//! leaves the later op's bytes there, whatever the earlier one read. When
+//! the earlier op's check fails and it goes two-sided, replaying every
+//! later READ of the window behind it would resolve their faults one at a
+//! time (each failure replays the rest: quadratic work, one fault per round
+//! trip). Instead, if its two-sided answer can be dropped
+//! ([`OpDesc::suppressible`]: a small READ answered inline), a superseding
+//! op is not replayed for it, may finish or go two-sided itself without
+//! waiting for it, and the earlier op's answer is *dead*
+//! ([`OrderTable::data_dead`]): the owner completes it without writing its
+//! bytes, so they can never land on top of the later op's. Faults of a
+//! whole window are then resolved concurrently.
+//!
 //! *Weakening:* while such a replay is pending, a concurrent observer of
 //! the remote memory may transiently see a later overlapping WRITE's bytes
 //! before (and then again after) an earlier one's; the final state and the
@@ -133,6 +148,11 @@ pub struct OpDesc {
     /// QP: it may be pipelined behind (and ahead of) other such ops it
     /// overlaps (module docs, "replay").
     pub optimistic: bool,
+    /// Its two-sided result reaches local memory only through the owner
+    /// (an inline READ answer the CPU copies), so the owner can drop it
+    /// when a later op overwrites the whole destination (module docs,
+    /// "superseded destinations").
+    pub suppressible: bool,
 }
 
 fn span(addr: u64, len: u64, access: Access) -> Span {
@@ -203,6 +223,11 @@ impl OpDesc {
     /// Set the optimistic bit (see [`OpDesc::optimistic`]).
     pub fn optimistic(mut self, on: bool) -> OpDesc {
         self.optimistic = on;
+        self
+    }
+    /// Set the suppressible bit (see [`OpDesc::suppressible`]).
+    pub fn suppressible(mut self, on: bool) -> OpDesc {
+        self.suppressible = on;
         self
     }
     /// May be pipelined behind / ahead of optimistic conflicts.
@@ -364,6 +389,11 @@ struct Bounds {
     remote_w: (u64, u64),
     message: bool,
     order_after: bool,
+    /// The one local range, if the op writes exactly one non-empty local
+    /// range and nothing else locally (a READ's destination).
+    local_sig: Option<(u64, u64)>,
+    pipelines: bool,
+    suppressible: bool,
 }
 
 /// `[lo, hi)` covering `spans` (only written ones if `writes`); empty
@@ -391,7 +421,34 @@ impl Bounds {
             remote_w: bound(&op.remote, true),
             message: op.message,
             order_after: op.order_after,
+            local_sig: match op.local.as_slice() {
+                [s] if s.access == Access::Write && s.range.len != 0 => {
+                    Some((s.range.addr, s.range.len))
+                }
+                _ => None,
+            },
+            pipelines: op.pipelines(),
+            suppressible: op.suppressible,
         }
+    }
+
+    /// Whether an op with these bounds (`self`, the later one) supersedes
+    /// one with `earlier` (module docs, "superseded destinations"): both
+    /// pipeline, `earlier`'s answer can be dropped, both write exactly the
+    /// same single local range and nothing else locally, and their remote
+    /// ranges certainly do not conflict. Conservative: `false` keeps the
+    /// ordinary rules.
+    fn supersedes(&self, earlier: &Bounds, cfg: &OrderConfig) -> bool {
+        earlier.suppressible
+            && self.local_sig.is_some()
+            && self.local_sig == earlier.local_sig
+            && self.pipelines
+            && earlier.pipelines
+            && cfg.pipeline
+            && cfg.mode == Mode::Relaxed
+            && !cfg.loopback
+            && !meet(self.remote_w, earlier.remote_all)
+            && !meet(earlier.remote_w, self.remote_all)
     }
 
     /// False only if the two ops certainly do not conflict (exact for
@@ -430,6 +487,12 @@ struct Entry<T> {
     behind: bool,
     /// Waiting (in [`OrderTable::must_wait`]) for earlier conflicting ops.
     held: bool,
+    /// Its check failed and it went two-sided ([`OrderTable::fail`]): it
+    /// is never replayed again.
+    failed: bool,
+    /// A later op supersedes it: its two-sided answer must not be written
+    /// ([`OrderTable::data_dead`]).
+    dead: bool,
 }
 
 /// The per-QP table: in-flight ops and the FIFO of parked ops.
@@ -516,6 +579,16 @@ impl<T: Clone> OrderTable<T> {
             if e.bounds.order_after {
                 return None;
             }
+            if b.supersedes(&e.bounds, &self.cfg) {
+                // `op` replaces all `e` writes: behind an optimistic `e`
+                // it pipelines (it overwrites nothing `e` reads), past a
+                // two-sided one it buries it (the caller's `bury`).
+                if e.phase == Phase::Optimistic || e.failed {
+                    behind = true;
+                    continue;
+                }
+                return None;
+            }
             if self.conflict(op, b, &e.op, &e.bounds) {
                 if pipelines && e.phase == Phase::Optimistic && !self.cfg.overwrites(op, &e.op) {
                     behind = true;
@@ -534,7 +607,7 @@ impl<T: Clone> OrderTable<T> {
         bounds: Bounds,
         payload: T,
         behind: bool,
-    ) {
+    ) -> usize {
         // Tickets only grow, except for replayed ops re-issued from the
         // front of the parked FIFO: keep the vector sorted.
         let at = self.inflight.partition_point(|e| e.ticket < ticket);
@@ -548,8 +621,11 @@ impl<T: Clone> OrderTable<T> {
                 phase: Phase::Issued,
                 behind,
                 held: false,
+                failed: false,
+                dead: false,
             },
         );
+        at
     }
 
     /// Submit a newly posted op. It issues now unless something is parked
@@ -565,7 +641,10 @@ impl<T: Clone> OrderTable<T> {
             None
         };
         if let Some(behind) = admit {
-            self.push_inflight(t, op, b, payload.clone(), behind);
+            let at = self.push_inflight(t, op, b, payload.clone(), behind);
+            if behind {
+                self.bury(at);
+            }
             Ok(Admit::Issue(t, payload))
         } else {
             tracing::trace!(ticket = t.0, "ordering: op parked");
@@ -585,7 +664,10 @@ impl<T: Clone> OrderTable<T> {
                 break;
             };
             out.push((pt, payload.clone()));
-            self.push_inflight(pt, op, b, payload, behind);
+            let at = self.push_inflight(pt, op, b, payload, behind);
+            if behind {
+                self.bury(at);
+            }
         }
     }
 
@@ -602,15 +684,40 @@ impl<T: Clone> OrderTable<T> {
         Ok(())
     }
 
-    /// Whether the in-flight op at index `i` conflicts with an earlier
-    /// in-flight op.
+    /// Whether the in-flight op at index `i` must wait for an earlier
+    /// in-flight op it conflicts with. An earlier op that already went
+    /// two-sided and that `i` supersedes does not count (it is never
+    /// replayed, and its answer is dropped: [`OrderTable::bury`]).
     fn blocked(&self, i: usize) -> bool {
         let e = &self.inflight[i];
         e.behind
-            && self
-                .inflight
-                .range(..i)
-                .any(|f| self.conflict(&e.op, &e.bounds, &f.op, &f.bounds))
+            && self.inflight.range(..i).any(|f| {
+                !(f.failed && e.bounds.supersedes(&f.bounds, &self.cfg))
+                    && self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
+            })
+    }
+
+    /// Mark the two-sided ops that in-flight op `i` supersedes as dead:
+    /// `i` may finish without waiting for them, so their answers must not
+    /// land on its bytes.
+    fn bury(&mut self, i: usize) {
+        for k in 0..i {
+            if self.inflight[k].failed
+                && !self.inflight[k].dead
+                && self.inflight[i]
+                    .bounds
+                    .supersedes(&self.inflight[k].bounds, &self.cfg)
+            {
+                self.inflight[k].dead = true;
+            }
+        }
+    }
+
+    /// Whether in-flight op `t`'s two-sided answer must be dropped: a later
+    /// op supersedes it (module docs, "superseded destinations"). The
+    /// owner still completes `t` with the answer's status.
+    pub fn data_dead(&self, t: Ticket) -> bool {
+        self.pos(t).is_some_and(|i| self.inflight[i].dead)
     }
 
     /// In-flight op `t` has its result (success, or a failed check that
@@ -623,6 +730,9 @@ impl<T: Clone> OrderTable<T> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         let wait = self.blocked(i);
         self.inflight[i].held = wait;
+        if !wait {
+            self.bury(i);
+        }
         Ok(wait)
     }
 
@@ -636,18 +746,31 @@ impl<T: Clone> OrderTable<T> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         self.inflight[i].phase = Phase::Issued;
         self.inflight[i].held = false;
+        self.inflight[i].failed = true;
         // The closure: scan later ops in ticket order; one joins if it
-        // conflicts with `t` or with an op that joined before it.
+        // conflicts with `t` or with an op that joined before it. An op
+        // that supersedes `t` does not join for `t`'s sake (its bytes
+        // replace `t`'s, whose answer is then dropped).
         let mut set: SmallVec<[usize; 8]> = smallvec![i];
+        let mut dead = false;
         for k in i + 1..self.inflight.len() {
             let e = &self.inflight[k];
-            if set.iter().any(|&s| {
+            let mut over = false;
+            let join = set.iter().any(|&s| {
                 let f = &self.inflight[s];
+                if s == i && e.bounds.supersedes(&f.bounds, &self.cfg) {
+                    over = true;
+                    return false;
+                }
                 self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
-            }) {
+            });
+            if join {
                 set.push(k);
+            } else if over {
+                dead = true;
             }
         }
+        self.inflight[i].dead |= dead;
         let start = out.len();
         for &k in set[1..].iter().rev() {
             let Some(e) = self.inflight.remove(k) else {
@@ -674,6 +797,7 @@ impl<T: Clone> OrderTable<T> {
         self.inflight.remove(i);
         for k in i..self.inflight.len() {
             if self.inflight[k].held && !self.blocked(k) {
+                self.bury(k);
                 let e = &mut self.inflight[k];
                 e.held = false;
                 out.push((e.ticket, e.payload.clone()));

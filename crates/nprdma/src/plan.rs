@@ -218,13 +218,17 @@ pub fn readback_step(remote_addr: u64, len: u64, t: &Translation) -> NicStep {
     }
 }
 
-/// The ordering table's view of an application WR with one local range.
+/// The ordering table's view of an application WR with one local range. A
+/// READ of at most `inline_max` bytes is answered inline on the two-sided
+/// path (the CPU copies the answer), so its answer can be dropped when a
+/// later READ supersedes it ([`OpDesc::suppressible`]).
 pub fn order_desc(
     op: AppOp,
     local: Range,
     remote: Range,
     order_before: bool,
     order_after: bool,
+    inline_max: u64,
 ) -> OpDesc {
     let d = match op {
         AppOp::Read => OpDesc::read(local, remote),
@@ -233,7 +237,9 @@ pub fn order_desc(
         AppOp::Send | AppOp::SendImm(_) => OpDesc::send(local),
         AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. } => OpDesc::atomic(local.addr, remote.addr),
     };
-    d.order_before(order_before).order_after(order_after)
+    d.order_before(order_before)
+        .order_after(order_after)
+        .suppressible(op == AppOp::Read && local.len <= inline_max)
 }
 
 /// An unsignaled WRITE whose read-back is deferred to the next signaled WR.

@@ -73,6 +73,7 @@ fn driver(a: &Side, b: &Side, seed: u64) -> Driver {
             remote: pr,
             data: DATA,
             max_send: RSLOT,
+            last_read: None,
         },
         expect: VecDeque::new(),
         sends: VecDeque::new(),

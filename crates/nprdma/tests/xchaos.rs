@@ -161,6 +161,7 @@ fn chaos_across_processes() {
         remote: initial(2),
         data: DATA,
         max_send: RSLOT,
+        last_read: None,
     };
     let mut la = Buf::with(&a, MR, Some(&m.local));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, 32).unwrap();

@@ -392,6 +392,8 @@ pub(crate) struct QpState {
     /// Pending id of the last lean-path operation promoted to the general
     /// path (its NIC completions are routed there).
     fast_promoted: Option<u32>,
+    /// Largest READ/WRITE the two-sided path carries inline.
+    inline_max: u64,
 }
 
 impl QpState {
@@ -498,6 +500,7 @@ impl QpState {
             batches: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
             fast: None,
             fast_promoted: None,
+            inline_max: inline_max(sh),
         })
     }
 
@@ -819,6 +822,7 @@ pub(crate) fn post_send(
                 Range::new(wr.remote_addr, rlen),
                 wr.order_before,
                 wr.order_after,
+                qp.inline_max,
             );
             let (ticket, now) = match qp.order.submit(desc, id) {
                 Ok(Admit::Issue(t, _)) => (Some(t), true),
@@ -1421,12 +1425,17 @@ fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::
     })
 }
 
+/// Largest READ/WRITE the two-sided path carries inline.
+fn inline_max(sh: &Shared) -> u64 {
+    (sh.cfg.ctrl.max_inline as u64).min(sh.cfg.plan.inline_max)
+}
+
 fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     mark(Step::ICheckFail);
     st.stats.two_sided += 1;
     let Some(qp) = qp_at(st, qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
-    let inline_max = (sh.cfg.ctrl.max_inline as u64).min(sh.cfg.plan.inline_max);
+    let inline_max = inline_max(sh);
     let (laddr, len, raddr, rkey) = (op.laddr, op.len, op.wr.remote_addr, op.wr.rkey);
     let mut hold = Hold::default();
     let mut stack = [0u8; mem::STACK_COPY];
@@ -2222,9 +2231,14 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                 return;
             }
             let mut s = wc_status(status);
+            // A later READ of the same destination may already have landed
+            // (it did not wait for this one): this answer is dead then.
+            let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
             if status == Status::Ok {
                 if data.len() as u64 == op.len {
-                    mem::write(op.laddr, &data);
+                    if !dead {
+                        mem::write(op.laddr, &data);
+                    }
                 } else {
                     s = wc_status(Status::RemoteInvalid);
                 }

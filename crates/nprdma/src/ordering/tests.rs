@@ -751,3 +751,106 @@ proptest! {
         prop_assert_eq!(completed, submitted);
     }
 }
+
+/// A small READ into the perftest-style shared buffer `[0, 64)` from
+/// remote page `page`, answered inline on the two-sided path.
+fn window_read(page: u64) -> OpDesc {
+    OpDesc::read(r(0, 64), r(page << 12, 64)).suppressible(true)
+}
+
+fn fail(t: &mut OrderTable<u32>, k: Ticket) -> Vec<Ticket> {
+    let mut out = Vec::new();
+    t.fail(k, &mut out).unwrap();
+    tickets(out)
+}
+
+#[test]
+fn a_failed_read_in_a_same_buffer_window_replays_nothing_and_its_answer_is_dead() {
+    let mut t = OrderTable::new(pipe());
+    let ks: Vec<Ticket> = (0..4)
+        .map(|i| {
+            let k = issued(t.submit(window_read(i), i as u32).unwrap());
+            on_nic(&mut t, k);
+            k
+        })
+        .collect();
+    assert!(!t.must_wait(ks[0]).unwrap());
+    // The first check fails: the later READs (same destination, other
+    // pages) are not replayed; they replace its bytes, so its answer dies.
+    assert_eq!(fail(&mut t, ks[0]), Vec::<Ticket>::new());
+    assert!(t.data_dead(ks[0]));
+    assert_eq!(t.inflight_len(), 4);
+    // The next one may finish (or go two-sided) without waiting for it.
+    assert!(!t.must_wait(ks[1]).unwrap());
+    assert_eq!(fail(&mut t, ks[1]), Vec::<Ticket>::new());
+    assert!(t.data_dead(ks[1]));
+    // Still optimistic, `ks[2]` holds the last one back until it is safe.
+    assert!(t.must_wait(ks[3]).unwrap());
+    assert!(!t.must_wait(ks[2]).unwrap());
+    assert_eq!(fail(&mut t, ks[2]), Vec::<Ticket>::new());
+    // The last one of the window is superseded by nobody: its answer lands.
+    assert!(!t.must_wait(ks[3]).unwrap());
+    assert_eq!(fail(&mut t, ks[3]), Vec::<Ticket>::new());
+    assert!(!t.data_dead(ks[3]));
+    // A READ posted now is admitted past the two-sided ones and buries
+    // the last one.
+    let n = issued(t.submit(window_read(9), 9).unwrap());
+    assert!(t.data_dead(ks[3]));
+    assert!(t.is_inflight(n));
+}
+
+#[test]
+fn a_read_that_is_not_suppressible_still_replays_its_window() {
+    let mut t = OrderTable::new(pipe());
+    let ks: Vec<Ticket> = (0..3)
+        .map(|i| {
+            let k = issued(
+                t.submit(window_read(i).suppressible(false), i as u32)
+                    .unwrap(),
+            );
+            on_nic(&mut t, k);
+            k
+        })
+        .collect();
+    assert_eq!(fail(&mut t, ks[0]), vec![ks[1], ks[2]]);
+    assert!(!t.data_dead(ks[0]));
+    // A later READ of the destination waits for the two-sided one.
+    parked(t.submit(window_read(7), 7).unwrap());
+}
+
+#[test]
+fn a_superseding_read_is_replayed_when_an_earlier_op_it_depends_on_fails() {
+    // `x` writes remote page 5; `a` reads page 5 into the buffer (it
+    // conflicts with `x`), `b` reads page 6 into the same buffer. When `x`
+    // fails, `a` replays — and `b`, which must land after `a`, too.
+    let mut t = OrderTable::new(pipe());
+    let x = issued(
+        t.submit(OpDesc::write(r(8192, 64), r(5 << 12, 64)), 0)
+            .unwrap(),
+    );
+    on_nic(&mut t, x);
+    let a = issued(t.submit(window_read(5), 1).unwrap());
+    on_nic(&mut t, a);
+    let b = issued(t.submit(window_read(6), 2).unwrap());
+    on_nic(&mut t, b);
+    // `b` may not finish before `a` is safe.
+    assert!(t.must_wait(b).unwrap());
+    assert_eq!(fail(&mut t, x), vec![a, b]);
+    assert!(!t.data_dead(x));
+}
+
+#[test]
+fn a_held_superseding_read_buries_the_failed_one_when_released() {
+    let mut t = OrderTable::new(pipe());
+    let a = issued(t.submit(window_read(0), 0).unwrap());
+    on_nic(&mut t, a);
+    let b = issued(t.submit(window_read(1), 1).unwrap());
+    on_nic(&mut t, b);
+    // `b`'s check passes while `a` is still optimistic: held.
+    assert!(t.must_wait(b).unwrap());
+    // `a` fails: `b` is not replayed and `a`'s answer is dead.
+    assert_eq!(fail(&mut t, a), Vec::<Ticket>::new());
+    assert!(t.data_dead(a));
+    // `a` completes: `b` is handed back.
+    assert_eq!(tickets(t.complete(a).unwrap()), vec![b]);
+}

@@ -259,6 +259,9 @@ pub struct ChaosModel {
     pub data: usize,
     /// Largest SEND (a receive slot).
     pub max_send: usize,
+    /// The last READ's local range: a third of the READs reuse it (a
+    /// same-buffer window, where later READs supersede earlier ones).
+    pub last_read: Option<(usize, usize)>,
 }
 
 impl ChaosModel {
@@ -268,10 +271,16 @@ impl ChaosModel {
         let data = self.data;
         let kind = r.below(100);
         if kind < 80 {
-            let len = rand_len(r).min(data);
-            let lo = r.below((data - len + 1) as u64) as usize;
+            let mut len = rand_len(r).min(data);
+            let mut lo = r.below((data - len + 1) as u64) as usize;
+            if kind < 40 && r.below(3) == 0 {
+                if let Some((l, n)) = self.last_read {
+                    (lo, len) = (l, n);
+                }
+            }
             let ro = r.below((data - len + 1) as u64) as usize;
             if kind < 40 {
+                self.last_read = Some((lo, len));
                 let src = self.remote[ro..ro + len].to_vec();
                 self.local[lo..lo + len].copy_from_slice(&src);
                 return ChaosOp::Read { lo, ro, len };

@@ -227,6 +227,7 @@ impl QpState {
             Range::new(f.wr.remote_addr, f.len),
             f.wr.order_before,
             f.wr.order_after,
+            self.inline_max,
         );
         match self.order.submit(desc, id) {
             Ok(Admit::Issue(t, _)) => {
