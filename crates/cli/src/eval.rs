@@ -53,6 +53,10 @@ pub struct EvalResults {
     /// Signature (per-atom magic / read-back) vs page-versioning rows.
     pub signature: Vec<PerfResult>,
     pub versioning: Vec<PerfResult>,
+    /// Fault resolution rate: 2 B READs, each on its own faulting page, at
+    /// every depth of [`FAULT_DEPTHS`] (NP-RDMA and the ODP model).
+    #[serde(default)]
+    pub fault_rate: Vec<PerfResult>,
     pub control: CtrlPlane,
     pub reg: Vec<crate::reg::RegResult>,
     /// Modes that could not run, with the reason.
@@ -71,6 +75,7 @@ impl EvalResults {
             .iter()
             .chain(&self.signature)
             .chain(&self.versioning)
+            .chain(&self.fault_rate)
         {
             if !r.all_finite() {
                 return Err(format!("non-finite figure in {:?}", r));
@@ -88,6 +93,15 @@ impl EvalResults {
         }
         Ok(())
     }
+}
+
+/// The tx-depths of the fault-rate sweep.
+pub const FAULT_DEPTHS: [usize; 5] = [1, 4, 16, 64, 128];
+
+/// Faults resolved per second by a fault-rate row (every op of the row
+/// hits its own faulting page).
+fn faults_per_s(r: &PerfResult) -> Option<f64> {
+    r.mops.map(|m| m * 1e6)
 }
 
 fn clampi(x: usize, lo: usize, hi: usize) -> usize {
@@ -123,6 +137,27 @@ impl Plan {
             (Mode::Odp, Fault::Minor | Fault::Major, Level::Quick) => n.min(40),
             (Mode::Odp, Fault::Minor | Fault::Major, Level::Full) => n.min(60),
             _ => n,
+        }
+    }
+    /// A fault-rate row: 2 B READs at `depth`, one signaled in
+    /// min(depth, 100). The ODP model pays ≥ 2 ms per fault round, so its
+    /// rows run a few windows only.
+    fn fault_rate_spec(&self, mode: Mode, fault: Fault, depth: usize) -> Spec {
+        let iters = match (self.lvl, mode) {
+            (Level::Smoke, _) => 16,
+            (_, Mode::Odp) => (4 * depth).clamp(40, 512),
+            (Level::Quick, _) => 2000.max(8 * depth),
+            (Level::Full, _) => 20000,
+        };
+        Spec {
+            op: Op::Read,
+            mode,
+            fault,
+            test: Test::Bw,
+            size: 2,
+            iters,
+            tx_depth: depth,
+            signal_every: depth.min(100),
         }
     }
     fn spec(&self, op: Op, mode: Mode, fault: Fault, test: Test, size: usize) -> Spec {
@@ -219,6 +254,14 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         .collect();
     groups.push(("signature", Mode::Nprdma, sig_cfg, sv_specs.clone()));
     groups.push(("versioning", Mode::Nprdma, ver_cfg, sv_specs));
+    // Fault resolution rate vs tx-depth.
+    for mode in [Mode::Nprdma, Mode::Odp] {
+        let v = [Fault::Minor, Fault::Major]
+            .iter()
+            .flat_map(|&f| FAULT_DEPTHS.map(|d| plan.fault_rate_spec(mode, f, d)))
+            .collect();
+        groups.push(("fault-rate", mode, nprdma::Config::default(), v));
+    }
 
     let total: usize = groups.iter().map(|g| g.3.len()).sum::<usize>() + 4;
     let pb = ProgressBar::new(total as u64);
@@ -254,6 +297,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
                 Ok(r) => match name {
                     "signature" => res.signature.push(r),
                     "versioning" => res.versioning.push(r),
+                    "fault-rate" => res.fault_rate.push(r),
                     _ => res.perf.push(r),
                 },
                 Err(e) => {
@@ -313,7 +357,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     println!(
         "nprdma eval ({}): {} data-plane rows, {} plots in {:.0} s -> {}",
         res.level,
-        res.perf.len() + res.signature.len() + res.versioning.len(),
+        res.perf.len() + res.signature.len() + res.versioning.len() + res.fault_rate.len(),
         plots.len(),
         res.seconds,
         a.out.join("report.md").display()
@@ -441,7 +485,73 @@ fn write_plots(out: &std::path::Path, res: &EvalResults) -> Result<Vec<(String, 
         std::fs::write(out.join(&name), svg)?;
         files.push((name, title));
     }
+    if !res.fault_rate.is_empty() {
+        let mut series = Vec::new();
+        for mode in [Mode::Nprdma, Mode::Odp] {
+            for fault in [Fault::Minor, Fault::Major] {
+                let points: Vec<(f64, f64)> = res
+                    .fault_rate
+                    .iter()
+                    .filter(|r| r.mode == mode && r.fault == fault)
+                    .filter_map(|r| Some((r.tx_depth as f64, faults_per_s(r)?)))
+                    .collect();
+                if !points.is_empty() {
+                    series.push(Series {
+                        label: format!("{} {}", mode.label(), fault.name()),
+                        points,
+                        dashed: mode == Mode::Odp,
+                    });
+                }
+            }
+        }
+        let title = "Faults resolved per second vs operations in flight (2 B READs)";
+        let name = "fault_rate.svg".to_string();
+        let svg = svg::render(
+            &Plot {
+                title,
+                x_label: "tx-depth (operations in flight)",
+                y_label: "faults resolved per second",
+                log_y: true,
+            },
+            &series,
+        );
+        std::fs::write(out.join(&name), svg)?;
+        files.push((name, title.to_string()));
+    }
     Ok(files)
+}
+
+/// The fault-rate table: faults/s per depth for NP-RDMA and the ODP model.
+fn fault_rate_table(w: &mut String, res: &EvalResults) {
+    if res.fault_rate.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\n## Fault resolution rate vs operations in flight\n");
+    let _ = writeln!(w, "2 B READs (`nprdma perf --bw --size 2 --tx-depth D --signal-every min(D,100)`), each on its own never-touched (minor) or swapped-out (major) target page, all into one local buffer as in perftest; faults resolved per second = operations per second. The paper resolves 1.5 M minor faults/s per thread on hardware. ODP is a model (2 ms retransmission timeout per fault round).\n");
+    let _ = writeln!(
+        w,
+        "| fault | tx-depth | NP-RDMA faults/s | ODP (model) faults/s | NP-RDMA / ODP (model) |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for fault in [Fault::Minor, Fault::Major] {
+        for d in FAULT_DEPTHS {
+            let get = |mode| {
+                res.fault_rate
+                    .iter()
+                    .find(|r| r.mode == mode && r.fault == fault && r.tx_depth == d)
+                    .and_then(faults_per_s)
+            };
+            let (n, o) = (get(Mode::Nprdma), get(Mode::Odp));
+            let _ = writeln!(
+                w,
+                "| {} | {d} | {} | {} | {} |",
+                fault.name(),
+                f2(n),
+                f2(o),
+                ratio(n, o).map_or("n/a".into(), |x| format!("{x:.0}x"))
+            );
+        }
+    }
 }
 
 fn f2(x: Option<f64>) -> String {
@@ -652,6 +762,34 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             ratio(n, pn),
         );
     }
+    {
+        let get = |mode, fault| {
+            res.fault_rate
+                .iter()
+                .filter(|r| r.mode == mode && r.fault == fault)
+                .max_by_key(|r| r.tx_depth)
+        };
+        for fault in [Fault::Minor, Fault::Major] {
+            let n = get(Mode::Nprdma, fault);
+            let o = get(Mode::Odp, fault);
+            let d = n.map_or(0, |r| r.tx_depth);
+            let (n, o) = (n.and_then(faults_per_s), o.and_then(faults_per_s));
+            row(
+                w,
+                format!(
+                    "{} faults resolved per second at tx-depth {d}: NP-RDMA (ODP (model))",
+                    fault.name()
+                ),
+                if fault == Fault::Minor {
+                    "1.5 M/s per thread"
+                } else {
+                    "—"
+                },
+                format!("{} /s ({} /s)", f2(n), f2(o)),
+                ratio(n, o),
+            );
+        }
+    }
     let c = &res.control;
     row(
         w,
@@ -699,6 +837,8 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     for (f, t) in plots {
         let _ = writeln!(w, "### {t}\n\n![{t}]({f})\n");
     }
+
+    fault_rate_table(w, res);
 
     // Tables.
     let _ = writeln!(w, "## All data-plane rows\n");

@@ -187,6 +187,24 @@ fn eval_smoke_produces_every_figure() {
         plots += 1;
     }
     assert_eq!(plots, 14);
+    // Fault rate vs tx-depth: a row per (mode, fault, depth), and its plot.
+    let rate = res["fault_rate"].as_array().unwrap();
+    for (mode, _) in modes.iter().filter(|(m, _)| *m != "pinned") {
+        for fault in ["minor", "major"] {
+            for depth in [1u64, 4, 16, 64, 128] {
+                let r = rate
+                    .iter()
+                    .find(|r| r["mode"] == *mode && r["fault"] == fault && r["tx_depth"] == depth)
+                    .unwrap_or_else(|| panic!("no fault-rate row {mode} {fault} {depth}"));
+                check_row(r);
+                assert!(r["mops"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["fault_pages_prepared"].as_u64().unwrap() > 0, "{r}");
+            }
+        }
+    }
+    let svg = std::fs::read_to_string(dir.join("fault_rate.svg")).unwrap();
+    assert!(svg.matches("<polyline").count() >= 2, "fault_rate.svg");
+    assert!(report.contains("fault_rate.svg") && report.contains("Fault resolution rate"));
     assert!(report.contains("ODP (model)"));
     assert!(report.contains("| what | paper (quoted) | measured here | ratio here |"));
 }

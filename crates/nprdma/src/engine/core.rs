@@ -1678,15 +1678,37 @@ fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
         st.last_sweep = Instant::now();
         sweep_timeouts(sh, st);
     }
-    if total == 0 {
-        // Nothing new arrived: one owed pin + map-in (counts as work, so
-        // the polling thread keeps going until the queue is empty).
-        if let Some((m, addr, len)) = st.post_answer.pop_front() {
-            drop(engine_pin(sh, &m, addr, len));
-            return 1;
-        }
+    if total == 0 && !st.post_answer.is_empty() {
+        // Nothing new arrived: the owed pins + map-ins (counts as work).
+        return map_in_owed(sh, st);
     }
     total
+}
+
+/// The pins + map-ins owed by answer-first inline READs, all in one pass:
+/// page-adjacent ranges of one MR merge into a run that is faulted in
+/// with one range pin (one zero-fill / swap-in per run of pages, see
+/// `vmem`'s range pin) and mapped with one shadow pass. Returns the
+/// number of runs.
+fn map_in_owed(sh: &Shared, st: &mut State) -> usize {
+    let mut owed: Vec<_> = st.post_answer.drain(..).collect();
+    owed.sort_unstable_by_key(|(m, addr, _)| (Arc::as_ptr(m) as usize, *addr));
+    let mut runs = 0;
+    let mut i = 0;
+    while i < owed.len() {
+        let (m, start, len) = &owed[i];
+        let mut end = start + len;
+        let mut j = i + 1;
+        while j < owed.len() && Arc::ptr_eq(&owed[j].0, m) && owed[j].1 <= end.next_multiple_of(PS)
+        {
+            end = end.max(owed[j].1 + owed[j].2);
+            j += 1;
+        }
+        drop(engine_pin(sh, m, *start, end - start));
+        runs += 1;
+        i = j;
+    }
+    runs
 }
 
 /// Two-sided requests the peer never answered (it destroyed its QP or
@@ -2088,7 +2110,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                     // pinned path would have, so that later READs go
                     // one-sided: at the next idle progress pass (a bounded
                     // queue; beyond it, now).
-                    if post_answer.len() < 64 {
+                    if post_answer.len() < 256 {
                         post_answer.push_back((m.clone(), remote_addr, len as u64));
                     } else {
                         drop(engine_pin(sh, m, remote_addr, len as u64));
