@@ -100,6 +100,14 @@ impl<T> Pending<T> {
             .filter_map(|(i, (gen, v))| v.as_ref().map(|v| (*gen << INDEX_BITS | i as u32, v)))
     }
 
+    /// Live entries with their ids, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> + '_ {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, (gen, v))| v.as_mut().map(|v| (*gen << INDEX_BITS | i as u32, v)))
+    }
+
     /// Remove every outstanding request (QP error / teardown), oldest slot
     /// order not guaranteed; the caller completes each with a flush status.
     pub fn drain(&mut self) -> Vec<(u32, T)> {

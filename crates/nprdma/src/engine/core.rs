@@ -1870,6 +1870,34 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
     }
 }
 
+/// Deregistration of `mr` (its entry already left the table): the
+/// temporary MRs over its memory — a two-sided op's local one, a served
+/// request's target one — and its own NIC MRs are dropped now, each
+/// waiting for the DMA in flight through it. Operations still in flight on
+/// it complete with an error: their NIC work fails at the NIC, and their
+/// answers are no longer copied in ([`MrEntry::is_fenced`]).
+pub(crate) fn fence_mr(st: &mut State, mr: &Arc<MrEntry>) {
+    for qp in st.qps.iter_mut().flatten() {
+        for (_, t) in qp.treqs.iter_mut() {
+            if Arc::ptr_eq(&t._mr, mr) {
+                t._tmr = None;
+            }
+        }
+        for (_, op) in qp.ops.iter_mut() {
+            if op.lmr.as_ref().is_some_and(|l| Arc::ptr_eq(l, mr)) {
+                op.hold.mr = None;
+            }
+        }
+    }
+    st.post_answer.retain(|(m, _, _)| !Arc::ptr_eq(m, mr));
+    mr.fence();
+}
+
+/// Whether op `op`'s local MR was deregistered meanwhile.
+fn local_fenced(op: &Op) -> bool {
+    op.lmr.as_ref().is_some_and(|m| m.is_fenced())
+}
+
 /// The peer is gone: every outstanding operation completes with an error.
 fn fail_qp(st: &mut State, qi: usize) {
     let Some(qp) = qp_at(st, qi) else { return };
@@ -2256,7 +2284,10 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             // A later READ of the same destination may already have landed
             // (it did not wait for this one): this answer is dead then.
             let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
-            if status == Status::Ok {
+            if local_fenced(op) {
+                // Deregistered meanwhile: its memory is not ours to write.
+                s = ST_LOC_PROT;
+            } else if status == Status::Ok {
                 if data.len() as u64 == op.len {
                     if !dead {
                         mem::write(op.laddr, &data);
@@ -2279,10 +2310,13 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
                 return;
             }
-            if status == Status::Ok {
+            let mut s = wc_status(status);
+            if local_fenced(op) {
+                s = ST_LOC_PROT;
+            } else if status == Status::Ok {
                 mem::write(op.laddr, &original.to_le_bytes());
             }
-            finish(st, qi, req_id, wc_status(status), 8);
+            finish(st, qi, req_id, s, 8);
         }
         Repr::Release { req_id } => {
             let hit = qp

@@ -2,7 +2,10 @@
 //! Write MR over two IOVA ranges (mapped from residency) + a pinned Version
 //! MR, a swap listener, a pager registration and a frame-map range.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::core::Shared;
 use super::Error;
@@ -11,8 +14,10 @@ use crate::ctrl::KeyMapping;
 use crate::nic::{self, Access, IommuControl, MemoryManager, NicMr};
 use crate::shadow::MrShadow;
 
-/// Everything behind one application MR. Operations hold an `Arc` of it,
-/// so deregistration with operations in flight completes them first.
+/// Everything behind one application MR. Operations hold an `Arc` of it;
+/// deregistration *fences* it first ([`MrEntry::fence`]): its NIC MRs go at
+/// once, so no DMA reaches the memory after `Mr` drop returns, and the
+/// operations still in flight complete with an error.
 pub(crate) struct MrEntry {
     pub pd: u32,
     pub addr: u64,
@@ -20,7 +25,11 @@ pub(crate) struct MrEntry {
     pub access: Access,
     pub key: u32,
     pub mapping: KeyMapping,
-    nic: Option<NicMrs>,
+    /// The NIC MRs; `None` once fenced (or before registration finished).
+    nic: Mutex<Option<NicMrs>>,
+    read_lkey: u32,
+    write_lkey: u32,
+    fenced: AtomicBool,
     pub shadow: Arc<MrShadow<RnicIommu>>,
     listener: nic::ListenerId,
     mm: VmemMm,
@@ -34,17 +43,31 @@ pub(crate) struct MrEntry {
 }
 
 struct NicMrs {
-    read: rnic::Mr,
-    write: rnic::Mr,
+    _read: rnic::Mr,
+    _write: rnic::Mr,
     _ver: rnic::Mr,
 }
 
 impl MrEntry {
+    /// The Read MR's lkey (invalid at the NIC once fenced).
     pub fn read_lkey(&self) -> u32 {
-        self.nic.as_ref().map(|m| m.read.lkey()).unwrap_or(0)
+        self.read_lkey
     }
+    /// The Write MR's lkey (invalid at the NIC once fenced).
     pub fn write_lkey(&self) -> u32 {
-        self.nic.as_ref().map(|m| m.write.lkey()).unwrap_or(0)
+        self.write_lkey
+    }
+    /// Deregistered: the CPU must not copy into or out of the memory on
+    /// the MR's behalf any more (inline answers, atomic results).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+    /// Deregistration's fence: drop the NIC MRs now (each waits for the
+    /// DMA in flight through it: an IOMMU flush), whoever still holds the
+    /// entry. NIC work that uses them later fails with a protection error.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::Release);
+        drop(self.nic.lock().take());
     }
     /// Whether every page of `[addr, addr+len)` (inside the MR, ≤ 4 pages)
     /// provably holds zeroes now, without touching it.
@@ -87,7 +110,7 @@ impl Drop for MrEntry {
         // Listener first (waits for a running call), then the NIC MRs (wait
         // for DMA), then the IOVA ranges (shadow), frame map, pager.
         self.mm.remove_swap_listener(self.listener);
-        drop(self.nic.take());
+        drop(self.nic.get_mut().take());
         if let Err(e) = self.host.frames().untrack(self.track) {
             tracing::warn!(error = %e, "untrack failed");
         }
@@ -139,6 +162,9 @@ impl Drop for Mr {
             let e = st.mrs.remove(&self.key);
             st.keys.remove(self.key);
             super::core::broadcast_revoke(&self.sh, &mut st, self.key);
+            if let Some(e) = &e {
+                super::core::fence_mr(&mut st, e);
+            }
             e
         };
         drop(entry);
@@ -223,7 +249,10 @@ pub(crate) unsafe fn register(
             region_len: len,
             version_va: shadow.versions().addr(),
         },
-        nic: None,
+        nic: Mutex::new(None),
+        read_lkey: 0,
+        write_lkey: 0,
+        fenced: AtomicBool::new(false),
         shadow: shadow.clone(),
         listener,
         mm: sh.mm.clone(),
@@ -259,9 +288,11 @@ pub(crate) unsafe fn register(
     entry.mapping.app_rkey = read.rkey();
     entry.mapping.write_rkey = write.rkey();
     entry.mapping.version_rkey = ver.rkey();
-    entry.nic = Some(NicMrs {
-        read: read.0,
-        write: write.0,
+    entry.read_lkey = read.lkey();
+    entry.write_lkey = write.lkey();
+    *entry.nic.get_mut() = Some(NicMrs {
+        _read: read.0,
+        _write: write.0,
         _ver: ver,
     });
     let key = entry.key;
