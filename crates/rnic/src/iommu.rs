@@ -196,6 +196,18 @@ impl Iommu {
         flush_epoch(&self.seg, self.flush_timeout)
     }
 
+    /// DMA sections counted now in this host's epoch slots, its own and peers'
+    /// (a diagnostic: a dead peer's section stays counted until a flush clears it).
+    pub fn sections_counted(&self) -> u64 {
+        self.seg
+            .hdr()
+            .inflight
+            .iter()
+            .flatten()
+            .map(|c| c.0.load(Ordering::SeqCst))
+            .sum()
+    }
+
     /// Bytes in an IOVA page.
     pub const PAGE_SIZE: usize = PAGE;
     pub const PAGE_SHIFT: u32 = PAGE_SHIFT;
@@ -206,11 +218,25 @@ pub struct EpochGuard<'a> {
     ctr: &'a AtomicU64,
 }
 
+/// Epoch slots `0..OWN_SLOTS` count the sections of the owner process's own
+/// threads (spread per thread); `FOREIGN_SLOTS` are claimed one per other process
+/// (an owner token in the header names it, so a flush can clear the sections of a
+/// process that died inside one); the last slot is shared by other processes that
+/// found no free slot (never cleared: a death there still costs the flush timeout).
+pub const OWN_SLOTS: usize = crate::segment::EPOCH_SLOTS / 2;
+pub const FOREIGN_SLOTS: std::ops::Range<usize> = OWN_SLOTS..crate::segment::EPOCH_SLOTS - 1;
+const SHARED_SLOT: usize = crate::segment::EPOCH_SLOTS - 1;
+
 /// Enter a DMA section of the host owning `seg`: translations made and copies done
 /// before the guard drops are waited for by that host's `flush()`.
 pub fn enter(seg: &Segment) -> EpochGuard<'_> {
     let h = seg.hdr();
-    let slot = &h.inflight[epoch_slot()];
+    let i = if h.pid.load(Ordering::Relaxed) == std::process::id() {
+        epoch_slot()
+    } else {
+        *seg.foreign_slot.get_or_init(|| claim_foreign_slot(seg))
+    };
+    let slot = &h.inflight[i];
     loop {
         let e = h.epoch.load(Ordering::SeqCst);
         let ctr = &slot[(e & 1) as usize].0;
@@ -237,27 +263,104 @@ fn epoch_slot() -> usize {
         static SLOT: usize = {
             let pid = std::process::id() as usize;
             (pid.wrapping_mul(0x9e37_79b9) >> 7).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
-                % crate::segment::EPOCH_SLOTS
+                % OWN_SLOTS
         };
     }
     SLOT.try_with(|s| *s).unwrap_or(0)
 }
 
+/// Claim a free foreign slot of `seg` for this process (a slot of a dead owner
+/// is cleared and taken), or the shared one.
+fn claim_foreign_slot(seg: &Segment) -> usize {
+    let h = seg.hdr();
+    let me = crate::sys::my_process_token();
+    for pass in 0..2 {
+        for i in FOREIGN_SLOTS {
+            if pass == 1 {
+                clear_if_dead(seg, i);
+            }
+            if h.slot_owner[i]
+                .0
+                .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return i;
+            }
+        }
+    }
+    SHARED_SLOT
+}
+
+/// Give back this process's foreign slot of `seg` (its mapping is going away).
+pub(crate) fn release_foreign_slot(seg: &Segment) {
+    let Some(&i) = seg.foreign_slot.get() else {
+        return;
+    };
+    if !FOREIGN_SLOTS.contains(&i) {
+        return;
+    }
+    let h = seg.hdr();
+    if h.inflight[i].iter().all(|c| c.0.load(Ordering::SeqCst) == 0) {
+        let me = crate::sys::my_process_token();
+        let _ = h.slot_owner[i]
+            .0
+            .compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Marks a slot being cleared (no claim succeeds meanwhile).
+const CLEARING: u64 = u64::MAX;
+
+/// If foreign slot `i` of `seg` belongs to a process that is gone, forget its
+/// sections (the dead cannot copy any more) and free the slot. Whether it did.
+fn clear_if_dead(seg: &Segment, i: usize) -> bool {
+    let h = seg.hdr();
+    let o = h.slot_owner[i].0.load(Ordering::SeqCst);
+    if o == 0 || o == CLEARING || !crate::sys::process_gone(o) {
+        return false;
+    }
+    if h.slot_owner[i]
+        .0
+        .compare_exchange(o, CLEARING, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        return false;
+    }
+    for c in &h.inflight[i] {
+        c.0.store(0, Ordering::SeqCst);
+    }
+    h.slot_owner[i].0.store(0, Ordering::SeqCst);
+    tracing::warn!(slot = i, "DMA sections of a dead peer process cleared");
+    true
+}
+
 /// Flip the epoch and wait for the old parity to drain in every slot (callers
-/// serialize flushes).
+/// serialize flushes). Sections still counted after a short spin are checked for
+/// owners that died inside them (cleared at once): a dead peer costs a flush about
+/// a millisecond, not the timeout.
 pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
     let h = seg.hdr();
     let old = h.epoch.fetch_add(1, Ordering::SeqCst);
     let par = (old & 1) as usize;
     let start = Instant::now();
     let mut spins = 0u32;
+    let mut next_check = Duration::from_micros(500);
     while h.inflight.iter().any(|s| s[par].0.load(Ordering::SeqCst) != 0) {
         spins += 1;
         if spins < 200 {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();
-            if start.elapsed() > timeout {
+            let t = start.elapsed();
+            if t > next_check {
+                next_check = t + Duration::from_millis(1);
+                for i in FOREIGN_SLOTS {
+                    if h.inflight[i][par].0.load(Ordering::SeqCst) != 0 {
+                        clear_if_dead(seg, i);
+                    }
+                }
+            }
+            if t > timeout {
                 return Err(Error::Timeout);
             }
         }

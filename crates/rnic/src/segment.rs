@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
-const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0003; // "nprdma" v3 (epoch slots, RQ line, DMA pool, ext polling)
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0004; // "nprdma" v4 (epoch slots with owners, RQ line, DMA pool, ext polling)
 
 /// A cache-line-aligned wrapper to keep hot shared counters apart.
 #[repr(C, align(64))]
@@ -103,6 +103,11 @@ pub struct Header {
     /// per thread (see `iommu::enter`): initiators of different processes entering
     /// this host's sections do not bounce one line between cores.
     pub inflight: [[Line<AtomicU64>; 2]; EPOCH_SLOTS],
+    /// Owner of each claimable slot (`iommu::FOREIGN_SLOTS`): the process token
+    /// (`sys::process_token`) of the other process whose threads count their
+    /// sections there, 0 = free. A flush that finds a section of a dead owner
+    /// still counted clears it (`iommu::flush_epoch`).
+    pub slot_owner: [Line<AtomicU64>; EPOCH_SLOTS],
     /// NIC thread futex word (bumped to wake it).
     pub nic_seq: Line<AtomicU32>,
     /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
@@ -360,6 +365,18 @@ pub struct Segment {
     pub p: Params,
     _fd: OwnedFd,
     pool: Option<PoolMap>,
+    /// The epoch slot this process claimed in a peer's segment (see
+    /// `iommu::enter`); released when the mapping goes.
+    pub(crate) foreign_slot: std::sync::OnceLock<usize>,
+}
+
+impl Drop for Segment {
+    /// Give back the epoch slot this process claimed in the peer's segment (if
+    /// no section of ours is counted there: a thread still inside one keeps the
+    /// mapping alive through its `Arc`, so this is the normal case).
+    fn drop(&mut self) {
+        crate::iommu::release_foreign_slot(self);
+    }
 }
 
 impl Segment {
@@ -394,6 +411,7 @@ impl Segment {
             p,
             _fd: fd,
             pool,
+            foreign_slot: std::sync::OnceLock::new(),
         };
         let h = seg.hdr();
         if let Some(pm) = &seg.pool {
@@ -467,6 +485,7 @@ impl Segment {
             p,
             _fd: fd,
             pool,
+            foreign_slot: std::sync::OnceLock::new(),
         })
     }
 

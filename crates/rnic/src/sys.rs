@@ -374,3 +374,62 @@ pub mod life {
         }
     }
 }
+
+/// A token naming a live process and surviving PID reuse: its PID (≤ 2^22, the
+/// kernel's `pid_max` limit) and its start time in clock ticks since boot (42
+/// bits), from `/proc/<pid>/stat`. `None` if there is no such process or it has
+/// exited (a zombie waiting to be reaped is gone too: it runs no code).
+pub fn process_token(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name's closing ')': state (3), ..., starttime (22).
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(rest.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    let start: u64 = rest.nth(18)?.parse().ok()?;
+    Some(((pid as u64) << 42) | (start & START_MASK))
+}
+
+const START_MASK: u64 = (1 << 42) - 1;
+
+/// This process's [`process_token`] (computed once).
+pub fn my_process_token() -> u64 {
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let pid = std::process::id();
+        // Without /proc the token names the PID alone (reuse is then not seen).
+        process_token(pid).unwrap_or((pid as u64) << 42)
+    })
+}
+
+/// Whether the process named by `token` (see [`process_token`]) is gone.
+pub fn process_gone(token: u64) -> bool {
+    match process_token((token >> 42) as u32) {
+        None => true,
+        Some(t) => token & START_MASK != 0 && t != token,
+    }
+}
+
+#[cfg(test)]
+mod process_token_tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_is_not_gone_and_an_exited_one_is() {
+        let me = my_process_token();
+        assert_eq!(me >> 42, std::process::id() as u64);
+        assert_ne!(me & START_MASK, 0);
+        assert!(!process_gone(me));
+        // Same PID, another start time: PID reuse is seen.
+        assert!(process_gone(me ^ 1));
+        let mut c = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let t = process_token(c.id()).expect("a sleeping child has a token");
+        assert!(!process_gone(t));
+        c.kill().unwrap();
+        // Killed but not reaped yet (a zombie): gone already.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(process_gone(t));
+        c.wait().unwrap();
+        assert!(process_gone(t));
+    }
+}
