@@ -409,6 +409,11 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
                     }
                     Outcome::OdpRetry
                 }
+                Err(DmaErr::Io) if !tseg.alive() => {
+                    // The target process is gone: as a vanished peer on a real
+                    // fabric, the transport retries run out.
+                    Outcome::Done(WcStatus::RetryExcErr, 0)
+                }
                 Err(err) => {
                     let (s, remote_fault) = dma_status(err, !read);
                     if remote_fault {
