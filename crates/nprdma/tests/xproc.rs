@@ -172,3 +172,70 @@ fn cross_process_read_write_with_faults() {
     assert!(a.ctx.stats().two_sided >= 3);
     assert_eq!(a.ctx.nic_stats().nonresident_dma, 0);
 }
+
+/// The target process dies with operations in flight (two-sided: its MR is
+/// swapped out) and after: the survivor's WRs complete as on a fabric whose
+/// peer vanished — the oldest with RETRY_EXC_ERR, the rest WR_FLUSH_ERR,
+/// exactly once each, within the two-sided timeout — and its teardown
+/// (MR, QP) is quick.
+#[test]
+fn a_dead_target_process_fails_wrs_with_retry_exceeded_then_flush() {
+    let mut child = ChildProc::spawn("xproc_child", "NPRDMA_XPROC_CHILD", Duration::from_secs(60));
+    let first = child.read_line();
+    let w: Vec<&str> = first.split_whitespace().collect();
+    let (peer, raddr, rkey): (Endpoint, u64, u32) =
+        (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
+    let mut cfg = nprdma::Config::default();
+    cfg.two_sided_timeout = Duration::from_millis(500);
+    let a = side_with(cfg);
+    let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
+    let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
+    qa.connect(&peer).unwrap();
+    child.send(&hex(&qa.endpoint().to_bytes()));
+    assert_eq!(child.read_line(), "ready");
+    qa.post_send(&[SendWr::new(
+        1,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        raddr,
+        rkey,
+    )])
+    .unwrap();
+    assert_eq!(a.cq.poll_wait(1, Duration::from_secs(10))[0].status, 0);
+    child.kill();
+    let t = std::time::Instant::now();
+    let wrs: Vec<SendWr> = (0..4u64)
+        .map(|i| {
+            SendWr::new(
+                10 + i,
+                Opcode::Read,
+                Some(la.mr.sge(i * 4096, 64)),
+                raddr + 8192 + i * 4096,
+                rkey,
+            )
+        })
+        .collect();
+    qa.post_send(&wrs).unwrap();
+    let c = a.cq.poll_wait(4, Duration::from_secs(10));
+    assert_eq!(c.len(), 4, "one completion per WR: {c:?}");
+    assert_eq!(
+        (c[0].wr_id, c[0].status),
+        (10, 12),
+        "RETRY_EXC_ERR first: {c:?}"
+    );
+    for x in &c[1..] {
+        assert_eq!(x.status, 5, "then WR_FLUSH_ERR: {c:?}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(50));
+    let mut more = [nprdma::Completion::default(); 4];
+    assert_eq!(a.cq.poll(&mut more), 0, "extra completion {:?}", more[0]);
+    let t = std::time::Instant::now();
+    drop(qa);
+    drop(la);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "teardown {:?}",
+        t.elapsed()
+    );
+}

@@ -521,13 +521,20 @@ impl QpState {
     /// order (ops already finished out of order keep their status) and
     /// release their pins, scratch and ordering state.
     fn flush_ops(&mut self) {
+        self.flush_ops_after(ST_FLUSH);
+    }
+
+    /// [`QpState::flush_ops`], the oldest outstanding operation completing
+    /// with `first` instead (RETRY_EXC_ERR when the peer vanished, as an RC
+    /// transport reports it).
+    fn flush_ops_after(&mut self, first: u32) {
         self.promote_fast();
         let mut ops: Vec<(u32, Op)> = self.ops.drain();
         ops.sort_by_key(|(_, o)| o.seq);
-        for (_, mut op) in ops {
+        for (k, (_, mut op)) in ops.into_iter().enumerate() {
             let c = Completion {
                 wr_id: op.wr.wr_id,
-                status: ST_FLUSH,
+                status: if k == 0 { first } else { ST_FLUSH },
                 op: comp_op(op.wr.op),
                 byte_len: 0,
                 imm: None,
@@ -1286,7 +1293,7 @@ fn post_steps(
         // like on a NIC error (every operation completes, flushed).
         tracing::error!(posted, "partial post of an operation's NIC WRs");
         qp.release_scratch(scratch);
-        fail_qp(st, qi);
+        fail_qp(st, qi, ST_FLUSH);
         return;
     }
     let Some(op) = qp.ops.get_mut(id) else { return };
@@ -1827,7 +1834,7 @@ fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
             if !ok && wc.status != WcStatus::WrFlushErr {
                 tracing::warn!(status = ?wc.status, qpn = qp.qpn, "control send failed: peer gone");
-                fail_qp(st, qi);
+                fail_qp(st, qi, ST_RETRY_EXC);
                 return;
             }
             qp.flush_ctrl();
@@ -1898,11 +1905,13 @@ fn local_fenced(op: &Op) -> bool {
     op.lmr.as_ref().is_some_and(|m| m.is_fenced())
 }
 
-/// The peer is gone: every outstanding operation completes with an error.
-fn fail_qp(st: &mut State, qi: usize) {
+/// The QP fails (its peer is gone, or its NIC work broke): every
+/// outstanding operation completes with an error — the oldest with `first`
+/// (RETRY_EXC_ERR for a vanished peer), the rest WR_FLUSH_ERR.
+fn fail_qp(st: &mut State, qi: usize, first: u32) {
     let Some(qp) = qp_at(st, qi) else { return };
     qp.dead = true;
-    qp.flush_ops();
+    qp.flush_ops_after(first);
     for (_, t) in qp.treqs.drain() {
         drop(t);
     }

@@ -75,6 +75,13 @@ impl ChildProc {
         w.flush().unwrap();
     }
 
+    /// SIGKILL the child and reap it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.done.store(true, Ordering::Relaxed);
+    }
+
     /// Close the child's stdin, wait for it and say whether it succeeded.
     pub fn finish(mut self) -> bool {
         drop(self.stdin.take());

@@ -175,7 +175,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         // one; the QP fails (every operation completes, flushed).
         tracing::error!(posted, "partial post of an operation's NIC WRs");
         qp.promote_fast();
-        fail_qp(st, qi);
+        fail_qp(st, qi, super::ST_FLUSH);
     }
     true
 }
