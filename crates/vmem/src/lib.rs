@@ -132,6 +132,7 @@ mod space;
 mod state;
 mod stats;
 mod swap;
+mod swap_io;
 mod sys;
 mod uffd;
 
@@ -141,6 +142,7 @@ pub use listener::{ListenerId, SwapListener};
 pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
+pub use swap::{device_read_latency, DeviceLatency, SwapIo};
 pub use sys::PAGE as PAGE_SIZE;
 
 use crate::core::{page_range, Inner};
@@ -189,11 +191,15 @@ impl Pager {
                 libc::ENOSYS,
             )));
         }
-        let swap = swap::SwapDevice::create(
+        if cfg.swap_io_threads > 256 {
+            return Err(Error::Config("swap_io_threads must be 0..=256".into()));
+        }
+        let swap = swap::SwapDevice::create_with(
             cfg.swap_path.as_deref(),
             cfg.swap_size,
             cfg.o_direct,
             cfg.keep_swap_file,
+            cfg.swap_io_threads,
         )?;
         let cap = cfg.evict_batch;
         let staging = sys::mmap_anon(cap * sys::PAGE).map_err(|e| Error::Kernel {
@@ -488,6 +494,9 @@ impl Pager {
             evict_aborts: c.evict_aborts.load(Relaxed),
             evict_failures: c.evict_failures.load(Relaxed),
             fault_retries: c.fault_retries.load(Relaxed),
+            batched_swap_reads: c.batched_swap_reads.load(Relaxed),
+            batched_swap_writes: c.batched_swap_writes.load(Relaxed),
+            swap_io: i.swap.io(),
             bytes_swapped_in: swap_ins * sys::PAGE as u64,
             bytes_swapped_out: swap_outs * sys::PAGE as u64,
             fault_service: i.stats.latency(),
@@ -503,6 +512,25 @@ impl Pager {
     /// Clears the fault-service histogram (benchmarks).
     pub fn reset_fault_histogram(&self) {
         self.inner().stats.hist.lock().reset();
+    }
+
+    /// How the swap file is read and written: O_DIRECT (the default), or
+    /// buffered as configured, or buffered because the filesystem refused
+    /// O_DIRECT; reports label their major faults with it.
+    pub fn swap_io(&self) -> SwapIo {
+        self.inner().swap.io()
+    }
+
+    /// The swap device's own 4 KiB random-read latency, measured on this
+    /// pager's swap file with O_DIRECT (bypassing the page cache even when
+    /// the pager itself runs buffered): up to `min(reads, 4096)` free slots
+    /// are written with O_DIRECT and synced, `reads` of them are read one at
+    /// a time, then `reads` more `depth` at a time; the slots are freed
+    /// again. Swap I/O of the pager may run meanwhile (it shares the device).
+    /// Errors: bad parameters, a full swap file, a filesystem refusing
+    /// O_DIRECT.
+    pub fn device_read_latency(&self, depth: usize, reads: usize) -> Result<DeviceLatency> {
+        self.inner().swap.device_read_latency(depth, reads)
     }
 
     /// Path of the swap file (unlinked unless `keep_swap_file`).
