@@ -125,6 +125,7 @@ mod external;
 mod fault;
 mod listener;
 mod pagein;
+mod pagein_batch;
 mod pagein_run;
 mod region;
 mod registry;
@@ -669,5 +670,152 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, &b)| b == (i % 253) as u8));
+    }
+
+    fn fill(r: &mut Region, seed: usize) {
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = ((i / PAGE_SIZE) * 31 + i % 253 + seed) as u8;
+        }
+    }
+
+    fn exact(r: &Region, seed: usize) -> bool {
+        r.as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == ((i / PAGE_SIZE) * 31 + i % 253 + seed) as u8)
+    }
+
+    fn cfg() -> PagerConfig {
+        PagerConfig {
+            swap_size: 1 << 20,
+            background_evictor: false,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn default_swap_is_o_direct_and_round_trips_byte_exact() {
+        let p = Pager::new(cfg()).unwrap();
+        // O_DIRECT by default (on a memory filesystem it says so instead).
+        assert!(p.swap_io().is_direct(), "{:?}", p.swap_io());
+        assert_eq!(p.stats().swap_io, p.swap_io());
+        let mut r = p.alloc(16 * PAGE_SIZE).unwrap();
+        fill(&mut r, 1);
+        assert_eq!(r.swap_out().unwrap(), 16);
+        assert_eq!(r.resident_count().unwrap(), 0);
+        // Faults: one page at a time, each read in the fault thread.
+        assert!(exact(&r, 1));
+        let s = p.stats();
+        assert_eq!(s.major_faults, 16);
+        assert_eq!(s.batched_swap_reads, 0);
+        // Again through a pin of the whole range (one run of 16 slots).
+        assert_eq!(r.swap_out().unwrap(), 16);
+        p.pin(r.addr(), r.len()).unwrap();
+        assert!(exact(&r, 1));
+        p.unpin(r.addr(), r.len()).unwrap();
+    }
+
+    /// Swaps the pages of `r` out one at a time, last page first: page k
+    /// lands in a slot below page k-1's, so no two pages form a run.
+    fn swap_out_scattered(p: &Pager, r: &Region) {
+        for k in (0..r.len() / PAGE_SIZE).rev() {
+            assert_eq!(p.swap_out(r.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn pin_and_prefetch_read_scattered_swapped_pages_concurrently() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(48 * PAGE_SIZE).unwrap();
+        fill(&mut r, 2);
+        swap_out_scattered(&p, &r);
+        p.pin(r.addr(), r.len()).unwrap();
+        let s = p.stats();
+        assert_eq!(s.batched_swap_reads, 48, "one concurrent read per page");
+        assert_eq!(s.pin_swap_ins, 48);
+        assert_eq!(r.resident_count().unwrap(), 48);
+        assert_eq!(r.swap_out().unwrap(), 0, "pinned pages stay");
+        p.unpin(r.addr(), r.len()).unwrap();
+        assert!(
+            matches!(p.unpin(r.addr(), PAGE_SIZE), Err(Error::NotPinned(_))),
+            "exactly one pin per page"
+        );
+        assert!(exact(&r, 2));
+        assert_eq!(s.major_faults, 0, "no page was faulted in");
+        swap_out_scattered(&p, &r);
+        assert_eq!(p.prefetch(r.addr(), r.len()).unwrap(), 48);
+        assert_eq!(p.stats().batched_swap_reads, 96);
+        assert_eq!(r.resident_count().unwrap(), 48);
+        assert!(exact(&r, 2));
+        assert_eq!(p.stats().major_faults, 0);
+        assert_eq!(p.stats().swap_slots_used, 0);
+    }
+
+    #[test]
+    fn eviction_batch_over_scattered_slots_writes_concurrently() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut a = p.alloc(8 * PAGE_SIZE).unwrap();
+        fill(&mut a, 3);
+        assert_eq!(a.swap_out().unwrap(), 8);
+        // Bring back pages 1, 3 and 5: their slots are free again.
+        for k in [1, 3, 5] {
+            p.pin(a.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap();
+            p.unpin(a.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap();
+        }
+        let mut b = p.alloc(6 * PAGE_SIZE).unwrap();
+        fill(&mut b, 4);
+        assert_eq!(b.swap_out().unwrap(), 6);
+        assert!(p.stats().batched_swap_writes >= 2, "{:?}", p.stats());
+        assert!(exact(&b, 4));
+        assert!(exact(&a, 3));
+    }
+
+    #[test]
+    fn refused_o_direct_pager_is_buffered_labelled_and_byte_exact() {
+        swap::REFUSE_O_DIRECT.with(|r| r.set(true));
+        let p = Pager::new(cfg());
+        swap::REFUSE_O_DIRECT.with(|r| r.set(false));
+        let p = p.unwrap();
+        assert_eq!(p.swap_io(), SwapIo::BufferedFallback);
+        assert_eq!(p.stats().swap_io, SwapIo::BufferedFallback);
+        let mut r = p.alloc(8 * PAGE_SIZE).unwrap();
+        fill(&mut r, 5);
+        assert_eq!(r.swap_out().unwrap(), 8);
+        assert!(exact(&r, 5));
+        // Explicitly buffered is labelled as such.
+        let b = Pager::new(PagerConfig {
+            o_direct: false,
+            ..cfg()
+        })
+        .unwrap();
+        assert_eq!(b.swap_io(), SwapIo::Buffered);
+    }
+
+    #[test]
+    fn device_baseline_reads_the_swap_file_and_frees_its_slots() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(4 * PAGE_SIZE).unwrap();
+        fill(&mut r, 7);
+        assert_eq!(r.swap_out().unwrap(), 4);
+        let used = p.stats().swap_slots_used;
+        let d = p.device_read_latency(4, 64).unwrap();
+        assert_eq!((d.reads, d.depth), (64, 4));
+        assert!(d.min_us > 0.0 && d.min_us <= d.median_us && d.median_us <= d.max_us);
+        assert!(d.iops > 0.0 && d.iops_at_depth > 0.0 && d.median_us_at_depth > 0.0);
+        assert_eq!(p.stats().swap_slots_used, used, "baseline slots freed");
+        assert!(exact(&r, 7), "the pager's own slots untouched");
+        assert!(p.device_read_latency(0, 64).is_err());
+        // A full swap file: a clear error, nothing leaked.
+        let full = Pager::new(PagerConfig {
+            swap_size: 4 * PAGE_SIZE as u64,
+            ..cfg()
+        })
+        .unwrap();
+        let mut f = full.alloc(4 * PAGE_SIZE).unwrap();
+        fill(&mut f, 6);
+        assert_eq!(f.swap_out().unwrap(), 4);
+        let e = full.device_read_latency(1, 8);
+        assert!(matches!(e, Err(Error::SwapFull(4))), "{e:?}");
+        assert_eq!(full.stats().swap_slots_used, 4);
     }
 }

@@ -328,7 +328,9 @@ impl SwapDevice {
         Ok(())
     }
 
-    /// Writes `data` (whole pages) to consecutive slots starting at `slot`.
+    /// Writes `data` (whole pages) to consecutive slots starting at `slot`
+    /// (eviction writes through [`Self::run_batch`]).
+    #[cfg(test)]
     pub fn write(&self, slot: Slot, data: &[u8]) -> io::Result<()> {
         self.check(data.as_ptr(), data.len())?;
         #[cfg(test)]
@@ -619,6 +621,93 @@ mod tests {
         let mut c = crate::sys::PageBuf::new(1);
         d.read(3, c.as_mut_slice()).unwrap();
         assert!(c.as_slice().iter().all(|&x| x == 0x5a));
+    }
+
+    #[test]
+    fn refused_o_direct_falls_back_to_buffered_and_says_so() {
+        REFUSE_O_DIRECT.with(|r| r.set(true));
+        let d = SwapDevice::create(None, 4 * PAGE as u64, true, false);
+        REFUSE_O_DIRECT.with(|r| r.set(false));
+        let d = d.unwrap();
+        assert_eq!(d.io(), SwapIo::BufferedFallback);
+        assert!(!d.io().is_direct());
+        // Buffered: any buffer works.
+        let data: Vec<u8> = (0..PAGE).map(|i| (i % 249) as u8).collect();
+        d.write(1, &data).unwrap();
+        let mut back = vec![0u8; PAGE];
+        d.read(1, &mut back).unwrap();
+        assert_eq!(back, data);
+        let b = SwapDevice::create(None, 4 * PAGE as u64, false, false).unwrap();
+        assert_eq!(b.io(), SwapIo::Buffered);
+    }
+
+    #[test]
+    fn o_direct_refuses_unaligned_buffers_with_a_clear_error() {
+        let d = SwapDevice::create(None, 4 * PAGE as u64, true, false).unwrap();
+        assert!(d.io().is_direct(), "{:?}", d.io());
+        let mut b = PageBuf::new(2);
+        let unaligned = &mut b.as_mut_slice()[8..8 + PAGE];
+        let e = d.read(0, unaligned).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let e = d.write(0, &b.as_slice()[..100]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn batches_run_concurrently_and_byte_exact() {
+        let d = SwapDevice::create_with(None, 64 * PAGE as u64, true, false, 4).unwrap();
+        let mut src = PageBuf::new(64);
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = (i / PAGE * 7 + i % 251) as u8;
+        }
+        // 16 writes of 4 pages each, then 64 single-page reads in reverse order.
+        let mut w: Vec<IoOp> = src
+            .as_slice()
+            .chunks(4 * PAGE)
+            .enumerate()
+            .map(|(k, c)| IoOp::write(c, SwapDevice::off(4 * k as Slot)))
+            .collect();
+        d.run_batch(&mut w, true);
+        assert!(w.iter().all(|o| o.res.is_ok()));
+        assert!(d.io_threads() > 0, "several ops use the I/O threads");
+        let mut dst = PageBuf::new(64);
+        let mut r: Vec<IoOp> = dst
+            .as_mut_slice()
+            .chunks_mut(PAGE)
+            .enumerate()
+            .map(|(k, c)| IoOp::read(c, SwapDevice::off(63 - k as Slot)))
+            .collect();
+        d.run_batch(&mut r, false);
+        assert!(r.iter().all(|o| o.res.is_ok()));
+        for k in 0..64 {
+            assert_eq!(
+                &dst.as_slice()[k * PAGE..(k + 1) * PAGE],
+                &src.as_slice()[(63 - k) * PAGE..(64 - k) * PAGE],
+                "page {k}"
+            );
+        }
+        // A failed op reports its own error; the others still complete.
+        let mut bad = PageBuf::new(2);
+        let (a, b2) = bad.as_mut_slice().split_at_mut(PAGE);
+        let mut r = vec![
+            IoOp::read(a, SwapDevice::off(5)),
+            IoOp::read(&mut b2[..PAGE], SwapDevice::off(64)), // past the end
+        ];
+        d.run_batch(&mut r, false);
+        assert!(r[0].res.is_ok());
+        assert!(r[1].res.is_err());
+        assert_eq!(&bad.as_slice()[..PAGE], &src.as_slice()[5 * PAGE..6 * PAGE]);
+    }
+
+    #[test]
+    fn device_baseline_rejects_bad_input() {
+        let p = Path::new("/nonexistent/vmem-device-baseline");
+        assert!(device_read_latency(p, 1, 10).is_err());
+        let d = SwapDevice::create(None, 4 * PAGE as u64, true, false).unwrap();
+        assert!(d.device_read_latency(0, 10).is_err());
+        assert!(d.device_read_latency(1, 0).is_err());
+        assert!(d.device_read_latency(1000, 10).is_err());
+        assert_eq!(d.used(), 0);
     }
 
     proptest::proptest! {

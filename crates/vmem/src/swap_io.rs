@@ -138,6 +138,7 @@ impl IoPool {
     }
 
     /// I/O threads started so far.
+    #[cfg(test)]
     pub fn threads(&self) -> usize {
         self.threads.lock().len()
     }
