@@ -801,6 +801,8 @@ mod tests {
         let d = p.device_read_latency(4, 64).unwrap();
         assert_eq!((d.reads, d.depth), (64, 4));
         assert!(d.min_us > 0.0 && d.min_us <= d.median_us && d.median_us <= d.max_us);
+        assert!(d.median_us <= d.p99_us && d.p99_us <= d.max_us);
+        assert!(d.min_us <= d.mean_us && d.mean_us <= d.max_us);
         assert!(d.iops > 0.0 && d.iops_at_depth > 0.0 && d.median_us_at_depth > 0.0);
         assert_eq!(p.stats().swap_slots_used, used, "baseline slots freed");
         assert!(exact(&r, 7), "the pager's own slots untouched");

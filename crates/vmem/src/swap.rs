@@ -438,10 +438,13 @@ impl SwapDevice {
 pub struct DeviceLatency {
     /// Reads per depth.
     pub reads: usize,
-    /// Depth 1: median, min, max latency (µs) and reads per second.
+    /// Depth 1: median, min, max, 99th percentile and mean latency (µs) and
+    /// reads per second.
     pub median_us: f64,
     pub min_us: f64,
     pub max_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
     pub iops: f64,
     /// The concurrent run: its depth, median latency (µs) and reads per second.
     pub depth: usize,
@@ -520,6 +523,8 @@ fn measure(file: &File, offs: &[u64], depth: usize, n: usize) -> io::Result<Devi
         *lat.iter().max().unwrap_or(&0),
     );
     let med = median(&mut lat);
+    let p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+    let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64;
     // Depth `depth`: that many threads, each one read at a time.
     let cursor = AtomicUsize::new(0);
     let deep = &pick[n..];
@@ -560,6 +565,8 @@ fn measure(file: &File, offs: &[u64], depth: usize, n: usize) -> io::Result<Devi
         median_us: us(med),
         min_us: us(min),
         max_us: us(max),
+        p99_us: us(p99),
+        mean_us: mean / 1000.0,
         iops: n as f64 / secs1.max(1e-9),
         depth,
         median_us_at_depth: us(median(&mut all)),
