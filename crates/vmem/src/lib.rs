@@ -413,7 +413,9 @@ impl Pager {
 
     /// Copies `out.len()` bytes at `addr` (inside one page) from the swap
     /// slot of a page the pager holds swapped out, without swapping it in
-    /// (one swap read; the page stays swapped out). `Ok(false)` if the page
+    /// (one swap read; the page stays swapped out). The page read stays in a
+    /// small swap cache until the page's swap-in, which usually follows and
+    /// then costs no second device read (`PagerStats::swap_cache_hits`). `Ok(false)` if the page
     /// is not swapped out by this pager (resident, untouched, external, or
     /// in transition) or the range crosses a page: nothing was copied.
     pub fn read_swapped(&self, addr: usize, out: &mut [u8]) -> Result<bool> {
@@ -497,6 +499,7 @@ impl Pager {
             fault_retries: c.fault_retries.load(Relaxed),
             batched_swap_reads: c.batched_swap_reads.load(Relaxed),
             batched_swap_writes: c.batched_swap_writes.load(Relaxed),
+            swap_cache_hits: i.swap.cache_hits(),
             swap_io: i.swap.io(),
             bytes_swapped_in: swap_ins * sys::PAGE as u64,
             bytes_swapped_out: swap_outs * sys::PAGE as u64,
@@ -819,5 +822,33 @@ mod tests {
         let e = full.device_read_latency(1, 8);
         assert!(matches!(e, Err(Error::SwapFull(4))), "{e:?}");
         assert_eq!(full.stats().swap_slots_used, 4);
+    }
+
+    #[test]
+    fn read_swapped_then_swap_in_reads_the_device_once_and_never_stale() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(2 * PAGE_SIZE).unwrap();
+        fill(&mut r, 8);
+        assert_eq!(r.swap_out().unwrap(), 2);
+        let mut out = [0u8; 8];
+        assert!(p.read_swapped(r.addr() + 16, &mut out).unwrap());
+        // The pin that follows is served by the swap cache.
+        p.pin(r.addr(), PAGE_SIZE).unwrap();
+        p.unpin(r.addr(), PAGE_SIZE).unwrap();
+        assert_eq!(p.stats().swap_cache_hits, 1);
+        assert!(exact(&r, 8));
+        assert_eq!(p.stats().swap_cache_hits, 1, "page 1 came from the device");
+        // A freed slot's cached copy goes with it: a region dropped while
+        // swapped out frees its slot, which the next swap-out reuses.
+        let mut a = p.alloc(PAGE_SIZE).unwrap();
+        fill(&mut a, 9);
+        assert_eq!(a.swap_out().unwrap(), 1);
+        assert!(p.read_swapped(a.addr(), &mut out).unwrap());
+        drop(a);
+        let mut b = p.alloc(PAGE_SIZE).unwrap();
+        fill(&mut b, 10);
+        assert_eq!(b.swap_out().unwrap(), 1);
+        assert!(exact(&b, 10), "the new content, not the freed slot's");
+        assert_eq!(p.stats().swap_cache_hits, 1);
     }
 }

@@ -365,7 +365,8 @@ impl Inner {
         };
         let r = Self::with_bounce(|buf| {
             let page = buf.as_mut_slice();
-            self.swap.read(slot, page).map(|()| {
+            // Kept in the swap cache: the page's swap-in usually follows.
+            self.swap.read_keep(slot, page).map(|()| {
                 out.copy_from_slice(&page[off..off + out.len()]);
             })
         });

@@ -127,6 +127,9 @@ pub struct PagerStats {
     /// Swap writes issued together in concurrent batches (an eviction batch
     /// whose slots form several runs).
     pub batched_swap_writes: u64,
+    /// Swap-ins served by the swap cache: the page had just been read for
+    /// `read_swapped`, so its swap-in cost no second device read.
+    pub swap_cache_hits: u64,
     /// How the swap file is read and written (O_DIRECT, buffered, fallback).
     pub swap_io: crate::swap::SwapIo,
     pub bytes_swapped_in: u64,

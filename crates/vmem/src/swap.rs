@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -122,9 +122,41 @@ pub struct SwapDevice {
     slots: usize,
     alloc: Mutex<SlotAlloc>,
     used: AtomicUsize,
+    cache: Mutex<SwapCache>,
+    /// Entries in `cache` (lets `read`/`free` skip its lock when empty).
+    cached: AtomicUsize,
+    cache_hits: AtomicU64,
     /// Fault injection for unit tests: fail every write.
     #[cfg(test)]
     pub fail_writes: std::sync::atomic::AtomicBool,
+}
+
+/// Pages kept by the swap cache.
+const CACHE_PAGES: usize = 64;
+
+/// Pages read for [`SwapDevice::read_keep`] (a swapped page's bytes served
+/// without bringing it in: `Pager::read_swapped`), kept like Linux's swap
+/// cache until the page is read again (its swap-in, which then costs no
+/// second device read) or its slot is freed. A slot's content never changes
+/// while it is allocated (only freshly allocated slots are written), so an
+/// entry is exact for as long as it lives; the oldest entry makes room.
+struct SwapCache {
+    tags: Vec<Option<Slot>>,
+    pages: PageBuf,
+    next: usize,
+}
+
+impl SwapCache {
+    fn new() -> SwapCache {
+        SwapCache {
+            tags: vec![None; CACHE_PAGES],
+            pages: PageBuf::new(CACHE_PAGES),
+            next: 0,
+        }
+    }
+    fn page(&mut self, i: usize) -> &mut [u8] {
+        &mut self.pages.as_mut_slice()[i * PAGE..(i + 1) * PAGE]
+    }
 }
 
 static SWAP_SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -266,6 +298,9 @@ impl SwapDevice {
             slots,
             alloc: Mutex::new(SlotAlloc::new(slots)),
             used: AtomicUsize::new(0),
+            cache: Mutex::new(SwapCache::new()),
+            cached: AtomicUsize::new(0),
+            cache_hits: AtomicU64::new(0),
             #[cfg(test)]
             fail_writes: std::sync::atomic::AtomicBool::new(false),
         })
@@ -304,6 +339,14 @@ impl SwapDevice {
     }
 
     pub fn free(&self, slot: Slot) {
+        // Drop a cached copy before the slot can be handed out again.
+        if self.cached.load(Ordering::Acquire) > 0 {
+            let mut c = self.cache.lock();
+            if let Some(i) = c.tags.iter().position(|&t| t == Some(slot)) {
+                c.tags[i] = None;
+                self.cached.fetch_sub(1, Ordering::Release);
+            }
+        }
         if self.alloc.lock().release(slot) {
             self.used.fetch_sub(1, Ordering::Relaxed);
         } else {
@@ -341,9 +384,44 @@ impl SwapDevice {
     }
 
     /// Reads consecutive slots starting at `slot` into `buf` (whole pages).
+    /// A single page the swap cache holds comes from there (and leaves it).
     pub fn read(&self, slot: Slot, buf: &mut [u8]) -> io::Result<()> {
         self.check(buf.as_ptr(), buf.len())?;
+        if buf.len() == PAGE && self.cached.load(Ordering::Acquire) > 0 {
+            let mut c = self.cache.lock();
+            if let Some(i) = c.tags.iter().position(|&t| t == Some(slot)) {
+                buf.copy_from_slice(c.page(i));
+                c.tags[i] = None;
+                self.cached.fetch_sub(1, Ordering::Release);
+                self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
         self.file.read_exact_at(buf, Self::off(slot))
+    }
+
+    /// [`Self::read`] of one page that also keeps it in the swap cache: the
+    /// caller reads a swapped page without bringing it in, and its swap-in
+    /// usually follows. The slot must stay allocated during the call.
+    pub fn read_keep(&self, slot: Slot, buf: &mut [u8]) -> io::Result<()> {
+        self.read(slot, buf)?;
+        if buf.len() == PAGE {
+            let mut c = self.cache.lock();
+            if !c.tags.contains(&Some(slot)) {
+                let i = c.next;
+                c.next = (i + 1) % CACHE_PAGES;
+                if c.tags[i].replace(slot).is_none() {
+                    self.cached.fetch_add(1, Ordering::Release);
+                }
+                c.page(i).copy_from_slice(buf);
+            }
+        }
+        Ok(())
+    }
+
+    /// Single-page reads served by the swap cache so far.
+    pub fn cache_hits(&self) -> u64 {
+        self.cache_hits.load(Ordering::Relaxed)
     }
 
     /// Runs a batch of reads (or writes) concurrently on the I/O threads,
