@@ -14,10 +14,19 @@
 //!   zero page), resident, swapped-out (access = major fault, served from the
 //!   swap file with `UFFDIO_COPY`). Kept in one atomic word per page, so
 //!   [`Pager::is_resident`] / [`Pager::resident_bitmap`] are memory reads.
-//! * **Swap device**: a swap file (path, size, O_DIRECT optional; unlinked at
-//!   creation unless `keep_swap_file`; blocks reserved with fallocate),
-//!   low-first slot allocation (freed slots are reused while still in the
-//!   page cache), batched write-out. Swap full is [`Error::SwapFull`] and the pages stay resident.
+//! * **Swap device**: a swap file (path, size; unlinked at creation unless
+//!   `keep_swap_file`; blocks reserved with fallocate), read and written with
+//!   O_DIRECT by default like Linux swap, so a major fault is a device read
+//!   (buffered through the page cache on request; a filesystem refusing
+//!   O_DIRECT gets buffered I/O with a warning; [`Pager::swap_io`] /
+//!   [`PagerStats::swap_io`] label which), low-first slot allocation, batched
+//!   write-out. Several runs of one `pin`/`prefetch` range, or of one
+//!   eviction batch, are read/written concurrently on up to
+//!   `swap_io_threads` I/O threads (`pagein_batch.rs`, `swap_io.rs`); a
+//!   single read (a fault) stays in the calling thread. A page read by
+//!   [`Pager::read_swapped`] stays in a small swap cache until its swap-in.
+//!   [`Pager::device_read_latency`] measures the device itself on the same
+//!   file. Swap full is [`Error::SwapFull`] and the pages stay resident.
 //! * **Eviction**: a resident-page budget enforced by a background CLOCK
 //!   evictor; explicit [`Pager::swap_out`] / [`Pager::prefetch`]. A victim is
 //!   moved out of the application's mapping atomically with `UFFDIO_MOVE`
@@ -34,8 +43,8 @@
 //!   hand-off); a pin racing an eviction aborts it or waits for it and swaps
 //!   the page back in. A pin of a range brings runs of up to 32 non-resident
 //!   pages in at once (never-touched ones, or swapped ones in consecutive
-//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`), ≈2× faster
-//!   per page than one at a time.
+//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`, and for
+//!   swapped runs their reads concurrently, `pagein_batch.rs`).
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!

@@ -71,8 +71,8 @@ impl SlotAlloc {
         }
         self.bits[w] &= !(1 << b);
         self.free += 1;
-        // Reuse low slots first: they are likely still in the page cache,
-        // which makes buffered write-out a plain copy.
+        // Reuse low slots first: a compact file (and with buffered swap the
+        // slots are likely still in the page cache: write-out is a copy).
         self.cursor = self.cursor.min(s);
         true
     }
