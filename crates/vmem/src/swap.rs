@@ -785,6 +785,45 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_batches_from_several_threads_stay_byte_exact() {
+        let d = SwapDevice::create_with(None, 64 * PAGE as u64, true, false, 3).unwrap();
+        let mut src = PageBuf::new(64);
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = (i / PAGE * 13 + i % 241) as u8;
+        }
+        let mut w = vec![IoOp::write(src.as_slice(), 0)];
+        d.run_batch(&mut w, true);
+        assert!(w[0].res.is_ok());
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let (d, src) = (&d, &src);
+                s.spawn(move || {
+                    let mut dst = PageBuf::new(8);
+                    for round in 0..50u32 {
+                        let slot = |k: u32| (t * 7 + round * 3 + k * 5) % 64;
+                        let mut ops: Vec<IoOp> = dst
+                            .as_mut_slice()
+                            .chunks_mut(PAGE)
+                            .enumerate()
+                            .map(|(k, c)| IoOp::read(c, SwapDevice::off(slot(k as u32))))
+                            .collect();
+                        d.run_batch(&mut ops, false);
+                        assert!(ops.iter().all(|o| o.res.is_ok()));
+                        for k in 0..8 {
+                            let s0 = slot(k as u32) as usize * PAGE;
+                            assert_eq!(
+                                &dst.as_slice()[k * PAGE..(k + 1) * PAGE],
+                                &src.as_slice()[s0..s0 + PAGE]
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        assert!(d.io_threads() <= 3);
+    }
+
+    #[test]
     fn device_baseline_rejects_bad_input() {
         let p = Path::new("/nonexistent/vmem-device-baseline");
         assert!(device_read_latency(p, 1, 10).is_err());

@@ -59,7 +59,6 @@ struct Job {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
-    idle: usize,
     shutdown: bool,
 }
 
@@ -101,9 +100,7 @@ fn worker(sh: Arc<Shared>) {
                 if q.shutdown {
                     return;
                 }
-                q.idle += 1;
                 sh.cv.wait(&mut q);
-                q.idle -= 1;
             }
         };
         let r = transfer(&sh.file, job.write, job.ptr, job.len, job.off);
@@ -201,7 +198,10 @@ impl IoPool {
                     }
                 }
             }
-            self.sh.cv.notify_all();
+            // One wake-up per job, not a herd.
+            for _ in 1..n.min(threads.len() + 1) {
+                self.sh.cv.notify_one();
+            }
         }
         let wait = WaitAll(&done);
         // Our own share: the first op, then any of our jobs no thread took yet.
