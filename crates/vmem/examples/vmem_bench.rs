@@ -1,6 +1,9 @@
 //! Pager benchmarks (not tests): fault service latency vs a raw userfaultfd
-//! handler measured in the same run, pin latency, swap-out cost per page,
-//! residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
+//! handler measured in the same run (major faults with buffered and O_DIRECT
+//! swap, each against a raw handler reading the same way), pin latency
+//! (range pins in consecutive and scattered slots, with and without the swap
+//! I/O threads, beside the device's own O_DIRECT read latency), swap-out cost
+//! per page, residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
 //!
 //! `cargo run --release -p vmem --example vmem_bench [-- --quick] [--pins (only the pin table)]`
 
@@ -215,7 +218,13 @@ fn faults(pages: usize) {
             swap_size: (pages * PG * 2) as u64,
             ..Default::default()
         };
-        let p = Pager::new(cfg).unwrap();
+        // Buffered swap here, like the raw baseline's file: the rows compare
+        // the pager's own cost; the O_DIRECT pair below adds the device.
+        let p = Pager::new(PagerConfig {
+            o_direct: false,
+            ..cfg.clone()
+        })
+        .unwrap();
         // Minor, read: zero page.
         let hb = raw_baseline(
             &format!("raw uffd read → ZEROPAGE ({tag}) — baseline"),
@@ -238,22 +247,49 @@ fn faults(pages: usize) {
             true,
         );
         let reg = pager_minor(&p, &format!("pager minor, write ({tag})"), pages, true, &hb);
-        // Major: pread + COPY.
-        let hb = raw_baseline(
-            &format!("raw uffd pread + COPY ({tag}) — baseline"),
-            pages,
-            spin,
-            Some(f.try_clone().unwrap()),
-            false,
-            true,
-        );
-        // SAFETY: the region is live.
-        unsafe { std::ptr::write_bytes(reg.as_mut_ptr(), 3, reg.len()) };
-        reg.swap_out().unwrap();
-        p.reset_fault_histogram();
-        let (h, t) = touch_pages(reg.addr(), pages, true);
-        line(&format!("pager major ({tag})"), &h, t, pages, Some(&hb));
-        service_row(&p, &format!("pager-side service time major ({tag})"));
+        // Major: pread + COPY, buffered (page cache) and O_DIRECT (device).
+        let pd = Pager::new(cfg).unwrap();
+        for (pager, io) in [(&p, "buffered"), (&pd, "O_DIRECT")] {
+            let file = if io == "O_DIRECT" {
+                // The same file read with O_DIRECT (its dirty pages are
+                // written back first by the kernel).
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                    .unwrap()
+            } else {
+                f.try_clone().unwrap()
+            };
+            let hb = raw_baseline(
+                &format!("raw uffd pread ({io}) + COPY ({tag}) — baseline"),
+                pages,
+                spin,
+                Some(file),
+                false,
+                true,
+            );
+            let r = if io == "O_DIRECT" {
+                pd.alloc(pages * PG).unwrap()
+            } else {
+                p.alloc(pages * PG).unwrap()
+            };
+            // SAFETY: the region is live.
+            unsafe { std::ptr::write_bytes(r.as_mut_ptr(), 3, r.len()) };
+            r.swap_out().unwrap();
+            pager.reset_fault_histogram();
+            let (h, t) = touch_pages(r.addr(), pages, true);
+            line(
+                &format!("pager major, swap {} ({tag})", pager.swap_io().label()),
+                &h,
+                t,
+                pages,
+                Some(&hb),
+            );
+            service_row(pager, &format!("pager-side service time major ({tag})"));
+        }
+        drop(reg);
     }
 }
 
