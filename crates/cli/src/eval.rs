@@ -365,6 +365,48 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     Ok(())
 }
 
+/// The major-fault latency rows next to the swap device's own 4 KiB read
+/// latency and IOPS, measured in the same run on the same swap file.
+fn major_vs_device(w: &mut String, p: &[PerfResult]) {
+    let rows: Vec<&PerfResult> = p
+        .iter()
+        .filter(|r| r.fault == Fault::Major && r.test == Test::Lat && r.swap_io.is_some())
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\n## Major faults next to the device\n");
+    let _ = writeln!(w, "Each major-fault latency row next to the swap device's own 4 KiB read, measured right after that row's windows on the same swap file (O_DIRECT random reads of freshly written slots: the page cache is not involved), one read at a time and with several in flight. A major fault costs at least one device read unless the swap I/O is buffered.\n");
+    let _ = writeln!(w, "| op | mode | bytes | swap I/O | major fault t_typ µs | device read median µs (min–max) | device IOPS, depth 1 | device IOPS at depth (median µs) |");
+    let _ = writeln!(w, "|---|---|---:|---|---:|---:|---:|---:|");
+    for r in rows {
+        let dev = match (r.device_read_4k_us, &r.device_error) {
+            (Some(d), _) => format!(
+                "{} ({}–{})",
+                f2(Some(d)),
+                f2(r.device_read_4k_min_us),
+                f2(r.device_read_4k_max_us)
+            ),
+            (None, Some(e)) => format!("not measured: {e}"),
+            (None, None) => "n/a".into(),
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} at {} ({}) |",
+            r.op.name(),
+            r.mode_label,
+            r.bytes,
+            r.swap_io.as_deref().unwrap_or("n/a"),
+            f2(r.t_typical_us),
+            dev,
+            f2(r.device_iops),
+            f2(r.device_iops_at_depth),
+            r.device_depth.map_or("n/a".into(), |d| d.to_string()),
+            f2(r.device_read_4k_at_depth_us),
+        );
+    }
+}
+
 fn find(
     v: &[PerfResult],
     op: Op,
@@ -603,7 +645,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             "**Run failed** (no row; its plot point is missing): {f}.\n"
         );
     }
-    let _ = writeln!(w, "Fault scenarios (at the target buffer, prepared before each window of operations, outside the timing): *none* = resident, mapped pages; *minor* = each operation hits never-touched pages of a fresh pager region; *major* = each operation hits pages swapped out to the pager's swap file just before. Pinned memory cannot fault, so its no-fault curve is drawn in every scenario as the reference.\n");
+    let _ = writeln!(w, "Fault scenarios (at the target buffer, prepared before each window of operations, outside the timing): *none* = resident, mapped pages; *minor* = each operation hits never-touched pages of a fresh pager region; *major* = each operation hits pages swapped out to the pager's swap file just before (read back with O_DIRECT like Linux swap, unless a row's swap I/O says otherwise; the swap device's own 4 KiB read latency is measured in the same run, see \"Major faults next to the device\"). Pinned memory cannot fault, so its no-fault curve is drawn in every scenario as the reference.\n");
 
     // Summary.
     let _ = writeln!(
@@ -688,6 +730,17 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     for op in [Op::Read, Op::Write] {
         let n = lat(op, Mode::Nprdma, Fault::Major, small);
         let pn = lat(op, Mode::Pinned, Fault::None, small);
+        let dev =
+            find(p, op, Mode::Nprdma, Fault::Major, Test::Lat, small).map_or(String::new(), |r| {
+                match (&r.swap_io, r.device_read_4k_us) {
+                    (Some(io), Some(d)) => format!(
+                        " (swap {io}; the device's own 4 KiB read, same run: {} µs)",
+                        f2(Some(d))
+                    ),
+                    (Some(io), None) => format!(" (swap {io}; device baseline not measured)"),
+                    _ => String::new(),
+                }
+            });
         row(
             w,
             format!(
@@ -696,7 +749,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
                 small
             ),
             if op == Op::Read { "60 µs" } else { "57 µs" },
-            format!("{} µs", f2(n)),
+            format!("{} µs{dev}", f2(n)),
             ratio(n, pn),
         );
     }
@@ -827,6 +880,8 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         ),
         ratio(Some(c.nprdma.swap_out_us), Some(c.pinned.swap_out_us)),
     );
+
+    major_vs_device(w, p);
 
     // Plots.
     let _ = writeln!(

@@ -72,6 +72,12 @@ outside the timed region; each operation of a window targets its own pages):
           region, written once, then `swap_out` of the window's pages before each
           window (NP-RDMA: its listener remaps them to signature/black-hole frames;
           ODP model: the NIC page table is invalidated first, odp_invalidate_then).
+          The swap file is read and written with O_DIRECT (like Linux swap: a major
+          fault reads the device); NPRDMA_SWAP_BUFFERED=1 makes it buffered (page
+          cache), and the banner says which. Each major row is followed by the swap
+          device's own 4 KiB O_DIRECT read latency and IOPS (depth 1 and the pager's
+          depth), measured in the same run on the same swap file (JSON: swap_io,
+          device_read_4k_us, device_iops_at_depth, ...).
   Pinned memory cannot fault: with minor/major, pinned runs are the pinned reference
   (fault_pages_prepared = 0 in the JSON).
 

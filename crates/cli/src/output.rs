@@ -57,8 +57,12 @@ pub fn banner(r: &PerfResult) -> String {
     } else {
         ""
     };
+    let swap = r
+        .swap_io
+        .as_ref()
+        .map_or(String::new(), |s| format!(", swap {s}"));
     format!(
-        "# {} {} test, mode {}, fault {}{}, transport {}, tx-depth {}, signal every {}",
+        "# {} {} test, mode {}, fault {}{}{}, transport {}, tx-depth {}, signal every {}",
         r.op.name().to_uppercase(),
         match r.test {
             Test::Lat => "latency",
@@ -67,10 +71,31 @@ pub fn banner(r: &PerfResult) -> String {
         r.mode_label,
         r.fault.name(),
         pinned_note,
+        swap,
         r.transport,
         r.tx_depth,
         r.signal_every
     )
+}
+
+/// The line printed under a major-fault row: the swap device's own 4 KiB read
+/// latency and IOPS, measured in the same run on the same swap file.
+pub fn device_line(r: &PerfResult) -> Option<String> {
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+    if let Some(e) = &r.device_error {
+        return Some(format!("# device baseline not measured: {e}"));
+    }
+    r.device_read_4k_us?;
+    Some(format!(
+        "# device (swap file, O_DIRECT 4 KiB random reads, same run): median {} us (min {}, max {}), {:.0} IOPS at depth 1; {:.0} IOPS at depth {} (median {} us)",
+        f(r.device_read_4k_us),
+        f(r.device_read_4k_min_us),
+        f(r.device_read_4k_max_us),
+        r.device_iops.unwrap_or(0.0),
+        r.device_iops_at_depth.unwrap_or(0.0),
+        r.device_depth.unwrap_or(0),
+        f(r.device_read_4k_at_depth_us),
+    ))
 }
 
 #[cfg(test)]
@@ -105,6 +130,15 @@ mod tests {
             np_optimistic_ok: None,
             np_two_sided: None,
             nonresident_dma: 0,
+            swap_io: None,
+            device_read_4k_us: None,
+            device_read_4k_min_us: None,
+            device_read_4k_max_us: None,
+            device_iops: None,
+            device_depth: None,
+            device_iops_at_depth: None,
+            device_read_4k_at_depth_us: None,
+            device_error: None,
         }
     }
 
@@ -129,6 +163,43 @@ mod tests {
         let back: PerfResult = serde_json::from_str(&j).unwrap();
         assert_eq!(back, r);
         assert!(j.contains("\"bw_avg_gbps\":1.25"));
+    }
+
+    #[test]
+    fn device_baseline_line_and_json() {
+        let mut r = sample(Test::Lat);
+        assert_eq!(device_line(&r), None, "no baseline, no line");
+        assert!(!banner(&r).contains("swap"));
+        r.fault = Fault::Major;
+        r.mode = Mode::Nprdma;
+        r.swap_io = Some("O_DIRECT".into());
+        r.device_read_4k_us = Some(45.5);
+        r.device_read_4k_min_us = Some(30.25);
+        r.device_read_4k_max_us = Some(900.0);
+        r.device_iops = Some(20000.0);
+        r.device_depth = Some(16);
+        r.device_iops_at_depth = Some(50000.0);
+        r.device_read_4k_at_depth_us = Some(300.0);
+        let l = device_line(&r).unwrap();
+        for want in [
+            "45.50",
+            "30.25",
+            "900.00",
+            "20000 IOPS",
+            "50000 IOPS at depth 16",
+        ] {
+            assert!(l.contains(want), "{want} in {l}");
+        }
+        assert!(banner(&r).contains("swap O_DIRECT"));
+        let j = serde_json::to_string(&r).unwrap();
+        assert!(j.contains("\"device_read_4k_us\":45.5"));
+        assert!(j.contains("\"device_iops_at_depth\":50000.0"));
+        let back: PerfResult = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, r);
+        r.device_error = Some("swap device full".into());
+        assert!(device_line(&r)
+            .unwrap()
+            .contains("not measured: swap device full"));
     }
 
     #[test]

@@ -50,6 +50,31 @@ pub struct PerfResult {
     pub np_two_sided: Option<u64>,
     /// Non-resident DMA attempts seen by the target NIC (must be 0).
     pub nonresident_dma: u64,
+    /// Major-fault rows of a target with a pager: how its swap file is read
+    /// ("O_DIRECT", or a buffered label), and the swap device's own 4 KiB
+    /// random-read latency measured in the same run on the same swap file
+    /// (O_DIRECT reads of written slots, after the timed windows): median,
+    /// min and max (µs) and reads/s one at a time; reads/s and median at
+    /// `device_depth` reads in flight.
+    #[serde(default)]
+    pub swap_io: Option<String>,
+    #[serde(default)]
+    pub device_read_4k_us: Option<f64>,
+    #[serde(default)]
+    pub device_read_4k_min_us: Option<f64>,
+    #[serde(default)]
+    pub device_read_4k_max_us: Option<f64>,
+    #[serde(default)]
+    pub device_iops: Option<f64>,
+    #[serde(default)]
+    pub device_depth: Option<usize>,
+    #[serde(default)]
+    pub device_iops_at_depth: Option<f64>,
+    #[serde(default)]
+    pub device_read_4k_at_depth_us: Option<f64>,
+    /// Why the device baseline is missing from a major-fault row.
+    #[serde(default)]
+    pub device_error: Option<String>,
 }
 
 impl PerfResult {
@@ -157,6 +182,14 @@ pub fn run(
 
     let c1 = tgt.counters()?;
     let np1 = ini.np_stats();
+    // The device's own read latency, same run, same swap file (untimed by the
+    // windows above, after them).
+    let dev = if spec.fault == Fault::Major {
+        tgt.device(crate::target::device_depth(), crate::target::DEVICE_READS)?
+    } else {
+        None
+    };
+    let base = dev.as_ref().and_then(|d| d.baseline.as_ref().ok());
     let us = |ns: u64| ns as f64 / 1000.0;
     let lat = spec.test == Test::Lat;
     let secs = bw_time.as_secs_f64().max(1e-9);
@@ -185,6 +218,17 @@ pub fn run(
         np_optimistic_ok: np1.zip(np0).map(|(a, b)| a.optimistic_ok - b.optimistic_ok),
         np_two_sided: np1.zip(np0).map(|(a, b)| a.two_sided - b.two_sided),
         nonresident_dma: c1.nonresident_dma,
+        swap_io: dev.as_ref().map(|d| d.swap_io.clone()),
+        device_read_4k_us: base.map(|b| b.median_us),
+        device_read_4k_min_us: base.map(|b| b.min_us),
+        device_read_4k_max_us: base.map(|b| b.max_us),
+        device_iops: base.map(|b| b.iops),
+        device_depth: base.map(|b| b.depth),
+        device_iops_at_depth: base.map(|b| b.iops_at_depth),
+        device_read_4k_at_depth_us: base.map(|b| b.median_us_at_depth),
+        device_error: dev
+            .as_ref()
+            .and_then(|d| d.baseline.as_ref().err().cloned()),
     })
 }
 

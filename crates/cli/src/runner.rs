@@ -272,6 +272,9 @@ pub fn cmd_perf(a: PerfArgs) -> Result<()> {
                 first = false;
             }
             println!("{}", crate::output::row(&r));
+            if let Some(l) = crate::output::device_line(&r) {
+                println!("{l}");
+            }
         }
     }
     Ok(())

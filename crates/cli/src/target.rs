@@ -81,12 +81,77 @@ pub struct Window {
     pub pages_prepared: u64,
 }
 
-/// A pager with a swap file large enough for the biggest window.
+/// `NPRDMA_SWAP_BUFFERED=1`: the target pager's swap file goes through the page
+/// cache (a major fault may then be a memory copy); labelled in every row.
+pub const SWAP_BUFFERED_ENV: &str = "NPRDMA_SWAP_BUFFERED";
+
+/// Whether `NPRDMA_SWAP_BUFFERED` (its value `v`) asks for buffered swap.
+pub fn swap_buffered(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(CliError::Arg(format!(
+            "{SWAP_BUFFERED_ENV}={other:?}: expected 0 or 1"
+        ))),
+    }
+}
+
+/// A pager with a swap file large enough for the biggest window: O_DIRECT swap
+/// (like Linux swap), unless `NPRDMA_SWAP_BUFFERED=1`.
 pub fn new_pager() -> Result<vmem::Pager> {
+    let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
     Ok(vmem::Pager::new(vmem::PagerConfig {
         swap_size: 1 << 30,
+        o_direct: !buffered,
         ..vmem::PagerConfig::default()
     })?)
+}
+
+/// Reads of the device baseline measured beside major-fault runs (per depth).
+pub const DEVICE_READS: usize = 1000;
+/// The concurrent depth of the device baseline: the pager's swap I/O threads
+/// plus the calling thread, the most swap reads it keeps in flight.
+pub fn device_depth() -> usize {
+    vmem::PagerConfig::default().swap_io_threads + 1
+}
+
+/// The target pager's swap I/O and its device's own 4 KiB read latency,
+/// measured in the same run on the same swap file (O_DIRECT random reads of
+/// written slots, so the page cache is not involved).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceInfo {
+    /// How the pager reads its swap file (`vmem::SwapIo::label`).
+    pub swap_io: String,
+    /// The baseline, or why it could not be measured.
+    pub baseline: std::result::Result<DeviceBaseline, String>,
+}
+
+/// `vmem::DeviceLatency`, as exchanged and reported.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceBaseline {
+    pub reads: usize,
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    pub iops: f64,
+    pub depth: usize,
+    pub median_us_at_depth: f64,
+    pub iops_at_depth: f64,
+}
+
+impl From<vmem::DeviceLatency> for DeviceBaseline {
+    fn from(d: vmem::DeviceLatency) -> Self {
+        DeviceBaseline {
+            reads: d.reads,
+            median_us: d.median_us,
+            min_us: d.min_us,
+            max_us: d.max_us,
+            iops: d.iops,
+            depth: d.depth,
+            median_us_at_depth: d.median_us_at_depth,
+            iops_at_depth: d.iops_at_depth,
+        }
+    }
 }
 
 /// A pager region registered with NP-RDMA; the MR is dropped before the region.
@@ -440,6 +505,19 @@ impl Target {
                 Ok(window(data.as_ref().unwrap(), off, renewed, pages))
             }
         }
+    }
+
+    /// The pager's swap I/O and the device baseline (`depth`, `reads` per
+    /// depth); `None` for a target without a pager (pinned memory).
+    pub fn device(&self, depth: usize, reads: usize) -> Option<DeviceInfo> {
+        let pager = self.pager.as_ref()?;
+        Some(DeviceInfo {
+            swap_io: pager.swap_io().label().to_string(),
+            baseline: pager
+                .device_read_latency(depth, reads)
+                .map(DeviceBaseline::from)
+                .map_err(|e| e.to_string()),
+        })
     }
 
     /// Pager and NIC counters of the target, for the run's record.

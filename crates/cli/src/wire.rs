@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
 use crate::spec::{Fault, Mode};
-use crate::target::{QpAddr, Target, TargetCounters, Window};
+use crate::target::{DeviceInfo, QpAddr, Target, TargetCounters, Window};
 
 /// Client -> server messages.
 #[derive(Debug, Serialize, Deserialize)]
@@ -30,6 +30,10 @@ pub enum Req {
         bytes: usize,
     },
     Counters,
+    Device {
+        depth: usize,
+        reads: usize,
+    },
     Bye,
 }
 
@@ -41,6 +45,7 @@ pub enum Resp {
     Ok,
     Window { w: Window },
     Counters { c: TargetCounters },
+    Device { d: Option<DeviceInfo> },
     Error { msg: String },
 }
 
@@ -50,6 +55,8 @@ pub trait TargetHandle {
     fn connect(&mut self, peer: &QpAddr) -> Result<()>;
     fn prepare(&mut self, fault: Fault, bytes: usize) -> Result<Window>;
     fn counters(&mut self) -> Result<TargetCounters>;
+    /// The target's swap I/O and device baseline (`None`: no pager).
+    fn device(&mut self, depth: usize, reads: usize) -> Result<Option<DeviceInfo>>;
 }
 
 impl TargetHandle for Target {
@@ -64,6 +71,9 @@ impl TargetHandle for Target {
     }
     fn counters(&mut self) -> Result<TargetCounters> {
         Ok(Target::counters(self))
+    }
+    fn device(&mut self, depth: usize, reads: usize) -> Result<Option<DeviceInfo>> {
+        Ok(Target::device(self, depth, reads))
     }
 }
 
@@ -173,6 +183,12 @@ impl TargetHandle for RemoteTarget {
             r => Err(CliError::Peer(format!("unexpected answer {r:?}"))),
         }
     }
+    fn device(&mut self, depth: usize, reads: usize) -> Result<Option<DeviceInfo>> {
+        match self.call(&Req::Device { depth, reads })? {
+            Resp::Device { d } => Ok(d),
+            r => Err(CliError::Peer(format!("unexpected answer {r:?}"))),
+        }
+    }
 }
 
 /// Serve one client session on `listener` (the `--server` side / the spawned peer):
@@ -219,6 +235,9 @@ pub fn serve_one(listener: &TcpListener) -> Result<()> {
             },
             (Req::Counters, Some(t)) => Resp::Counters {
                 c: Target::counters(t),
+            },
+            (Req::Device { depth, reads }, Some(t)) => Resp::Device {
+                d: Target::device(t, depth, reads),
             },
         };
         send(&mut wr, &resp)?;

@@ -366,3 +366,65 @@ fn bad_arguments_are_clear_errors() {
     );
     fails(&["reg", "--mode", "odp", "--size", "1M"], "reg compares");
 }
+
+/// `nprdma perf` with one extra environment variable; (success, stdout, stderr).
+fn perf_env(args: &[&str], var: (&str, &str)) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nprdma"))
+        .args(args)
+        .env(var.0, var.1)
+        .output()
+        .expect("run nprdma");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn perf_major_fault_reports_swap_io_and_the_device_baseline() {
+    // In process and across the shm transport (the target measures its device).
+    for transport in ["inproc", "shm"] {
+        let out = ok(&[
+            "perf",
+            "--transport",
+            transport,
+            "--fault",
+            "major",
+            "--iters",
+            "20",
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        check_row(&v);
+        let io = v["swap_io"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert_ne!(io, "buffered (page cache)", "O_DIRECT by default: {v}");
+        let med = finite(&v, "device_read_4k_us");
+        assert!(finite(&v, "device_read_4k_min_us") <= med, "{v}");
+        assert!(med <= finite(&v, "device_read_4k_max_us"), "{v}");
+        assert!(finite(&v, "device_iops") > 0.0, "{v}");
+        assert!(finite(&v, "device_iops_at_depth") > 0.0, "{v}");
+        assert!(v["device_depth"].as_u64().unwrap() > 1, "{v}");
+    }
+    // The table prints the baseline under the row and the swap I/O in the banner.
+    let out = ok(&["perf", "--fault", "major", "--iters", "20"]);
+    assert!(out.contains(", swap "), "{out}");
+    assert!(out.contains("# device (swap file, O_DIRECT 4 KiB"), "{out}");
+    // No major faults, no baseline.
+    let out = ok(&["perf", "--fault", "minor", "--iters", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        v["device_read_4k_us"].is_null() && v["swap_io"].is_null(),
+        "{v}"
+    );
+    // Buffered swap on request, labelled; a bad value is a clear error.
+    let args = ["perf", "--fault", "major", "--iters", "20", "--json"];
+    let (okay, out, err) = perf_env(&args, ("NPRDMA_SWAP_BUFFERED", "1"));
+    assert!(okay, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["swap_io"], "buffered (page cache)", "{v}");
+    finite(&v, "device_read_4k_us");
+    let (okay, _, err) = perf_env(&args, ("NPRDMA_SWAP_BUFFERED", "yes"));
+    assert!(!okay && err.contains("NPRDMA_SWAP_BUFFERED"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

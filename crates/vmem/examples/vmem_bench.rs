@@ -1,6 +1,9 @@
 //! Pager benchmarks (not tests): fault service latency vs a raw userfaultfd
-//! handler measured in the same run, pin latency, swap-out cost per page,
-//! residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
+//! handler measured in the same run (major faults with buffered and O_DIRECT
+//! swap, each against a raw handler reading the same way), pin latency
+//! (range pins in consecutive and scattered slots, with and without the swap
+//! I/O threads, beside the device's own O_DIRECT read latency), swap-out cost
+//! per page, residency scan, and registering 4 GiB vs mlock() of the same 4 GiB.
 //!
 //! `cargo run --release -p vmem --example vmem_bench [-- --quick] [--pins (only the pin table)]`
 
@@ -215,7 +218,13 @@ fn faults(pages: usize) {
             swap_size: (pages * PG * 2) as u64,
             ..Default::default()
         };
-        let p = Pager::new(cfg).unwrap();
+        // Buffered swap here, like the raw baseline's file: the rows compare
+        // the pager's own cost; the O_DIRECT pair below adds the device.
+        let p = Pager::new(PagerConfig {
+            o_direct: false,
+            ..cfg.clone()
+        })
+        .unwrap();
         // Minor, read: zero page.
         let hb = raw_baseline(
             &format!("raw uffd read → ZEROPAGE ({tag}) — baseline"),
@@ -238,22 +247,49 @@ fn faults(pages: usize) {
             true,
         );
         let reg = pager_minor(&p, &format!("pager minor, write ({tag})"), pages, true, &hb);
-        // Major: pread + COPY.
-        let hb = raw_baseline(
-            &format!("raw uffd pread + COPY ({tag}) — baseline"),
-            pages,
-            spin,
-            Some(f.try_clone().unwrap()),
-            false,
-            true,
-        );
-        // SAFETY: the region is live.
-        unsafe { std::ptr::write_bytes(reg.as_mut_ptr(), 3, reg.len()) };
-        reg.swap_out().unwrap();
-        p.reset_fault_histogram();
-        let (h, t) = touch_pages(reg.addr(), pages, true);
-        line(&format!("pager major ({tag})"), &h, t, pages, Some(&hb));
-        service_row(&p, &format!("pager-side service time major ({tag})"));
+        // Major: pread + COPY, buffered (page cache) and O_DIRECT (device).
+        let pd = Pager::new(cfg).unwrap();
+        for (pager, io) in [(&p, "buffered"), (&pd, "O_DIRECT")] {
+            let file = if io == "O_DIRECT" {
+                // The same file read with O_DIRECT (its dirty pages are
+                // written back first by the kernel).
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                    .unwrap()
+            } else {
+                f.try_clone().unwrap()
+            };
+            let hb = raw_baseline(
+                &format!("raw uffd pread ({io}) + COPY ({tag}) — baseline"),
+                pages,
+                spin,
+                Some(file),
+                false,
+                true,
+            );
+            let r = if io == "O_DIRECT" {
+                pd.alloc(pages * PG).unwrap()
+            } else {
+                p.alloc(pages * PG).unwrap()
+            };
+            // SAFETY: the region is live.
+            unsafe { std::ptr::write_bytes(r.as_mut_ptr(), 3, r.len()) };
+            r.swap_out().unwrap();
+            pager.reset_fault_histogram();
+            let (h, t) = touch_pages(r.addr(), pages, true);
+            line(
+                &format!("pager major, swap {} ({tag})", pager.swap_io().label()),
+                &h,
+                t,
+                pages,
+                Some(&hb),
+            );
+            service_row(pager, &format!("pager-side service time major ({tag})"));
+        }
+        drop(reg);
     }
 }
 
@@ -377,6 +413,47 @@ fn pins(pages: usize) {
     };
     r.swap_out().unwrap();
     range_run(&r, "swapped out");
+    // Swapped out one page at a time, last page first: no two pages of a
+    // range are in consecutive slots, so a range pin issues one read per page
+    // (concurrently on the pager's swap I/O threads; 0 threads = one by one).
+    for threads in [PagerConfig::default().swap_io_threads, 0] {
+        let q = Pager::new(PagerConfig {
+            swap_size: (pages * PG * 2) as u64,
+            swap_io_threads: threads,
+            ..Default::default()
+        })
+        .unwrap();
+        let s = q.alloc(pages * PG).unwrap();
+        // SAFETY: the region is live.
+        unsafe { std::ptr::write_bytes(s.as_mut_ptr(), 9, s.len()) };
+        for i in (0..pages).rev() {
+            q.swap_out(s.addr() + i * PG, PG).unwrap();
+        }
+        let range = 256;
+        let mut h = hist();
+        for i in 0..pages / range {
+            let a = s.addr() + i * range * PG;
+            let t = Instant::now();
+            q.pin(a, range * PG).unwrap();
+            h.record(t.elapsed().as_nanos() as u64 / range as u64)
+                .unwrap();
+            q.unpin(a, range * PG).unwrap();
+        }
+        println!(
+            "| swapped out, scattered slots, {threads} swap I/O threads, one pin() of {range} pages (per page) | {:.2} | {:.2} | {:.2} |",
+            us(h.value_at_quantile(0.5)),
+            us(h.value_at_quantile(0.99)),
+            h.mean() / 1000.0
+        );
+    }
+    match p.device_read_latency(16, 2000) {
+        Ok(d) => println!(
+            "| baseline: the device itself, one O_DIRECT 4 KiB random read of the swap file at a time (same run; {:.0} IOPS; at depth {}: {:.0} IOPS, median {:.1} µs) | {:.2} | {:.2} | {:.2} |",
+            d.iops, d.depth, d.iops_at_depth, d.median_us_at_depth, d.median_us, d.p99_us, d.mean_us
+        ),
+        Err(e) => println!("| baseline: the device itself — not measured: {e} | | | |"),
+    }
+    println!("| swap I/O of this pager: {} | | | |", p.swap_io().label());
     let fresh = p.alloc(pages * PG).unwrap();
     range_run(&fresh, "never touched");
     let mut h = hist();

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// How a [`crate::Pager`] is set up. `Default` gives a 1 GiB unlinked temp swap
-/// file, no budget, buffered I/O, a 50 µs spin window and a background evictor.
+/// file read and written with O_DIRECT (like Linux swap: a major fault reads
+/// the device, not the page cache), 15 swap I/O threads for concurrent
+/// batches, no budget, a 50 µs spin window and a background evictor.
 #[derive(Clone, Debug)]
 pub struct PagerConfig {
     /// Swap file path; `None` = a file in the temp dir.
@@ -13,8 +15,18 @@ pub struct PagerConfig {
     pub swap_size: u64,
     /// Resident-page budget (the cgroup-limit role); `None` = unlimited.
     pub budget_pages: Option<usize>,
-    /// Open the swap file with O_DIRECT.
+    /// Open the swap file with O_DIRECT (default). `false` = buffered swap
+    /// through the page cache, labelled [`crate::SwapIo::Buffered`] in the
+    /// stats. A filesystem refusing O_DIRECT gets a buffered file with a
+    /// warning, labelled [`crate::SwapIo::BufferedFallback`].
     pub o_direct: bool,
+    /// I/O threads for concurrent swap batches (a `pin`/`prefetch` bringing
+    /// in several runs of swapped pages, the write-out of an eviction batch
+    /// spanning several slot runs): up to `swap_io_threads + 1` transfers in
+    /// flight, one of them in the calling thread. Started on first need,
+    /// blocked while idle; 0 = batches run one transfer at a time. A single
+    /// read (e.g. a fault) always happens in the calling thread.
+    pub swap_io_threads: usize,
     /// Leave the swap file on disk (otherwise it is unlinked at creation).
     pub keep_swap_file: bool,
     /// Call `SwapListener::after_swap_in` whenever the pager brings a page in
@@ -35,7 +47,8 @@ impl Default for PagerConfig {
             swap_path: None,
             swap_size: 1 << 30,
             budget_pages: None,
-            o_direct: false,
+            o_direct: true,
+            swap_io_threads: 15,
             keep_swap_file: false,
             eager_swap_in_notify: false,
             spin: Duration::from_micros(50),

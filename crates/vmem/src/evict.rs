@@ -15,7 +15,8 @@ use crate::state::{
     self, PageArray, BUSY, EVICTING, NOEVICT, NOTIFYING, REF, RESIDENT, SWAPPED, UNTOUCHED,
 };
 use crate::stats::inc;
-use crate::swap::Slot;
+use crate::swap::{Slot, SwapDevice};
+use crate::swap_io::IoOp;
 use crate::sys::{self, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -206,7 +207,9 @@ impl Inner {
             self.move_run(st, &locked, i, j, &mut out);
             i = j;
         }
-        // 5. Write the staged pages to their slots (runs of consecutive slots).
+        // 5. Write the staged pages to their slots (runs of consecutive
+        // slots; several runs are written concurrently).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
         while i < n {
             if out[i] != Out::Moved {
@@ -217,19 +220,36 @@ impl Inner {
             while j < n && out[j] == Out::Moved && slots[j] == slots[j - 1] + 1 {
                 j += 1;
             }
-            // SAFETY: staging pages i..j hold pages we just moved in; only the
-            // evictor (serialised by the evict lock) touches the staging area.
-            let data = unsafe {
-                std::slice::from_raw_parts((st.staging + i * PAGE) as *const u8, (j - i) * PAGE)
-            };
-            if let Err(e) = self.swap.write(slots[i], data) {
+            runs.push((i, j));
+            i = j;
+        }
+        let mut ops: Vec<IoOp> = runs
+            .iter()
+            .map(|&(i, j)| {
+                // SAFETY: staging pages i..j hold pages we just moved in; only
+                // the evictor (serialised by the evict lock) touches the
+                // staging area, and it is page-aligned (our own mapping).
+                let data = unsafe {
+                    std::slice::from_raw_parts((st.staging + i * PAGE) as *const u8, (j - i) * PAGE)
+                };
+                IoOp::write(data, SwapDevice::off(slots[i]))
+            })
+            .collect();
+        self.swap.run_batch(&mut ops, true);
+        if runs.len() > 1 {
+            self.stats
+                .c
+                .batched_swap_writes
+                .fetch_add(runs.len() as u64, Relaxed);
+        }
+        for (&(i, j), op) in runs.iter().zip(&ops) {
+            if let Err(e) = &op.res {
                 tracing::error!(%e, "swap write failed; pages stay resident");
                 for k in i..j {
                     self.put_back(locked[k].1 << PAGE_SHIFT, st.staging + k * PAGE);
                     out[k] = Out::Failed;
                 }
             }
-            i = j;
         }
         // 6. Publish the new states.
         let mut moved = 0;

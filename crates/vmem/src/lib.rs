@@ -14,10 +14,19 @@
 //!   zero page), resident, swapped-out (access = major fault, served from the
 //!   swap file with `UFFDIO_COPY`). Kept in one atomic word per page, so
 //!   [`Pager::is_resident`] / [`Pager::resident_bitmap`] are memory reads.
-//! * **Swap device**: a swap file (path, size, O_DIRECT optional; unlinked at
-//!   creation unless `keep_swap_file`; blocks reserved with fallocate),
-//!   low-first slot allocation (freed slots are reused while still in the
-//!   page cache), batched write-out. Swap full is [`Error::SwapFull`] and the pages stay resident.
+//! * **Swap device**: a swap file (path, size; unlinked at creation unless
+//!   `keep_swap_file`; blocks reserved with fallocate), read and written with
+//!   O_DIRECT by default like Linux swap, so a major fault is a device read
+//!   (buffered through the page cache on request; a filesystem refusing
+//!   O_DIRECT gets buffered I/O with a warning; [`Pager::swap_io`] /
+//!   [`PagerStats::swap_io`] label which), low-first slot allocation, batched
+//!   write-out. Several runs of one `pin`/`prefetch` range, or of one
+//!   eviction batch, are read/written concurrently on up to
+//!   `swap_io_threads` I/O threads (`pagein_batch.rs`, `swap_io.rs`); a
+//!   single read (a fault) stays in the calling thread. A page read by
+//!   [`Pager::read_swapped`] stays in a small swap cache until its swap-in.
+//!   [`Pager::device_read_latency`] measures the device itself on the same
+//!   file. Swap full is [`Error::SwapFull`] and the pages stay resident.
 //! * **Eviction**: a resident-page budget enforced by a background CLOCK
 //!   evictor; explicit [`Pager::swap_out`] / [`Pager::prefetch`]. A victim is
 //!   moved out of the application's mapping atomically with `UFFDIO_MOVE`
@@ -34,8 +43,8 @@
 //!   hand-off); a pin racing an eviction aborts it or waits for it and swaps
 //!   the page back in. A pin of a range brings runs of up to 32 non-resident
 //!   pages in at once (never-touched ones, or swapped ones in consecutive
-//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`), ≈2× faster
-//!   per page than one at a time.
+//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`, and for
+//!   swapped runs their reads concurrently, `pagein_batch.rs`).
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
@@ -125,6 +134,7 @@ mod external;
 mod fault;
 mod listener;
 mod pagein;
+mod pagein_batch;
 mod pagein_run;
 mod region;
 mod registry;
@@ -132,6 +142,7 @@ mod space;
 mod state;
 mod stats;
 mod swap;
+mod swap_io;
 mod sys;
 mod uffd;
 
@@ -141,6 +152,7 @@ pub use listener::{ListenerId, SwapListener};
 pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
+pub use swap::{device_read_latency, DeviceLatency, SwapIo};
 pub use sys::PAGE as PAGE_SIZE;
 
 use crate::core::{page_range, Inner};
@@ -189,11 +201,15 @@ impl Pager {
                 libc::ENOSYS,
             )));
         }
-        let swap = swap::SwapDevice::create(
+        if cfg.swap_io_threads > 256 {
+            return Err(Error::Config("swap_io_threads must be 0..=256".into()));
+        }
+        let swap = swap::SwapDevice::create_with(
             cfg.swap_path.as_deref(),
             cfg.swap_size,
             cfg.o_direct,
             cfg.keep_swap_file,
+            cfg.swap_io_threads,
         )?;
         let cap = cfg.evict_batch;
         let staging = sys::mmap_anon(cap * sys::PAGE).map_err(|e| Error::Kernel {
@@ -406,7 +422,9 @@ impl Pager {
 
     /// Copies `out.len()` bytes at `addr` (inside one page) from the swap
     /// slot of a page the pager holds swapped out, without swapping it in
-    /// (one swap read; the page stays swapped out). `Ok(false)` if the page
+    /// (one swap read; the page stays swapped out). The page read stays in a
+    /// small swap cache until the page's swap-in, which usually follows and
+    /// then costs no second device read (`PagerStats::swap_cache_hits`). `Ok(false)` if the page
     /// is not swapped out by this pager (resident, untouched, external, or
     /// in transition) or the range crosses a page: nothing was copied.
     pub fn read_swapped(&self, addr: usize, out: &mut [u8]) -> Result<bool> {
@@ -488,6 +506,10 @@ impl Pager {
             evict_aborts: c.evict_aborts.load(Relaxed),
             evict_failures: c.evict_failures.load(Relaxed),
             fault_retries: c.fault_retries.load(Relaxed),
+            batched_swap_reads: c.batched_swap_reads.load(Relaxed),
+            batched_swap_writes: c.batched_swap_writes.load(Relaxed),
+            swap_cache_hits: i.swap.cache_hits(),
+            swap_io: i.swap.io(),
             bytes_swapped_in: swap_ins * sys::PAGE as u64,
             bytes_swapped_out: swap_outs * sys::PAGE as u64,
             fault_service: i.stats.latency(),
@@ -503,6 +525,25 @@ impl Pager {
     /// Clears the fault-service histogram (benchmarks).
     pub fn reset_fault_histogram(&self) {
         self.inner().stats.hist.lock().reset();
+    }
+
+    /// How the swap file is read and written: O_DIRECT (the default), or
+    /// buffered as configured, or buffered because the filesystem refused
+    /// O_DIRECT; reports label their major faults with it.
+    pub fn swap_io(&self) -> SwapIo {
+        self.inner().swap.io()
+    }
+
+    /// The swap device's own 4 KiB random-read latency, measured on this
+    /// pager's swap file with O_DIRECT (bypassing the page cache even when
+    /// the pager itself runs buffered): up to `min(reads, 4096)` free slots
+    /// are written with O_DIRECT and synced, `reads` of them are read one at
+    /// a time, then `reads` more `depth` at a time; the slots are freed
+    /// again. Swap I/O of the pager may run meanwhile (it shares the device).
+    /// Errors: bad parameters, a full swap file, a filesystem refusing
+    /// O_DIRECT.
+    pub fn device_read_latency(&self, depth: usize, reads: usize) -> Result<DeviceLatency> {
+        self.inner().swap.device_read_latency(depth, reads)
     }
 
     /// Path of the swap file (unlinked unless `keep_swap_file`).
@@ -641,5 +682,182 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, &b)| b == (i % 253) as u8));
+    }
+
+    fn fill(r: &mut Region, seed: usize) {
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = ((i / PAGE_SIZE) * 31 + i % 253 + seed) as u8;
+        }
+    }
+
+    fn exact(r: &Region, seed: usize) -> bool {
+        r.as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == ((i / PAGE_SIZE) * 31 + i % 253 + seed) as u8)
+    }
+
+    fn cfg() -> PagerConfig {
+        PagerConfig {
+            swap_size: 1 << 20,
+            background_evictor: false,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn default_swap_is_o_direct_and_round_trips_byte_exact() {
+        let p = Pager::new(cfg()).unwrap();
+        // O_DIRECT by default (on a memory filesystem it says so instead).
+        assert!(p.swap_io().is_direct(), "{:?}", p.swap_io());
+        assert_eq!(p.stats().swap_io, p.swap_io());
+        let mut r = p.alloc(16 * PAGE_SIZE).unwrap();
+        fill(&mut r, 1);
+        assert_eq!(r.swap_out().unwrap(), 16);
+        assert_eq!(r.resident_count().unwrap(), 0);
+        // Faults: one page at a time, each read in the fault thread.
+        assert!(exact(&r, 1));
+        let s = p.stats();
+        assert_eq!(s.major_faults, 16);
+        assert_eq!(s.batched_swap_reads, 0);
+        // Again through a pin of the whole range (one run of 16 slots).
+        assert_eq!(r.swap_out().unwrap(), 16);
+        p.pin(r.addr(), r.len()).unwrap();
+        assert!(exact(&r, 1));
+        p.unpin(r.addr(), r.len()).unwrap();
+    }
+
+    /// Swaps the pages of `r` out one at a time, last page first: page k
+    /// lands in a slot below page k-1's, so no two pages form a run.
+    fn swap_out_scattered(p: &Pager, r: &Region) {
+        for k in (0..r.len() / PAGE_SIZE).rev() {
+            assert_eq!(p.swap_out(r.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn pin_and_prefetch_read_scattered_swapped_pages_concurrently() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(48 * PAGE_SIZE).unwrap();
+        fill(&mut r, 2);
+        swap_out_scattered(&p, &r);
+        p.pin(r.addr(), r.len()).unwrap();
+        let s = p.stats();
+        assert_eq!(s.batched_swap_reads, 48, "one concurrent read per page");
+        assert_eq!(s.pin_swap_ins, 48);
+        assert_eq!(r.resident_count().unwrap(), 48);
+        assert_eq!(r.swap_out().unwrap(), 0, "pinned pages stay");
+        p.unpin(r.addr(), r.len()).unwrap();
+        assert!(
+            matches!(p.unpin(r.addr(), PAGE_SIZE), Err(Error::NotPinned(_))),
+            "exactly one pin per page"
+        );
+        assert!(exact(&r, 2));
+        assert_eq!(s.major_faults, 0, "no page was faulted in");
+        swap_out_scattered(&p, &r);
+        assert_eq!(p.prefetch(r.addr(), r.len()).unwrap(), 48);
+        assert_eq!(p.stats().batched_swap_reads, 96);
+        assert_eq!(r.resident_count().unwrap(), 48);
+        assert!(exact(&r, 2));
+        assert_eq!(p.stats().major_faults, 0);
+        assert_eq!(p.stats().swap_slots_used, 0);
+    }
+
+    #[test]
+    fn eviction_batch_over_scattered_slots_writes_concurrently() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut a = p.alloc(8 * PAGE_SIZE).unwrap();
+        fill(&mut a, 3);
+        assert_eq!(a.swap_out().unwrap(), 8);
+        // Bring back pages 1, 3 and 5: their slots are free again.
+        for k in [1, 3, 5] {
+            p.pin(a.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap();
+            p.unpin(a.addr() + k * PAGE_SIZE, PAGE_SIZE).unwrap();
+        }
+        let mut b = p.alloc(6 * PAGE_SIZE).unwrap();
+        fill(&mut b, 4);
+        assert_eq!(b.swap_out().unwrap(), 6);
+        assert!(p.stats().batched_swap_writes >= 2, "{:?}", p.stats());
+        assert!(exact(&b, 4));
+        assert!(exact(&a, 3));
+    }
+
+    #[test]
+    fn refused_o_direct_pager_is_buffered_labelled_and_byte_exact() {
+        swap::REFUSE_O_DIRECT.with(|r| r.set(true));
+        let p = Pager::new(cfg());
+        swap::REFUSE_O_DIRECT.with(|r| r.set(false));
+        let p = p.unwrap();
+        assert_eq!(p.swap_io(), SwapIo::BufferedFallback);
+        assert_eq!(p.stats().swap_io, SwapIo::BufferedFallback);
+        let mut r = p.alloc(8 * PAGE_SIZE).unwrap();
+        fill(&mut r, 5);
+        assert_eq!(r.swap_out().unwrap(), 8);
+        assert!(exact(&r, 5));
+        // Explicitly buffered is labelled as such.
+        let b = Pager::new(PagerConfig {
+            o_direct: false,
+            ..cfg()
+        })
+        .unwrap();
+        assert_eq!(b.swap_io(), SwapIo::Buffered);
+    }
+
+    #[test]
+    fn device_baseline_reads_the_swap_file_and_frees_its_slots() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(4 * PAGE_SIZE).unwrap();
+        fill(&mut r, 7);
+        assert_eq!(r.swap_out().unwrap(), 4);
+        let used = p.stats().swap_slots_used;
+        let d = p.device_read_latency(4, 64).unwrap();
+        assert_eq!((d.reads, d.depth), (64, 4));
+        assert!(d.min_us > 0.0 && d.min_us <= d.median_us && d.median_us <= d.max_us);
+        assert!(d.median_us <= d.p99_us && d.p99_us <= d.max_us);
+        assert!(d.min_us <= d.mean_us && d.mean_us <= d.max_us);
+        assert!(d.iops > 0.0 && d.iops_at_depth > 0.0 && d.median_us_at_depth > 0.0);
+        assert_eq!(p.stats().swap_slots_used, used, "baseline slots freed");
+        assert!(exact(&r, 7), "the pager's own slots untouched");
+        assert!(p.device_read_latency(0, 64).is_err());
+        // A full swap file: a clear error, nothing leaked.
+        let full = Pager::new(PagerConfig {
+            swap_size: 4 * PAGE_SIZE as u64,
+            ..cfg()
+        })
+        .unwrap();
+        let mut f = full.alloc(4 * PAGE_SIZE).unwrap();
+        fill(&mut f, 6);
+        assert_eq!(f.swap_out().unwrap(), 4);
+        let e = full.device_read_latency(1, 8);
+        assert!(matches!(e, Err(Error::SwapFull(4))), "{e:?}");
+        assert_eq!(full.stats().swap_slots_used, 4);
+    }
+
+    #[test]
+    fn read_swapped_then_swap_in_reads_the_device_once_and_never_stale() {
+        let p = Pager::new(cfg()).unwrap();
+        let mut r = p.alloc(2 * PAGE_SIZE).unwrap();
+        fill(&mut r, 8);
+        assert_eq!(r.swap_out().unwrap(), 2);
+        let mut out = [0u8; 8];
+        assert!(p.read_swapped(r.addr() + 16, &mut out).unwrap());
+        // The pin that follows is served by the swap cache.
+        p.pin(r.addr(), PAGE_SIZE).unwrap();
+        p.unpin(r.addr(), PAGE_SIZE).unwrap();
+        assert_eq!(p.stats().swap_cache_hits, 1);
+        assert!(exact(&r, 8));
+        assert_eq!(p.stats().swap_cache_hits, 1, "page 1 came from the device");
+        // A freed slot's cached copy goes with it: a region dropped while
+        // swapped out frees its slot, which the next swap-out reuses.
+        let mut a = p.alloc(PAGE_SIZE).unwrap();
+        fill(&mut a, 9);
+        assert_eq!(a.swap_out().unwrap(), 1);
+        assert!(p.read_swapped(a.addr(), &mut out).unwrap());
+        drop(a);
+        let mut b = p.alloc(PAGE_SIZE).unwrap();
+        fill(&mut b, 10);
+        assert_eq!(b.swap_out().unwrap(), 1);
+        assert!(exact(&b, 10), "the new content, not the freed slot's");
+        assert_eq!(p.stats().swap_cache_hits, 1);
     }
 }

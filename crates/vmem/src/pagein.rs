@@ -264,15 +264,33 @@ impl Inner {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
         // No allocation on the common path (a fault's pin of a few pages):
-        // a failure rolls back the first `pinned` pages of the same walk.
+        // a failure rolls back the first `pinned` pages of the same walk,
+        // and the pages the concurrent swap-in pinned ahead of the walk.
         let notify = self.cfg.eager_swap_in_notify;
         let mut swapped_in = Vec::new();
         let mut pinned = 0usize;
+        // Pages pinned by `swap_in_batch` (ascending: segments are disjoint
+        // and walked in order).
+        let mut ahead: Vec<usize> = Vec::new();
         let r = Self::with_bounce(|buf| -> Result<()> {
+            let mut next_ahead = 0;
             for s in &segs {
                 let end = s.end.min(p1);
                 let mut p = s.start.max(p0);
+                if end - p >= 2 {
+                    // Several swapped pages: read them all at once.
+                    self.swap_in_batch(&s.arr, p, end, Why::Pin, &mut ahead);
+                }
                 while p < end {
+                    if ahead.get(next_ahead) == Some(&p) {
+                        next_ahead += 1;
+                        pinned += 1;
+                        if notify {
+                            swapped_in.push(p << PAGE_SHIFT);
+                        }
+                        p += 1;
+                        continue;
+                    }
                     // Runs of non-resident pages: one read + one ioctl each.
                     let n = self.pin_run(&s.arr, p, end, |q| {
                         if notify {
@@ -298,10 +316,12 @@ impl Inner {
             let walk = segs
                 .iter()
                 .flat_map(|s| (s.start.max(p0)..s.end.min(p1)).map(move |p| (s, p)));
-            for (s, p) in walk.take(pinned) {
-                let _ = state::update(s.arr.word(p), |cur| {
-                    (state::pins(cur) > 0).then(|| cur - PIN_ONE)
-                });
+            for (k, (s, p)) in walk.enumerate() {
+                if k < pinned || ahead.binary_search(&p).is_ok() {
+                    let _ = state::update(s.arr.word(p), |cur| {
+                        (state::pins(cur) > 0).then(|| cur - PIN_ONE)
+                    });
+                }
             }
             return Err(e);
         }
@@ -345,7 +365,8 @@ impl Inner {
         };
         let r = Self::with_bounce(|buf| {
             let page = buf.as_mut_slice();
-            self.swap.read(slot, page).map(|()| {
+            // Kept in the swap cache: the page's swap-in usually follows.
+            self.swap.read_keep(slot, page).map(|()| {
                 out.copy_from_slice(&page[off..off + out.len()]);
             })
         });
@@ -377,8 +398,16 @@ impl Inner {
         let segs = self.segments_for(p0, p1)?;
         let mut brought: Vec<(&PageArray, usize)> = Vec::new();
         let r = Self::with_bounce(|buf| -> Result<()> {
+            let mut ahead = Vec::new();
             for s in segs.iter().filter(|s| !s.arr.external) {
-                for p in s.start.max(p0)..s.end.min(p1) {
+                let (a, b) = (s.start.max(p0), s.end.min(p1));
+                if b - a >= 2 {
+                    // Several swapped pages: read them all at once.
+                    ahead.clear();
+                    self.swap_in_batch(&s.arr, a, b, Why::Prefetch, &mut ahead);
+                    brought.extend(ahead.iter().map(|&p| (&*s.arr, p)));
+                }
+                for p in a..b {
                     if self.bring_in_wait(&s.arr, p, Why::Prefetch, buf)? != Brought::Already {
                         brought.push((&s.arr, p));
                     }

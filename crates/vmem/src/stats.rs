@@ -17,6 +17,8 @@ pub struct Counters {
     pub evict_failures: AtomicU64,
     pub evict_runs: AtomicU64,
     pub fault_retries: AtomicU64,
+    pub batched_swap_reads: AtomicU64,
+    pub batched_swap_writes: AtomicU64,
 }
 
 pub struct Stats {
@@ -119,6 +121,17 @@ pub struct PagerStats {
     /// Fault resolutions postponed because the kernel asked to retry (an
     /// munmap/mremap of managed memory in flight) or failed transiently.
     pub fault_retries: u64,
+    /// Swap reads issued together in concurrent batches (`pin`/`prefetch`
+    /// of a range holding several runs of swapped pages).
+    pub batched_swap_reads: u64,
+    /// Swap writes issued together in concurrent batches (an eviction batch
+    /// whose slots form several runs).
+    pub batched_swap_writes: u64,
+    /// Swap-ins served by the swap cache: the page had just been read for
+    /// `read_swapped`, so its swap-in cost no second device read.
+    pub swap_cache_hits: u64,
+    /// How the swap file is read and written (O_DIRECT, buffered, fallback).
+    pub swap_io: crate::swap::SwapIo,
     pub bytes_swapped_in: u64,
     pub bytes_swapped_out: u64,
     pub fault_service: LatencySummary,

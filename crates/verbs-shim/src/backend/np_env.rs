@@ -55,6 +55,7 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
         return Err(ShimError::InvalidArgument("NPRDMA_SWAP_MB=0".into()));
     }
     c.swap_size = swap_mb.saturating_mul(1 << 20);
+    c.o_direct = num(get, "NPRDMA_SWAP_BUFFERED")?.unwrap_or(0) == 0; // 1 = page-cache swap
     if let Some(us) = num(get, "NPRDMA_PAGER_SPIN_US")? {
         c.spin = Duration::from_micros(us);
     }

@@ -1,0 +1,155 @@
+//! Concurrent swap-in of a range's swapped-out pages (`pin` and `prefetch` of
+//! a range): every idle swapped page is locked, the pages are grouped into
+//! runs (consecutive pages in consecutive slots, at most `MAX_RUN`), all runs
+//! are read at once on the swap I/O threads (one read in the calling thread,
+//! so a single run never leaves it), then each run is filled with one
+//! `UFFDIO_COPY`. Whatever it does not bring in (busy pages, failed reads or
+//! fills) it unlocks and leaves to the page-at-a-time path.
+
+use crate::core::{Brought, Inner, Why};
+use crate::pagein_run::MAX_RUN;
+use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED};
+use crate::swap::{Slot, SwapDevice};
+use crate::swap_io::IoOp;
+use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::*;
+
+/// Pages read by one round of concurrent reads (1 MiB of buffer).
+const BATCH_PAGES: usize = 256;
+
+thread_local! {
+    static BATCH_BUF: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+}
+
+/// A run of locked swapped pages: first page, first slot, length, and each
+/// page's state word before it was locked.
+struct Run {
+    p: usize,
+    slot: Slot,
+    words: Vec<u64>,
+}
+
+impl Inner {
+    /// Brings in the idle swapped pages of `[p0, p1)` with concurrent reads
+    /// and publishes each with `why` (`Why::Pin` adds a pin); appends the
+    /// pages it brought in, in page order, to `out`. Never fails: anything
+    /// left over is still non-resident (or resident through someone else)
+    /// and the caller's page-at-a-time walk sorts it out.
+    pub(crate) fn swap_in_batch(
+        &self,
+        arr: &PageArray,
+        p0: usize,
+        p1: usize,
+        why: Why,
+        out: &mut Vec<usize>,
+    ) {
+        if arr.external {
+            return;
+        }
+        let mut p = p0;
+        while p < p1 {
+            let mut runs: Vec<Run> = Vec::new();
+            let mut pages = 0;
+            while p < p1 && pages < BATCH_PAGES {
+                let w = arr.word(p);
+                let v = w.load(Acquire);
+                let slot = match state::slot(v) {
+                    Some(s)
+                        if state::kind(v) == SWAPPED
+                            && v & BUSY == 0
+                            && state::pins(v) < MAX_PINS =>
+                    {
+                        s
+                    }
+                    _ => {
+                        p += 1;
+                        continue;
+                    }
+                };
+                if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
+                    p += 1;
+                    continue;
+                }
+                match runs.last_mut() {
+                    Some(r)
+                        if r.p + r.words.len() == p
+                            && r.slot.wrapping_add(r.words.len() as u32) == slot
+                            && r.words.len() < MAX_RUN =>
+                    {
+                        r.words.push(v)
+                    }
+                    _ => runs.push(Run {
+                        p,
+                        slot,
+                        words: vec![v],
+                    }),
+                }
+                pages += 1;
+                p += 1;
+            }
+            if !runs.is_empty() {
+                self.fill_runs(arr, &runs, why, out);
+            }
+        }
+    }
+
+    /// Reads `runs` (locked) concurrently, fills and publishes them; unlocks
+    /// whatever could not be brought in.
+    fn fill_runs(&self, arr: &PageArray, runs: &[Run], why: Why, out: &mut Vec<usize>) {
+        let unlock = |r: &Run, from: usize| {
+            for k in from..r.words.len() {
+                arr.word(r.p + k).fetch_and(!BUSY, Release);
+            }
+        };
+        BATCH_BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            let buf = b.get_or_insert_with(|| PageBuf::new(BATCH_PAGES));
+            // One disjoint piece of the buffer per run, in run order.
+            let mut rest = buf.as_mut_slice();
+            let mut ops: Vec<IoOp> = Vec::with_capacity(runs.len());
+            for r in runs {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(r.words.len() * PAGE);
+                ops.push(IoOp::read(piece, SwapDevice::off(r.slot)));
+                rest = tail;
+            }
+            // Slots of BUSY swapped pages cannot be freed or reused.
+            self.swap.run_batch(&mut ops, false);
+            if runs.len() > 1 {
+                self.stats
+                    .c
+                    .batched_swap_reads
+                    .fetch_add(runs.len() as u64, Relaxed);
+            }
+            let mut filled = 0;
+            for (r, op) in runs.iter().zip(&ops) {
+                let n = r.words.len();
+                let addr = r.p << PAGE_SHIFT;
+                if let Err(e) = &op.res {
+                    tracing::error!(addr, slot = r.slot, n, %e, "swap read of a batch run failed");
+                    unlock(r, 0);
+                    continue;
+                }
+                let src = op.ptr as *const u8;
+                // SAFETY: `src` is n readable pages of our buffer, just read;
+                // the destination pages are registered with our uffd and are
+                // only filled if missing.
+                let copied = match unsafe { self.uffd.copy(addr, src, n * PAGE, true) } {
+                    Ok(()) => n,
+                    Err(e) => (e.done as usize / PAGE).min(n),
+                };
+                for (k, &v) in r.words.iter().enumerate().take(copied) {
+                    self.publish_filled(arr.word(r.p + k), v, why, Brought::Swap);
+                    out.push(r.p + k);
+                }
+                // Pages the ioctl did not fill (EEXIST, EAGAIN, a vanished
+                // mapping): the page-at-a-time path sorts each of them out.
+                unlock(r, copied);
+                filled += copied;
+            }
+            if filled > 0 {
+                self.check_budget();
+            }
+        });
+    }
+}
