@@ -185,9 +185,10 @@ fn a_dead_target_process_fails_wrs_with_retry_exceeded_then_flush() {
     let w: Vec<&str> = first.split_whitespace().collect();
     let (peer, raddr, rkey): (Endpoint, u64, u32) =
         (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
-    let mut cfg = nprdma::Config::default();
-    cfg.two_sided_timeout = Duration::from_millis(500);
-    let a = side_with(cfg);
+    let a = side_with(nprdma::Config {
+        two_sided_timeout: Duration::from_millis(500),
+        ..Default::default()
+    });
     let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
     qa.connect(&peer).unwrap();
