@@ -153,25 +153,31 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
-    struct Slow(AtomicBool);
+    /// (entered, finished)
+    struct Slow(AtomicBool, AtomicBool);
     impl SwapListener for Slow {
         fn before_swap_out(&self, _pages: &[usize]) {
-            std::thread::sleep(Duration::from_millis(100));
             self.0.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(100));
+            self.1.store(true, SeqCst);
         }
     }
 
     #[test]
     fn remove_waits_for_running_calls() {
         let ls = Arc::new(Listeners::default());
-        let slow = Arc::new(Slow(AtomicBool::new(false)));
+        let slow = Arc::new(Slow(AtomicBool::new(false), AtomicBool::new(false)));
         let id = ls.add(slow.clone());
         let l2 = ls.clone();
         let t = std::thread::spawn(move || l2.before_swap_out(&[4096]));
-        std::thread::sleep(Duration::from_millis(20));
+        // Remove only once the call is running (a loaded machine may start
+        // the thread late).
+        while !slow.0.load(SeqCst) {
+            std::thread::yield_now();
+        }
         assert!(ls.remove(id));
         assert!(
-            slow.0.load(SeqCst),
+            slow.1.load(SeqCst),
             "remove returned while the call was running"
         );
         t.join().unwrap();
