@@ -498,6 +498,62 @@ fn remote_read_of_untouched_pages_is_zero_and_maps_them_in() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
+/// A large remote READ of never-populated pages is answered from the
+/// target's zero source: the data is zeroes, every size (several zero WRs,
+/// partial SGEs, unaligned ends) lands exactly in its range, and nothing is
+/// faulted in on the target (a read of untouched memory allocates no page,
+/// as on Linux). A READ that also covers a populated page goes the ordinary
+/// way and returns its bytes.
+#[test]
+fn large_remote_read_of_untouched_pages_is_answered_with_zeroes() {
+    const BIG: usize = 20 << 20;
+    let e = env();
+    let la = Buf::with(&e.a, BIG, Some(&vec![0xaa; BIG]));
+    let mut rb = Buf::new(&e.b, BIG);
+    let mut off = 0usize;
+    for (k, &len) in [4097usize, 65536, 512 * 1024 + 3, (8 << 20) + 100, 9 << 20]
+        .iter()
+        .enumerate()
+    {
+        let c = post1(
+            &e,
+            rd(k as u64, &la, off as u64, &rb, off as u64, len as u32),
+        );
+        assert_eq!((c.status, c.byte_len as usize), (0, len), "READ {len}");
+        assert!(
+            la.bytes()[off..off + len].iter().all(|&b| b == 0),
+            "zeroes ({len})"
+        );
+        assert!(
+            la.bytes()[off + len..off + len + 16]
+                .iter()
+                .all(|&b| b == 0xaa),
+            "nothing past the end ({len})"
+        );
+        for p in (off..off + len).step_by(4096) {
+            assert!(
+                e.b.pager.is_untouched(rb.addr() as usize + p),
+                "target page at {p} was faulted in"
+            );
+        }
+        off += len.next_multiple_of(4096) + 4096;
+    }
+    // Populate one page: a READ across it is no longer all zeroes.
+    let at = off + 4096;
+    rb.bytes_mut()[at..at + 8].copy_from_slice(&[7; 8]);
+    let len = 64 * 1024;
+    let c = post1(&e, rd(50, &la, off as u64, &rb, off as u64, len as u32));
+    assert_eq!(c.status, 0);
+    let mut want = vec![0u8; len];
+    want[4096..4104].copy_from_slice(&[7; 8]);
+    assert!(
+        la.bytes()[off..off + len] == want[..],
+        "populated page read back"
+    );
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
 /// A remote inline READ of swapped-out pages is answered from the swap
 /// slot, then the target swaps them in and maps them: the next READ of the
 /// same page is one-sided and the data is intact.

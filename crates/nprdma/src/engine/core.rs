@@ -156,7 +156,23 @@ pub(crate) struct State {
     /// done when a progress pass finds no new NIC completion, so a request
     /// that is already waiting is served first.
     post_answer: VecDeque<(Arc<MrEntry>, u64, u64)>,
+    /// `ZERO_BUF` zero bytes registered for the NIC: the source of reverse
+    /// WRITEs answering READs of never-populated memory (made on first use).
+    zero: Option<rnic::OwnedMr>,
 }
+
+/// Bytes of the zero source buffer, and SGEs of one reverse WRITE from it:
+/// one WR answers up to `ZERO_BUF * ZERO_SGES` (8 MiB).
+const ZERO_BUF: usize = 512 * 1024;
+const ZERO_SGES: usize = 16;
+
+/// SGEs per zero-answer WR: `ZERO_SGES`, or fewer if the NIC has fewer.
+fn zero_sges(sh: &Shared) -> usize {
+    ZERO_SGES.min(sh.host.config().max_sge as usize).max(1)
+}
+/// Largest READ answered from the zero source (a few WRs; more goes the
+/// ordinary way).
+const ZERO_READ_MAX: u64 = 64 << 20;
 
 impl State {
     pub fn new() -> State {
@@ -177,6 +193,7 @@ impl State {
             released: Vec::new(),
             direct: fast::Direct::default(),
             post_answer: VecDeque::new(),
+            zero: None,
         }
     }
 
@@ -414,7 +431,7 @@ impl QpState {
                 qpn: None,
                 max_send_wr: 4 * depth + 16,
                 max_recv_wr: 4,
-                max_send_sge: 1,
+                max_send_sge: zero_sges(sh) as u32,
                 max_recv_sge: 1,
                 max_inline_data: 64,
                 sq_sig_all: false,
@@ -1917,6 +1934,187 @@ fn fail_qp(st: &mut State, qi: usize, first: u32) {
     }
 }
 
+/// Target side of a two-sided READ/WRITE ([`Repr::Fault`]): validate, pin
+/// and map in, then the reverse operation through a temporary MR (or, in
+/// retry mode, Receiver-Ready).
+fn serve_fault(
+    sh: &Shared,
+    qp: &mut QpState,
+    qi: usize,
+    f: &FaultRequest,
+    need: Access,
+    r: Option<(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+) {
+    let res = grant(sh, r.as_ref(), f.remote_addr, f.len as u64, need, false);
+    let reply = |qp: &mut QpState, status| {
+        qp.send_ctrl(
+            &sh.cfg.ctrl,
+            &Repr::Completion {
+                req_id: f.req_id,
+                status,
+                byte_len: 0,
+            },
+        )
+    };
+    let pin = match res {
+        Ok(g) => g,
+        Err(s) => return reply(qp, s),
+    };
+    let (m, _) = r.expect("admitted");
+    if f.len == 0 {
+        return reply(qp, Status::Ok);
+    }
+    if f.retry_mode {
+        // Pages pinned and mapped: the initiator retries one-sided
+        // and releases them.
+        let ok = qp
+            .treqs
+            .insert(TReq {
+                reply: f.req_id,
+                kind: TKind::Retry,
+                _tmr: None,
+                _pin: pin,
+                _mr: m,
+            })
+            .is_ok();
+        let status = if ok { Status::Ok } else { Status::NoResources };
+        qp.send_ctrl(
+            &sh.cfg.ctrl,
+            &Repr::ReceiverReady {
+                req_id: f.req_id,
+                status,
+            },
+        );
+        return;
+    }
+    let opc = if f.kind == FaultKind::Read {
+        WrOpcode::Write
+    } else {
+        WrOpcode::Read
+    };
+    let Ok(tmr) = temp_mr(sh, f.remote_addr, f.len as u64, rnic::Access::LOCAL_WRITE) else {
+        return reply(qp, Status::NoResources);
+    };
+    let lkey = tmr.lkey();
+    let Ok(tid) = qp.treqs.insert(TReq {
+        reply: f.req_id,
+        kind: TKind::Fault { len: f.len },
+        _tmr: Some(tmr),
+        _pin: pin,
+        _mr: m,
+    }) else {
+        return reply(qp, Status::NoResources);
+    };
+    let sge = [rnic::Sge {
+        addr: f.remote_addr,
+        length: f.len,
+        lkey,
+    }];
+    let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), opc, &sge)
+        .remote(f.local_addr, f.local_key);
+    if let Err(e) = qp.data.post_send(&[wr]) {
+        tracing::warn!(error = %e.err, "reverse operation not posted");
+        drop(qp.treqs.take(tid));
+        reply(qp, Status::RemoteOp);
+    }
+}
+
+/// Answer READ `f` of never-populated memory of `m` with zeroes: a reverse
+/// WRITE from the zero source (made on first use), nothing pinned or faulted
+/// in. `false` if it could not be posted (the caller serves it the ordinary
+/// way).
+fn answer_zero_read(
+    sh: &Shared,
+    qp: &mut QpState,
+    zero: &mut Option<rnic::OwnedMr>,
+    qi: usize,
+    f: &FaultRequest,
+    m: Arc<MrEntry>,
+) -> bool {
+    if zero.is_none() {
+        match sh
+            .pd
+            .reg_mr_owned(vec![0; ZERO_BUF], rnic::Access::LOCAL_WRITE)
+        {
+            Ok(z) => *zero = Some(z),
+            Err(e) => {
+                tracing::warn!(error = %e, "zero source not registered");
+                return false;
+            }
+        }
+    }
+    let Some(z) = zero.as_ref() else { return false };
+    let Ok(tid) = qp.treqs.insert(TReq {
+        reply: f.req_id,
+        kind: TKind::Fault { len: f.len },
+        _tmr: None,
+        _pin: None,
+        _mr: m,
+    }) else {
+        return false;
+    };
+    let per_wr = (ZERO_BUF * zero_sges(sh)) as u64;
+    let total = f.len as u64;
+    let nwr = total.div_ceil(per_wr);
+    if nwr > 8 {
+        return false;
+    }
+    let mut sges: Vec<[rnic::Sge; ZERO_SGES]> = Vec::with_capacity(nwr as usize);
+    let mut lens = Vec::with_capacity(nwr as usize);
+    for w in 0..nwr {
+        let len = (total - w * per_wr).min(per_wr);
+        let mut a = [rnic::Sge {
+            addr: z.addr() as u64,
+            length: 0,
+            lkey: z.lkey(),
+        }; ZERO_SGES];
+        let n = len.div_ceil(ZERO_BUF as u64) as usize; // ≤ zero_sges
+        for (k, sg) in a.iter_mut().enumerate().take(n) {
+            sg.length = (len - k as u64 * ZERO_BUF as u64).min(ZERO_BUF as u64) as u32;
+        }
+        sges.push(a);
+        lens.push(n);
+    }
+    let wrs: Vec<rnic::SendWr> = sges
+        .iter()
+        .zip(&lens)
+        .enumerate()
+        .map(|(w, (sg, &n))| {
+            let last = w as u64 == nwr - 1;
+            let mut wr =
+                rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), WrOpcode::Write, &sg[..n])
+                    .remote(f.local_addr + w as u64 * per_wr, f.local_key);
+            if !last {
+                wr.flags.remove(rnic::SendFlags::SIGNALED);
+            }
+            wr
+        })
+        .collect();
+    match qp.data.post_send(&wrs) {
+        Ok(()) => true,
+        Err(e) if e.bad_wr_index == 0 => {
+            tracing::debug!(error = %e.err, "zero answer not posted");
+            drop(qp.treqs.take(tid));
+            false
+        }
+        Err(e) => {
+            // Part of it is out without its signaled last WR: the QP fails
+            // like on a NIC error.
+            tracing::error!(error = %e.err, "zero answer partly posted");
+            drop(qp.treqs.take(tid));
+            qp.send_ctrl(
+                &sh.cfg.ctrl,
+                &Repr::Completion {
+                    req_id: f.req_id,
+                    status: Status::RemoteOp,
+                    byte_len: 0,
+                },
+            );
+            true
+        }
+    }
+}
+
 /// Target side: validate like the NIC would, then pin and map in.
 fn grant(
     sh: &Shared,
@@ -1961,6 +2159,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
         stats,
         ready,
         post_answer,
+        zero,
         ..
     } = &mut *st;
     let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
@@ -2007,79 +2206,33 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                 Access::REMOTE_WRITE
             };
             let r = region(mrs, qp.pd, f.rkey);
-            let res = grant(sh, r.as_ref(), f.remote_addr, f.len as u64, need, false);
-            let reply = |qp: &mut QpState, status| {
-                qp.send_ctrl(
-                    &ctrl,
-                    &Repr::Completion {
-                        req_id: f.req_id,
-                        status,
-                        byte_len: 0,
-                    },
+            // A READ of memory that was never populated reads zeroes: it is
+            // answered from the zero source at once, nothing faulted in (as
+            // Linux maps no page for a read of untouched anonymous memory);
+            // the READ linearises at the proof, like the inline answer.
+            if f.kind == FaultKind::Read
+                && !f.retry_mode
+                && f.len as u64 <= ZERO_READ_MAX
+                && validate(
+                    r.as_ref().map(|x| &x.1),
+                    f.remote_addr,
+                    f.len as u64,
+                    Access::REMOTE_READ,
+                    false,
                 )
-            };
-            let pin = match res {
-                Ok(g) => g,
-                Err(s) => return reply(qp, s),
-            };
-            let (m, _) = r.expect("admitted");
-            if f.len == 0 {
-                return reply(qp, Status::Ok);
+                .is_ok()
+                && r.as_ref().is_some_and(|(m, _)| {
+                    m.range_reads_as_zero(&sh.mm.0, f.remote_addr, f.len as u64)
+                })
+            {
+                let (m, _) = r.expect("checked");
+                if answer_zero_read(sh, qp, zero, qi, &f, m) {
+                    return;
+                }
+                let r = region(mrs, qp.pd, f.rkey);
+                return serve_fault(sh, qp, qi, &f, need, r);
             }
-            if f.retry_mode {
-                // Pages pinned and mapped: the initiator retries one-sided
-                // and releases them.
-                let ok = qp
-                    .treqs
-                    .insert(TReq {
-                        reply: f.req_id,
-                        kind: TKind::Retry,
-                        _tmr: None,
-                        _pin: pin,
-                        _mr: m,
-                    })
-                    .is_ok();
-                let status = if ok { Status::Ok } else { Status::NoResources };
-                qp.send_ctrl(
-                    &ctrl,
-                    &Repr::ReceiverReady {
-                        req_id: f.req_id,
-                        status,
-                    },
-                );
-                return;
-            }
-            let opc = if f.kind == FaultKind::Read {
-                WrOpcode::Write
-            } else {
-                WrOpcode::Read
-            };
-            let Ok(tmr) = temp_mr(sh, f.remote_addr, f.len as u64, rnic::Access::LOCAL_WRITE)
-            else {
-                return reply(qp, Status::NoResources);
-            };
-            let lkey = tmr.lkey();
-            let Ok(tid) = qp.treqs.insert(TReq {
-                reply: f.req_id,
-                kind: TKind::Fault { len: f.len },
-                _tmr: Some(tmr),
-                _pin: pin,
-                _mr: m,
-            }) else {
-                return reply(qp, Status::NoResources);
-            };
-            let sge = [rnic::Sge {
-                addr: f.remote_addr,
-                length: f.len,
-                lkey,
-            }];
-            let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), opc, &sge)
-                .remote(f.local_addr, f.local_key);
-            if let Err(e) = qp.data.post_send(&[wr]) {
-                tracing::warn!(error = %e.err, "reverse operation not posted");
-                drop(qp.treqs.take(tid));
-                reply(qp, Status::RemoteOp);
-            }
+            serve_fault(sh, qp, qi, &f, need, r)
         }
         Repr::ReadInline {
             req_id,

@@ -96,6 +96,18 @@ impl MrEntry {
             })
     }
 
+    /// [`MrEntry::reads_as_zero`] for a range of any length (one check per
+    /// page: for the two-sided path's large READs).
+    pub fn range_reads_as_zero(&self, pager: &vmem::Pager, addr: u64, len: u64) -> bool {
+        const PS: u64 = vmem::PAGE_SIZE as u64;
+        if len == 0 || !self.contains(addr, len) {
+            return false;
+        }
+        let base = self.addr / PS;
+        (addr / PS..=(addr + len - 1) / PS)
+            .all(|p| self.unpopulated[(p - base) as usize] && pager.is_untouched((p * PS) as usize))
+    }
+
     /// Whether `[addr, addr+len)` is inside the MR.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
