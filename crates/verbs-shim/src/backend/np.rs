@@ -168,6 +168,9 @@ impl Pd for NpPd {
         let (scq, rcq) = (cq_of(send_cq)?, cq_of(recv_cq)?);
         let stage = Staging::new(&self.pd, depth)?;
         let qp = self.pd.create_qp(&scq, &rcq, depth).map_err(np_err)?;
+        // A verbs QP grants no remote access until ibv_modify_qp sets its
+        // qp_access_flags (the layer's QPs start with all three rights).
+        qp.set_remote_access(np::Access(0)).map_err(np_err)?;
         let cap = QpInitAttr {
             qpn: None,
             max_send_wr: depth,
@@ -501,6 +504,13 @@ impl Qp for NpQp {
         if to == QpState::Err && from != QpState::Err {
             self.qp().set_error().map_err(np_err)?;
         }
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            // Enforced by the peer-facing side of the layer (the data QP's NIC
+            // and the target CPU's checks), as a NIC enforces it.
+            self.qp()
+                .set_remote_access(np::Access(attr.qp_access_flags.bits()))
+                .map_err(np_err)?;
+        }
         if from == QpState::Init && to == QpState::Rtr {
             let need = QpAttrMask::AV | QpAttrMask::DEST_QPN;
             let Some(dest) = attr.dest.filter(|_| mask.contains(need)) else {
@@ -730,6 +740,165 @@ mod tests {
         drop(mr);
         // SAFETY: our mapping; its MR is gone.
         unsafe { libc::munmap(addr, LEN) };
+    }
+
+    /// Private anonymous memory for a test, unmapped on drop (after the MRs on it).
+    struct TestMem(*mut libc::c_void, usize);
+
+    impl TestMem {
+        fn new(len: usize) -> TestMem {
+            // SAFETY: a fresh private anonymous mapping; checked below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            TestMem(p, len)
+        }
+        fn addr(&self) -> u64 {
+            self.0 as u64
+        }
+    }
+
+    impl Drop for TestMem {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping of this length.
+            unsafe { libc::munmap(self.0, self.1) };
+        }
+    }
+
+    /// Connect `a` and `b` (both on `dev`), `b` granting `b_access` remotely.
+    fn connect_pair(dev: &NpDevice, a: &dyn Qp, b: &dyn Qp, b_access: Access) {
+        let dest = rnic::HostAddr::from_bytes(&dev.gid());
+        for (q, peer, acc) in [(a, b.qpn(), Access::LOCAL_WRITE), (b, a.qpn(), b_access)] {
+            for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
+                let attr = QpAttr {
+                    qp_state: st,
+                    dest: Some(dest),
+                    dest_qp_num: peer,
+                    qp_access_flags: acc,
+                    ..Default::default()
+                };
+                let mut m = QpAttrMask::STATE;
+                if st == QpState::Init {
+                    m |= QpAttrMask::ACCESS_FLAGS;
+                }
+                if st == QpState::Rtr {
+                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
+                }
+                q.modify(&attr, m).unwrap();
+            }
+        }
+    }
+
+    fn wait_one(cq: &dyn Cq) -> Wc {
+        let mut out = [Wc::default(); 4];
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = cq.poll(&mut out).unwrap();
+            if n > 0 {
+                assert_eq!(n, 1, "{:?}", &out[..n]);
+                return out[0];
+            }
+            assert!(t0.elapsed().as_secs() < 10, "no completion");
+            std::thread::yield_now();
+        }
+    }
+
+    /// The target QP's qp_access_flags are enforced like rxe/mlx5 and pinned mode
+    /// do: a READ / WRITE / atomic the QP does not grant completes with
+    /// REM_INV_REQ_ERR at the initiator although the MR grants it — one-sided (pages
+    /// resident: the data QP's NIC refuses) and two-sided (pages never touched: the
+    /// target CPU refuses). The same operations succeed once the QP grants them.
+    #[test]
+    fn target_qp_access_flags_are_enforced() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: true,
+        };
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_ATOMIC;
+        let cases: [(WrOpcode, bool); 5] = [
+            (WrOpcode::Write, true),
+            (WrOpcode::Read, true),
+            (WrOpcode::Read, false),
+            (WrOpcode::Write, false),
+            (WrOpcode::FetchAdd { add: 1 }, true),
+        ];
+        for (granted, want) in [
+            (Access::LOCAL_WRITE, WcStatus::RemInvReqErr),
+            (all, WcStatus::Success),
+        ] {
+            for (op, touched) in cases {
+                let mem = TestMem::new(LEN);
+                // SAFETY: the mapping outlives the MR (dropped first, below).
+                let mr = unsafe { pd.reg_mr(mem.addr() as usize, LEN, all).unwrap() };
+                if touched {
+                    // SAFETY: inside our mapping; makes every page resident.
+                    unsafe { std::ptr::write_bytes(mem.addr() as *mut u8, 7, LEN) };
+                }
+                let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
+                let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
+                connect_pair(&dev, &*qa, &*qb, granted);
+                let len = if matches!(op, WrOpcode::FetchAdd { .. }) {
+                    8
+                } else {
+                    64
+                };
+                let sg = [rnic::Sge {
+                    addr: mem.addr(),
+                    length: len,
+                    lkey: mr.lkey(),
+                }];
+                let w = SendWr::new(1, op, &sg).remote(mem.addr() + 32768, mr.rkey());
+                qa.post_send(&[w]).unwrap();
+                let wc = wait_one(&*cq);
+                assert_eq!(
+                    wc.status, want,
+                    "{op:?} touched={touched} granted={granted:?}: {wc:?}"
+                );
+                drop((qa, qb, mr));
+            }
+        }
+    }
+
+    /// NP-RDMA registration refuses what ibv_reg_mr refuses: REMOTE_WRITE or
+    /// REMOTE_ATOMIC without LOCAL_WRITE (EINVAL).
+    #[test]
+    fn reg_mr_needs_local_write_for_remote_write_and_atomic() {
+        let dev = NpDevice::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let mem = TestMem::new(8192);
+        for acc in [
+            Access::REMOTE_WRITE,
+            Access::REMOTE_ATOMIC,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        ] {
+            // SAFETY: the mapping outlives any MR (none is made).
+            let r = unsafe { pd.reg_mr(mem.addr() as usize, 8192, acc) };
+            let e = r.err().expect("refused");
+            assert_eq!(e.errno(), libc::EINVAL, "{acc:?}: {e}");
+        }
+        // SAFETY: as above; dropped before the mapping.
+        let ok = unsafe { pd.reg_mr(mem.addr() as usize, 8192, Access::REMOTE_READ) };
+        assert!(ok.is_ok());
     }
 
     #[test]
