@@ -393,6 +393,48 @@ fn refusals_set_errno() {
     }
 }
 
+/// rdma-core's test_cq / test_fork / test_shared_pd expectations: CQ sizes beyond
+/// max_cqe and completion vectors beyond num_comp_vectors are EINVAL; fork needs no
+/// preparation (IBV_FORK_UNNEEDED, ibv_fork_init succeeds); the context's cmd_fd is
+/// a real fd (dup-able) while importing a device from it is refused with EOPNOTSUPP.
+#[test]
+fn cq_limits_fork_status_and_cmd_fd() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let mut attr: ibv_device_attr = zeroed();
+        assert_eq!(ibv_query_device(e.ctx, &mut attr), 0);
+        let max = attr.max_cqe;
+        let cq = ibv_create_cq(e.ctx, max, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert!(ibv_create_cq(e.ctx, max + 1, null_mut(), null_mut(), 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let vectors = (*e.ctx).num_comp_vectors;
+        assert!(vectors >= 1);
+        for bad in [vectors, vectors + 1, -1] {
+            assert!(ibv_create_cq(e.ctx, 16, null_mut(), null_mut(), bad).is_null());
+            assert_eq!(errno(), libc::EINVAL, "comp_vector {bad}");
+        }
+        let cq = ibv_create_cq(e.ctx, 16, null_mut(), null_mut(), vectors - 1);
+        assert!(!cq.is_null());
+        assert_eq!(ibv_destroy_cq(cq), 0);
+
+        assert_eq!(ibv_fork_init(), 0);
+        assert_eq!(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
+
+        let fd = (*e.ctx).cmd_fd;
+        assert!(fd >= 0);
+        let dup = libc::dup(fd);
+        assert!(dup >= 0, "cmd_fd {fd} is not an open fd");
+        assert!(ibv_import_device(dup).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        libc::close(dup);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
 #[test]
 fn qp_ex_work_request_builder() {
     let e = open();

@@ -107,6 +107,15 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         }
         // SAFETY: efd is a fresh fd we own.
         let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        // The command fd: a real, private fd standing for /dev/infiniband/uverbsN
+        // (applications dup, poll or pass it; ibv_import_device refuses it cleanly).
+        // SAFETY: plain syscall with a NUL-terminated name; the fd is owned below.
+        let cfd = unsafe { libc::memfd_create(c"nprdma-uverbs".as_ptr(), libc::MFD_CLOEXEC) };
+        if cfd < 0 {
+            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+        }
+        // SAFETY: cfd is a fresh fd we own.
+        let cmd_fd = unsafe { OwnedFd::from_raw_fd(cfd) };
         // SAFETY: verbs_context is plain C data.
         let mut vctx: verbs_context = unsafe { zeroed() };
         vctx.sz = std::mem::size_of::<verbs_context>() as u64;
@@ -115,7 +124,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
         let c = &mut vctx.context;
         c.device = dev;
-        c.cmd_fd = -1;
+        c.cmd_fd = cfd;
         c.async_fd = efd;
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void;
@@ -124,6 +133,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             vctx,
             dev: d,
             async_fd,
+            cmd_fd,
         }));
         // SAFETY: just allocated.
         Ok(unsafe { (*ctx).ibv() })

@@ -19,6 +19,8 @@ pub struct ShimContext {
     pub dev: Arc<dyn Device>,
     /// Never signalled (no async events are generated); pollable like a real one.
     pub async_fd: OwnedFd,
+    /// `ibv_context.cmd_fd`: a private memfd (there is no uverbs device file).
+    pub cmd_fd: OwnedFd,
 }
 
 #[repr(C)]

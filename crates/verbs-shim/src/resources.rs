@@ -226,13 +226,24 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
-        if cqe <= 0 {
-            return Err(ShimError::InvalidArgument(format!("cqe {cqe}")));
+        // As the kernel's ib_uverbs_create_cq and providers: 1..=max_cqe entries,
+        // comp_vector < num_comp_vectors.
+        let max_cqe = s.dev.attr().max_cqe;
+        if cqe <= 0 || cqe as u32 > max_cqe {
+            return Err(ShimError::InvalidArgument(format!(
+                "cqe {cqe} (the device allows 1..={max_cqe})"
+            )));
+        }
+        let vectors = s.vctx.context.num_comp_vectors;
+        if comp_vector < 0 || comp_vector >= vectors {
+            return Err(ShimError::InvalidArgument(format!(
+                "comp_vector {comp_vector} (the device has {vectors})"
+            )));
         }
         let chan: Option<&ShimChannel> = if channel.is_null() {
             None
@@ -627,10 +638,21 @@ refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize
 refuse_rc!(ibv_query_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 
-/// Fork support needs no preparation here (memory is not pinned by a kernel driver).
+/// Fork support needs no preparation: the software NIC reaches registered memory
+/// by the registering process's virtual addresses, and a fork leaves the parent's
+/// mappings (and so every MR) where they were — the situation of a kernel with
+/// copy-on-fork for pinned pages, where rdma-core's `ibv_fork_init` returns 0
+/// without doing anything, before or after registrations.
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
+}
+
+/// `IBV_FORK_UNNEEDED` (see [`ibv_fork_init`]), as rdma-core reports on kernels
+/// that copy pinned pages on fork.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> ibv_fork_status {
+    IBV_FORK_UNNEEDED
 }
 
 /// No asynchronous events are generated: waits on the (never signalled) async fd.
@@ -677,6 +699,10 @@ pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags:
 refuse_ptr!(ibv_import_device, "importing devices (no kernel command fd)", (fd: c_int) -> *mut ibv_context);
 refuse_ptr!(ibv_import_pd, "importing PDs", (c: *mut ibv_context, h: u32) -> *mut ibv_pd);
 refuse_ptr!(ibv_import_mr, "importing MRs", (pd: *mut ibv_pd, h: u32) -> *mut ibv_mr);
+refuse_ptr!(ibv_import_dm, "importing device memory", (c: *mut ibv_context, h: u32) -> *mut ibv_dm);
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_dm(_dm: *mut ibv_dm) {}
 
 #[no_mangle]
 pub extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
