@@ -24,11 +24,57 @@ pub const MAX_INLINE: u32 = 1024;
 pub const NP_DEFAULT_RING_MAX: u32 = 0;
 /// Completions converted per layer poll.
 const POLL_CHUNK: usize = 32;
+/// QPs per process this mode advertises (`max_qp`) and grants.
+pub const NP_MAX_QP: u32 = 256;
+/// MRs per process this mode advertises (`max_mr`) and grants.
+pub const NP_MAX_MR: u32 = 4096;
+/// Deepest QP of the layer (`nprdma` refuses more).
+const NP_MAX_DEPTH: u32 = 1000;
+
+/// The NIC resources behind the advertised limits: an application QP is two NIC QPs
+/// (data + control), two NIC MRs (control ring, read-back scratch) and a staging MR;
+/// an application MR (and a staging MR) is three NIC MRs (Read, Write and Version
+/// views) and one tracked frame range; two-sided operations add short-lived NIC MRs.
+fn np_host_limits(c: &mut rnic::HostConfig) {
+    let app_mrs = NP_MAX_MR + NP_MAX_QP;
+    c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
+    c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
+    c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
+}
+
+/// A counted share of an advertised per-process limit; released on drop.
+struct Quota {
+    used: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Quota {
+    fn take(
+        used: &Arc<std::sync::atomic::AtomicU32>,
+        max: u32,
+        what: &'static str,
+    ) -> Result<Quota> {
+        use std::sync::atomic::Ordering;
+        used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map_err(|_| ShimError::Nic(rnic::Error::NoResources(what)))?;
+        Ok(Quota { used: used.clone() })
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        self.used.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 pub struct NpDevice {
     host: rnic::Host,
     pager: vmem::Pager,
     ctx: np::Context,
+    /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
+    qps: Arc<std::sync::atomic::AtomicU32>,
+    mrs: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NpDevice {
@@ -40,12 +86,19 @@ impl NpDevice {
         if std::env::var_os("NPRDMA_RING_MAX").is_none() {
             hcfg.ring_max = NP_DEFAULT_RING_MAX;
         }
+        np_host_limits(&mut hcfg);
         let host = rnic::Host::new(hcfg)?;
         let pager = vmem::Pager::new(pcfg)
             .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("starting the pager: {e}"))))?;
         let ctx = np::Context::new(&host, &pager, ecfg).map_err(np_err)?;
         tracing::info!(budget = ?pager.budget(), "NP-RDMA backend up");
-        Ok(NpDevice { host, pager, ctx })
+        Ok(NpDevice {
+            host,
+            pager,
+            ctx,
+            qps: Default::default(),
+            mrs: Default::default(),
+        })
     }
 }
 
@@ -77,10 +130,13 @@ impl Device for NpDevice {
     }
     fn attr(&self) -> DeviceAttr {
         let mut a = self.host.query_device();
-        // An application WR becomes up to 3 NIC WRs; WRs carry one SGE.
-        a.max_qp_wr /= 3;
+        // An application WR becomes up to 4 NIC WRs on the data QP (plus 16 spare),
+        // and the layer's QPs are at most NP_MAX_DEPTH deep; WRs carry one SGE.
+        a.max_qp_wr = (a.max_qp_wr.saturating_sub(16) / 4).min(NP_MAX_DEPTH);
         a.max_sge = 1;
         a.max_inline_data = MAX_INLINE;
+        a.max_qp = NP_MAX_QP;
+        a.max_mr = NP_MAX_MR;
         a
     }
     fn gid(&self) -> [u8; 16] {
@@ -90,6 +146,8 @@ impl Device for NpDevice {
         Ok(Arc::new(NpPd {
             pd: self.ctx.alloc_pd(),
             max_wr: self.attr().max_qp_wr,
+            qps: self.qps.clone(),
+            mrs: self.mrs.clone(),
         }))
     }
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
@@ -121,10 +179,13 @@ impl Device for NpDevice {
 struct NpPd {
     pd: np::Pd,
     max_wr: u32,
+    qps: Arc<std::sync::atomic::AtomicU32>,
+    mrs: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Pd for NpPd {
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
+        let quota = Quota::take(&self.mrs, NP_MAX_MR, "MRs (max_mr)")?;
         // SAFETY: forwarded contract: the application keeps [addr, addr+len) mapped while
         // registered (ibv_reg_mr's contract); the pager may swap its pages meanwhile.
         let mr = unsafe {
@@ -132,7 +193,7 @@ impl Pd for NpPd {
                 .reg_mr(addr as u64, len as u64, np::Access(access.bits()))
                 .map_err(np_err)?
         };
-        Ok(Box::new(NpMr(mr)))
+        Ok(Box::new(NpMr { mr, _quota: quota }))
     }
     fn create_qp(
         &self,
@@ -166,6 +227,7 @@ impl Pd for NpPd {
                 .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
         };
         let (scq, rcq) = (cq_of(send_cq)?, cq_of(recv_cq)?);
+        let quota = Quota::take(&self.qps, NP_MAX_QP, "QPs (max_qp)")?;
         let stage = Staging::new(&self.pd, depth)?;
         let qp = self.pd.create_qp(&scq, &rcq, depth).map_err(np_err)?;
         // A verbs QP grants no remote access until ibv_modify_qp sets its
@@ -190,18 +252,22 @@ impl Pd for NpPd {
             cap,
             attr: Mutex::new(a),
             stage: Mutex::new(stage),
+            _quota: quota,
         }))
     }
 }
 
-struct NpMr(np::Mr);
+struct NpMr {
+    mr: np::Mr,
+    _quota: Quota,
+}
 
 impl Mr for NpMr {
     fn lkey(&self) -> u32 {
-        self.0.lkey()
+        self.mr.lkey()
     }
     fn rkey(&self) -> u32 {
-        self.0.rkey()
+        self.mr.rkey()
     }
 }
 
@@ -364,6 +430,7 @@ struct NpQp {
     cap: QpInitAttr,
     attr: Mutex<QpAttr>,
     stage: Mutex<Staging>,
+    _quota: Quota,
 }
 
 impl Drop for NpQp {
@@ -899,6 +966,67 @@ mod tests {
         // SAFETY: as above; dropped before the mapping.
         let ok = unsafe { pd.reg_mr(mem.addr() as usize, 8192, Access::REMOTE_READ) };
         assert!(ok.is_ok());
+    }
+
+    /// The limits ibv_query_device advertises in this mode hold: max_mr MRs and then
+    /// max_qp QPs (each with its staging MR) exist at once, a QP of max_qp_wr depth
+    /// can be created, and one more MR / QP than advertised is refused with ENOMEM.
+    #[test]
+    fn advertised_qp_and_mr_limits_hold() {
+        let dev = NpDevice::new().unwrap();
+        let a = dev.attr();
+        assert_eq!((a.max_qp, a.max_mr), (NP_MAX_QP, NP_MAX_MR));
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16, false).unwrap();
+        let page = vmem::PAGE_SIZE;
+        let n = a.max_mr as usize;
+        let mem = TestMem::new((n + 1) * page);
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        let mut mrs = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: the mapping outlives the MRs (dropped first, below).
+            let r = unsafe { pd.reg_mr(mem.addr() as usize + i * page, page, acc) };
+            mrs.push(r.unwrap_or_else(|e| panic!("MR {i} of {n}: {e}")));
+        }
+        // SAFETY: as above.
+        let extra = unsafe { pd.reg_mr(mem.addr() as usize + n * page, page, acc) };
+        assert_eq!(
+            extra.err().expect("max_mr + 1 refused").errno(),
+            libc::ENOMEM
+        );
+        let small = QpInitAttr {
+            qpn: None,
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        // The QPs' staging MRs are not application MRs: all max_mr stay registered.
+        let mut qps = Vec::new();
+        for i in 0..a.max_qp {
+            let init = if i == 0 {
+                QpInitAttr {
+                    max_send_wr: a.max_qp_wr,
+                    max_recv_wr: a.max_qp_wr,
+                    ..small
+                }
+            } else {
+                small
+            };
+            let q = pd.create_qp(&*cq, &*cq, &init);
+            qps.push(q.unwrap_or_else(|e| panic!("QP {i} of {}: {e}", a.max_qp)));
+        }
+        let extra = pd.create_qp(&*cq, &*cq, &small);
+        assert_eq!(
+            extra.err().expect("max_qp + 1 refused").errno(),
+            libc::ENOMEM
+        );
+        drop(qps);
+        drop(mrs);
+        // Released on destroy: the next ones fit again.
+        assert!(pd.create_qp(&*cq, &*cq, &small).is_ok());
     }
 
     #[test]
