@@ -8,6 +8,7 @@
 
 mod np;
 pub mod np_env;
+mod np_sgl;
 mod pinned;
 
 use crate::error::ShimError;

@@ -4,6 +4,7 @@
 //! rnic `HostAddr`, dest_qp_num); CQs are the layer's user-space CQs (eventfd channel).
 
 use super::np_env;
+use super::np_sgl::{self, LkeyTable, MrInfo, Sgl, NP_MAX_BOUNCE, NP_MAX_SGE};
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
 use parking_lot::Mutex;
@@ -36,7 +37,7 @@ const NP_MAX_DEPTH: u32 = 1000;
 /// an application MR (and a staging MR) is three NIC MRs (Read, Write and Version
 /// views) and one tracked frame range; two-sided operations add short-lived NIC MRs.
 fn np_host_limits(c: &mut rnic::HostConfig) {
-    let app_mrs = NP_MAX_MR + NP_MAX_QP;
+    let app_mrs = NP_MAX_MR + NP_MAX_QP + NP_MAX_BOUNCE;
     c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
     c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
     c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
@@ -75,6 +76,16 @@ pub struct NpDevice {
     /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
     qps: Arc<std::sync::atomic::AtomicU32>,
     mrs: Arc<std::sync::atomic::AtomicU32>,
+    /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
+    sg: SgShared,
+}
+
+/// What the device's PDs, QPs and CQs share for scatter/gather lists.
+#[derive(Clone, Default)]
+struct SgShared {
+    lkeys: Arc<LkeyTable>,
+    mapped: np_sgl::Registry,
+    bounces: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NpDevice {
@@ -98,6 +109,7 @@ impl NpDevice {
             ctx,
             qps: Default::default(),
             mrs: Default::default(),
+            sg: SgShared::default(),
         })
     }
 }
@@ -131,9 +143,10 @@ impl Device for NpDevice {
     fn attr(&self) -> DeviceAttr {
         let mut a = self.host.query_device();
         // An application WR becomes up to 4 NIC WRs on the data QP (plus 16 spare),
-        // and the layer's QPs are at most NP_MAX_DEPTH deep; WRs carry one SGE.
+        // and the layer's QPs are at most NP_MAX_DEPTH deep; SGE lists go through
+        // bounce buffers (`np_sgl`).
         a.max_qp_wr = (a.max_qp_wr.saturating_sub(16) / 4).min(NP_MAX_DEPTH);
-        a.max_sge = 1;
+        a.max_sge = NP_MAX_SGE;
         a.max_inline_data = MAX_INLINE;
         a.max_qp = NP_MAX_QP;
         a.max_mr = NP_MAX_MR;
@@ -148,11 +161,17 @@ impl Device for NpDevice {
             max_wr: self.attr().max_qp_wr,
             qps: self.qps.clone(),
             mrs: self.mrs.clone(),
+            id: NEXT_PD_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            sg: self.sg.clone(),
         }))
     }
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
         let cq = self.ctx.create_cq(depth).map_err(np_err)?;
-        Ok(Box::new(NpCq { cq, events }))
+        Ok(Box::new(NpCq {
+            cq,
+            events,
+            mapped: self.sg.mapped.clone(),
+        }))
     }
     fn stats(&self) -> String {
         let p = self.pager.stats();
@@ -176,11 +195,16 @@ impl Device for NpDevice {
     }
 }
 
+static NEXT_PD_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 struct NpPd {
     pd: np::Pd,
     max_wr: u32,
     qps: Arc<std::sync::atomic::AtomicU32>,
     mrs: Arc<std::sync::atomic::AtomicU32>,
+    /// Identifies the PD in [`LkeyTable`].
+    id: u64,
+    sg: SgShared,
 }
 
 impl Pd for NpPd {
@@ -193,7 +217,20 @@ impl Pd for NpPd {
                 .reg_mr(addr as u64, len as u64, np::Access(access.bits()))
                 .map_err(np_err)?
         };
-        Ok(Box::new(NpMr { mr, _quota: quota }))
+        self.sg.lkeys.insert(
+            mr.lkey(),
+            MrInfo {
+                pd: self.id,
+                addr: addr as u64,
+                len: len as u64,
+                local_write: access.contains(Access::LOCAL_WRITE),
+            },
+        );
+        Ok(Box::new(NpMr {
+            mr,
+            lkeys: self.sg.lkeys.clone(),
+            _quota: quota,
+        }))
     }
     fn create_qp(
         &self,
@@ -201,9 +238,9 @@ impl Pd for NpPd {
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
-        if attr.max_send_sge > 1 || attr.max_recv_sge > 1 {
+        if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
             return Err(ShimError::InvalidArgument(format!(
-                "NP-RDMA work requests carry one SGE (asked for {} send / {} recv SGEs)",
+                "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
                 attr.max_send_sge, attr.max_recv_sge
             )));
         }
@@ -237,11 +274,17 @@ impl Pd for NpPd {
             qpn: None,
             max_send_wr: depth,
             max_recv_wr: depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
+            max_send_sge: attr.max_send_sge.max(1),
+            max_recv_sge: attr.max_recv_sge.max(1),
             max_inline_data: MAX_INLINE,
             sq_sig_all: attr.sq_sig_all,
         };
+        // SGE lists: the QP's WRs go through the token tables (`np_sgl`).
+        let sgl = (cap.max_send_sge > 1 || cap.max_recv_sge > 1).then(|| {
+            let t = Arc::new(Mutex::new(Sgl::default()));
+            self.sg.mapped.lock().insert(qp.qpn(), t.clone());
+            t
+        });
         let a = QpAttr {
             qp_state: QpState::Reset,
             cur_qp_state: QpState::Reset,
@@ -252,6 +295,10 @@ impl Pd for NpPd {
             cap,
             attr: Mutex::new(a),
             stage: Mutex::new(stage),
+            sgl,
+            pd: self.pd.clone(),
+            pd_id: self.id,
+            sg: self.sg.clone(),
             _quota: quota,
         }))
     }
@@ -259,7 +306,14 @@ impl Pd for NpPd {
 
 struct NpMr {
     mr: np::Mr,
+    lkeys: Arc<LkeyTable>,
     _quota: Quota,
+}
+
+impl Drop for NpMr {
+    fn drop(&mut self) {
+        self.lkeys.remove(self.mr.lkey());
+    }
 }
 
 impl Mr for NpMr {
@@ -274,6 +328,8 @@ impl Mr for NpMr {
 struct NpCq {
     cq: np::Cq,
     events: bool,
+    /// QPs with SGE lists, whose completions are translated back (`np_sgl`).
+    mapped: np_sgl::Registry,
 }
 
 fn wc_from(c: &np::Completion) -> Wc {
@@ -315,6 +371,11 @@ impl Cq for NpCq {
             let m = self.cq.poll(&mut buf[..k]);
             for (o, c) in out[got..].iter_mut().zip(&buf[..m]) {
                 *o = wc_from(c);
+            }
+            if m > 0 && !self.mapped.lock().is_empty() {
+                for w in &mut out[got..got + m] {
+                    np_sgl::translate(&self.mapped, w);
+                }
             }
             got += m;
             if m < k {
@@ -359,25 +420,20 @@ struct Staging {
     next: u64,
 }
 
-struct Mapping {
-    addr: *mut u8,
+/// A private anonymous mapping owned by this value (unmapped on drop).
+pub(super) struct Mapping {
+    pub(super) addr: *mut u8,
     len: usize,
 }
 
 // SAFETY: a private anonymous mapping owned by this value; access is serialised by
-// the QP's staging mutex.
+// the mutex of its owner (a QP's staging, a QP's scatter/gather table).
 unsafe impl Send for Mapping {}
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
-    }
-}
-
-impl Staging {
-    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
-        let len = (depth as usize * MAX_INLINE as usize).next_multiple_of(vmem::PAGE_SIZE);
+impl Mapping {
+    /// `len` bytes (rounded up to pages) of fresh private anonymous memory.
+    pub(super) fn new(len: usize) -> std::result::Result<Mapping, rnic::Error> {
+        let len = len.next_multiple_of(vmem::PAGE_SIZE);
         // SAFETY: a fresh private anonymous mapping; failure checked below.
         let p = unsafe {
             libc::mmap(
@@ -390,16 +446,29 @@ impl Staging {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+            return Err(rnic::Error::from(std::io::Error::last_os_error()));
         }
-        let map = Mapping {
+        Ok(Mapping {
             addr: p.cast(),
             len,
-        };
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
+impl Staging {
+    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
+        let map = Mapping::new(depth as usize * MAX_INLINE as usize)?;
         // SAFETY: private anonymous memory that stays mapped until after the MR is
         // dropped (field order of `Staging`).
         let mr = unsafe {
-            pd.reg_mr(p as u64, len as u64, np::Access::LOCAL_WRITE)
+            pd.reg_mr(map.addr as u64, map.len as u64, np::Access::LOCAL_WRITE)
                 .map_err(np_err)?
         };
         Ok(Staging {
@@ -430,12 +499,24 @@ struct NpQp {
     cap: QpInitAttr,
     attr: Mutex<QpAttr>,
     stage: Mutex<Staging>,
+    /// Token tables when the QP takes SGE lists (`np_sgl`).
+    sgl: Option<Arc<Mutex<Sgl>>>,
+    pd: np::Pd,
+    pd_id: u64,
+    sg: SgShared,
     _quota: Quota,
 }
 
 impl Drop for NpQp {
     fn drop(&mut self) {
+        let qpn = self.qp.as_ref().map(|q| q.qpn());
         drop(self.qp.take());
+        if let (Some(t), Some(n)) = (&self.sgl, qpn) {
+            let mut m = self.sg.mapped.lock();
+            if m.get(&n).is_some_and(|x| Arc::ptr_eq(x, t)) {
+                m.remove(&n);
+            }
+        }
     }
 }
 
@@ -474,12 +555,53 @@ impl NpQp {
     }
 
     fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
+        let Some(sgl) = &self.sgl else {
+            return self.post_one_as(w, w.wr_id, || one_sge(w.sg_list));
+        };
+        if w.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(rnic::Error::InvalidArgument(
+                "more SGEs than the QP's max_send_sge",
+            ));
+        }
+        let state = self.state();
+        // The SGEs carry data only for a WR the QP executes (not flushed, not inline).
+        let data = state == QpState::Rts && !w.flags.contains(SendFlags::INLINE);
+        let into_local = matches!(
+            w.opcode,
+            WrOpcode::Read | WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
+        );
+        let mut t = sgl.lock();
+        let m = t.map(
+            false,
+            w.wr_id,
+            if data { w.sg_list } else { &[] },
+            into_local,
+            self.pd_id,
+            &self.pd,
+            &self.sg.lkeys,
+            &self.sg.bounces,
+        )?;
+        let r = self.post_one_as(w, m.token, || Ok(m.sge));
+        if r.is_err() {
+            t.unmap_last(false);
+        }
+        r
+    }
+
+    /// Post `w` to the layer as `wr_id` with the SGE `sge` gives (asked only when the
+    /// WR carries data from its SGEs).
+    fn post_one_as(
+        &self,
+        w: &SendWr,
+        wr_id: u64,
+        sge: impl FnOnce() -> std::result::Result<Option<np::Sge>, rnic::Error>,
+    ) -> std::result::Result<(), rnic::Error> {
         let state = self.state();
         if state == QpState::Err {
             // Accepted and completed with WR_FLUSH_ERR (rdma-core providers);
             // the payload is never read, so no staging slot is taken.
             let wr = np::SendWr {
-                wr_id: w.wr_id,
+                wr_id,
                 op: app_op(w.opcode),
                 sge: None,
                 remote_addr: w.remote_addr,
@@ -497,7 +619,7 @@ impl NpQp {
             return Err(rnic::Error::WrongQpState(state));
         }
         let mut wr = np::SendWr {
-            wr_id: w.wr_id,
+            wr_id,
             op: app_op(w.opcode),
             sge: None,
             remote_addr: w.remote_addr,
@@ -524,10 +646,48 @@ impl NpQp {
                 .post_send(&[wr])
                 .map_err(|(_, e)| post_err(e, state));
         }
-        wr.sge = one_sge(w.sg_list)?;
+        wr.sge = sge()?;
         self.qp()
             .post_send(&[wr])
             .map_err(|(_, e)| post_err(e, state))
+    }
+}
+
+impl NpQp {
+    /// A RECV of a QP with SGE lists (a bounce buffer for several SGEs).
+    fn post_recv_mapped(
+        &self,
+        sgl: &Mutex<Sgl>,
+        w: &RecvWr,
+        state: QpState,
+    ) -> std::result::Result<(), rnic::Error> {
+        if w.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(rnic::Error::InvalidArgument(
+                "more SGEs than the QP's max_recv_sge",
+            ));
+        }
+        let mut t = sgl.lock();
+        let m = t.map(
+            true,
+            w.wr_id,
+            w.sg_list,
+            true,
+            self.pd_id,
+            &self.pd,
+            &self.sg.lkeys,
+            &self.sg.bounces,
+        )?;
+        let r = self
+            .qp()
+            .post_recv(&[np::RecvWr {
+                wr_id: m.token,
+                sge: m.sge,
+            }])
+            .map_err(|(_, e)| post_err(e, state));
+        if r.is_err() {
+            t.unmap_last(true);
+        }
+        r
     }
 }
 
@@ -631,6 +791,8 @@ impl Qp for NpQp {
         for (i, w) in wrs.iter().enumerate() {
             let r = if state == QpState::Reset {
                 Err(rnic::Error::WrongQpState(state))
+            } else if let Some(sgl) = &self.sgl {
+                self.post_recv_mapped(sgl, w, state)
             } else {
                 one_sge(w.sg_list).and_then(|sge| {
                     self.qp()
@@ -1027,6 +1189,128 @@ mod tests {
         drop(mrs);
         // Released on destroy: the next ones fit again.
         assert!(pd.create_qp(&*cq, &*cq, &small).is_ok());
+    }
+
+    /// SGE lists in NP-RDMA mode (the layer's WRs carry one SGE; `np_sgl` bounces):
+    /// a 3-SGE SEND lands in a 3-SGE RECV split differently, a 2-SGE WRITE and a
+    /// 3-SGE READ move exactly their bytes, an unsignaled SGE-list WRITE is retired
+    /// by the next signaled WR, a bad lkey in the second SGE completes with
+    /// LOC_PROT_ERR, and more SGEs than the QP's cap is refused at post (EINVAL).
+    /// Every completion carries the application's wr_id.
+    #[test]
+    fn sge_lists_gather_and_scatter() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::new().unwrap();
+        assert_eq!(dev.attr().max_sge, NP_MAX_SGE);
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 3,
+            max_recv_sge: 3,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mem = TestMem::new(LEN);
+        let base = mem.addr();
+        // SAFETY: the mapping outlives the MR (dropped first, below).
+        let mr = unsafe { pd.reg_mr(base as usize, LEN, all).unwrap() };
+        let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        assert_eq!(qa.cap().max_send_sge, 3);
+        connect_pair(&dev, &*qa, &*qb, all);
+        let at = |off: u64| (base + off) as *mut u8;
+        let sge = |off: u64, len: u32| rnic::Sge {
+            addr: base + off,
+            length: len,
+            lkey: mr.lkey(),
+        };
+        let fill = |off: u64, len: usize, v: &dyn Fn(usize) -> u8| {
+            for i in 0..len {
+                // SAFETY: inside our mapping.
+                unsafe { *at(off).add(i) = v(i) };
+            }
+        };
+        let bytes = |off: u64, len: usize| -> Vec<u8> {
+            // SAFETY: inside our mapping.
+            unsafe { std::slice::from_raw_parts(at(off), len).to_vec() }
+        };
+        let pattern = |i: usize| (i * 7 + 3) as u8;
+        // SEND 100 + 50 + 150 bytes (from scattered places) into RECV 120 + 80 + 200.
+        fill(0, 100, &pattern);
+        fill(1000, 50, &|i| pattern(100 + i));
+        fill(2000, 150, &|i| pattern(150 + i));
+        let rs = [sge(8192, 120), sge(9000, 80), sge(10000, 200)];
+        qb.post_recv(&[RecvWr {
+            wr_id: 77,
+            sg_list: &rs,
+        }])
+        .unwrap();
+        let ss = [sge(0, 100), sge(1000, 50), sge(2000, 150)];
+        let mut w = SendWr::new(1, WrOpcode::Send, &ss);
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let mut got = [wait_one(&*cq), wait_one(&*cq)];
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+        assert_eq!((got[1].wr_id, got[1].status), (77, WcStatus::Success));
+        assert_eq!(got[1].byte_len, 300);
+        let mut recvd = bytes(8192, 120);
+        recvd.extend(bytes(9000, 80));
+        recvd.extend(bytes(10000, 100));
+        assert_eq!(recvd, (0..300).map(pattern).collect::<Vec<_>>());
+        assert_eq!(bytes(10100, 100), vec![0; 100], "past byte_len untouched");
+        // Unsignaled 2-SGE WRITE, then a signaled one: one completion (wr_id 3).
+        fill(3000, 64, &|i| i as u8 ^ 0x5a);
+        fill(3500, 64, &|i| i as u8 ^ 0xa5);
+        let ws = [sge(3000, 64), sge(3500, 64)];
+        let w = SendWr::new(2, WrOpcode::Write, &ws)
+            .remote(base + 20000, mr.rkey())
+            .flags(SendFlags::empty());
+        qa.post_send(&[w]).unwrap();
+        let w2s = [sge(3000, 8)];
+        let mut w2 = SendWr::new(3, WrOpcode::Write, &w2s).remote(base + 21000, mr.rkey());
+        w2.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w2]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+        let mut want = bytes(3000, 64);
+        want.extend(bytes(3500, 64));
+        assert_eq!(bytes(20000, 128), want);
+        // READ 128 remote bytes into 3 SGEs.
+        let rd = [sge(30000, 10), sge(31000, 100), sge(32000, 18)];
+        let mut w = SendWr::new(4, WrOpcode::Read, &rd).remote(base + 20000, mr.rkey());
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        let mut back = bytes(30000, 10);
+        back.extend(bytes(31000, 100));
+        back.extend(bytes(32000, 18));
+        assert_eq!(back, want);
+        // Too many SGEs for the cap: refused at post.
+        let four = [sge(0, 1), sge(1, 1), sge(2, 1), sge(3, 1)];
+        let e = qa
+            .post_send(&[SendWr::new(5, WrOpcode::Write, &four).remote(base, mr.rkey())])
+            .unwrap_err();
+        assert_eq!(e.err.errno(), libc::EINVAL);
+        // A bad lkey in the second SGE: LOC_PROT_ERR, the application's wr_id.
+        let bad = [
+            sge(0, 8),
+            rnic::Sge {
+                lkey: mr.lkey() ^ 0x40,
+                ..sge(8, 8)
+            },
+        ];
+        let mut w = SendWr::new(6, WrOpcode::Write, &bad).remote(base + 40000, mr.rkey());
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (6, WcStatus::LocProtErr));
+        drop((qa, qb, mr));
     }
 
     #[test]
