@@ -234,7 +234,8 @@ pub fn translate(reg: &Registry, wc: &mut Wc) {
         return;
     };
     // Entries before it were retired without a completion of their own.
-    let e = q.drain(..=i).last().expect("i is in range");
+    q.drain(..i);
+    let e = q.pop_front().expect("i is in range");
     wc.wr_id = e.wr_id;
     if let (Some(b), true) = (&e.bounce, wc.status == WcStatus::Success) {
         let mut left = if recv {
