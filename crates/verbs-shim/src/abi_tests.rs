@@ -359,10 +359,29 @@ fn refusals_set_errno() {
         );
         assert!(ibv_import_pd(e.ctx, 1).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
-        // Bad port / GID index.
+        // Bad port / GID index; entry 1 of the table is empty (zero GID, ENODATA
+        // from the _ex form, RoCE v1 type), as rdma-core reports an empty entry.
         let mut gid: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 2, 0, &mut gid), -1);
-        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), -1);
+        assert_eq!(ibv_query_gid(e.ctx, 1, GID_TBL_LEN, &mut gid), -1);
+        gid.raw = [1; 16];
+        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), 0);
+        assert_eq!(gid.raw, [0; 16]);
+        let mut ent: ibv_gid_entry = zeroed();
+        let sz = std::mem::size_of::<ibv_gid_entry>();
+        assert_eq!(
+            _ibv_query_gid_ex(e.ctx, 1, 1, &mut ent, 0, sz),
+            libc::ENODATA
+        );
+        assert_eq!(
+            _ibv_query_gid_ex(e.ctx, 1, 2, &mut ent, 0, sz),
+            libc::EINVAL
+        );
+        let mut ty = 9u32;
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, 1, &mut ty), 0);
+        assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_IB_ROCE_V1);
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, 0, &mut ty), 0);
+        assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_ROCE_V2);
         let mut pa: ibv_port_attr = zeroed();
         let compat = &mut pa as *mut ibv_port_attr as *mut _compat_ibv_port_attr;
         assert_eq!(ibv_query_port(e.ctx, 1, compat), 0);

@@ -16,6 +16,10 @@ pub const VENDOR_ID: u32 = 0x4e50; // "NP"
 pub const VENDOR_PART_ID: u32 = 0x0001;
 /// Node GUID (host order).
 pub const NODE_GUID: u64 = 0x4e50_5244_4d41_0001;
+/// GID table entries of the port: entry 0 is the NIC's address (RoCE v2); entry 1
+/// stays empty, as on real RoCE ports with unpopulated entries (queries of it give
+/// what rdma-core gives for an empty entry).
+pub const GID_TBL_LEN: c_int = 2;
 
 struct DevPtr(*mut ibv_device);
 // SAFETY: the device struct is immutable after creation and lives forever.
@@ -243,7 +247,7 @@ fn port_attr() -> ibv_port_attr {
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
-    p.gid_tbl_len = 1;
+    p.gid_tbl_len = GID_TBL_LEN;
     p.max_msg_sz = 1 << 31;
     p.pkey_tbl_len = 1;
     p.max_vl_num = 1;
@@ -315,7 +319,7 @@ fn gid_of(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<[u8; 16], Shi
     check_port(ctx, port)?;
     if index != 0 {
         return Err(ShimError::InvalidArgument(format!(
-            "GID index {index} (the table has 1 entry)"
+            "GID index {index} (only entry 0 of {GID_TBL_LEN} is populated)"
         )));
     }
     // SAFETY: checked by check_port.
@@ -331,17 +335,32 @@ pub unsafe extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
+    if gid.is_null() {
+        crate::error::set_errno(libc::EINVAL);
+        return -1;
+    }
     match gid_of(ctx, port, index) {
-        Ok(g) if !gid.is_null() => {
+        Ok(g) => {
             // SAFETY: caller-provided out struct.
             unsafe { (*gid).raw = g };
             0
         }
-        _ => {
+        // An empty entry of the table: a zero GID, as rdma-core's ibv_query_gid.
+        Err(_) if empty_gid(ctx, port, index) => {
+            // SAFETY: caller-provided out struct.
+            unsafe { (*gid).raw = [0; 16] };
+            0
+        }
+        Err(_) => {
             crate::error::set_errno(libc::EINVAL);
             -1
         }
     }
+}
+
+/// Whether `index` is an empty entry of the port's GID table.
+fn empty_gid(ctx: *mut ibv_context, port: u8, index: c_int) -> bool {
+    check_port(ctx, port).is_ok() && index > 0 && index < GID_TBL_LEN
 }
 
 /// # Safety
@@ -355,15 +374,18 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     _flags: u32,
     entry_size: usize,
 ) -> c_int {
-    let g = match gid_of(
-        ctx,
-        port.min(255) as u8,
-        index.min(i32::MAX as u32) as c_int,
-    ) {
+    let (port8, index_c) = (port.min(255) as u8, index.min(i32::MAX as u32) as c_int);
+    let g = match gid_of(ctx, port8, index_c) {
         Ok(g) => g,
         Err(_) => {
-            crate::error::set_errno(libc::ENODATA);
-            return libc::ENODATA;
+            // An empty entry is ENODATA (the kernel's answer); past the table, EINVAL.
+            let e = if empty_gid(ctx, port8, index_c) {
+                libc::ENODATA
+            } else {
+                libc::EINVAL
+            };
+            crate::error::set_errno(e);
+            return e;
         }
     };
     if entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
@@ -392,12 +414,22 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: u32,
     ty: *mut u32,
 ) -> c_int {
-    if gid_of(ctx, port, index.min(i32::MAX as u32) as c_int).is_err() || ty.is_null() {
+    let index = index.min(i32::MAX as u32) as c_int;
+    if ty.is_null() {
         crate::error::set_errno(libc::EINVAL);
         return -1;
     }
+    let t = if gid_of(ctx, port, index).is_ok() {
+        IBV_GID_TYPE_SYSFS_ROCE_V2
+    } else if empty_gid(ctx, port, index) {
+        // rdma-core keeps its API behaviour for an empty GID: RoCE v1 / IB, success.
+        IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+    } else {
+        crate::error::set_errno(libc::EINVAL);
+        return -1;
+    };
     // SAFETY: caller-provided out value.
-    unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+    unsafe { *ty = t };
     0
 }
 
