@@ -357,8 +357,8 @@ fn refusals_set_errno() {
             (tab[0].gid.raw, tab[0].gid_type),
             (g0.raw, IBV_GID_TYPE_ROCE_V2)
         );
-        assert!(ibv_import_pd(e.ctx, 1).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(ibv_import_pd(e.ctx, u32::MAX).is_null());
+        assert_eq!(errno(), libc::EINVAL);
         // Bad port / GID index; entry 1 of the table is empty (zero GID, ENODATA
         // from the _ex form, RoCE v1 type), as rdma-core reports an empty entry.
         let mut gid: ibv_gid = zeroed();
@@ -412,12 +412,11 @@ fn refusals_set_errno() {
     }
 }
 
-/// rdma-core's test_cq / test_fork / test_shared_pd expectations: CQ sizes beyond
-/// max_cqe and completion vectors beyond num_comp_vectors are EINVAL; fork needs no
-/// preparation (IBV_FORK_UNNEEDED, ibv_fork_init succeeds); the context's cmd_fd is
-/// a real fd (dup-able) while importing a device from it is refused with EOPNOTSUPP.
+/// rdma-core's test_cq / test_fork expectations: CQ sizes beyond max_cqe and
+/// completion vectors beyond num_comp_vectors are EINVAL; fork needs no preparation
+/// (IBV_FORK_UNNEEDED, ibv_fork_init succeeds).
 #[test]
-fn cq_limits_fork_status_and_cmd_fd() {
+fn cq_limits_and_fork_status() {
     let e = open();
     // SAFETY: as in a C program.
     unsafe {
@@ -441,15 +440,55 @@ fn cq_limits_fork_status_and_cmd_fd() {
 
         assert_eq!(ibv_fork_init(), 0);
         assert_eq!(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
 
+/// test_shared_pd's path: the context's cmd_fd is a real fd; a dup of it imports a
+/// second context, which imports the first one's PD and MR by handle (same keys, NULL
+/// addr) and releases them with unimport; other fds and unknown or foreign handles
+/// are refused (EINVAL).
+#[test]
+fn import_device_pd_and_mr_from_cmd_fd() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
         let fd = (*e.ctx).cmd_fd;
         assert!(fd >= 0);
         let dup = libc::dup(fd);
         assert!(dup >= 0, "cmd_fd {fd} is not an open fd");
-        assert!(ibv_import_device(dup).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
-        libc::close(dup);
+        let ctx2 = ibv_import_device(dup);
+        assert!(!ctx2.is_null());
+        assert_eq!((*ctx2).cmd_fd, dup);
+        let efd = libc::eventfd(0, libc::EFD_CLOEXEC);
+        assert!(ibv_import_device(efd).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        libc::close(efd);
+        let mut buf = vec![0u8; 8192];
+        let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        let mr = ibv_reg_mr(e.pd, buf.as_mut_ptr().cast(), 8192, acc);
+        assert!(!mr.is_null());
+        let pd2 = ibv_import_pd(ctx2, (*e.pd).handle);
+        assert!(!pd2.is_null());
+        assert_eq!(((*pd2).handle, (*pd2).context), ((*e.pd).handle, ctx2));
+        let mr2 = ibv_import_mr(pd2, (*mr).handle);
+        assert!(!mr2.is_null());
+        assert_eq!(
+            ((*mr2).lkey, (*mr2).rkey, (*mr2).length),
+            ((*mr).lkey, (*mr).rkey, 8192)
+        );
+        assert!((*mr2).addr.is_null());
+        // The MR is not on another PD.
+        let other = ibv_alloc_pd(ctx2);
+        assert!(ibv_import_mr(other, (*mr).handle).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(other), 0);
+        ibv_unimport_mr(mr2);
+        ibv_unimport_pd(pd2);
+        assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(ctx2), 0);
         assert_eq!(ibv_close_device(e.ctx), 0);
     }
 }

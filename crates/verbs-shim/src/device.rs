@@ -7,7 +7,7 @@ use crate::error::ShimError;
 use crate::ffi::*;
 use crate::objects::{device, guard, guard_rc, zeroed, ShimContext};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 pub const DEV_NAME: &str = "nprdma0";
@@ -103,44 +103,77 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         if dev != ibv_dev() {
             return Err(ShimError::InvalidArgument("not a libnprdma device".into()));
         }
-        let d = device()?;
-        // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
-        }
-        // SAFETY: efd is a fresh fd we own.
-        let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
         // The command fd: a real, private fd standing for /dev/infiniband/uverbsN
-        // (applications dup, poll or pass it; ibv_import_device refuses it cleanly).
+        // (applications dup, poll or pass it; ibv_import_device takes a dup of it).
         // SAFETY: plain syscall with a NUL-terminated name; the fd is owned below.
-        let cfd = unsafe { libc::memfd_create(c"nprdma-uverbs".as_ptr(), libc::MFD_CLOEXEC) };
+        let cfd = unsafe { libc::memfd_create(CMD_FD_NAME.as_ptr(), libc::MFD_CLOEXEC) };
         if cfd < 0 {
             return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
         }
         // SAFETY: cfd is a fresh fd we own.
         let cmd_fd = unsafe { OwnedFd::from_raw_fd(cfd) };
-        // SAFETY: verbs_context is plain C data.
-        let mut vctx: verbs_context = unsafe { zeroed() };
-        vctx.sz = std::mem::size_of::<verbs_context>() as u64;
-        vctx.query_port = Some(query_port_op);
-        vctx.query_device_ex = Some(query_device_ex_op);
-        vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = cfd;
-        c.async_fd = efd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = usize::MAX as *mut c_void;
-        datapath::install_ops(&mut c.ops);
-        let ctx = Box::into_raw(Box::new(ShimContext {
-            vctx,
-            dev: d,
-            async_fd,
-            cmd_fd,
-        }));
-        // SAFETY: just allocated.
-        Ok(unsafe { (*ctx).ibv() })
+        new_context(cmd_fd)
+    })
+}
+
+/// The name of a context's command fd (a memfd).
+const CMD_FD_NAME: &CStr = c"nprdma-uverbs";
+
+/// A new context of the process device owning `cmd_fd`.
+fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
+    let dev = ibv_dev();
+    let d = device()?;
+    let cfd = cmd_fd.as_raw_fd();
+    // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: efd is a fresh fd we own.
+    let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+    // SAFETY: verbs_context is plain C data.
+    let mut vctx: verbs_context = unsafe { zeroed() };
+    vctx.sz = std::mem::size_of::<verbs_context>() as u64;
+    vctx.query_port = Some(query_port_op);
+    vctx.query_device_ex = Some(query_device_ex_op);
+    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = cfd;
+    c.async_fd = efd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = usize::MAX as *mut c_void;
+    datapath::install_ops(&mut c.ops);
+    let ctx = Box::into_raw(Box::new(ShimContext {
+        vctx,
+        dev: d,
+        async_fd,
+        cmd_fd,
+    }));
+    // SAFETY: just allocated.
+    Ok(unsafe { (*ctx).ibv() })
+}
+
+/// Whether `fd` is (a dup of) one of our contexts' command fds.
+fn is_cmd_fd(fd: c_int) -> bool {
+    let want = format!("/memfd:{} (deleted)", CMD_FD_NAME.to_string_lossy());
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|p| p.as_os_str() == std::ffi::OsStr::new(&want))
+}
+
+/// A second context on the device from (a dup of) a context's `cmd_fd`; the new
+/// context owns `fd` and closes it with `ibv_close_device`. Its PDs and MRs are
+/// reached with `ibv_import_pd` / `ibv_import_mr`.
+#[no_mangle]
+pub extern "C" fn ibv_import_device(fd: c_int) -> *mut ibv_context {
+    guard("ibv_import_device", std::ptr::null_mut(), || {
+        if fd < 0 || !is_cmd_fd(fd) {
+            return Err(ShimError::InvalidArgument(format!(
+                "fd {fd} is not a libnprdma command fd"
+            )));
+        }
+        // SAFETY: the caller hands the fd over (as to rdma-core's ibv_import_device).
+        new_context(unsafe { OwnedFd::from_raw_fd(fd) })
     })
 }
 

@@ -23,7 +23,9 @@
 //! * `cmd_fd` is a real (private memfd) fd; `ibv_fork_init` succeeds and
 //!   `ibv_is_fork_initialized` says IBV_FORK_UNNEEDED (memory is reached by virtual
 //!   address). Pinned mode charges MRs against `RLIMIT_MEMLOCK` like `ib_umem_get`.
-//! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, imports,
+//! * `ibv_import_device` on a dup of a context's `cmd_fd`, `ibv_import_pd` /
+//!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
+//! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, DM,
 //!   MR iova != addr, ODP/other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).

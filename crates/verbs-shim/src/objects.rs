@@ -29,12 +29,16 @@ pub struct ShimPd {
     pub inner: Arc<dyn Pd>,
     /// MRs and QPs using this PD (dealloc is refused while non-zero).
     pub users: AtomicU32,
+    /// Made by `ibv_import_pd` (a second handle on another PD's backend PD).
+    pub imported: bool,
 }
 
 #[repr(C)]
 pub struct ShimMr {
     pub mr: ibv_mr,
     pub inner: Box<dyn Mr>,
+    /// Made by `ibv_import_mr` (the registration belongs to the exporting MR).
+    pub imported: bool,
 }
 
 #[repr(C)]
