@@ -493,6 +493,121 @@ fn import_device_pd_and_mr_from_cmd_fd() {
     }
 }
 
+/// Extended CQs as libibverbs' `ibv_create_cq_ex` inline reaches them (the
+/// verbs_context op): the standard completion fields, `ibv_start_poll` /
+/// `ibv_next_poll` / `ibv_end_poll` and the `ibv_wc_read_*` ops over loopback traffic
+/// (a SEND with immediate), ENOENT when empty; unsupported fields / flags are
+/// EOPNOTSUPP, bad sizes and vectors EINVAL; `ibv_destroy_cq` frees it.
+#[test]
+fn extended_cq_polls_the_standard_fields() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let vctx = (e.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *mut verbs_context;
+        let create = (*vctx).create_cq_ex.expect("create_cq_ex op");
+        let mut a: ibv_cq_init_attr_ex = zeroed();
+        a.cqe = 32;
+        a.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        a.wc_flags = IBV_WC_STANDARD_FLAGS as u64;
+        a.comp_vector = (*e.ctx).num_comp_vectors as u32;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        a.comp_vector = 0;
+        a.cqe = 1 << 30;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        a.cqe = 32;
+        let cqx = create(e.ctx, &mut a);
+        assert!(!cqx.is_null());
+        let cq = cqx as *mut ibv_cq;
+        let mut pa: ibv_poll_cq_attr = zeroed();
+        assert_eq!((*cqx).start_poll.unwrap()(cqx, &mut pa), libc::ENOENT);
+        let (qa, qb) = (make_qp(&e, cq), make_qp(&e, cq));
+        connect(&e, qa, (*qb).qp_num);
+        connect(&e, qb, (*qa).qp_num);
+        let mut buf = vec![0u8; 4096];
+        let acc = IBV_ACCESS_LOCAL_WRITE as c_int;
+        let mr = ibv_reg_mr(e.pd, buf.as_mut_ptr().cast(), 4096, acc);
+        assert!(!mr.is_null());
+        let mut rsge = ibv_sge {
+            addr: buf.as_ptr() as u64 + 2048,
+            length: 64,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.wr_id = 21;
+        rwr.sg_list = &mut rsge;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_eq!((*e.ctx).ops.post_recv.unwrap()(qb, &mut rwr, &mut rbad), 0);
+        let mut ssge = ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 40,
+            lkey: (*mr).lkey,
+        };
+        let mut swr: ibv_send_wr = zeroed();
+        swr.wr_id = 20;
+        swr.sg_list = &mut ssge;
+        swr.num_sge = 1;
+        swr.opcode = IBV_WR_SEND_WITH_IMM;
+        swr.send_flags = IBV_SEND_SIGNALED;
+        swr.__bindgen_anon_1.imm_data = 0xabcd_0123u32.to_be();
+        let mut bad = null_mut();
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(qa, &mut swr, &mut bad), 0);
+        // Both completions, through start_poll then next_poll (retrying on ENOENT).
+        let t = std::time::Instant::now();
+        let mut r = (*cqx).start_poll.unwrap()(cqx, &mut pa);
+        while r == libc::ENOENT && t.elapsed().as_secs() < 10 {
+            r = (*cqx).start_poll.unwrap()(cqx, &mut pa);
+        }
+        let mut seen = Vec::new();
+        loop {
+            assert_eq!(r, 0);
+            assert_eq!((*cqx).status, IBV_WC_SUCCESS);
+            let x = cqx;
+            seen.push((
+                (*x).wr_id,
+                (*x).read_opcode.unwrap()(x),
+                (*x).read_byte_len.unwrap()(x),
+                (*x).read_qp_num.unwrap()(x),
+                (*x).read_wc_flags.unwrap()(x) & IBV_WC_WITH_IMM,
+                (*x).read_imm_data.unwrap()(x),
+            ));
+            if seen.len() == 2 {
+                break;
+            }
+            r = (*cqx).next_poll.unwrap()(cqx);
+            while r == libc::ENOENT && t.elapsed().as_secs() < 10 {
+                r = (*cqx).next_poll.unwrap()(cqx);
+            }
+        }
+        (*cqx).end_poll.unwrap()(cqx);
+        seen.sort_by_key(|s| s.0);
+        assert_eq!(seen[0].0, 20);
+        assert_eq!((seen[0].1, seen[0].3), (IBV_WC_SEND, (*qa).qp_num));
+        assert_eq!(
+            seen[1],
+            (
+                21,
+                IBV_WC_RECV,
+                40,
+                (*qb).qp_num,
+                IBV_WC_WITH_IMM,
+                0xabcd_0123u32.to_be()
+            )
+        );
+        assert_eq!(ibv_destroy_qp(qa), 0);
+        assert_eq!(ibv_destroy_qp(qb), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
 #[test]
 fn qp_ex_work_request_builder() {
     let e = open();

@@ -137,6 +137,7 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     vctx.query_port = Some(query_port_op);
     vctx.query_device_ex = Some(query_device_ex_op);
     vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
+    vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = cfd;

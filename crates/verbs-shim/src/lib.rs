@@ -6,7 +6,7 @@
 //! references; `tests/exports.rs` checks the list against the installed binaries) and
 //! hands out a `verbs_context` (`abi_compat = UINTPTR_MAX`, `sz` = the whole struct)
 //! whose data-path ops (`post_send`, `post_recv`, `poll_cq`, `req_notify_cq`,
-//! `post_srq_recv`) and extended ops (`query_port`, `query_device_ex`, `create_qp_ex`)
+//! `post_srq_recv`) and extended ops (`query_port`, `query_device_ex`, `create_qp_ex`, `create_cq_ex`)
 //! point into it.
 //!
 //! * One device `nprdma0` (vendor 0x4e50, part 1: perftest uses `ibv_post_send`), one
@@ -20,6 +20,8 @@
 //! * Classic `ibv_post_send` path and the `ibv_qp_ex` builder (`ibv_create_qp_ex` with
 //!   `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_wr_start` .. `ibv_wr_complete`).
 //! * Completion channels (`ibv_get_cq_event`, blocking or O_NONBLOCK), `ibv_ack_cq_events`.
+//! * Extended CQs (`ibv_create_cq_ex`, IBV_WC_STANDARD_FLAGS, `ibv_start_poll` ..
+//!   `ibv_end_poll`, `ibv_wc_read_*`; see `cq_ex`).
 //! * `cmd_fd` is a real (private memfd) fd; `ibv_fork_init` succeeds and
 //!   `ibv_is_fork_initialized` says IBV_FORK_UNNEEDED (memory is reached by virtual
 //!   address). Pinned mode charges MRs against `RLIMIT_MEMLOCK` like `ib_umem_get`.
@@ -78,13 +80,14 @@
 //! Modules: [`ffi`] (bindgen types + layout tests), [`backend`] (internal verbs
 //! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
-//! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `convert` (C <-> backend),
+//! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (rdma_cm refusal).
 
 #[cfg(test)]
 mod abi_tests;
 pub mod backend;
 mod convert;
+mod cq_ex;
 mod datapath;
 mod device;
 pub mod error;

@@ -43,10 +43,13 @@ pub struct ShimMr {
 
 #[repr(C)]
 pub struct ShimCq {
-    pub cq: ibv_cq,
+    /// An `ibv_cq_ex` (its prefix is the `ibv_cq` legacy callers see).
+    pub cq: ibv_cq_ex,
     pub inner: Box<dyn Cq>,
     /// QPs completing here (destroy is refused while non-zero).
     pub users: AtomicU32,
+    /// The completion an extended-CQ poll is on (`ibv_start_poll` .. `ibv_end_poll`).
+    pub cur: Mutex<rnic::Wc>,
 }
 
 #[repr(C)]

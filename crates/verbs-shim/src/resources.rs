@@ -304,6 +304,25 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { create_cq_common(ctx, cqe, cq_context, channel, comp_vector)? };
+        Ok(p as *mut ibv_cq)
+    })
+}
+
+/// A CQ of `ctx` (legacy or extended: the object is the same, its C struct an
+/// `ibv_cq_ex` whose prefix is the `ibv_cq`).
+///
+/// # Safety
+/// `ctx` an open context; `channel` null or ours.
+pub(crate) unsafe fn create_cq_common(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut ShimCq, ShimError> {
+    {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         // As the kernel's ib_uverbs_create_cq and providers: 1..=max_cqe entries,
@@ -328,7 +347,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         };
         let inner = s.dev.create_cq(cqe as u32, chan.is_some())?;
         // SAFETY: plain C data.
-        let mut cq: ibv_cq = unsafe { zeroed() };
+        let mut cq: ibv_cq_ex = unsafe { zeroed() };
         cq.context = ctx;
         cq.channel = channel;
         cq.cq_context = cq_context;
@@ -337,6 +356,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             cq,
             inner,
             users: AtomicU32::new(0),
+            cur: Mutex::new(rnic::Wc::default()),
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
@@ -359,8 +379,8 @@ pub unsafe extern "C" fn ibv_create_cq(
             }
             ch.cqs.lock().push(p as usize);
         }
-        Ok(p as *mut ibv_cq)
-    })
+        Ok(p)
+    }
 }
 
 /// # Safety
