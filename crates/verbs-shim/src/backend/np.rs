@@ -1044,7 +1044,8 @@ mod tests {
     /// do: a READ / WRITE / atomic the QP does not grant completes with
     /// REM_INV_REQ_ERR at the initiator although the MR grants it — one-sided (pages
     /// resident: the data QP's NIC refuses) and two-sided (pages never touched: the
-    /// target CPU refuses). The same operations succeed once the QP grants them.
+    /// target CPU refuses). The same operations succeed once the QP grants them,
+    /// whatever the initiator's own QP grants.
     #[test]
     fn target_qp_access_flags_are_enforced() {
         const LEN: usize = 64 * 1024;
@@ -1064,18 +1065,36 @@ mod tests {
             | Access::REMOTE_READ
             | Access::REMOTE_WRITE
             | Access::REMOTE_ATOMIC;
-        let cases: [(WrOpcode, bool); 5] = [
-            (WrOpcode::Write, true),
-            (WrOpcode::Read, true),
-            (WrOpcode::Read, false),
-            (WrOpcode::Write, false),
-            (WrOpcode::FetchAdd { add: 1 }, true),
+        // (op, pages touched, length): 16 KiB on untouched pages goes two-sided with a
+        // reverse operation into the initiator, whose QP grants no remote access
+        // (the layer's temporary MRs are reachable anyway: rnic ANY_QP).
+        let cases: [(WrOpcode, bool, u32); 7] = [
+            (WrOpcode::Write, true, 64),
+            (WrOpcode::Read, true, 64),
+            (WrOpcode::Read, false, 64),
+            (WrOpcode::Write, false, 64),
+            (WrOpcode::Read, false, 16384),
+            (WrOpcode::Write, false, 16384),
+            (WrOpcode::FetchAdd { add: 1 }, true, 8),
         ];
-        for (granted, want) in [
-            (Access::LOCAL_WRITE, WcStatus::RemInvReqErr),
-            (all, WcStatus::Success),
+        // Write-only grants exercise the peer's page-version READs (the version
+        // tables are ANY_QP too).
+        for granted in [
+            Access::LOCAL_WRITE,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            all,
         ] {
-            for (op, touched) in cases {
+            for (op, touched, len) in cases {
+                let need = match op {
+                    WrOpcode::Write => Access::REMOTE_WRITE,
+                    WrOpcode::Read => Access::REMOTE_READ,
+                    _ => Access::REMOTE_ATOMIC,
+                };
+                let want = if granted.contains(need) {
+                    WcStatus::Success
+                } else {
+                    WcStatus::RemInvReqErr
+                };
                 let mem = TestMem::new(LEN);
                 // SAFETY: the mapping outlives the MR (dropped first, below).
                 let mr = unsafe { pd.reg_mr(mem.addr() as usize, LEN, all).unwrap() };
@@ -1086,11 +1105,6 @@ mod tests {
                 let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
                 let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
                 connect_pair(&dev, &*qa, &*qb, granted);
-                let len = if matches!(op, WrOpcode::FetchAdd { .. }) {
-                    8
-                } else {
-                    64
-                };
                 let sg = [rnic::Sge {
                     addr: mem.addr(),
                     length: len,
@@ -1101,7 +1115,7 @@ mod tests {
                 let wc = wait_one(&*cq);
                 assert_eq!(
                     wc.status, want,
-                    "{op:?} touched={touched} granted={granted:?}: {wc:?}"
+                    "{op:?} touched={touched} len={len} granted={granted:?}: {wc:?}"
                 );
                 drop((qa, qb, mr));
             }
