@@ -737,7 +737,11 @@ refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *
 /// by the registering process's virtual addresses, and a fork leaves the parent's
 /// mappings (and so every MR) where they were — the situation of a kernel with
 /// copy-on-fork for pinned pages, where rdma-core's `ibv_fork_init` returns 0
-/// without doing anything, before or after registrations.
+/// without doing anything, before or after registrations. (NP-RDMA mode: the
+/// parent's registrations stay valid; a child's copy of registered memory that the
+/// pager had swapped out at fork time reads as zeroes — the pager serves the
+/// registering process only — so a child must not rely on it, as with
+/// `MADV_DONTFORK`ed MRs under rdma-core's `ibv_fork_init`.)
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
