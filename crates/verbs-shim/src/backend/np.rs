@@ -573,6 +573,7 @@ impl NpQp {
         let mut t = sgl.lock();
         let m = t.map(
             false,
+            self.cap.max_send_wr,
             w.wr_id,
             if data { w.sg_list } else { &[] },
             into_local,
@@ -669,6 +670,7 @@ impl NpQp {
         let mut t = sgl.lock();
         let m = t.map(
             true,
+            self.cap.max_recv_wr,
             w.wr_id,
             w.sg_list,
             true,
@@ -1294,7 +1296,16 @@ mod tests {
         let mut want = bytes(3000, 64);
         want.extend(bytes(3500, 64));
         assert_eq!(bytes(20000, 128), want);
-        // READ 128 remote bytes into 3 SGEs.
+        // 15 unsignaled WRs hold send-queue slots until a later signaled completion
+        // is polled (as on a NIC); the READ below is the 16th (the depth).
+        let one = [sge(3000, 8)];
+        for i in 0..15 {
+            let w = SendWr::new(100 + i, WrOpcode::Write, &one)
+                .remote(base + 21000, mr.rkey())
+                .flags(SendFlags::empty());
+            qa.post_send(&[w]).unwrap();
+        }
+        // READ 128 remote bytes into 3 SGEs (its completion retires the 15).
         let rd = [sge(30000, 10), sge(31000, 100), sge(32000, 18)];
         let mut w = SendWr::new(4, WrOpcode::Read, &rd).remote(base + 20000, mr.rkey());
         w.flags |= SendFlags::SIGNALED;
@@ -1324,7 +1335,23 @@ mod tests {
         qa.post_send(&[w]).unwrap();
         let c = wait_one(&*cq);
         assert_eq!((c.wr_id, c.status), (6, WcStatus::LocProtErr));
-        drop((qa, qb, mr));
+        // A full queue of unsignaled WRs: the next post is ENOMEM (the application
+        // must signal at least every max_send_wr WRs).
+        let (qc, qd) = (
+            pd.create_qp(&*cq, &*cq, &init).unwrap(),
+            pd.create_qp(&*cq, &*cq, &init).unwrap(),
+        );
+        connect_pair(&dev, &*qc, &*qd, all);
+        for i in 0..16 {
+            let w = SendWr::new(300 + i, WrOpcode::Write, &one)
+                .remote(base + 21000, mr.rkey())
+                .flags(SendFlags::empty());
+            qc.post_send(&[w]).unwrap();
+        }
+        let w = SendWr::new(400, WrOpcode::Write, &one).remote(base + 21000, mr.rkey());
+        let e = qc.post_send(&[w]).unwrap_err();
+        assert_eq!(e.err.errno(), libc::ENOMEM);
+        drop((qa, qb, qc, qd, mr));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! Completions of mapped QPs are translated back by [`translate`] (the application's
 //! `wr_id`, the scatter). Send completions arrive in post order, so a completion also
 //! retires the unsignaled WRs posted before it (their bounce buffers are freed then,
-//! as a NIC frees their send-queue slots).
+//! as a NIC frees their send-queue slots); as on a NIC, a queue holds at most its
+//! depth of WRs not retired by a polled completion (a post beyond is ENOMEM), so
+//! an application must signal at least every `max_send_wr` WRs.
 //!
 //! SGEs are checked against the registered MRs ([`LkeyTable`]: this PD, inside the
 //! MR, LOCAL_WRITE where data is written) before the shim touches their memory; a WR
@@ -138,12 +140,14 @@ pub struct Mapped {
 
 impl Sgl {
     /// Record a WR (before posting it: its completion may be polled at once) and say
-    /// how to post it. `sg`: the verbs SGEs (already checked against the QP's cap);
-    /// `into_local`: data is written into them (READ, RECV).
+    /// how to post it. `depth`: WRs the queue may hold; `sg`: the verbs SGEs (already
+    /// checked against the QP's cap); `into_local`: data is written into them (READ,
+    /// RECV).
     #[allow(clippy::too_many_arguments)]
     pub fn map(
         &mut self,
         recv: bool,
+        depth: u32,
         wr_id: u64,
         sg: &[rnic::Sge],
         into_local: bool,
@@ -152,6 +156,14 @@ impl Sgl {
         lkeys: &LkeyTable,
         bounces: &Arc<std::sync::atomic::AtomicU32>,
     ) -> std::result::Result<Mapped, rnic::Error> {
+        let held = if recv { &self.recvs } else { &self.sends };
+        if held.len() >= depth as usize {
+            return Err(rnic::Error::QueueFull(if recv {
+                "receive queue"
+            } else {
+                "send queue (signal a WR and poll its completion)"
+            }));
+        }
         self.next += 1;
         let token = self.next;
         let one = |s: &rnic::Sge| np::Sge {
