@@ -138,6 +138,9 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     vctx.query_device_ex = Some(query_device_ex_op);
     vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
+    if d.odp() {
+        vctx.advise_mr = Some(crate::resources::advise_mr_op);
+    }
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = cfd;
@@ -265,6 +268,15 @@ unsafe extern "C" fn query_device_ex_op(
         let mut a: ibv_device_attr_ex = unsafe { zeroed() };
         fill_device_attr(&*s.dev, &mut a.orig_attr);
         a.phys_port_cnt_ex = 1;
+        if s.dev.odp() {
+            // Explicit (not implicit) ODP MRs on RC QPs: NP-RDMA MRs are never pinned.
+            a.odp_caps.general_caps = IBV_ODP_SUPPORT as u64;
+            a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND
+                | IBV_ODP_SUPPORT_RECV
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC;
+        }
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most that.
         unsafe {

@@ -28,7 +28,7 @@
 //! * `ibv_import_device` on a dup of a context's `cmd_fd`, `ibv_import_pd` /
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
 //! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, DM,
-//!   MR iova != addr, ODP/other access flags, unknown send flags/opcodes, rate limits,
+//!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
 //!
@@ -45,7 +45,9 @@
 //!   engine's optimistic/two-sided/served counts and the NIC's `nonresident_dma`).
 //!
 //! ## NP-RDMA mode (`NPRDMA_MODE=nprdma`)
-//! Same device, port and GID as pinned mode, over the `nprdma` layer and one
+//! Same device, port and GID as pinned mode (plus explicit ODP on RC QPs:
+//! `IBV_ACCESS_ON_DEMAND`, `odp_caps`, `ibv_advise_mr` prefetch — its MRs are never
+//! pinned anyway), over the `nprdma` layer and one
 //! process-wide `vmem` pager: `ibv_reg_mr` registers the application's own buffer
 //! (malloc'd or mmapped private anonymous memory) with the pager and the layer, never
 //! pinning it; QPs, CQs and completion channels (the layer's eventfd) are the layer's;

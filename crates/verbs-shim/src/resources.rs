@@ -134,7 +134,23 @@ unsafe fn reg_mr(
 ) -> Result<*mut ibv_mr, ShimError> {
     // SAFETY: caller contract.
     let s: &ShimPd = unsafe { shim(pd, "PD")? };
-    let access = access as u32;
+    let mut access = access as u32;
+    if access & IBV_ACCESS_ON_DEMAND != 0 {
+        // SAFETY: the PD's context is an open context of ours.
+        let ctx = unsafe { ShimContext::from_ibv(s.pd.context)? };
+        if !ctx.dev.odp() {
+            return Err(ShimError::Unsupported(
+                "IBV_ACCESS_ON_DEMAND (no ODP in pinned mode)".into(),
+            ));
+        }
+        if addr.is_null() && len == usize::MAX {
+            return Err(ShimError::Unsupported(
+                "implicit ODP MRs (IBV_ODP_SUPPORT_IMPLICIT is not offered)".into(),
+            ));
+        }
+        // NP-RDMA MRs are on demand already.
+        access &= !IBV_ACCESS_ON_DEMAND;
+    }
     if access & !SUPPORTED_ACCESS != 0 {
         return Err(ShimError::Unsupported(format!(
             "MR access flags {:#x} (supported: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, RELAXED_ORDERING)",
@@ -179,6 +195,50 @@ unsafe fn reg_mr(
         inner,
         imported: false,
     })) as *mut ibv_mr)
+}
+
+/// `verbs_context.advise_mr` (what libibverbs' `ibv_advise_mr` inline calls; set in
+/// NP-RDMA mode, whose MRs are on demand): PREFETCH / PREFETCH_WRITE fault the
+/// SGEs' pages in now (synchronously, so IBV_ADVISE_MR_FLAG_FLUSH holds),
+/// PREFETCH_NO_FAULT has nothing to do. The SGEs must lie in MRs of `pd`.
+///
+/// # Safety
+/// `pd` ours; `sg_list` has `num_sges` entries.
+pub(crate) unsafe extern "C" fn advise_mr_op(
+    pd: *mut ibv_pd,
+    advice: ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sges: u32,
+) -> c_int {
+    guard_rc("ibv_advise_mr", || {
+        // SAFETY: caller contract.
+        let p: &ShimPd = unsafe { shim(pd, "PD")? };
+        if flags & !IB_UVERBS_ADVISE_MR_FLAG_FLUSH != 0 {
+            return Err(ShimError::InvalidArgument(format!(
+                "advise flags {flags:#x}"
+            )));
+        }
+        let fault = match advice {
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH | IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => false,
+            a => return Err(ShimError::InvalidArgument(format!("advice {a}"))),
+        };
+        if num_sges == 0 || sg_list.is_null() {
+            return Err(ShimError::InvalidArgument("no SGEs".into()));
+        }
+        // SAFETY: caller contract: num_sges readable entries.
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sges as usize) };
+        let sges: Vec<rnic::Sge> = list
+            .iter()
+            .map(|s| rnic::Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        p.inner.advise(&sges, fault)
+    })
 }
 
 /// # Safety

@@ -173,6 +173,9 @@ impl Device for NpDevice {
             mapped: self.sg.mapped.clone(),
         }))
     }
+    fn odp(&self) -> bool {
+        true
+    }
     fn stats(&self) -> String {
         let p = self.pager.stats();
         let e = self.ctx.stats();
@@ -231,6 +234,30 @@ impl Pd for NpPd {
             lkeys: self.sg.lkeys.clone(),
             _quota: quota,
         }))
+    }
+    fn advise(&self, sges: &[rnic::Sge], fault: bool) -> Result<()> {
+        for s in sges {
+            if !self.sg.lkeys.covers(self.id, s, false) {
+                return Err(ShimError::InvalidArgument(format!(
+                    "SGE {:#x}+{} lkey {:#x} is not inside an MR of this PD",
+                    s.addr, s.length, s.lkey
+                )));
+            }
+        }
+        if fault {
+            let page = vmem::PAGE_SIZE as u64;
+            for s in sges.iter().filter(|s| s.length > 0) {
+                let end = s.addr + u64::from(s.length);
+                let mut a = s.addr;
+                while a < end {
+                    // SAFETY: inside a registered MR (checked above), mapped while
+                    // registered; a read brings the page in through the pager.
+                    unsafe { std::ptr::read_volatile(a as *const u8) };
+                    a = (a / page + 1) * page;
+                }
+            }
+        }
+        Ok(())
     }
     fn create_qp(
         &self,
@@ -1352,6 +1379,43 @@ mod tests {
         let e = qc.post_send(&[w]).unwrap_err();
         assert_eq!(e.err.errno(), libc::ENOMEM);
         drop((qa, qb, qc, qd, mr));
+    }
+
+    /// NP-RDMA mode offers ODP (its MRs are never pinned): `ibv_advise_mr` prefetches
+    /// SGEs inside MRs of the PD (faulting swapped-out or never-touched pages in, or
+    /// nothing for NO_FAULT) and refuses others with EINVAL.
+    #[test]
+    fn odp_advise_prefetches_registered_ranges() {
+        let dev = NpDevice::new().unwrap();
+        assert!(dev.odp());
+        let pd = dev.alloc_pd().unwrap();
+        let other = dev.alloc_pd().unwrap();
+        let mem = TestMem::new(64 * 1024);
+        // SAFETY: the mapping outlives the MR (dropped first, below).
+        let mr = unsafe {
+            pd.reg_mr(mem.addr() as usize, 64 * 1024, Access::LOCAL_WRITE)
+                .unwrap()
+        };
+        let sge = |off: u64, len: u32, lkey: u32| rnic::Sge {
+            addr: mem.addr() + off,
+            length: len,
+            lkey,
+        };
+        let resident = |off: u64| dev.pager.is_resident((mem.addr() + off) as usize);
+        assert!(!resident(0) && !resident(8192), "never touched");
+        // NO_FAULT: nothing is brought in.
+        pd.advise(&[sge(8192, 100, mr.lkey())], false).unwrap();
+        assert!(!resident(8192));
+        pd.advise(&[sge(0, 32768, mr.lkey())], true).unwrap();
+        assert!((0..8).all(|p| resident(p * 4096)), "prefetched");
+        assert!(!resident(32768), "outside the advice");
+        for bad in [sge(0, 65537, mr.lkey()), sge(0, 8, mr.lkey() ^ 0x40)] {
+            let e = pd.advise(&[bad], true).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL, "{bad:?}");
+        }
+        let e = other.advise(&[sge(0, 8, mr.lkey())], true).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "another PD's MR");
+        drop(mr);
     }
 
     #[test]
