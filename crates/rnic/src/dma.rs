@@ -39,7 +39,6 @@ pub fn key_index(key: u32) -> Option<u32> {
     (key >> 8).checked_sub(1)
 }
 
-/// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`.
 /// Whether `key` names a live MR registered with [`Access::ANY_QP`] (reachable
 /// whatever the QP's access flags; its own rights are checked by [`check_key`]).
 pub(crate) fn key_any_qp(seg: &Segment, key: u32) -> bool {
@@ -50,6 +49,7 @@ pub(crate) fn key_any_qp(seg: &Segment, key: u32) -> bool {
         })
 }
 
+/// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`.
 pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Access) -> Result<MrView, KeyErr> {
     let rec = key_index(key).and_then(|i| seg.mr(i)).ok_or(KeyErr::Invalid)?;
     if key == 0 || rec.key.load(Ordering::Acquire) != key {

@@ -1442,17 +1442,14 @@ fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
 }
 
 fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::Mr, ()> {
+    // `ANY_QP`: the peer's reverse operation reaches it whatever the
+    // application's flags on the QP (the MR's own rights still apply).
+    let acc = acc | rnic::Access::ANY_QP;
     #[allow(unsafe_code)]
     // SAFETY: the range is inside a registered application MR (mapped while
     // registered) and pinned by the caller for the MR's whole lifetime (the
     // `Hold` drops the MR before the pin).
-    // `ANY_QP`: the peer's reverse operation reaches it whatever the
-    // application's flags on the QP (the MR's own rights still apply).
-    unsafe {
-        sh.pd
-            .reg_mr(addr as usize, len as usize, acc | rnic::Access::ANY_QP)
-    }
-    .map_err(|e| {
+    unsafe { sh.pd.reg_mr(addr as usize, len as usize, acc) }.map_err(|e| {
         tracing::warn!(error = %e, "temporary MR failed");
     })
 }
