@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the test suite needs: perftest and ibverbs-utils are run under
-# LD_PRELOAD=libnprdma.so by crates/verbs-shim/tests; binutils gives nm for the exports test.
-PKGS=(perftest ibverbs-utils binutils)
+# LD_PRELOAD=libnprdma.so by crates/verbs-shim/tests; binutils gives nm for the exports test;
+# python3-pyverbs ships rdma-core's own verbs test suite, run below against libnprdma.so.
+PKGS=(perftest ibverbs-utils binutils python3-pyverbs)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,3 +24,57 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked --no-fail-fast
+
+# rdma-core's conformance suite (python3-pyverbs: pyverbs + the tests/ of rdma-core,
+# installed compressed under /usr/share/doc) against the freshly built libnprdma.so,
+# in both modes. The suite is run as shipped (only decompressed into a temp dir); every
+# test that runs must pass; skips are counted (README: "rdma-core test suite").
+PYVERBS_MODULES=(test_device test_pd test_mr test_cq test_cqex test_qp test_qpex test_atomic
+  test_odp test_rdmacm test_cq_events test_fork test_relaxed_ordering test_shared_pd)
+echo "== rdma-core test suite (pyverbs) under LD_PRELOAD=libnprdma.so"
+cargo build --release --locked -p verbs-shim
+LIB="$PWD/target/release/libnprdma.so"
+PY=/usr/bin/python3   # Debian's python (pyverbs is built for it), not a PATH shim
+SRC=/usr/share/doc/rdma-core/tests
+if [ ! -f "$SRC/run_tests.py" ]; then
+  # Images that exclude /usr/share/doc from dpkg installs: reinstall with the tests included.
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --reinstall \
+    -o DPkg::Options::=--path-include='/usr/share/doc/rdma-core/*' python3-pyverbs || true
+fi
+if [ ! -f "$SRC/run_tests.py" ]; then
+  echo "rdma-core tests not found in $SRC (python3-pyverbs installed with docs excluded?)" >&2
+  exit 1
+fi
+SUITE=$(mktemp -d)
+trap 'rm -rf "$SUITE"' EXIT
+cp -r "$SRC" "$SUITE/tests"
+find "$SUITE/tests" -name '*.gz' -exec gunzip -f {} +
+# The device is visible to pyverbs through the preload (ibv_get_device_list).
+LD_PRELOAD="$LIB" "$PY" -c 'import pyverbs.device as d; n=[x.name.decode() for x in d.get_device_list()]; assert n == ["nprdma0"], n'
+fail=0
+deadline=$(( $(date +%s) + 240 ))   # the whole suite, both modes (normally ~20 s)
+for mode in pinned nprdma; do
+  for m in "${PYVERBS_MODULES[@]}"; do
+    log="$SUITE/$m.$mode.log"
+    rc=0
+    left=$(( deadline - $(date +%s) )); left=$(( left < 60 ? left : 60 )); left=$(( left > 1 ? left : 1 ))
+    LD_PRELOAD="$LIB" NPRDMA_MODE=$mode timeout "$left" "$PY" "$SUITE/tests/run_tests.py" -v "$m" \
+      >"$log" 2>&1 || rc=$?
+    ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in .*/\1/p' "$log" | tail -1)
+    status=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
+    skipped=$(echo "$status" | sed -n 's/.*skipped=\([0-9]*\).*/\1/p')
+    ran=${ran:-0}; skipped=${skipped:-0}
+    printf 'pyverbs %-7s %-22s ran %3d  passed %3d  skipped %3d  %s\n' \
+      "$mode" "$m" "$ran" "$((ran - skipped))" "$skipped" "${status:-no result (rc=$rc)}"
+    if [ "$rc" -ne 0 ] || [ "${status%% *}" != "OK" ]; then
+      fail=1
+      echo "---- $m ($mode) failed (rc=$rc); its log:"
+      cat "$log"
+    fi
+  done
+done
+if [ "$fail" -ne 0 ]; then
+  echo "rdma-core test suite: failures (see the logs above)" >&2
+  exit 1
+fi

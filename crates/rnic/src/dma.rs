@@ -39,6 +39,16 @@ pub fn key_index(key: u32) -> Option<u32> {
     (key >> 8).checked_sub(1)
 }
 
+/// Whether `key` names a live MR registered with [`Access::ANY_QP`] (reachable
+/// whatever the QP's access flags; its own rights are checked by [`check_key`]).
+pub(crate) fn key_any_qp(seg: &Segment, key: u32) -> bool {
+    key != 0
+        && key_index(key).and_then(|i| seg.mr(i)).is_some_and(|rec| {
+            rec.key.load(Ordering::Acquire) == key
+                && Access::from_bits_truncate(rec.access.load(Ordering::Relaxed)).contains(Access::ANY_QP)
+        })
+}
+
 /// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`.
 pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Access) -> Result<MrView, KeyErr> {
     let rec = key_index(key).and_then(|i| seg.mr(i)).ok_or(KeyErr::Invalid)?;

@@ -76,7 +76,8 @@ fn qp_error_locked(seg: &Segment, via: &Peer, idx: u32, r: &QpRec) {
     seg.kick();
 }
 
-/// Responder check of an RDMA access: QP access flags, alignment, rkey.
+/// Responder check of an RDMA access: QP access flags (waived for an
+/// [`Access::ANY_QP`] MR), alignment, rkey.
 pub(crate) fn remote_check(
     seg: &Segment,
     r: &QpRec,
@@ -86,7 +87,7 @@ pub(crate) fn remote_check(
     need: Access,
 ) -> Result<MrView, WcStatus> {
     let qacc = Access::from_bits_truncate(r.access.load(Ordering::Acquire));
-    if !qacc.contains(need) {
+    if !qacc.contains(need) && !crate::dma::key_any_qp(seg, rkey) {
         return Err(WcStatus::RemInvReqErr);
     }
     if need == Access::REMOTE_ATOMIC && (addr % 8 != 0 || len != 8) {

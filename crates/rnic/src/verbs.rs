@@ -149,6 +149,12 @@ bitflags! {
         const REMOTE_ATOMIC = 8;
         /// On-demand paging MR (`IBV_ACCESS_ON_DEMAND`): see [`crate::odp`].
         const ON_DEMAND = 1 << 6;
+        /// rnic extension, outside the ibv flags: an MR with this bit is reachable
+        /// through any QP of its PD whatever that QP's access flags (the MR's own
+        /// rights still apply). For the protocol buffers of a layer above the verbs
+        /// (NP-RDMA's page-version tables and the temporary MRs of its reverse
+        /// operations), which must work on QPs whose application flags grant less.
+        const ANY_QP = 1 << 30;
     }
 }
 

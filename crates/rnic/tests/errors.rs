@@ -575,3 +575,41 @@ fn object_creation_limits() {
     let d = ctx.query_device();
     assert_eq!((d.max_tlp, d.signature_magic, d.atomic_cap), (256, 0xdeadbeef, 1));
 }
+
+/// `Access::ANY_QP` waives the QP's access flags for that MR only: a READ through a
+/// QP that grants no remote access reaches an ANY_QP MR with REMOTE_READ, fails with
+/// REM_INV_REQ on an ordinary one, and an ANY_QP MR's own rights still apply.
+#[test]
+fn any_qp_mr_waives_qp_access_flags_only() {
+    for cfg in [HostConfig::default(), ring_cfg()] {
+        let cases = [
+            (Access::REMOTE_READ | Access::ANY_QP, WrOpcode::Read, WcStatus::Success),
+            (Access::REMOTE_READ, WrOpcode::Read, WcStatus::RemInvReqErr),
+            (
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::ANY_QP,
+                WrOpcode::Write,
+                WcStatus::RemAccessErr,
+            ),
+        ];
+        for (i, (macc, op, exp)) in cases.into_iter().enumerate() {
+            let ha = Host::new(cfg.clone()).unwrap();
+            let hb = Host::new(cfg.clone()).unwrap();
+            let a = end(&ha, &QpInitAttr::default());
+            let b = end(&hb, &QpInitAttr::default());
+            connect(&a, &b, Access::LOCAL_WRITE, 7);
+            let l = buf(&a.pd, 64, 0);
+            let r = b.pd.reg_mr_owned(vec![5; 64], macc).unwrap();
+            let sge = [l.sge(0, 8)];
+            let mut wr = SendWr::new(i as u64, op, &sge).remote(r.addr() as u64, r.rkey());
+            wr.flags |= SendFlags::SIGNALED;
+            if exp == WcStatus::Success {
+                a.qp.post_send(&[wr]).unwrap();
+                let w = wait1(&a.cq);
+                assert_eq!(w.status, exp, "case {i}: {w:?}");
+                assert_eq!(l.to_vec(0, 8), vec![5; 8], "case {i}: data read");
+            } else {
+                expect_fail(&a, wr, exp);
+            }
+        }
+    }
+}

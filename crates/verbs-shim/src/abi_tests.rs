@@ -357,12 +357,31 @@ fn refusals_set_errno() {
             (tab[0].gid.raw, tab[0].gid_type),
             (g0.raw, IBV_GID_TYPE_ROCE_V2)
         );
-        assert!(ibv_import_pd(e.ctx, 1).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
-        // Bad port / GID index.
+        assert!(ibv_import_pd(e.ctx, u32::MAX).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // Bad port / GID index; entry 1 of the table is empty (zero GID, ENODATA
+        // from the _ex form, RoCE v1 type), as rdma-core reports an empty entry.
         let mut gid: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 2, 0, &mut gid), -1);
-        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), -1);
+        assert_eq!(ibv_query_gid(e.ctx, 1, GID_TBL_LEN, &mut gid), -1);
+        gid.raw = [1; 16];
+        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), 0);
+        assert_eq!(gid.raw, [0; 16]);
+        let mut ent: ibv_gid_entry = zeroed();
+        let sz = std::mem::size_of::<ibv_gid_entry>();
+        assert_eq!(
+            _ibv_query_gid_ex(e.ctx, 1, 1, &mut ent, 0, sz),
+            libc::ENODATA
+        );
+        assert_eq!(
+            _ibv_query_gid_ex(e.ctx, 1, 2, &mut ent, 0, sz),
+            libc::EINVAL
+        );
+        let mut ty = 9u32;
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, 1, &mut ty), 0);
+        assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_IB_ROCE_V1);
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, 0, &mut ty), 0);
+        assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_ROCE_V2);
         let mut pa: ibv_port_attr = zeroed();
         let compat = &mut pa as *mut ibv_port_attr as *mut _compat_ibv_port_attr;
         assert_eq!(ibv_query_port(e.ctx, 1, compat), 0);
@@ -390,6 +409,202 @@ fn refusals_set_errno() {
             std::ffi::CStr::from_ptr(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)),
             c"remote access error"
         );
+    }
+}
+
+/// rdma-core's test_cq / test_fork expectations: CQ sizes beyond max_cqe and
+/// completion vectors beyond num_comp_vectors are EINVAL; fork needs no preparation
+/// (IBV_FORK_UNNEEDED, ibv_fork_init succeeds).
+#[test]
+fn cq_limits_and_fork_status() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let mut attr: ibv_device_attr = zeroed();
+        assert_eq!(ibv_query_device(e.ctx, &mut attr), 0);
+        let max = attr.max_cqe;
+        let cq = ibv_create_cq(e.ctx, max, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert!(ibv_create_cq(e.ctx, max + 1, null_mut(), null_mut(), 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let vectors = (*e.ctx).num_comp_vectors;
+        assert!(vectors >= 1);
+        for bad in [vectors, vectors + 1, -1] {
+            assert!(ibv_create_cq(e.ctx, 16, null_mut(), null_mut(), bad).is_null());
+            assert_eq!(errno(), libc::EINVAL, "comp_vector {bad}");
+        }
+        let cq = ibv_create_cq(e.ctx, 16, null_mut(), null_mut(), vectors - 1);
+        assert!(!cq.is_null());
+        assert_eq!(ibv_destroy_cq(cq), 0);
+
+        assert_eq!(ibv_fork_init(), 0);
+        assert_eq!(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
+/// test_shared_pd's path: the context's cmd_fd is a real fd; a dup of it imports a
+/// second context, which imports the first one's PD and MR by handle (same keys, NULL
+/// addr) and releases them with unimport; other fds and unknown or foreign handles
+/// are refused (EINVAL).
+#[test]
+fn import_device_pd_and_mr_from_cmd_fd() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let fd = (*e.ctx).cmd_fd;
+        assert!(fd >= 0);
+        let dup = libc::dup(fd);
+        assert!(dup >= 0, "cmd_fd {fd} is not an open fd");
+        let ctx2 = ibv_import_device(dup);
+        assert!(!ctx2.is_null());
+        assert_eq!((*ctx2).cmd_fd, dup);
+        let efd = libc::eventfd(0, libc::EFD_CLOEXEC);
+        assert!(ibv_import_device(efd).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        libc::close(efd);
+        let mut buf = vec![0u8; 8192];
+        let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        let mr = ibv_reg_mr(e.pd, buf.as_mut_ptr().cast(), 8192, acc);
+        assert!(!mr.is_null());
+        let pd2 = ibv_import_pd(ctx2, (*e.pd).handle);
+        assert!(!pd2.is_null());
+        assert_eq!(((*pd2).handle, (*pd2).context), ((*e.pd).handle, ctx2));
+        let mr2 = ibv_import_mr(pd2, (*mr).handle);
+        assert!(!mr2.is_null());
+        assert_eq!(
+            ((*mr2).lkey, (*mr2).rkey, (*mr2).length),
+            ((*mr).lkey, (*mr).rkey, 8192)
+        );
+        assert!((*mr2).addr.is_null());
+        // The MR is not on another PD.
+        let other = ibv_alloc_pd(ctx2);
+        assert!(ibv_import_mr(other, (*mr).handle).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(other), 0);
+        ibv_unimport_mr(mr2);
+        ibv_unimport_pd(pd2);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(ctx2), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
+/// Extended CQs as libibverbs' `ibv_create_cq_ex` inline reaches them (the
+/// verbs_context op): the standard completion fields, `ibv_start_poll` /
+/// `ibv_next_poll` / `ibv_end_poll` and the `ibv_wc_read_*` ops over loopback traffic
+/// (a SEND with immediate), ENOENT when empty; unsupported fields / flags are
+/// EOPNOTSUPP, bad sizes and vectors EINVAL; `ibv_destroy_cq` frees it.
+#[test]
+fn extended_cq_polls_the_standard_fields() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let vctx = (e.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *mut verbs_context;
+        let create = (*vctx).create_cq_ex.expect("create_cq_ex op");
+        let mut a: ibv_cq_init_attr_ex = zeroed();
+        a.cqe = 32;
+        a.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        a.wc_flags = IBV_WC_STANDARD_FLAGS as u64;
+        a.comp_vector = (*e.ctx).num_comp_vectors as u32;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        a.comp_vector = 0;
+        a.cqe = 1 << 30;
+        assert!(create(e.ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        a.cqe = 32;
+        let cqx = create(e.ctx, &mut a);
+        assert!(!cqx.is_null());
+        let cq = cqx as *mut ibv_cq;
+        let mut pa: ibv_poll_cq_attr = zeroed();
+        assert_eq!((*cqx).start_poll.unwrap()(cqx, &mut pa), libc::ENOENT);
+        let (qa, qb) = (make_qp(&e, cq), make_qp(&e, cq));
+        connect(&e, qa, (*qb).qp_num);
+        connect(&e, qb, (*qa).qp_num);
+        let mut buf = vec![0u8; 4096];
+        let acc = IBV_ACCESS_LOCAL_WRITE as c_int;
+        let mr = ibv_reg_mr(e.pd, buf.as_mut_ptr().cast(), 4096, acc);
+        assert!(!mr.is_null());
+        let mut rsge = ibv_sge {
+            addr: buf.as_ptr() as u64 + 2048,
+            length: 64,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.wr_id = 21;
+        rwr.sg_list = &mut rsge;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_eq!((*e.ctx).ops.post_recv.unwrap()(qb, &mut rwr, &mut rbad), 0);
+        let mut ssge = ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 40,
+            lkey: (*mr).lkey,
+        };
+        let mut swr: ibv_send_wr = zeroed();
+        swr.wr_id = 20;
+        swr.sg_list = &mut ssge;
+        swr.num_sge = 1;
+        swr.opcode = IBV_WR_SEND_WITH_IMM;
+        swr.send_flags = IBV_SEND_SIGNALED;
+        swr.__bindgen_anon_1.imm_data = 0xabcd_0123u32.to_be();
+        let mut bad = null_mut();
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(qa, &mut swr, &mut bad), 0);
+        // Both completions, through start_poll then next_poll (retrying on ENOENT).
+        let t = std::time::Instant::now();
+        let mut r = (*cqx).start_poll.unwrap()(cqx, &mut pa);
+        while r == libc::ENOENT && t.elapsed().as_secs() < 10 {
+            r = (*cqx).start_poll.unwrap()(cqx, &mut pa);
+        }
+        let mut seen = Vec::new();
+        loop {
+            assert_eq!(r, 0);
+            assert_eq!((*cqx).status, IBV_WC_SUCCESS);
+            let x = cqx;
+            seen.push((
+                (*x).wr_id,
+                (*x).read_opcode.unwrap()(x),
+                (*x).read_byte_len.unwrap()(x),
+                (*x).read_qp_num.unwrap()(x),
+                (*x).read_wc_flags.unwrap()(x) & IBV_WC_WITH_IMM,
+                (*x).read_imm_data.unwrap()(x),
+            ));
+            if seen.len() == 2 {
+                break;
+            }
+            r = (*cqx).next_poll.unwrap()(cqx);
+            while r == libc::ENOENT && t.elapsed().as_secs() < 10 {
+                r = (*cqx).next_poll.unwrap()(cqx);
+            }
+        }
+        (*cqx).end_poll.unwrap()(cqx);
+        seen.sort_by_key(|s| s.0);
+        assert_eq!(seen[0].0, 20);
+        assert_eq!((seen[0].1, seen[0].3), (IBV_WC_SEND, (*qa).qp_num));
+        assert_eq!(
+            seen[1],
+            (
+                21,
+                IBV_WC_RECV,
+                40,
+                (*qb).qp_num,
+                IBV_WC_WITH_IMM,
+                0xabcd_0123u32.to_be()
+            )
+        );
+        assert_eq!(ibv_destroy_qp(qa), 0);
+        assert_eq!(ibv_destroy_qp(qb), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
     }
 }
 

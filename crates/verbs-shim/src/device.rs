@@ -7,7 +7,7 @@ use crate::error::ShimError;
 use crate::ffi::*;
 use crate::objects::{device, guard, guard_rc, zeroed, ShimContext};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 pub const DEV_NAME: &str = "nprdma0";
@@ -16,6 +16,10 @@ pub const VENDOR_ID: u32 = 0x4e50; // "NP"
 pub const VENDOR_PART_ID: u32 = 0x0001;
 /// Node GUID (host order).
 pub const NODE_GUID: u64 = 0x4e50_5244_4d41_0001;
+/// GID table entries of the port: entry 0 is the NIC's address (RoCE v2); entry 1
+/// stays empty, as on real RoCE ports with unpopulated entries (queries of it give
+/// what rdma-core gives for an empty entry).
+pub const GID_TBL_LEN: c_int = 2;
 
 struct DevPtr(*mut ibv_device);
 // SAFETY: the device struct is immutable after creation and lives forever.
@@ -99,34 +103,81 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         if dev != ibv_dev() {
             return Err(ShimError::InvalidArgument("not a libnprdma device".into()));
         }
-        let d = device()?;
-        // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
+        // The command fd: a real, private fd standing for /dev/infiniband/uverbsN
+        // (applications dup, poll or pass it; ibv_import_device takes a dup of it).
+        // SAFETY: plain syscall with a NUL-terminated name; the fd is owned below.
+        let cfd = unsafe { libc::memfd_create(CMD_FD_NAME.as_ptr(), libc::MFD_CLOEXEC) };
+        if cfd < 0 {
             return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
         }
-        // SAFETY: efd is a fresh fd we own.
-        let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
-        // SAFETY: verbs_context is plain C data.
-        let mut vctx: verbs_context = unsafe { zeroed() };
-        vctx.sz = std::mem::size_of::<verbs_context>() as u64;
-        vctx.query_port = Some(query_port_op);
-        vctx.query_device_ex = Some(query_device_ex_op);
-        vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = -1;
-        c.async_fd = efd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = usize::MAX as *mut c_void;
-        datapath::install_ops(&mut c.ops);
-        let ctx = Box::into_raw(Box::new(ShimContext {
-            vctx,
-            dev: d,
-            async_fd,
-        }));
-        // SAFETY: just allocated.
-        Ok(unsafe { (*ctx).ibv() })
+        // SAFETY: cfd is a fresh fd we own.
+        let cmd_fd = unsafe { OwnedFd::from_raw_fd(cfd) };
+        new_context(cmd_fd)
+    })
+}
+
+/// The name of a context's command fd (a memfd).
+const CMD_FD_NAME: &CStr = c"nprdma-uverbs";
+
+/// A new context of the process device owning `cmd_fd`.
+fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
+    let dev = ibv_dev();
+    let d = device()?;
+    let cfd = cmd_fd.as_raw_fd();
+    // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: efd is a fresh fd we own.
+    let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+    // SAFETY: verbs_context is plain C data.
+    let mut vctx: verbs_context = unsafe { zeroed() };
+    vctx.sz = std::mem::size_of::<verbs_context>() as u64;
+    vctx.query_port = Some(query_port_op);
+    vctx.query_device_ex = Some(query_device_ex_op);
+    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
+    vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
+    if d.odp() {
+        vctx.advise_mr = Some(crate::resources::advise_mr_op);
+    }
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = cfd;
+    c.async_fd = efd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = usize::MAX as *mut c_void;
+    datapath::install_ops(&mut c.ops);
+    let ctx = Box::into_raw(Box::new(ShimContext {
+        vctx,
+        dev: d,
+        async_fd,
+        cmd_fd,
+    }));
+    // SAFETY: just allocated.
+    Ok(unsafe { (*ctx).ibv() })
+}
+
+/// Whether `fd` is (a dup of) one of our contexts' command fds.
+fn is_cmd_fd(fd: c_int) -> bool {
+    let want = format!("/memfd:{} (deleted)", CMD_FD_NAME.to_string_lossy());
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|p| p.as_os_str() == std::ffi::OsStr::new(&want))
+}
+
+/// A second context on the device from (a dup of) a context's `cmd_fd`; the new
+/// context owns `fd` and closes it with `ibv_close_device`. Its PDs and MRs are
+/// reached with `ibv_import_pd` / `ibv_import_mr`.
+#[no_mangle]
+pub extern "C" fn ibv_import_device(fd: c_int) -> *mut ibv_context {
+    guard("ibv_import_device", std::ptr::null_mut(), || {
+        if fd < 0 || !is_cmd_fd(fd) {
+            return Err(ShimError::InvalidArgument(format!(
+                "fd {fd} is not a libnprdma command fd"
+            )));
+        }
+        // SAFETY: the caller hands the fd over (as to rdma-core's ibv_import_device).
+        new_context(unsafe { OwnedFd::from_raw_fd(fd) })
     })
 }
 
@@ -217,6 +268,15 @@ unsafe extern "C" fn query_device_ex_op(
         let mut a: ibv_device_attr_ex = unsafe { zeroed() };
         fill_device_attr(&*s.dev, &mut a.orig_attr);
         a.phys_port_cnt_ex = 1;
+        if s.dev.odp() {
+            // Explicit (not implicit) ODP MRs on RC QPs: NP-RDMA MRs are never pinned.
+            a.odp_caps.general_caps = IBV_ODP_SUPPORT as u64;
+            a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND
+                | IBV_ODP_SUPPORT_RECV
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC;
+        }
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most that.
         unsafe {
@@ -233,7 +293,7 @@ fn port_attr() -> ibv_port_attr {
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
-    p.gid_tbl_len = 1;
+    p.gid_tbl_len = GID_TBL_LEN;
     p.max_msg_sz = 1 << 31;
     p.pkey_tbl_len = 1;
     p.max_vl_num = 1;
@@ -305,7 +365,7 @@ fn gid_of(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<[u8; 16], Shi
     check_port(ctx, port)?;
     if index != 0 {
         return Err(ShimError::InvalidArgument(format!(
-            "GID index {index} (the table has 1 entry)"
+            "GID index {index} (only entry 0 of {GID_TBL_LEN} is populated)"
         )));
     }
     // SAFETY: checked by check_port.
@@ -321,17 +381,32 @@ pub unsafe extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
+    if gid.is_null() {
+        crate::error::set_errno(libc::EINVAL);
+        return -1;
+    }
     match gid_of(ctx, port, index) {
-        Ok(g) if !gid.is_null() => {
+        Ok(g) => {
             // SAFETY: caller-provided out struct.
             unsafe { (*gid).raw = g };
             0
         }
-        _ => {
+        // An empty entry of the table: a zero GID, as rdma-core's ibv_query_gid.
+        Err(_) if empty_gid(ctx, port, index) => {
+            // SAFETY: caller-provided out struct.
+            unsafe { (*gid).raw = [0; 16] };
+            0
+        }
+        Err(_) => {
             crate::error::set_errno(libc::EINVAL);
             -1
         }
     }
+}
+
+/// Whether `index` is an empty entry of the port's GID table.
+fn empty_gid(ctx: *mut ibv_context, port: u8, index: c_int) -> bool {
+    check_port(ctx, port).is_ok() && index > 0 && index < GID_TBL_LEN
 }
 
 /// # Safety
@@ -345,15 +420,18 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     _flags: u32,
     entry_size: usize,
 ) -> c_int {
-    let g = match gid_of(
-        ctx,
-        port.min(255) as u8,
-        index.min(i32::MAX as u32) as c_int,
-    ) {
+    let (port8, index_c) = (port.min(255) as u8, index.min(i32::MAX as u32) as c_int);
+    let g = match gid_of(ctx, port8, index_c) {
         Ok(g) => g,
         Err(_) => {
-            crate::error::set_errno(libc::ENODATA);
-            return libc::ENODATA;
+            // An empty entry is ENODATA (the kernel's answer); past the table, EINVAL.
+            let e = if empty_gid(ctx, port8, index_c) {
+                libc::ENODATA
+            } else {
+                libc::EINVAL
+            };
+            crate::error::set_errno(e);
+            return e;
         }
     };
     if entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
@@ -382,12 +460,22 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: u32,
     ty: *mut u32,
 ) -> c_int {
-    if gid_of(ctx, port, index.min(i32::MAX as u32) as c_int).is_err() || ty.is_null() {
+    let index = index.min(i32::MAX as u32) as c_int;
+    if ty.is_null() {
         crate::error::set_errno(libc::EINVAL);
         return -1;
     }
+    let t = if gid_of(ctx, port, index).is_ok() {
+        IBV_GID_TYPE_SYSFS_ROCE_V2
+    } else if empty_gid(ctx, port, index) {
+        // rdma-core keeps its API behaviour for an empty GID: RoCE v1 / IB, success.
+        IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+    } else {
+        crate::error::set_errno(libc::EINVAL);
+        return -1;
+    };
     // SAFETY: caller-provided out value.
-    unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+    unsafe { *ty = t };
     0
 }
 

@@ -17,5 +17,7 @@ mod gen {
 }
 pub use gen::*;
 
+/// `enum ibv_gid_type_sysfs` (rdma-core's private driver.h): IB / RoCE v1.
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 /// `enum ibv_gid_type_sysfs` (rdma-core's private driver.h): RoCE v2.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;

@@ -6,7 +6,7 @@
 //! references; `tests/exports.rs` checks the list against the installed binaries) and
 //! hands out a `verbs_context` (`abi_compat = UINTPTR_MAX`, `sz` = the whole struct)
 //! whose data-path ops (`post_send`, `post_recv`, `poll_cq`, `req_notify_cq`,
-//! `post_srq_recv`) and extended ops (`query_port`, `query_device_ex`, `create_qp_ex`)
+//! `post_srq_recv`) and extended ops (`query_port`, `query_device_ex`, `create_qp_ex`, `create_cq_ex`)
 //! point into it.
 //!
 //! * One device `nprdma0` (vendor 0x4e50, part 1: perftest uses `ibv_post_send`), one
@@ -20,8 +20,15 @@
 //! * Classic `ibv_post_send` path and the `ibv_qp_ex` builder (`ibv_create_qp_ex` with
 //!   `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_wr_start` .. `ibv_wr_complete`).
 //! * Completion channels (`ibv_get_cq_event`, blocking or O_NONBLOCK), `ibv_ack_cq_events`.
-//! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, imports,
-//!   MR iova != addr, ODP/other access flags, unknown send flags/opcodes, rate limits,
+//! * Extended CQs (`ibv_create_cq_ex`, IBV_WC_STANDARD_FLAGS, `ibv_start_poll` ..
+//!   `ibv_end_poll`, `ibv_wc_read_*`; see `cq_ex`).
+//! * `cmd_fd` is a real (private memfd) fd; `ibv_fork_init` succeeds and
+//!   `ibv_is_fork_initialized` says IBV_FORK_UNNEEDED (memory is reached by virtual
+//!   address). Pinned mode charges MRs against `RLIMIT_MEMLOCK` like `ib_umem_get`.
+//! * `ibv_import_device` on a dup of a context's `cmd_fd`, `ibv_import_pd` /
+//!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
+//! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, DM,
+//!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
 //!
@@ -38,14 +45,20 @@
 //!   engine's optimistic/two-sided/served counts and the NIC's `nonresident_dma`).
 //!
 //! ## NP-RDMA mode (`NPRDMA_MODE=nprdma`)
-//! Same device, port and GID as pinned mode, over the `nprdma` layer and one
+//! Same device, port and GID as pinned mode (plus explicit ODP on RC QPs:
+//! `IBV_ACCESS_ON_DEMAND`, `odp_caps`, `ibv_advise_mr` prefetch — its MRs are never
+//! pinned anyway), over the `nprdma` layer and one
 //! process-wide `vmem` pager: `ibv_reg_mr` registers the application's own buffer
 //! (malloc'd or mmapped private anonymous memory) with the pager and the layer, never
 //! pinning it; QPs, CQs and completion channels (the layer's eventfd) are the layer's;
 //! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
-//! Limits: one SGE per WR (`max_sge` 1), inline payloads up to 1024 bytes (staged in a
+//! Limits: SGE lists up to 16 (`max_sge`; the layer's WRs carry one SGE, so a list
+//! goes through a bounce buffer: gathered at post, scattered when the completion is
+//! polled — see `backend::np_sgl`), inline payloads up to 1024 bytes (staged in a
 //! per-QP registered buffer; nothing posted after an inline WR issues before it
-//! finishes), QP depth up to a third of the NIC's `max_qp_wr`, QP state
+//! finishes), QP depth up to 1000 (`max_qp_wr`), 256 QPs and 4096 MRs per process
+//! (what `ibv_query_device` advertises), the target QP's `qp_access_flags` enforced
+//! as by a NIC (REM_INV_REQ_ERR), QP state
 //! RESET→INIT→RTR→RTS, and any state → ERR (`nprdma::Qp::set_error`: every outstanding
 //! WR and posted RECV completes once with WR_FLUSH_ERR; later posts are accepted and
 //! flushed, as with rdma-core providers; `ibv_query_qp` reports ERR); SQD and ERR/used
@@ -67,15 +80,16 @@
 //!   the write-only MRs applications register (perftest's WRITE tests).
 //!
 //! Modules: [`ffi`] (bindgen types + layout tests), [`backend`] (internal verbs
-//! interface, `pinned`, `np` + `np_env`: NP-RDMA mode), [`error`], `objects` (C-visible objects, entry guard), `device`
+//! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
-//! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `convert` (C <-> backend),
+//! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (rdma_cm refusal).
 
 #[cfg(test)]
 mod abi_tests;
 pub mod backend;
 mod convert;
+mod cq_ex;
 mod datapath;
 mod device;
 pub mod error;

@@ -19,6 +19,8 @@ pub struct ShimContext {
     pub dev: Arc<dyn Device>,
     /// Never signalled (no async events are generated); pollable like a real one.
     pub async_fd: OwnedFd,
+    /// `ibv_context.cmd_fd`: a private memfd (there is no uverbs device file).
+    pub cmd_fd: OwnedFd,
 }
 
 #[repr(C)]
@@ -27,20 +29,27 @@ pub struct ShimPd {
     pub inner: Arc<dyn Pd>,
     /// MRs and QPs using this PD (dealloc is refused while non-zero).
     pub users: AtomicU32,
+    /// Made by `ibv_import_pd` (a second handle on another PD's backend PD).
+    pub imported: bool,
 }
 
 #[repr(C)]
 pub struct ShimMr {
     pub mr: ibv_mr,
     pub inner: Box<dyn Mr>,
+    /// Made by `ibv_import_mr` (the registration belongs to the exporting MR).
+    pub imported: bool,
 }
 
 #[repr(C)]
 pub struct ShimCq {
-    pub cq: ibv_cq,
+    /// An `ibv_cq_ex` (its prefix is the `ibv_cq` legacy callers see).
+    pub cq: ibv_cq_ex,
     pub inner: Box<dyn Cq>,
     /// QPs completing here (destroy is refused while non-zero).
     pub users: AtomicU32,
+    /// The completion an extended-CQ poll is on (`ibv_start_poll` .. `ibv_end_poll`).
+    pub cur: Mutex<rnic::Wc>,
 }
 
 #[repr(C)]

@@ -10,9 +10,11 @@ use crate::objects::{
 };
 use parking_lot::Mutex;
 use rnic::{Access, QpInitAttr};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock};
 
 fn nonnull<T>(p: *mut T, what: &str) -> Result<(), ShimError> {
     if p.is_null() {
@@ -24,6 +26,53 @@ fn nonnull<T>(p: *mut T, what: &str) -> Result<(), ShimError> {
 
 // ---- PD ----
 
+/// What `ibv_import_pd` / `ibv_import_mr` find by handle: the live (exporting) PDs
+/// and MRs of the process. Handles are unique per process (any context may import).
+struct Exports {
+    next: u32,
+    pds: HashMap<u32, Arc<dyn crate::backend::Pd>>,
+    mrs: HashMap<u32, MrExport>,
+}
+
+#[derive(Clone, Copy)]
+struct MrExport {
+    pd_handle: u32,
+    length: u64,
+    lkey: u32,
+    rkey: u32,
+}
+
+static EXPORTS: LazyLock<Mutex<Exports>> = LazyLock::new(|| {
+    Mutex::new(Exports {
+        next: 1,
+        pds: HashMap::new(),
+        mrs: HashMap::new(),
+    })
+});
+
+impl Exports {
+    fn handle(&mut self) -> u32 {
+        let h = self.next;
+        self.next = self.next.wrapping_add(1).max(1);
+        h
+    }
+}
+
+/// An imported MR: the registration belongs to the exporting MR (keys only).
+struct ImportedMr {
+    lkey: u32,
+    rkey: u32,
+}
+
+impl crate::backend::Mr for ImportedMr {
+    fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
 /// # Safety
 /// `ctx` an open context.
 #[no_mangle]
@@ -32,14 +81,18 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         let inner = s.dev.alloc_pd()?;
+        let mut ex = EXPORTS.lock();
+        let handle = ex.handle();
+        ex.pds.insert(handle, inner.clone());
         let pd = ibv_pd {
             context: ctx,
-            handle: 0,
+            handle,
         };
         let p = Box::into_raw(Box::new(ShimPd {
             pd,
             inner,
             users: AtomicU32::new(0),
+            imported: false,
         }));
         Ok(p as *mut ibv_pd)
     })
@@ -55,7 +108,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if s.users.load(Ordering::Acquire) != 0 {
             return Err(ShimError::Busy("PD still has MRs or QPs".into()));
         }
-        // SAFETY: allocated by ibv_alloc_pd.
+        if !s.imported {
+            EXPORTS.lock().pds.remove(&s.pd.handle);
+        }
+        // SAFETY: allocated by ibv_alloc_pd / ibv_import_pd.
         drop(unsafe { Box::from_raw(pd as *mut ShimPd) });
         Ok(())
     })
@@ -78,7 +134,23 @@ unsafe fn reg_mr(
 ) -> Result<*mut ibv_mr, ShimError> {
     // SAFETY: caller contract.
     let s: &ShimPd = unsafe { shim(pd, "PD")? };
-    let access = access as u32;
+    let mut access = access as u32;
+    if access & IBV_ACCESS_ON_DEMAND != 0 {
+        // SAFETY: the PD's context is an open context of ours.
+        let ctx = unsafe { ShimContext::from_ibv(s.pd.context)? };
+        if !ctx.dev.odp() {
+            return Err(ShimError::Unsupported(
+                "IBV_ACCESS_ON_DEMAND (no ODP in pinned mode)".into(),
+            ));
+        }
+        if addr.is_null() && len == usize::MAX {
+            return Err(ShimError::Unsupported(
+                "implicit ODP MRs (IBV_ODP_SUPPORT_IMPLICIT is not offered)".into(),
+            ));
+        }
+        // NP-RDMA MRs are on demand already.
+        access &= !IBV_ACCESS_ON_DEMAND;
+    }
     if access & !SUPPORTED_ACCESS != 0 {
         return Err(ShimError::Unsupported(format!(
             "MR access flags {:#x} (supported: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, RELAXED_ORDERING)",
@@ -96,17 +168,77 @@ unsafe fn reg_mr(
     // SAFETY: the application keeps [addr, addr+len) mapped while the MR is registered
     // (the ibv_reg_mr contract).
     let inner = unsafe { s.inner.reg_mr(addr as usize, len, acc)? };
+    let mut ex = EXPORTS.lock();
+    let handle = ex.handle();
+    ex.mrs.insert(
+        handle,
+        MrExport {
+            pd_handle: s.pd.handle,
+            length: len as u64,
+            lkey: inner.lkey(),
+            rkey: inner.rkey(),
+        },
+    );
+    drop(ex);
     let mr = ibv_mr {
         context: s.pd.context,
         pd,
         addr,
         length: len as u64,
-        handle: 0,
+        handle,
         lkey: inner.lkey(),
         rkey: inner.rkey(),
     };
     s.users.fetch_add(1, Ordering::AcqRel);
-    Ok(Box::into_raw(Box::new(ShimMr { mr, inner })) as *mut ibv_mr)
+    Ok(Box::into_raw(Box::new(ShimMr {
+        mr,
+        inner,
+        imported: false,
+    })) as *mut ibv_mr)
+}
+
+/// `verbs_context.advise_mr` (what libibverbs' `ibv_advise_mr` inline calls; set in
+/// NP-RDMA mode, whose MRs are on demand): PREFETCH / PREFETCH_WRITE fault the
+/// SGEs' pages in now (synchronously, so IBV_ADVISE_MR_FLAG_FLUSH holds),
+/// PREFETCH_NO_FAULT has nothing to do. The SGEs must lie in MRs of `pd`.
+///
+/// # Safety
+/// `pd` ours; `sg_list` has `num_sges` entries.
+pub(crate) unsafe extern "C" fn advise_mr_op(
+    pd: *mut ibv_pd,
+    advice: ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sges: u32,
+) -> c_int {
+    guard_rc("ibv_advise_mr", || {
+        // SAFETY: caller contract.
+        let p: &ShimPd = unsafe { shim(pd, "PD")? };
+        if flags & !IB_UVERBS_ADVISE_MR_FLAG_FLUSH != 0 {
+            return Err(ShimError::InvalidArgument(format!(
+                "advise flags {flags:#x}"
+            )));
+        }
+        let fault = match advice {
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH | IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => false,
+            a => return Err(ShimError::InvalidArgument(format!("advice {a}"))),
+        };
+        if num_sges == 0 || sg_list.is_null() {
+            return Err(ShimError::InvalidArgument("no SGEs".into()));
+        }
+        // SAFETY: caller contract: num_sges readable entries.
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sges as usize) };
+        let sges: Vec<rnic::Sge> = list
+            .iter()
+            .map(|s| rnic::Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        p.inner.advise(&sges, fault)
+    })
 }
 
 /// # Safety
@@ -165,6 +297,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let s: &ShimMr = unsafe { shim(mr, "MR")? };
         // SAFETY: the MR's PD outlives it (dealloc_pd refuses while users != 0).
         let pd: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
+        if !s.imported {
+            EXPORTS.lock().mrs.remove(&s.mr.handle);
+        }
         // SAFETY: allocated by reg_mr; dropping deregisters (waits for in-flight DMA).
         drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
         pd.users.fetch_sub(1, Ordering::AcqRel);
@@ -226,13 +361,43 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
+        // SAFETY: forwarded contract.
+        let p = unsafe { create_cq_common(ctx, cqe, cq_context, channel, comp_vector)? };
+        Ok(p as *mut ibv_cq)
+    })
+}
+
+/// A CQ of `ctx` (legacy or extended: the object is the same, its C struct an
+/// `ibv_cq_ex` whose prefix is the `ibv_cq`).
+///
+/// # Safety
+/// `ctx` an open context; `channel` null or ours.
+pub(crate) unsafe fn create_cq_common(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut ShimCq, ShimError> {
+    {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
-        if cqe <= 0 {
-            return Err(ShimError::InvalidArgument(format!("cqe {cqe}")));
+        // As the kernel's ib_uverbs_create_cq and providers: 1..=max_cqe entries,
+        // comp_vector < num_comp_vectors.
+        let max_cqe = s.dev.attr().max_cqe;
+        if cqe <= 0 || cqe as u32 > max_cqe {
+            return Err(ShimError::InvalidArgument(format!(
+                "cqe {cqe} (the device allows 1..={max_cqe})"
+            )));
+        }
+        let vectors = s.vctx.context.num_comp_vectors;
+        if comp_vector < 0 || comp_vector >= vectors {
+            return Err(ShimError::InvalidArgument(format!(
+                "comp_vector {comp_vector} (the device has {vectors})"
+            )));
         }
         let chan: Option<&ShimChannel> = if channel.is_null() {
             None
@@ -242,7 +407,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         };
         let inner = s.dev.create_cq(cqe as u32, chan.is_some())?;
         // SAFETY: plain C data.
-        let mut cq: ibv_cq = unsafe { zeroed() };
+        let mut cq: ibv_cq_ex = unsafe { zeroed() };
         cq.context = ctx;
         cq.channel = channel;
         cq.cq_context = cq_context;
@@ -251,6 +416,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             cq,
             inner,
             users: AtomicU32::new(0),
+            cur: Mutex::new(rnic::Wc::default()),
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
@@ -273,8 +439,8 @@ pub unsafe extern "C" fn ibv_create_cq(
             }
             ch.cqs.lock().push(p as usize);
         }
-        Ok(p as *mut ibv_cq)
-    })
+        Ok(p)
+    }
 }
 
 /// # Safety
@@ -627,10 +793,25 @@ refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize
 refuse_rc!(ibv_query_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 
-/// Fork support needs no preparation here (memory is not pinned by a kernel driver).
+/// Fork support needs no preparation: the software NIC reaches registered memory
+/// by the registering process's virtual addresses, and a fork leaves the parent's
+/// mappings (and so every MR) where they were — the situation of a kernel with
+/// copy-on-fork for pinned pages, where rdma-core's `ibv_fork_init` returns 0
+/// without doing anything, before or after registrations. (NP-RDMA mode: the
+/// parent's registrations stay valid; a child's copy of registered memory that the
+/// pager had swapped out at fork time reads as zeroes — the pager serves the
+/// registering process only — so a child must not rely on it, as with
+/// `MADV_DONTFORK`ed MRs under rdma-core's `ibv_fork_init`.)
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
+}
+
+/// `IBV_FORK_UNNEEDED` (see [`ibv_fork_init`]), as rdma-core reports on kernels
+/// that copy pinned pages on fork.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> ibv_fork_status {
+    IBV_FORK_UNNEEDED
 }
 
 /// No asynchronous events are generated: waits on the (never signalled) async fd.
@@ -674,12 +855,113 @@ pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags:
     0
 }
 
-refuse_ptr!(ibv_import_device, "importing devices (no kernel command fd)", (fd: c_int) -> *mut ibv_context);
-refuse_ptr!(ibv_import_pd, "importing PDs", (c: *mut ibv_context, h: u32) -> *mut ibv_pd);
-refuse_ptr!(ibv_import_mr, "importing MRs", (pd: *mut ibv_pd, h: u32) -> *mut ibv_mr);
+/// A PD of any context of the process by its handle (`ibv_pd.handle`), for `ctx`
+/// (typically a context from `ibv_import_device`). The imported PD shares the
+/// exporting PD's objects; release it with `ibv_unimport_pd`.
+///
+/// # Safety
+/// `ctx` an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *mut ibv_pd {
+    guard("ibv_import_pd", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        unsafe { ShimContext::from_ibv(ctx)? };
+        let inner = EXPORTS
+            .lock()
+            .pds
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| ShimError::InvalidArgument(format!("no PD with handle {handle}")))?;
+        let p = Box::into_raw(Box::new(ShimPd {
+            pd: ibv_pd {
+                context: ctx,
+                handle,
+            },
+            inner,
+            users: AtomicU32::new(0),
+            imported: true,
+        }));
+        Ok(p as *mut ibv_pd)
+    })
+}
+
+/// An MR of the process by its handle (`ibv_mr.handle`), on the imported PD `pd` of
+/// the MR's own PD. As with rdma-core, the imported MR's `addr` is NULL (the
+/// importer knows where its memory is); release it with `ibv_unimport_mr`.
+///
+/// # Safety
+/// `pd` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv_mr {
+    guard("ibv_import_mr", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let p: &ShimPd = unsafe { shim(pd, "PD")? };
+        let e = EXPORTS
+            .lock()
+            .mrs
+            .get(&handle)
+            .copied()
+            .filter(|e| e.pd_handle == p.pd.handle)
+            .ok_or_else(|| {
+                ShimError::InvalidArgument(format!("no MR with handle {handle} on this PD"))
+            })?;
+        let mr = ibv_mr {
+            context: p.pd.context,
+            pd,
+            addr: std::ptr::null_mut(),
+            length: e.length,
+            handle,
+            lkey: e.lkey,
+            rkey: e.rkey,
+        };
+        p.users.fetch_add(1, Ordering::AcqRel);
+        Ok(Box::into_raw(Box::new(ShimMr {
+            mr,
+            inner: Box::new(ImportedMr {
+                lkey: e.lkey,
+                rkey: e.rkey,
+            }),
+            imported: true,
+        })) as *mut ibv_mr)
+    })
+}
+refuse_ptr!(ibv_import_dm, "importing device memory", (c: *mut ibv_context, h: u32) -> *mut ibv_dm);
 
 #[no_mangle]
-pub extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
+pub extern "C" fn ibv_unimport_dm(_dm: *mut ibv_dm) {}
 
+/// Release a PD from `ibv_import_pd` (the exporting PD is untouched). Ignored for
+/// other PDs.
+///
+/// # Safety
+/// `pd` ours, with no MRs or QPs of its own left.
 #[no_mangle]
-pub extern "C" fn ibv_unimport_mr(_mr: *mut ibv_mr) {}
+pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
+    // SAFETY: caller contract.
+    if let Ok(s) = unsafe { shim::<_, ShimPd>(pd, "PD") } {
+        if s.imported {
+            // SAFETY: allocated by ibv_import_pd.
+            drop(unsafe { Box::from_raw(pd as *mut ShimPd) });
+        }
+    }
+}
+
+/// Release an MR from `ibv_import_mr` (the registration stays with the exporting
+/// MR). Ignored for other MRs.
+///
+/// # Safety
+/// `mr` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
+    // SAFETY: caller contract.
+    if let Ok(s) = unsafe { shim::<_, ShimMr>(mr, "MR") } {
+        if s.imported {
+            // SAFETY: the imported MR's PD outlives it (it counts as a user).
+            if let Ok(pd) = unsafe { shim::<_, ShimPd>(s.mr.pd, "PD") } {
+                pd.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            // SAFETY: allocated by ibv_import_mr.
+            drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
+        }
+    }
+}

@@ -364,6 +364,10 @@ pub(crate) struct QpState {
     gen: u8,
     qpn: u32,
     pd: u32,
+    /// The application's remote access flags of this QP (`qp_access_flags`):
+    /// the data QP's NIC access flags (one-sided requests) and checked by the
+    /// target CPU for two-sided ones (see [`grant`]).
+    remote_access: Access,
     depth: u32,
     nslots: u32,
     slot_size: usize,
@@ -487,6 +491,9 @@ impl QpState {
             gen: 0,
             qpn,
             pd,
+            // Until the application says otherwise (`set_remote_access`):
+            // every remote right, as before the flags were modelled.
+            remote_access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
             depth,
             nslots,
             slot_size,
@@ -613,12 +620,35 @@ impl QpState {
             | rnic::Access::REMOTE_READ
             | rnic::Access::REMOTE_WRITE
             | rnic::Access::REMOTE_ATOMIC;
-        self.data.connect(acc, dest, peer.qpn, 7)?;
+        // The peer's one-sided requests reach the application's MR views
+        // through the data QP: its NIC enforces the application's flags (the
+        // protocol's own MRs are `ANY_QP`). The control QP only receives SENDs.
+        self.data.connect(self.data_access(), dest, peer.qpn, 7)?;
         self.ctrl.connect(acc, dest, peer.qpn | CTRL_QPN_BIT, 7)?;
         for s in 0..self.nslots {
             self.post_slot(s)?;
         }
         self.connected = true;
+        Ok(())
+    }
+
+    fn data_access(&self) -> rnic::Access {
+        rnic::Access::LOCAL_WRITE | crate::adapt::rnic_access(self.remote_access)
+    }
+
+    /// Set the application's remote access flags (`ibv_modify_qp` with
+    /// `IBV_QP_ACCESS_FLAGS`): enforced from now on, by the data QP's NIC for
+    /// one-sided requests and by [`grant`] for two-sided ones.
+    pub fn set_remote_access(&mut self, access: Access) -> Result<(), Error> {
+        let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        self.remote_access = Access(access.0 & rights.0);
+        if self.connected && !self.dead && !self.errored {
+            let a = rnic::QpAttr {
+                qp_access_flags: self.data_access(),
+                ..Default::default()
+            };
+            self.data.modify(&a, rnic::QpAttrMask::ACCESS_FLAGS)?;
+        }
         Ok(())
     }
 
@@ -1440,6 +1470,9 @@ fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
 }
 
 fn temp_mr(sh: &Shared, addr: u64, len: u64, acc: rnic::Access) -> Result<rnic::Mr, ()> {
+    // `ANY_QP`: the peer's reverse operation reaches it whatever the
+    // application's flags on the QP (the MR's own rights still apply).
+    let acc = acc | rnic::Access::ANY_QP;
     #[allow(unsafe_code)]
     // SAFETY: the range is inside a registered application MR (mapped while
     // registered) and pinned by the caller for the MR's whole lifetime (the
@@ -1945,7 +1978,15 @@ fn serve_fault(
     need: Access,
     r: Option<(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
 ) {
-    let res = grant(sh, r.as_ref(), f.remote_addr, f.len as u64, need, false);
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        f.remote_addr,
+        f.len as u64,
+        need,
+        false,
+    );
     let reply = |qp: &mut QpState, status| {
         qp.send_ctrl(
             &sh.cfg.ctrl,
@@ -2115,15 +2156,21 @@ fn answer_zero_read(
     }
 }
 
-/// Target side: validate like the NIC would, then pin and map in.
+/// Target side: validate like the NIC would — the QP's access flags first
+/// (`qp_access`: REM_INV_REQ, as rxe/mlx5 and the pinned NIC), then key,
+/// bounds and the MR's rights — then pin and map in.
 fn grant(
     sh: &Shared,
+    qp_access: Access,
     r: Option<&(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
     addr: u64,
     len: u64,
     need: Access,
     atomic: bool,
 ) -> Result<Option<EnginePin>, Status> {
+    if !qp_access.contains(need) {
+        return Err(Status::RemoteInvalid);
+    }
     validate(r.map(|x| &x.1), addr, len, need, atomic)?;
     mark(Step::TValidated);
     let (m, _) = r.ok_or(Status::RemoteAccess)?;
@@ -2212,6 +2259,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             // the READ linearises at the proof, like the inline answer.
             if f.kind == FaultKind::Read
                 && !f.retry_mode
+                && qp.remote_access.contains(Access::REMOTE_READ)
                 && f.len as u64 <= ZERO_READ_MAX
                 && validate(
                     r.as_ref().map(|x| &x.1),
@@ -2254,6 +2302,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             // write may follow it).
             let early = r.as_ref().filter(|_| {
                 len > 0
+                    && qp.remote_access.contains(Access::REMOTE_READ)
                     && len as usize <= mem::STACK_COPY
                     && validate(
                         r.as_ref().map(|x| &x.1),
@@ -2310,6 +2359,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             }
             let res = grant(
                 sh,
+                qp.remote_access,
                 r.as_ref(),
                 remote_addr,
                 len as u64,
@@ -2346,6 +2396,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             let r = region(mrs, qp.pd, rkey);
             let res = grant(
                 sh,
+                qp.remote_access,
                 r.as_ref(),
                 remote_addr,
                 data.len() as u64,
@@ -2374,6 +2425,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             let r = region(mrs, qp.pd, a.rkey);
             let res = grant(
                 sh,
+                qp.remote_access,
                 r.as_ref(),
                 a.remote_addr,
                 8,

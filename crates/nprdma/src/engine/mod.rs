@@ -328,6 +328,17 @@ impl Qp {
         qp.connect(peer)
     }
 
+    /// Set the QP's remote access flags (`qp_access_flags` of
+    /// `ibv_modify_qp`; REMOTE_READ / REMOTE_WRITE / REMOTE_ATOMIC count, the
+    /// rest is ignored). The peer's READs, WRITEs and atomics this QP does not
+    /// grant fail with REM_INV_REQ_ERR at the peer, one-sided (the data QP's
+    /// NIC) or two-sided (the target's check). A new QP grants all three.
+    pub fn set_remote_access(&self, access: Access) -> Result<(), Error> {
+        let mut st = self.ctx.sh.st.lock();
+        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        qp.set_remote_access(access)
+    }
+
     /// Post send WRs; on an error, WRs before the failing one were posted.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
         let sh = &self.ctx.sh;

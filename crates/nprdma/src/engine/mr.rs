@@ -199,6 +199,15 @@ pub(crate) unsafe fn register(
     if len == 0 || addr == 0 || addr.checked_add(len).is_none() {
         return Err(Error::Invalid("empty or wrapping MR"));
     }
+    // As ibv_reg_mr (and the NIC's own registration): remote writes and
+    // atomics need local write access too.
+    if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(Error::Invalid(
+            "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
+        ));
+    }
     let first = addr & !(PS - 1);
     let npages = (addr + len - 1) / PS - addr / PS + 1;
     // SAFETY: forwarded contract (private anonymous memory that stays mapped).
@@ -280,7 +289,9 @@ pub(crate) unsafe fn register(
         sh.pd.reg_mr(
             vers.addr() as usize,
             vers.byte_len() as usize,
-            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ,
+            // ANY_QP: peers read versions to check their one-sided ops
+            // whatever the application's QP flags (READ-only data).
+            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ | rnic::Access::ANY_QP,
         )?
     };
     let read_access = Access(access.0 & Access::REMOTE_READ.0);

@@ -8,6 +8,7 @@
 
 mod np;
 pub mod np_env;
+mod np_sgl;
 mod pinned;
 
 use crate::error::ShimError;
@@ -28,6 +29,11 @@ pub trait Device: Send + Sync {
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>>;
+    /// Whether MRs may be registered on demand (`IBV_ACCESS_ON_DEMAND`, RC ODP caps,
+    /// `ibv_advise_mr`): NP-RDMA mode, whose MRs are never pinned anyway.
+    fn odp(&self) -> bool {
+        false
+    }
     /// One line of counters for `NPRDMA_STATS=1` (printed at process exit).
     fn stats(&self) -> String {
         format!("mode={}", self.mode())
@@ -41,6 +47,11 @@ pub trait Pd: Send + Sync {
     /// # Safety
     /// The memory must stay mapped until the returned MR is dropped.
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>>;
+    /// `ibv_advise_mr` prefetch of `sges` (registered MRs of this PD): with `fault`,
+    /// bring their pages in now; without, nothing to do.
+    fn advise(&self, _sges: &[rnic::Sge], _fault: bool) -> Result<()> {
+        Err(ShimError::Unsupported("ibv_advise_mr (no ODP)".into()))
+    }
     /// An RC QP completing on `send_cq` / `recv_cq` (CQs of this device).
     fn create_qp(
         &self,

@@ -4,6 +4,7 @@
 //! rnic `HostAddr`, dest_qp_num); CQs are the layer's user-space CQs (eventfd channel).
 
 use super::np_env;
+use super::np_sgl::{self, LkeyTable, MrInfo, Sgl, NP_MAX_BOUNCE, NP_MAX_SGE};
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
 use parking_lot::Mutex;
@@ -24,11 +25,67 @@ pub const MAX_INLINE: u32 = 1024;
 pub const NP_DEFAULT_RING_MAX: u32 = 0;
 /// Completions converted per layer poll.
 const POLL_CHUNK: usize = 32;
+/// QPs per process this mode advertises (`max_qp`) and grants.
+pub const NP_MAX_QP: u32 = 256;
+/// MRs per process this mode advertises (`max_mr`) and grants.
+pub const NP_MAX_MR: u32 = 4096;
+/// Deepest QP of the layer (`nprdma` refuses more).
+const NP_MAX_DEPTH: u32 = 1000;
+
+/// The NIC resources behind the advertised limits: an application QP is two NIC QPs
+/// (data + control), two NIC MRs (control ring, read-back scratch) and a staging MR;
+/// an application MR (and a staging MR) is three NIC MRs (Read, Write and Version
+/// views) and one tracked frame range; two-sided operations add short-lived NIC MRs.
+fn np_host_limits(c: &mut rnic::HostConfig) {
+    let app_mrs = NP_MAX_MR + NP_MAX_QP + NP_MAX_BOUNCE;
+    c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
+    c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
+    c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
+}
+
+/// A counted share of an advertised per-process limit; released on drop.
+struct Quota {
+    used: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Quota {
+    fn take(
+        used: &Arc<std::sync::atomic::AtomicU32>,
+        max: u32,
+        what: &'static str,
+    ) -> Result<Quota> {
+        use std::sync::atomic::Ordering;
+        used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map_err(|_| ShimError::Nic(rnic::Error::NoResources(what)))?;
+        Ok(Quota { used: used.clone() })
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        self.used.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 pub struct NpDevice {
     host: rnic::Host,
     pager: vmem::Pager,
     ctx: np::Context,
+    /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
+    qps: Arc<std::sync::atomic::AtomicU32>,
+    mrs: Arc<std::sync::atomic::AtomicU32>,
+    /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
+    sg: SgShared,
+}
+
+/// What the device's PDs, QPs and CQs share for scatter/gather lists.
+#[derive(Clone, Default)]
+struct SgShared {
+    lkeys: Arc<LkeyTable>,
+    mapped: np_sgl::Registry,
+    bounces: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NpDevice {
@@ -40,12 +97,20 @@ impl NpDevice {
         if std::env::var_os("NPRDMA_RING_MAX").is_none() {
             hcfg.ring_max = NP_DEFAULT_RING_MAX;
         }
+        np_host_limits(&mut hcfg);
         let host = rnic::Host::new(hcfg)?;
         let pager = vmem::Pager::new(pcfg)
             .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("starting the pager: {e}"))))?;
         let ctx = np::Context::new(&host, &pager, ecfg).map_err(np_err)?;
         tracing::info!(budget = ?pager.budget(), "NP-RDMA backend up");
-        Ok(NpDevice { host, pager, ctx })
+        Ok(NpDevice {
+            host,
+            pager,
+            ctx,
+            qps: Default::default(),
+            mrs: Default::default(),
+            sg: SgShared::default(),
+        })
     }
 }
 
@@ -77,10 +142,14 @@ impl Device for NpDevice {
     }
     fn attr(&self) -> DeviceAttr {
         let mut a = self.host.query_device();
-        // An application WR becomes up to 3 NIC WRs; WRs carry one SGE.
-        a.max_qp_wr /= 3;
-        a.max_sge = 1;
+        // An application WR becomes up to 4 NIC WRs on the data QP (plus 16 spare),
+        // and the layer's QPs are at most NP_MAX_DEPTH deep; SGE lists go through
+        // bounce buffers (`np_sgl`).
+        a.max_qp_wr = (a.max_qp_wr.saturating_sub(16) / 4).min(NP_MAX_DEPTH);
+        a.max_sge = NP_MAX_SGE;
         a.max_inline_data = MAX_INLINE;
+        a.max_qp = NP_MAX_QP;
+        a.max_mr = NP_MAX_MR;
         a
     }
     fn gid(&self) -> [u8; 16] {
@@ -90,11 +159,22 @@ impl Device for NpDevice {
         Ok(Arc::new(NpPd {
             pd: self.ctx.alloc_pd(),
             max_wr: self.attr().max_qp_wr,
+            qps: self.qps.clone(),
+            mrs: self.mrs.clone(),
+            id: NEXT_PD_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            sg: self.sg.clone(),
         }))
     }
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
         let cq = self.ctx.create_cq(depth).map_err(np_err)?;
-        Ok(Box::new(NpCq { cq, events }))
+        Ok(Box::new(NpCq {
+            cq,
+            events,
+            mapped: self.sg.mapped.clone(),
+        }))
+    }
+    fn odp(&self) -> bool {
+        true
     }
     fn stats(&self) -> String {
         let p = self.pager.stats();
@@ -118,13 +198,21 @@ impl Device for NpDevice {
     }
 }
 
+static NEXT_PD_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 struct NpPd {
     pd: np::Pd,
     max_wr: u32,
+    qps: Arc<std::sync::atomic::AtomicU32>,
+    mrs: Arc<std::sync::atomic::AtomicU32>,
+    /// Identifies the PD in [`LkeyTable`].
+    id: u64,
+    sg: SgShared,
 }
 
 impl Pd for NpPd {
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
+        let quota = Quota::take(&self.mrs, NP_MAX_MR, "MRs (max_mr)")?;
         // SAFETY: forwarded contract: the application keeps [addr, addr+len) mapped while
         // registered (ibv_reg_mr's contract); the pager may swap its pages meanwhile.
         let mr = unsafe {
@@ -132,7 +220,44 @@ impl Pd for NpPd {
                 .reg_mr(addr as u64, len as u64, np::Access(access.bits()))
                 .map_err(np_err)?
         };
-        Ok(Box::new(NpMr(mr)))
+        self.sg.lkeys.insert(
+            mr.lkey(),
+            MrInfo {
+                pd: self.id,
+                addr: addr as u64,
+                len: len as u64,
+                local_write: access.contains(Access::LOCAL_WRITE),
+            },
+        );
+        Ok(Box::new(NpMr {
+            mr,
+            lkeys: self.sg.lkeys.clone(),
+            _quota: quota,
+        }))
+    }
+    fn advise(&self, sges: &[rnic::Sge], fault: bool) -> Result<()> {
+        for s in sges {
+            if !self.sg.lkeys.covers(self.id, s, false) {
+                return Err(ShimError::InvalidArgument(format!(
+                    "SGE {:#x}+{} lkey {:#x} is not inside an MR of this PD",
+                    s.addr, s.length, s.lkey
+                )));
+            }
+        }
+        if fault {
+            let page = vmem::PAGE_SIZE as u64;
+            for s in sges.iter().filter(|s| s.length > 0) {
+                let end = s.addr + u64::from(s.length);
+                let mut a = s.addr;
+                while a < end {
+                    // SAFETY: inside a registered MR (checked above), mapped while
+                    // registered; a read brings the page in through the pager.
+                    unsafe { std::ptr::read_volatile(a as *const u8) };
+                    a = (a / page + 1) * page;
+                }
+            }
+        }
+        Ok(())
     }
     fn create_qp(
         &self,
@@ -140,9 +265,9 @@ impl Pd for NpPd {
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
-        if attr.max_send_sge > 1 || attr.max_recv_sge > 1 {
+        if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
             return Err(ShimError::InvalidArgument(format!(
-                "NP-RDMA work requests carry one SGE (asked for {} send / {} recv SGEs)",
+                "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
                 attr.max_send_sge, attr.max_recv_sge
             )));
         }
@@ -166,17 +291,27 @@ impl Pd for NpPd {
                 .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
         };
         let (scq, rcq) = (cq_of(send_cq)?, cq_of(recv_cq)?);
+        let quota = Quota::take(&self.qps, NP_MAX_QP, "QPs (max_qp)")?;
         let stage = Staging::new(&self.pd, depth)?;
         let qp = self.pd.create_qp(&scq, &rcq, depth).map_err(np_err)?;
+        // A verbs QP grants no remote access until ibv_modify_qp sets its
+        // qp_access_flags (the layer's QPs start with all three rights).
+        qp.set_remote_access(np::Access(0)).map_err(np_err)?;
         let cap = QpInitAttr {
             qpn: None,
             max_send_wr: depth,
             max_recv_wr: depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
+            max_send_sge: attr.max_send_sge.max(1),
+            max_recv_sge: attr.max_recv_sge.max(1),
             max_inline_data: MAX_INLINE,
             sq_sig_all: attr.sq_sig_all,
         };
+        // SGE lists: the QP's WRs go through the token tables (`np_sgl`).
+        let sgl = (cap.max_send_sge > 1 || cap.max_recv_sge > 1).then(|| {
+            let t = Arc::new(Mutex::new(Sgl::default()));
+            self.sg.mapped.lock().insert(qp.qpn(), t.clone());
+            t
+        });
         let a = QpAttr {
             qp_state: QpState::Reset,
             cur_qp_state: QpState::Reset,
@@ -187,24 +322,41 @@ impl Pd for NpPd {
             cap,
             attr: Mutex::new(a),
             stage: Mutex::new(stage),
+            sgl,
+            pd: self.pd.clone(),
+            pd_id: self.id,
+            sg: self.sg.clone(),
+            _quota: quota,
         }))
     }
 }
 
-struct NpMr(np::Mr);
+struct NpMr {
+    mr: np::Mr,
+    lkeys: Arc<LkeyTable>,
+    _quota: Quota,
+}
+
+impl Drop for NpMr {
+    fn drop(&mut self) {
+        self.lkeys.remove(self.mr.lkey());
+    }
+}
 
 impl Mr for NpMr {
     fn lkey(&self) -> u32 {
-        self.0.lkey()
+        self.mr.lkey()
     }
     fn rkey(&self) -> u32 {
-        self.0.rkey()
+        self.mr.rkey()
     }
 }
 
 struct NpCq {
     cq: np::Cq,
     events: bool,
+    /// QPs with SGE lists, whose completions are translated back (`np_sgl`).
+    mapped: np_sgl::Registry,
 }
 
 fn wc_from(c: &np::Completion) -> Wc {
@@ -246,6 +398,11 @@ impl Cq for NpCq {
             let m = self.cq.poll(&mut buf[..k]);
             for (o, c) in out[got..].iter_mut().zip(&buf[..m]) {
                 *o = wc_from(c);
+            }
+            if m > 0 && !self.mapped.lock().is_empty() {
+                for w in &mut out[got..got + m] {
+                    np_sgl::translate(&self.mapped, w);
+                }
             }
             got += m;
             if m < k {
@@ -290,25 +447,20 @@ struct Staging {
     next: u64,
 }
 
-struct Mapping {
-    addr: *mut u8,
+/// A private anonymous mapping owned by this value (unmapped on drop).
+pub(super) struct Mapping {
+    pub(super) addr: *mut u8,
     len: usize,
 }
 
 // SAFETY: a private anonymous mapping owned by this value; access is serialised by
-// the QP's staging mutex.
+// the mutex of its owner (a QP's staging, a QP's scatter/gather table).
 unsafe impl Send for Mapping {}
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
-    }
-}
-
-impl Staging {
-    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
-        let len = (depth as usize * MAX_INLINE as usize).next_multiple_of(vmem::PAGE_SIZE);
+impl Mapping {
+    /// `len` bytes (rounded up to pages) of fresh private anonymous memory.
+    pub(super) fn new(len: usize) -> std::result::Result<Mapping, rnic::Error> {
+        let len = len.next_multiple_of(vmem::PAGE_SIZE);
         // SAFETY: a fresh private anonymous mapping; failure checked below.
         let p = unsafe {
             libc::mmap(
@@ -321,16 +473,29 @@ impl Staging {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
+            return Err(rnic::Error::from(std::io::Error::last_os_error()));
         }
-        let map = Mapping {
+        Ok(Mapping {
             addr: p.cast(),
             len,
-        };
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
+impl Staging {
+    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
+        let map = Mapping::new(depth as usize * MAX_INLINE as usize)?;
         // SAFETY: private anonymous memory that stays mapped until after the MR is
         // dropped (field order of `Staging`).
         let mr = unsafe {
-            pd.reg_mr(p as u64, len as u64, np::Access::LOCAL_WRITE)
+            pd.reg_mr(map.addr as u64, map.len as u64, np::Access::LOCAL_WRITE)
                 .map_err(np_err)?
         };
         Ok(Staging {
@@ -361,11 +526,24 @@ struct NpQp {
     cap: QpInitAttr,
     attr: Mutex<QpAttr>,
     stage: Mutex<Staging>,
+    /// Token tables when the QP takes SGE lists (`np_sgl`).
+    sgl: Option<Arc<Mutex<Sgl>>>,
+    pd: np::Pd,
+    pd_id: u64,
+    sg: SgShared,
+    _quota: Quota,
 }
 
 impl Drop for NpQp {
     fn drop(&mut self) {
+        let qpn = self.qp.as_ref().map(|q| q.qpn());
         drop(self.qp.take());
+        if let (Some(t), Some(n)) = (&self.sgl, qpn) {
+            let mut m = self.sg.mapped.lock();
+            if m.get(&n).is_some_and(|x| Arc::ptr_eq(x, t)) {
+                m.remove(&n);
+            }
+        }
     }
 }
 
@@ -404,12 +582,54 @@ impl NpQp {
     }
 
     fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
+        let Some(sgl) = &self.sgl else {
+            return self.post_one_as(w, w.wr_id, || one_sge(w.sg_list));
+        };
+        if w.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(rnic::Error::InvalidArgument(
+                "more SGEs than the QP's max_send_sge",
+            ));
+        }
+        let state = self.state();
+        // The SGEs carry data only for a WR the QP executes (not flushed, not inline).
+        let data = state == QpState::Rts && !w.flags.contains(SendFlags::INLINE);
+        let into_local = matches!(
+            w.opcode,
+            WrOpcode::Read | WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
+        );
+        let mut t = sgl.lock();
+        let m = t.map(
+            false,
+            self.cap.max_send_wr,
+            w.wr_id,
+            if data { w.sg_list } else { &[] },
+            into_local,
+            self.pd_id,
+            &self.pd,
+            &self.sg.lkeys,
+            &self.sg.bounces,
+        )?;
+        let r = self.post_one_as(w, m.token, || Ok(m.sge));
+        if r.is_err() {
+            t.unmap_last(false);
+        }
+        r
+    }
+
+    /// Post `w` to the layer as `wr_id` with the SGE `sge` gives (asked only when the
+    /// WR carries data from its SGEs).
+    fn post_one_as(
+        &self,
+        w: &SendWr,
+        wr_id: u64,
+        sge: impl FnOnce() -> std::result::Result<Option<np::Sge>, rnic::Error>,
+    ) -> std::result::Result<(), rnic::Error> {
         let state = self.state();
         if state == QpState::Err {
             // Accepted and completed with WR_FLUSH_ERR (rdma-core providers);
             // the payload is never read, so no staging slot is taken.
             let wr = np::SendWr {
-                wr_id: w.wr_id,
+                wr_id,
                 op: app_op(w.opcode),
                 sge: None,
                 remote_addr: w.remote_addr,
@@ -427,7 +647,7 @@ impl NpQp {
             return Err(rnic::Error::WrongQpState(state));
         }
         let mut wr = np::SendWr {
-            wr_id: w.wr_id,
+            wr_id,
             op: app_op(w.opcode),
             sge: None,
             remote_addr: w.remote_addr,
@@ -454,10 +674,49 @@ impl NpQp {
                 .post_send(&[wr])
                 .map_err(|(_, e)| post_err(e, state));
         }
-        wr.sge = one_sge(w.sg_list)?;
+        wr.sge = sge()?;
         self.qp()
             .post_send(&[wr])
             .map_err(|(_, e)| post_err(e, state))
+    }
+}
+
+impl NpQp {
+    /// A RECV of a QP with SGE lists (a bounce buffer for several SGEs).
+    fn post_recv_mapped(
+        &self,
+        sgl: &Mutex<Sgl>,
+        w: &RecvWr,
+        state: QpState,
+    ) -> std::result::Result<(), rnic::Error> {
+        if w.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(rnic::Error::InvalidArgument(
+                "more SGEs than the QP's max_recv_sge",
+            ));
+        }
+        let mut t = sgl.lock();
+        let m = t.map(
+            true,
+            self.cap.max_recv_wr,
+            w.wr_id,
+            w.sg_list,
+            true,
+            self.pd_id,
+            &self.pd,
+            &self.sg.lkeys,
+            &self.sg.bounces,
+        )?;
+        let r = self
+            .qp()
+            .post_recv(&[np::RecvWr {
+                wr_id: m.token,
+                sge: m.sge,
+            }])
+            .map_err(|(_, e)| post_err(e, state));
+        if r.is_err() {
+            t.unmap_last(true);
+        }
+        r
     }
 }
 
@@ -500,6 +759,13 @@ impl Qp for NpQp {
         }
         if to == QpState::Err && from != QpState::Err {
             self.qp().set_error().map_err(np_err)?;
+        }
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            // Enforced by the peer-facing side of the layer (the data QP's NIC
+            // and the target CPU's checks), as a NIC enforces it.
+            self.qp()
+                .set_remote_access(np::Access(attr.qp_access_flags.bits()))
+                .map_err(np_err)?;
         }
         if from == QpState::Init && to == QpState::Rtr {
             let need = QpAttrMask::AV | QpAttrMask::DEST_QPN;
@@ -554,6 +820,8 @@ impl Qp for NpQp {
         for (i, w) in wrs.iter().enumerate() {
             let r = if state == QpState::Reset {
                 Err(rnic::Error::WrongQpState(state))
+            } else if let Some(sgl) = &self.sgl {
+                self.post_recv_mapped(sgl, w, state)
             } else {
                 one_sge(w.sg_list).and_then(|sge| {
                     self.qp()
@@ -730,6 +998,424 @@ mod tests {
         drop(mr);
         // SAFETY: our mapping; its MR is gone.
         unsafe { libc::munmap(addr, LEN) };
+    }
+
+    /// Private anonymous memory for a test, unmapped on drop (after the MRs on it).
+    struct TestMem(*mut libc::c_void, usize);
+
+    impl TestMem {
+        fn new(len: usize) -> TestMem {
+            // SAFETY: a fresh private anonymous mapping; checked below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            TestMem(p, len)
+        }
+        fn addr(&self) -> u64 {
+            self.0 as u64
+        }
+    }
+
+    impl Drop for TestMem {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping of this length.
+            unsafe { libc::munmap(self.0, self.1) };
+        }
+    }
+
+    /// Connect `a` and `b` (both on `dev`), `b` granting `b_access` remotely.
+    fn connect_pair(dev: &NpDevice, a: &dyn Qp, b: &dyn Qp, b_access: Access) {
+        let dest = rnic::HostAddr::from_bytes(&dev.gid());
+        for (q, peer, acc) in [(a, b.qpn(), Access::LOCAL_WRITE), (b, a.qpn(), b_access)] {
+            for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
+                let attr = QpAttr {
+                    qp_state: st,
+                    dest: Some(dest),
+                    dest_qp_num: peer,
+                    qp_access_flags: acc,
+                    ..Default::default()
+                };
+                let mut m = QpAttrMask::STATE;
+                if st == QpState::Init {
+                    m |= QpAttrMask::ACCESS_FLAGS;
+                }
+                if st == QpState::Rtr {
+                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
+                }
+                q.modify(&attr, m).unwrap();
+            }
+        }
+    }
+
+    fn wait_one(cq: &dyn Cq) -> Wc {
+        let mut out = [Wc::default(); 4];
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = cq.poll(&mut out).unwrap();
+            if n > 0 {
+                assert_eq!(n, 1, "{:?}", &out[..n]);
+                return out[0];
+            }
+            assert!(t0.elapsed().as_secs() < 10, "no completion");
+            std::thread::yield_now();
+        }
+    }
+
+    /// The target QP's qp_access_flags are enforced like rxe/mlx5 and pinned mode
+    /// do: a READ / WRITE / atomic the QP does not grant completes with
+    /// REM_INV_REQ_ERR at the initiator although the MR grants it — one-sided (pages
+    /// resident: the data QP's NIC refuses) and two-sided (pages never touched: the
+    /// target CPU refuses). The same operations succeed once the QP grants them,
+    /// whatever the initiator's own QP grants.
+    #[test]
+    fn target_qp_access_flags_are_enforced() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: true,
+        };
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_ATOMIC;
+        // (op, pages touched, length): 16 KiB on untouched pages goes two-sided with a
+        // reverse operation into the initiator, whose QP grants no remote access
+        // (the layer's temporary MRs are reachable anyway: rnic ANY_QP).
+        let cases: [(WrOpcode, bool, u32); 7] = [
+            (WrOpcode::Write, true, 64),
+            (WrOpcode::Read, true, 64),
+            (WrOpcode::Read, false, 64),
+            (WrOpcode::Write, false, 64),
+            (WrOpcode::Read, false, 16384),
+            (WrOpcode::Write, false, 16384),
+            (WrOpcode::FetchAdd { add: 1 }, true, 8),
+        ];
+        // Write-only grants exercise the peer's page-version READs (the version
+        // tables are ANY_QP too).
+        for granted in [
+            Access::LOCAL_WRITE,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            all,
+        ] {
+            for (op, touched, len) in cases {
+                let need = match op {
+                    WrOpcode::Write => Access::REMOTE_WRITE,
+                    WrOpcode::Read => Access::REMOTE_READ,
+                    _ => Access::REMOTE_ATOMIC,
+                };
+                let want = if granted.contains(need) {
+                    WcStatus::Success
+                } else {
+                    WcStatus::RemInvReqErr
+                };
+                let mem = TestMem::new(LEN);
+                // SAFETY: the mapping outlives the MR (dropped first, below).
+                let mr = unsafe { pd.reg_mr(mem.addr() as usize, LEN, all).unwrap() };
+                if touched {
+                    // SAFETY: inside our mapping; makes every page resident.
+                    unsafe { std::ptr::write_bytes(mem.addr() as *mut u8, 7, LEN) };
+                }
+                let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
+                let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
+                connect_pair(&dev, &*qa, &*qb, granted);
+                let sg = [rnic::Sge {
+                    addr: mem.addr(),
+                    length: len,
+                    lkey: mr.lkey(),
+                }];
+                let w = SendWr::new(1, op, &sg).remote(mem.addr() + 32768, mr.rkey());
+                qa.post_send(&[w]).unwrap();
+                let wc = wait_one(&*cq);
+                assert_eq!(
+                    wc.status, want,
+                    "{op:?} touched={touched} len={len} granted={granted:?}: {wc:?}"
+                );
+                drop((qa, qb, mr));
+            }
+        }
+    }
+
+    /// NP-RDMA registration refuses what ibv_reg_mr refuses: REMOTE_WRITE or
+    /// REMOTE_ATOMIC without LOCAL_WRITE (EINVAL).
+    #[test]
+    fn reg_mr_needs_local_write_for_remote_write_and_atomic() {
+        let dev = NpDevice::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let mem = TestMem::new(8192);
+        for acc in [
+            Access::REMOTE_WRITE,
+            Access::REMOTE_ATOMIC,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        ] {
+            // SAFETY: the mapping outlives any MR (none is made).
+            let r = unsafe { pd.reg_mr(mem.addr() as usize, 8192, acc) };
+            let e = r.err().expect("refused");
+            assert_eq!(e.errno(), libc::EINVAL, "{acc:?}: {e}");
+        }
+        // SAFETY: as above; dropped before the mapping.
+        let ok = unsafe { pd.reg_mr(mem.addr() as usize, 8192, Access::REMOTE_READ) };
+        assert!(ok.is_ok());
+    }
+
+    /// The limits ibv_query_device advertises in this mode hold: max_mr MRs and then
+    /// max_qp QPs (each with its staging MR) exist at once, a QP of max_qp_wr depth
+    /// can be created, and one more MR / QP than advertised is refused with ENOMEM.
+    #[test]
+    fn advertised_qp_and_mr_limits_hold() {
+        let dev = NpDevice::new().unwrap();
+        let a = dev.attr();
+        assert_eq!((a.max_qp, a.max_mr), (NP_MAX_QP, NP_MAX_MR));
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16, false).unwrap();
+        let page = vmem::PAGE_SIZE;
+        let n = a.max_mr as usize;
+        let mem = TestMem::new((n + 1) * page);
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        let mut mrs = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: the mapping outlives the MRs (dropped first, below).
+            let r = unsafe { pd.reg_mr(mem.addr() as usize + i * page, page, acc) };
+            mrs.push(r.unwrap_or_else(|e| panic!("MR {i} of {n}: {e}")));
+        }
+        // SAFETY: as above.
+        let extra = unsafe { pd.reg_mr(mem.addr() as usize + n * page, page, acc) };
+        assert_eq!(
+            extra.err().expect("max_mr + 1 refused").errno(),
+            libc::ENOMEM
+        );
+        let small = QpInitAttr {
+            qpn: None,
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        // The QPs' staging MRs are not application MRs: all max_mr stay registered.
+        let mut qps = Vec::new();
+        for i in 0..a.max_qp {
+            let init = if i == 0 {
+                QpInitAttr {
+                    max_send_wr: a.max_qp_wr,
+                    max_recv_wr: a.max_qp_wr,
+                    ..small
+                }
+            } else {
+                small
+            };
+            let q = pd.create_qp(&*cq, &*cq, &init);
+            qps.push(q.unwrap_or_else(|e| panic!("QP {i} of {}: {e}", a.max_qp)));
+        }
+        let extra = pd.create_qp(&*cq, &*cq, &small);
+        assert_eq!(
+            extra.err().expect("max_qp + 1 refused").errno(),
+            libc::ENOMEM
+        );
+        drop(qps);
+        drop(mrs);
+        // Released on destroy: the next ones fit again.
+        assert!(pd.create_qp(&*cq, &*cq, &small).is_ok());
+    }
+
+    /// SGE lists in NP-RDMA mode (the layer's WRs carry one SGE; `np_sgl` bounces):
+    /// a 3-SGE SEND lands in a 3-SGE RECV split differently, a 2-SGE WRITE and a
+    /// 3-SGE READ move exactly their bytes, an unsignaled SGE-list WRITE is retired
+    /// by the next signaled WR, a bad lkey in the second SGE completes with
+    /// LOC_PROT_ERR, and more SGEs than the QP's cap is refused at post (EINVAL).
+    /// Every completion carries the application's wr_id.
+    #[test]
+    fn sge_lists_gather_and_scatter() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::new().unwrap();
+        assert_eq!(dev.attr().max_sge, NP_MAX_SGE);
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 3,
+            max_recv_sge: 3,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mem = TestMem::new(LEN);
+        let base = mem.addr();
+        // SAFETY: the mapping outlives the MR (dropped first, below).
+        let mr = unsafe { pd.reg_mr(base as usize, LEN, all).unwrap() };
+        let qa = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        let qb = pd.create_qp(&*cq, &*cq, &init).unwrap();
+        assert_eq!(qa.cap().max_send_sge, 3);
+        connect_pair(&dev, &*qa, &*qb, all);
+        let at = |off: u64| (base + off) as *mut u8;
+        let sge = |off: u64, len: u32| rnic::Sge {
+            addr: base + off,
+            length: len,
+            lkey: mr.lkey(),
+        };
+        let fill = |off: u64, len: usize, v: &dyn Fn(usize) -> u8| {
+            for i in 0..len {
+                // SAFETY: inside our mapping.
+                unsafe { *at(off).add(i) = v(i) };
+            }
+        };
+        let bytes = |off: u64, len: usize| -> Vec<u8> {
+            // SAFETY: inside our mapping.
+            unsafe { std::slice::from_raw_parts(at(off), len).to_vec() }
+        };
+        let pattern = |i: usize| (i * 7 + 3) as u8;
+        // SEND 100 + 50 + 150 bytes (from scattered places) into RECV 120 + 80 + 200.
+        fill(0, 100, &pattern);
+        fill(1000, 50, &|i| pattern(100 + i));
+        fill(2000, 150, &|i| pattern(150 + i));
+        let rs = [sge(8192, 120), sge(9000, 80), sge(10000, 200)];
+        qb.post_recv(&[RecvWr {
+            wr_id: 77,
+            sg_list: &rs,
+        }])
+        .unwrap();
+        let ss = [sge(0, 100), sge(1000, 50), sge(2000, 150)];
+        let mut w = SendWr::new(1, WrOpcode::Send, &ss);
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let mut got = [wait_one(&*cq), wait_one(&*cq)];
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+        assert_eq!((got[1].wr_id, got[1].status), (77, WcStatus::Success));
+        assert_eq!(got[1].byte_len, 300);
+        let mut recvd = bytes(8192, 120);
+        recvd.extend(bytes(9000, 80));
+        recvd.extend(bytes(10000, 100));
+        assert_eq!(recvd, (0..300).map(pattern).collect::<Vec<_>>());
+        assert_eq!(bytes(10100, 100), vec![0; 100], "past byte_len untouched");
+        // Unsignaled 2-SGE WRITE, then a signaled one: one completion (wr_id 3).
+        fill(3000, 64, &|i| i as u8 ^ 0x5a);
+        fill(3500, 64, &|i| i as u8 ^ 0xa5);
+        let ws = [sge(3000, 64), sge(3500, 64)];
+        let w = SendWr::new(2, WrOpcode::Write, &ws)
+            .remote(base + 20000, mr.rkey())
+            .flags(SendFlags::empty());
+        qa.post_send(&[w]).unwrap();
+        let w2s = [sge(3000, 8)];
+        let mut w2 = SendWr::new(3, WrOpcode::Write, &w2s).remote(base + 21000, mr.rkey());
+        w2.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w2]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+        let mut want = bytes(3000, 64);
+        want.extend(bytes(3500, 64));
+        assert_eq!(bytes(20000, 128), want);
+        // 15 unsignaled WRs hold send-queue slots until a later signaled completion
+        // is polled (as on a NIC); the READ below is the 16th (the depth).
+        let one = [sge(3000, 8)];
+        for i in 0..15 {
+            let w = SendWr::new(100 + i, WrOpcode::Write, &one)
+                .remote(base + 21000, mr.rkey())
+                .flags(SendFlags::empty());
+            qa.post_send(&[w]).unwrap();
+        }
+        // READ 128 remote bytes into 3 SGEs (its completion retires the 15).
+        let rd = [sge(30000, 10), sge(31000, 100), sge(32000, 18)];
+        let mut w = SendWr::new(4, WrOpcode::Read, &rd).remote(base + 20000, mr.rkey());
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        let mut back = bytes(30000, 10);
+        back.extend(bytes(31000, 100));
+        back.extend(bytes(32000, 18));
+        assert_eq!(back, want);
+        // Too many SGEs for the cap: refused at post.
+        let four = [sge(0, 1), sge(1, 1), sge(2, 1), sge(3, 1)];
+        let e = qa
+            .post_send(&[SendWr::new(5, WrOpcode::Write, &four).remote(base, mr.rkey())])
+            .unwrap_err();
+        assert_eq!(e.err.errno(), libc::EINVAL);
+        // A bad lkey in the second SGE: LOC_PROT_ERR, the application's wr_id.
+        let bad = [
+            sge(0, 8),
+            rnic::Sge {
+                lkey: mr.lkey() ^ 0x40,
+                ..sge(8, 8)
+            },
+        ];
+        let mut w = SendWr::new(6, WrOpcode::Write, &bad).remote(base + 40000, mr.rkey());
+        w.flags |= SendFlags::SIGNALED;
+        qa.post_send(&[w]).unwrap();
+        let c = wait_one(&*cq);
+        assert_eq!((c.wr_id, c.status), (6, WcStatus::LocProtErr));
+        // A full queue of unsignaled WRs: the next post is ENOMEM (the application
+        // must signal at least every max_send_wr WRs).
+        let (qc, qd) = (
+            pd.create_qp(&*cq, &*cq, &init).unwrap(),
+            pd.create_qp(&*cq, &*cq, &init).unwrap(),
+        );
+        connect_pair(&dev, &*qc, &*qd, all);
+        for i in 0..16 {
+            let w = SendWr::new(300 + i, WrOpcode::Write, &one)
+                .remote(base + 21000, mr.rkey())
+                .flags(SendFlags::empty());
+            qc.post_send(&[w]).unwrap();
+        }
+        let w = SendWr::new(400, WrOpcode::Write, &one).remote(base + 21000, mr.rkey());
+        let e = qc.post_send(&[w]).unwrap_err();
+        assert_eq!(e.err.errno(), libc::ENOMEM);
+        drop((qa, qb, qc, qd, mr));
+    }
+
+    /// NP-RDMA mode offers ODP (its MRs are never pinned): `ibv_advise_mr` prefetches
+    /// SGEs inside MRs of the PD (faulting swapped-out or never-touched pages in, or
+    /// nothing for NO_FAULT) and refuses others with EINVAL.
+    #[test]
+    fn odp_advise_prefetches_registered_ranges() {
+        let dev = NpDevice::new().unwrap();
+        assert!(dev.odp());
+        let pd = dev.alloc_pd().unwrap();
+        let other = dev.alloc_pd().unwrap();
+        let mem = TestMem::new(64 * 1024);
+        // SAFETY: the mapping outlives the MR (dropped first, below).
+        let mr = unsafe {
+            pd.reg_mr(mem.addr() as usize, 64 * 1024, Access::LOCAL_WRITE)
+                .unwrap()
+        };
+        let sge = |off: u64, len: u32, lkey: u32| rnic::Sge {
+            addr: mem.addr() + off,
+            length: len,
+            lkey,
+        };
+        let resident = |off: u64| dev.pager.is_resident((mem.addr() + off) as usize);
+        assert!(!resident(0) && !resident(8192), "never touched");
+        // NO_FAULT: nothing is brought in.
+        pd.advise(&[sge(8192, 100, mr.lkey())], false).unwrap();
+        assert!(!resident(8192));
+        pd.advise(&[sge(0, 32768, mr.lkey())], true).unwrap();
+        assert!((0..8).all(|p| resident(p * 4096)), "prefetched");
+        assert!(!resident(32768), "outside the advice");
+        for bad in [sge(0, 65537, mr.lkey()), sge(0, 8, mr.lkey() ^ 0x40)] {
+            let e = pd.advise(&[bad], true).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL, "{bad:?}");
+        }
+        let e = other.advise(&[sge(0, 8, mr.lkey())], true).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "another PD's MR");
+        drop(mr);
     }
 
     #[test]

@@ -1,11 +1,19 @@
 //! `NPRDMA_MODE=pinned`: standard RDMA on the software RNIC (one rnic `Host` per
 //! process over the shared-memory transport; `reg_mr` registers normally).
+//!
+//! Registration is charged against `RLIMIT_MEMLOCK` exactly as the kernel's
+//! `ib_umem_get` charges a real RDMA registration: the pages an MR covers are added
+//! to the process's pinned count (overlapping MRs count again), and if the total
+//! exceeds the limit and the calling thread lacks `CAP_IPC_LOCK` the registration
+//! fails with ENOMEM; deregistration uncharges. (Root normally holds CAP_IPC_LOCK,
+//! so — as with real NICs — `ulimit -l` binds only processes without it.)
 
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
 use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, Wc};
 use std::any::Any;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,13 +55,106 @@ impl Device for PinnedDevice {
     }
 }
 
+/// Pages pinned by this process's registrations (the kernel's `mm->pinned_vm`).
+static PINNED_PAGES: AtomicU64 = AtomicU64::new(0);
+
+const PAGE: u64 = 4096;
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Pages of `[addr, addr+len)` (`ib_umem_num_pages`).
+fn pages_of(addr: usize, len: usize) -> u64 {
+    let (a, l) = (addr as u64, len as u64);
+    (a.saturating_add(l).div_ceil(PAGE)).saturating_sub(a / PAGE)
+}
+
+/// The soft `RLIMIT_MEMLOCK` in pages (`u64::MAX`: unlimited).
+fn memlock_limit_pages() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into our local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return u64::MAX;
+    }
+    r.rlim_cur / PAGE
+}
+
+/// Whether the calling thread has CAP_IPC_LOCK in its effective set (`capable()`).
+fn has_cap_ipc_lock() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget with a v3 header and the two data words v3 needs, both ours.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) };
+    r == 0 && d[0].effective & (1 << CAP_IPC_LOCK) != 0
+}
+
+/// The `ib_umem_get` rule: may a process with `pinned_after` pages pinned (this
+/// registration included) keep them, given the limit and the capability (asked
+/// only when over the limit)?
+fn memlock_admits(
+    pinned_after: u64,
+    limit_pages: u64,
+    cap_ipc_lock: impl FnOnce() -> bool,
+) -> bool {
+    pinned_after <= limit_pages || cap_ipc_lock()
+}
+
+/// This MR's share of [`PINNED_PAGES`]; uncharged on drop.
+struct MemlockCharge(u64);
+
+impl MemlockCharge {
+    fn charge(addr: usize, len: usize) -> Result<MemlockCharge> {
+        let n = pages_of(addr, len);
+        let after = PINNED_PAGES
+            .fetch_add(n, Ordering::AcqRel)
+            .saturating_add(n);
+        let c = MemlockCharge(n);
+        if !memlock_admits(after, memlock_limit_pages(), has_cap_ipc_lock) {
+            drop(c);
+            return Err(ShimError::Nic(rnic::Error::NoResources(
+                "RLIMIT_MEMLOCK (ulimit -l) would be exceeded and the thread lacks CAP_IPC_LOCK",
+            )));
+        }
+        Ok(c)
+    }
+}
+
+impl Drop for MemlockCharge {
+    fn drop(&mut self) {
+        PINNED_PAGES.fetch_sub(self.0, Ordering::AcqRel);
+    }
+}
+
 struct PinnedPd(rnic::Pd);
 
 impl Pd for PinnedPd {
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
+        let charge = MemlockCharge::charge(addr, len)?;
         // SAFETY: forwarded contract: the caller keeps the memory mapped while registered.
         let mr = unsafe { self.0.reg_mr(addr, len, access)? };
-        Ok(Box::new(PinnedMr(mr)))
+        Ok(Box::new(PinnedMr {
+            mr,
+            _charge: charge,
+        }))
     }
     fn create_qp(
         &self,
@@ -72,14 +173,18 @@ impl Pd for PinnedPd {
     }
 }
 
-struct PinnedMr(rnic::Mr);
+struct PinnedMr {
+    // Field order = drop order: deregister, then uncharge.
+    mr: rnic::Mr,
+    _charge: MemlockCharge,
+}
 
 impl Mr for PinnedMr {
     fn lkey(&self) -> u32 {
-        self.0.lkey()
+        self.mr.lkey()
     }
     fn rkey(&self) -> u32 {
-        self.0.rkey()
+        self.mr.rkey()
     }
 }
 
@@ -131,5 +236,28 @@ impl Qp for PinnedQp {
     }
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
         self.0.post_recv(wrs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memlock_rule_and_page_count() {
+        assert_eq!(pages_of(4096, 4096), 1);
+        assert_eq!(pages_of(4095, 2), 2);
+        assert_eq!(pages_of(100, 1), 1);
+        assert_eq!(pages_of(0, 3 * 4096 + 1), 4);
+        assert!(memlock_admits(16, 16, || false));
+        assert!(!memlock_admits(17, 16, || false));
+        assert!(
+            memlock_admits(17, 16, || true),
+            "CAP_IPC_LOCK lifts the limit"
+        );
+        assert!(
+            memlock_admits(u64::MAX - 1, u64::MAX, || false),
+            "unlimited"
+        );
     }
 }
