@@ -186,4 +186,7 @@ impl vmem::SwapListener for ListenerBridge {
         let p: Vec<u64> = pages.iter().map(|&a| a as u64).collect();
         self.0.after_swap_in(&p);
     }
+    fn after_unmap(&self, start: usize, end: usize) {
+        self.0.after_unmap(start as u64, end as u64);
+    }
 }

@@ -302,6 +302,11 @@ pub trait SwapListener: Send + Sync {
     /// Optional eager swap-in notice (beyond the paper; Linux has none, so
     /// the default relies on lazy swap-in through the two-sided path).
     fn after_swap_in(&self, _pages: &[u64]) {}
+    /// The application unmapped `[start, end)` (page-aligned): the memory
+    /// registered there is gone and its address may be reused; NP-RDMA
+    /// takes the pages out of both NIC views, as for a swap-out, so no DMA
+    /// reaches what is mapped there later.
+    fn after_unmap(&self, _start: u64, _end: u64) {}
 }
 
 /// What NP-RDMA needs from the pager.

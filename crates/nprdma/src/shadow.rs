@@ -380,6 +380,20 @@ impl<I: IommuControl> SwapListener for MrShadow<I> {
             tracing::error!(error = %e, "NP-RDMA swap-out remap failed");
         }
     }
+    fn after_unmap(&self, start: u64, end: u64) {
+        // The MR's pages inside the range leave both views as on a
+        // swap-out; they never come back (a pin of a gone page fails), so
+        // every later access through the MR there is an error.
+        let lo = start.max(self.first_page);
+        let hi = end.min(self.addr + self.len);
+        let pages: Vec<u64> = (lo..hi)
+            .step_by(self.page_size as usize)
+            .map(|p| p & !(self.page_size - 1))
+            .collect();
+        if let Err(e) = self.swap_out(&pages) {
+            tracing::error!(error = %e, "NP-RDMA unmap remap failed");
+        }
+    }
 }
 
 impl<I: IommuControl> Drop for MrShadow<I> {

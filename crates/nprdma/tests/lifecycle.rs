@@ -222,6 +222,119 @@ fn dereg_fences_reads_in_flight() {
     }
 }
 
+/// Registered memory the application unmaps, with new memory mapped at the
+/// same address afterwards: a peer's WRITE / READ with the old rkey fails,
+/// and the new memory is neither written nor read (on hardware the MR's
+/// own pages would absorb it; never the new mapping).
+#[test]
+fn unmapped_registered_memory_is_not_reached_through_the_old_mr() {
+    const LEN: usize = 64 * 1024;
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let map = |at: *mut libc::c_void, flags: i32| {
+        // SAFETY: anonymous private mapping; at a fixed address only with
+        // MAP_FIXED_NOREPLACE, which never replaces an existing mapping.
+        #[allow(unsafe_code)]
+        let p = unsafe {
+            libc::mmap(
+                at,
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as *mut u8
+    };
+    let old = map(std::ptr::null_mut(), 0);
+    // SAFETY: `old` is a fresh LEN-byte writable mapping.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::ptr::write_bytes(old, 0x5a, LEN)
+    };
+    let acc =
+        nprdma::Access::LOCAL_WRITE | nprdma::Access::REMOTE_READ | nprdma::Access::REMOTE_WRITE;
+    // SAFETY: private anonymous memory; the test unmaps it on purpose while
+    // registered (the behaviour under test) and never touches it through
+    // the MR itself afterwards.
+    #[allow(unsafe_code)]
+    let mr = unsafe { b.pd.reg_mr(old as u64, LEN as u64, acc) }.unwrap();
+    let (qa, _qb) = connect(&a, &b, 16);
+    let c = {
+        qa.post_send(&[SendWr::new(
+            1,
+            Opcode::Read,
+            Some(la.mr.sge(0, 64)),
+            old as u64,
+            mr.rkey(),
+        )])
+        .unwrap();
+        wait1(&a.cq)
+    };
+    assert_eq!(c.status, 0);
+    assert!(la.bytes()[..64].iter().all(|&x| x == 0x5a));
+    // Unmap it and map other memory at the same address.
+    // SAFETY: unmapping our own mapping.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert_eq!(libc::munmap(old as *mut libc::c_void, LEN), 0)
+    };
+    let new = map(old as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE);
+    assert_eq!(new, old, "the address was reused");
+    // SAFETY: `new` is a fresh LEN-byte writable mapping.
+    #[allow(unsafe_code)]
+    let fresh = unsafe { std::slice::from_raw_parts_mut(new, LEN) };
+    fresh.fill(0x11);
+    // The pager handles the unmap event on its fault thread.
+    std::thread::sleep(Duration::from_millis(20));
+    for (k, (op, off)) in [
+        (Opcode::Write, 0u64),
+        (Opcode::Read, 4096),
+        (Opcode::Write, 8192 + 100),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = {
+            qa.post_send(&[SendWr::new(
+                10 + k as u64,
+                op,
+                Some(la.mr.sge(0, 64)),
+                old as u64 + off,
+                mr.rkey(),
+            )])
+            .unwrap();
+            wait1(&a.cq)
+        };
+        assert_ne!(c.status, 0, "{op:?} through the old MR succeeded");
+        if op == Opcode::Read {
+            assert!(
+                !la.bytes()[..64].iter().any(|&x| x == 0x11),
+                "READ returned the new memory"
+            );
+        }
+        if c.status != 5 {
+            // The QP is in error now: the rest would only be flushed.
+            break;
+        }
+    }
+    assert!(
+        fresh.iter().all(|&x| x == 0x11),
+        "the new memory was written"
+    );
+    drop(mr);
+    // SAFETY: unmapping our own mapping (nothing refers to it any more).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::munmap(new as *mut libc::c_void, LEN)
+    };
+    assert_eq!(a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(b.ctx.nic_stats().nonresident_dma, 0);
+}
+
 #[test]
 fn completion_channel_wakes_a_blocked_application() {
     let cfg = Config {

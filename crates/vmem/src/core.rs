@@ -200,6 +200,15 @@ impl Inner {
         })
     }
 
+    /// Whether the page holding `addr` belongs to a registered range the
+    /// application unmapped (its address may hold other memory now).
+    pub fn is_gone(&self, addr: usize) -> bool {
+        let p = addr >> PAGE_SHIFT;
+        let sp = self.space.read();
+        sp.lookup(p)
+            .is_some_and(|s| state::kind(s.arr.word(p).load(Acquire)) == state::GONE)
+    }
+
     pub fn is_resident(&self, addr: usize) -> bool {
         let p = addr >> PAGE_SHIFT;
         let sp = self.space.read();

@@ -420,6 +420,13 @@ impl Pager {
         self.inner().is_untouched(addr)
     }
 
+    /// Whether the page holding `addr` is in a registered range the
+    /// application has unmapped (or moved away with mremap): the address may
+    /// hold unrelated memory now. No syscall.
+    pub fn is_gone(&self, addr: usize) -> bool {
+        self.inner().is_gone(addr)
+    }
+
     /// Copies `out.len()` bytes at `addr` (inside one page) from the swap
     /// slot of a page the pager holds swapped out, without swapping it in
     /// (one swap read; the page stays swapped out). The page read stays in a

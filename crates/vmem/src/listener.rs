@@ -29,6 +29,11 @@ use std::sync::Arc;
 pub trait SwapListener: Send + Sync {
     fn before_swap_out(&self, pages: &[usize]);
     fn after_swap_in(&self, _pages: &[usize]) {}
+    /// The application unmapped (or mremap moved away) managed memory
+    /// `[start, end)`: whoever reaches it by address must stop now (called
+    /// on the pager's fault thread as it handles the unmap event, after
+    /// the pages were marked gone).
+    fn after_unmap(&self, _start: usize, _end: usize) {}
 }
 
 /// Handle to remove a listener.
@@ -143,6 +148,12 @@ impl Listeners {
     pub fn after_swap_in(&self, pages: &[usize]) {
         if !pages.is_empty() {
             self.each(|l| l.after_swap_in(pages));
+        }
+    }
+
+    pub fn after_unmap(&self, start: usize, end: usize) {
+        if start < end {
+            self.each(|l| l.after_unmap(start, end));
         }
     }
 }

@@ -323,5 +323,6 @@ impl Inner {
             }
         }
         tracing::debug!(start, end, "application unmapped managed memory");
+        self.listeners.after_unmap(start, end);
     }
 }

@@ -1950,9 +1950,14 @@ pub(crate) fn fence_mr(st: &mut State, mr: &Arc<MrEntry>) {
     mr.fence();
 }
 
-/// Whether op `op`'s local MR was deregistered meanwhile.
-fn local_fenced(op: &Op) -> bool {
+/// Whether op `op`'s local memory is no longer its to write: its MR was
+/// deregistered, or the application unmapped the buffer (the address may
+/// hold other memory now).
+fn local_fenced(sh: &Shared, op: &Op) -> bool {
     op.lmr.as_ref().is_some_and(|m| m.is_fenced())
+        || (op.len > 0
+            && (sh.mm.0.is_gone(op.laddr as usize)
+                || sh.mm.0.is_gone((op.laddr + op.len - 1) as usize)))
 }
 
 /// The QP fails (its peer is gone, or its NIC work broke): every
@@ -2498,7 +2503,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
             // A later READ of the same destination may already have landed
             // (it did not wait for this one): this answer is dead then.
             let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
-            if local_fenced(op) {
+            if local_fenced(sh, op) {
                 // Deregistered meanwhile: its memory is not ours to write.
                 s = ST_LOC_PROT;
             } else if status == Status::Ok {
@@ -2525,7 +2530,7 @@ fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
                 return;
             }
             let mut s = wc_status(status);
-            if local_fenced(op) {
+            if local_fenced(sh, op) {
                 s = ST_LOC_PROT;
             } else if status == Status::Ok {
                 mem::write(op.laddr, &original.to_le_bytes());
