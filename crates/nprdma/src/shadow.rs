@@ -43,6 +43,10 @@ pub const fn state_bytes_per_page<I: IommuControl>() -> usize {
 
 /// [`state_bytes_per_page`] on the software RNIC: the paper's 12 B.
 pub const STATE_BYTES_PER_PAGE: usize = state_bytes_per_page::<crate::adapt::RnicIommu>();
+const _: () = assert!(
+    STATE_BYTES_PER_PAGE <= 12,
+    "NP-RDMA's per-page state must stay within the paper's 12 B"
+);
 
 /// One `u32` version per page: odd = resident, even = absent.
 #[derive(Debug)]
