@@ -5,7 +5,8 @@
 //! registered buffer's own pages (statm minus the buffer's resident pages from
 //! `mincore`), after handing freed heap back to the OS, each registration on a
 //! fresh device (so no IOMMU page table or heap touched by an earlier one is
-//! reused), per page as the slope between two MR sizes — and split by owner: NP-RDMA's own (IOMMU entries of its two views,
+//! reused), after a one-page registration of the same kind (what is per device
+//! or context is not per page) — and split by owner: NP-RDMA's own (IOMMU entries of its two views,
 //! version table, pins, shadow), the pager's own state for the same region
 //! unregistered (what an OS keeps in its page tables anyway), and the NIC
 //! model's residency map (the OS's role too).
@@ -77,10 +78,6 @@ pub struct CtrlCosts {
     /// (every page resident and mapped in the NIC views); pinned: resident
     /// bytes a registration adds per (pinned) page.
     pub state_per_page_b: f64,
-    /// NP-RDMA's own resident bytes per MR beyond its per-page state (the
-    /// fit's intercept: table ends rounded to pages, the MR's records).
-    #[serde(default)]
-    pub state_per_mr_b: f64,
     /// As `state_per_page_b`, right after registering never-touched memory.
     #[serde(default)]
     pub state_per_page_untouched_b: f64,
@@ -126,7 +123,6 @@ impl CtrlPlane {
                 ("swap_out_us", c.swap_out_us),
                 ("state_per_page_b", c.state_per_page_b),
                 ("state_per_page_untouched_b", c.state_per_page_untouched_b),
-                ("state_per_mr_b", c.state_per_mr_b),
                 ("state_per_page_model_b", c.state_per_page_model_b),
                 ("pager_per_page_b", c.pager_per_page_b),
                 ("pager_per_page_untouched_b", c.pager_per_page_untouched_b),
@@ -410,88 +406,66 @@ fn pinned_page_state(len: usize) -> Result<f64> {
     Ok(d)
 }
 
-/// Bytes per page (slope) and fixed bytes (intercept) of `f(len)`, the
-/// resident bytes something of `len` bytes adds, from `len` and `2 * len`.
-fn fit(len: usize, mut f: impl FnMut(usize) -> Result<f64>) -> Result<(f64, f64)> {
-    let n = len.div_ceil(page_size()) as f64;
-    let a = f(len)?;
-    let slope = (f(2 * len)? - a) / n;
-    Ok((slope, a - slope * n))
-}
-
-/// NP-RDMA's per-page state for MRs of `len` and `2 * len` bytes, split by
-/// owner (see the module docs), into `c`; per page = the slope between the two
-/// sizes, so what is per MR (table ends rounded up to whole pages, the MR's
-/// records) is not counted per page.
+/// NP-RDMA's per-page state for a `len`-byte MR, split by owner (see the
+/// module docs), into `c`. Per page = all the MR adds / its pages, so the
+/// MR's fixed part (its records, table ends rounded up to whole pages) is in.
 fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
-    let pages = |len: usize| len.div_ceil(page_size());
+    let pages = len.div_ceil(page_size());
     let pager = new_pager()?;
     // The first region / registration of each kind (one page, kept to the
     // end) sets up what is per pager / device / context, not per page.
     let warm = pager.alloc(page_size())?;
     // The pager's own state for a region nobody registered.
-    let pager_own = |touched: bool| {
-        fit(len, |len| {
-            let before = state_rss(&[])?;
-            let mut r = pager.alloc(len)?;
-            if touched {
-                touch(&mut r);
-            }
-            Ok(state_rss(&[(r.addr(), r.len())])? as f64 - before as f64)
-        })
-    };
-    let pager_untouched = pager_own(false)?;
-    let pager_touched = pager_own(true)?;
-    (c.pager_per_page_untouched_b, c.pager_per_page_b) = (pager_untouched.0, pager_touched.0);
+    let before = state_rss(&[])?;
+    let mut r = pager.alloc(len)?;
+    let span = [(r.addr(), r.len())];
+    c.pager_per_page_untouched_b = per_page(before, state_rss(&span)?, pages);
+    touch(&mut r);
+    c.pager_per_page_b = per_page(before, state_rss(&span)?, pages);
+    drop(r);
     // The NIC model's residency map over the same number of pages.
-    let resmap = fit(len, |len| {
-        let host = fresh_host(pages(len))?;
+    {
+        let host = fresh_host(pages)?;
         host.frames().track(warm.addr(), warm.len(), true)?;
         let r = pager.alloc(len)?;
-        let before = state_rss(&[(r.addr(), r.len())])?;
+        let span = [(r.addr(), r.len())];
+        let before = state_rss(&span)?;
         host.frames().track(r.addr(), r.len(), false)?;
-        let d = state_rss(&[(r.addr(), r.len())])? as f64 - before as f64;
+        c.resmap_per_page_b = per_page(before, state_rss(&span)?, pages);
         host.frames().untrack(r.addr())?;
-        Ok(d)
-    })?;
-    c.resmap_per_page_b = resmap.0;
+    }
     // Registrations over never-touched memory, and over memory whose every
     // page is resident (mapped in both views at registration: the steady
     // state of a used MR), each on a fresh device.
     for touched in [false, true] {
-        let total = fit(len, |len| {
-            let host = fresh_host(pages(len))?;
-            let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
-            let pd = ctx.alloc_pd();
-            let warm_r = pager.alloc(page_size())?;
-            // SAFETY: the region outlives the MR (declared before it).
-            #[allow(unsafe_code)]
-            let _warm =
-                unsafe { pd.reg_mr(warm_r.addr() as u64, page_size() as u64, np_access()) }?;
-            let before = state_rss(&[])?;
-            let mut r = pager.alloc(len)?;
-            if touched {
-                touch(&mut r);
-            }
-            // SAFETY: the region outlives the MR (dropped first, below).
-            #[allow(unsafe_code)]
-            let mr = unsafe { pd.reg_mr(r.addr() as u64, len as u64, np_access()) }?;
-            let d = state_rss(&[(r.addr(), r.len())])? as f64 - before as f64;
-            drop(mr);
-            drop(r);
-            Ok(d)
-        })?;
-        let pager = if touched {
-            pager_touched
-        } else {
-            pager_untouched
-        };
-        let own = (total.0 - pager.0 - resmap.0, total.1 - pager.1 - resmap.1);
+        let host = fresh_host(pages)?;
+        let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
+        let pd = ctx.alloc_pd();
+        let warm_r = pager.alloc(page_size())?;
+        // SAFETY: the region outlives the MR (declared before it).
+        #[allow(unsafe_code)]
+        let _warm = unsafe { pd.reg_mr(warm_r.addr() as u64, page_size() as u64, np_access()) }?;
+        let before = state_rss(&[])?;
+        let mut r = pager.alloc(len)?;
         if touched {
-            (c.state_per_page_b, c.state_per_mr_b) = own;
-        } else {
-            c.state_per_page_untouched_b = own.0;
+            touch(&mut r);
         }
+        // SAFETY: the region outlives the MR (dropped first, below).
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.reg_mr(r.addr() as u64, len as u64, np_access()) }?;
+        let total = per_page(before, state_rss(&[(r.addr(), r.len())])?, pages);
+        let own = if touched {
+            total - c.pager_per_page_b - c.resmap_per_page_b
+        } else {
+            total - c.pager_per_page_untouched_b - c.resmap_per_page_b
+        };
+        if touched {
+            c.state_per_page_b = own;
+        } else {
+            c.state_per_page_untouched_b = own;
+        }
+        drop(mr);
+        drop(r);
     }
     c.state_per_page_model_b = nprdma::shadow::STATE_BYTES_PER_PAGE as f64;
     Ok(())

@@ -838,11 +838,6 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     );
     let _ = writeln!(
         w,
-        "| per registered MR, fixed part (B) | — | {} | |",
-        f2(Some(c.nprdma.state_per_mr_b))
-    );
-    let _ = writeln!(
-        w,
         "| per registered page by construction (B): 2 IOMMU entries + version | — | {} | 12 B |",
         f2(Some(c.nprdma.state_per_page_model_b))
     );
@@ -869,7 +864,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         f2(Some(c.pinned.state_per_cq_b)),
         f2(Some(c.nprdma.state_per_cq_b))
     );
-    let _ = writeln!(w, "\n(Page-granular RSS: per-QP/CQ figures are averages over 16 objects; state the software NIC keeps in its shared segment is allocated per host, not per object, and does not appear here. Per-page rows: resident memory outside the buffer's own pages (statm minus its mincore-resident pages, freed heap trimmed first), each registration on a fresh device; pinned: one {0:.0} MiB MR; NP-RDMA: the slope between {0:.0} MiB and twice that (the intercept is the per-MR row). NP-RDMA's rows are its own state — the IOMMU entries of its Read and Write views (in the software NIC's shared segment), the version table, the pins it holds and the rest of the MR's shadow — with the pager's state for the same region unregistered and the NIC model's residency map subtracted (both shown below them). \"Every page resident and mapped\": the region is fully touched before registering, so every page is mapped in both views.)\n", c.big_mr_bytes as f64 / (1u64 << 20) as f64);
+    let _ = writeln!(w, "\n(Page-granular RSS: per-QP/CQ figures are averages over 16 objects; state the software NIC keeps in its shared segment is allocated per host, not per object, and does not appear here. Per-page rows: what one {:.0} MiB MR adds, per page: resident memory outside the buffer's own pages (statm minus its mincore-resident pages, freed heap trimmed first), on a fresh device after a one-page registration (so the device's and context's own set-up is not counted), the MR's fixed part (its records, table ends rounded up to whole pages) included. NP-RDMA's rows are its own state — the IOMMU entries of its Read and Write views (in the software NIC's shared segment), the version table, the pins it holds and the rest of the MR's shadow — with the pager's state for the same region unregistered and the NIC model's residency map subtracted (both shown below them). \"Every page resident and mapped\": the region is fully touched before registering, so every page is mapped in both views.)\n", c.big_mr_bytes as f64 / (1u64 << 20) as f64);
 
     let _ = writeln!(
         w,
