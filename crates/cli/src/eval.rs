@@ -818,7 +818,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     let _ = writeln!(w, "\nLibrary init: pinned = open the (software) device (`rnic::Host::new`: its shared segment and NIC thread) + context + PD; NP-RDMA = the same device + `nprdma::Context::new` (NIC context, PD, completion channel, shared NIC CQ, polling thread). The process's pager is created once beforehand (the OS's role) and not counted. MR creation includes preparing the memory (pinned: mmap + mlock, which faults every page in; NP-RDMA: a pager region) and the registration call. Swap out: `vmem` swap-out of one resident page; the pinned column is a region nobody registered (no listener), NP-RDMA's is registered (the listener remaps the NIC views and flushes the IOMMU first).\n");
     let _ = writeln!(
         w,
-        "### State (resident memory added, measured from /proc/self/statm)\n"
+        "### State (resident memory added: /proc/self/statm, minus the buffers' own pages from mincore)\n"
     );
     let _ = writeln!(
         w,

@@ -76,10 +76,18 @@ impl Frame {
 /// free slot for it if none does.
 fn window_slot(rec: &IovaRec, tag: u64) -> Result<usize> {
     for (i, w) in rec.windows.iter().enumerate() {
-        match w.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Ok(i),
-            Err(cur) if cur == tag => return Ok(i),
-            Err(_) => {}
+        // A plain load first: the window is almost always claimed already, and
+        // a (failing) CAS would take the line exclusive on every map.
+        let cur = w.load(Ordering::Acquire);
+        if cur == tag {
+            return Ok(i);
+        }
+        if cur == 0 {
+            match w.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(i),
+                Err(cur) if cur == tag => return Ok(i),
+                Err(_) => {}
+            }
         }
     }
     Err(Error::NoResources(
