@@ -22,10 +22,9 @@
 //! **State per page** is the paper's 12 B: one IOMMU entry in each view (4 B
 //! each on the software RNIC, [`IommuControl::ENTRY_BYTES`]) and the 4-byte
 //! version ([`STATE_BYTES_PER_PAGE`]). Nothing else is kept per page: the
-//! pages the layer holds pinned are few and short-lived (the two-sided path's
-//! temporary pins), so they live in a small map beside the lock.
+//! ranges the layer holds pinned are few and short-lived (the two-sided path's
+//! temporary pins), so they live in a short list beside the lock.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -132,16 +131,23 @@ pub struct MrShadow<I: IommuControl> {
     read: I::Range,
     write: I::Range,
     versions: Arc<VersionTable>,
-    /// Serialises transitions; holds the pins the layer itself holds, by page
-    /// index (see [`MrShadow::pinned_map_in`]; only pinned pages have an entry).
+    /// Serialises transitions; holds the pins the layer itself holds (see
+    /// [`MrShadow::pinned_map_in`]).
     lock: Mutex<Pins>,
 }
 
-/// Page index → pins the layer holds on it (never 0).
-type Pins = HashMap<usize, u32>;
+/// The page-index ranges `[start, end)` the layer holds pinned, one entry per
+/// [`MrShadow::pinned_map_in`] not yet undone (a multiset: ranges may repeat
+/// and overlap).
+type Pins = Vec<(usize, usize)>;
 
-/// A pin map emptied back to this capacity or less keeps its allocation.
-const PINS_KEEP: usize = 256;
+/// A pin list emptied back to this capacity or less keeps its allocation.
+const PINS_KEEP: usize = 64;
+
+/// Whether some pinned range holds page `i`.
+fn pinned(pins: &Pins, i: usize) -> bool {
+    pins.iter().any(|&(s, e)| s <= i && i < e)
+}
 
 impl<I: IommuControl> std::fmt::Debug for MrShadow<I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -282,7 +288,7 @@ impl<I: IommuControl> MrShadow<I> {
                 // A page the layer holds pinned stays resident (its eviction
                 // aborts), so the NIC model must keep seeing it resident:
                 // temporary MRs over it are in use.
-                if self.page_index(p).is_some_and(|i| !pins.contains_key(&i)) {
+                if self.page_index(p).is_some_and(|i| !pinned(&pins, i)) {
                     self.iommu
                         .set_resident(p & !(self.page_size - 1), self.page_size, false)
                         .map_err(ShadowError::Iommu)?;
@@ -311,9 +317,11 @@ impl<I: IommuControl> MrShadow<I> {
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
         // One lock hold for both steps (the two-sided path's hot spot).
         let mut pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = self.page_index(first) {
+            pins.push((i, i + n as usize));
+        }
         for k in 0..n {
-            if let Some(i) = self.page_index(first + k * self.page_size) {
-                *pins.entry(i).or_insert(0) += 1;
+            if self.page_index(first + k * self.page_size).is_some() {
                 self.iommu
                     .set_resident(first + k * self.page_size, self.page_size, true)
                     .map_err(ShadowError::Iommu)?;
@@ -327,16 +335,12 @@ impl<I: IommuControl> MrShadow<I> {
         let Some((first, n)) = crate::check::page_span(addr, len, self.page_size as usize) else {
             return;
         };
+        let Some(i) = self.page_index(first) else {
+            return;
+        };
         let mut pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        for k in 0..n {
-            if let Some(i) = self.page_index(first + k * self.page_size) {
-                if let Some(c) = pins.get_mut(&i) {
-                    *c -= 1;
-                    if *c == 0 {
-                        pins.remove(&i);
-                    }
-                }
-            }
+        if let Some(k) = pins.iter().position(|&r| r == (i, i + n as usize)) {
+            pins.swap_remove(k);
         }
         if pins.is_empty() && pins.capacity() > PINS_KEEP {
             pins.shrink_to(PINS_KEEP);
@@ -345,7 +349,17 @@ impl<I: IommuControl> MrShadow<I> {
 
     /// Pages the layer currently holds pinned (see [`MrShadow::pinned_map_in`]).
     pub fn pinned_pages(&self) -> usize {
-        self.lock.lock().unwrap_or_else(|p| p.into_inner()).len()
+        let mut r = self.lock.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        r.sort_unstable();
+        let (mut n, mut upto) = (0, 0);
+        for (s, e) in r {
+            let s = s.max(upto);
+            if e > s {
+                n += e - s;
+                upto = e;
+            }
+        }
+        n
     }
 
     /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on

@@ -269,7 +269,7 @@ fn per_page_state_is_two_ptes_and_a_version() {
 }
 
 #[test]
-fn pins_are_kept_only_for_pinned_pages() {
+fn pins_are_kept_per_pinned_range_not_per_page() {
     let (io, s) = setup(0x40_0000, 8 * PS, &[false; 8]);
     assert_eq!(s.pinned_pages(), 0);
     s.pinned_map_in(0x40_0000 + PS, 2 * PS).unwrap();
@@ -282,6 +282,12 @@ fn pins_are_kept_only_for_pinned_pages() {
     assert!(!io.take_log().iter().any(
         |e| matches!(e, Ev::Resident { addr, resident: false, .. } if *addr == 0x40_0000 + 2 * PS)
     ));
+    s.unpinned(0x40_0000 + 5 * PS, PS);
+    assert_eq!(
+        s.pinned_pages(),
+        2,
+        "undoing a pin nobody made changes nothing"
+    );
     s.unpinned(0x40_0000 + PS, 2 * PS);
     assert_eq!(s.pinned_pages(), 1, "page 2 is still pinned once");
     s.unpinned(0x40_0000 + 2 * PS, PS);
