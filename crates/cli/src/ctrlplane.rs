@@ -1,5 +1,15 @@
 //! Control-plane costs (the paper's Table "time cost in the control plane") and the
 //! state NP-RDMA keeps per page / QP / CQ, measured for pinned RDMA and NP-RDMA.
+//!
+//! Per-page state is measured as resident memory of the process *outside* the
+//! registered buffer's own pages (statm minus the buffer's resident pages from
+//! `mincore`), after handing freed heap back to the OS, each registration on a
+//! fresh device (so no IOMMU page table or heap touched by an earlier one is
+//! reused), after a one-page registration of the same kind (what is per device
+//! or context is not per page) — and split by owner: NP-RDMA's own (IOMMU entries of its two views,
+//! version table, pins, shadow), the pager's own state for the same region
+//! unregistered (what an OS keeps in its page tables anyway), and the NIC
+//! model's residency map (the OS's role too).
 
 use std::time::Instant;
 
@@ -64,8 +74,26 @@ pub struct CtrlCosts {
     /// Extra latency of the first operation on a new QP (NP-RDMA: key sync).
     pub first_op_extra_us: f64,
     pub swap_out_us: f64,
-    /// Resident bytes added per registered (untouched) page.
+    /// NP-RDMA's own resident bytes per registered page in the steady state
+    /// (every page resident and mapped in the NIC views); pinned: resident
+    /// bytes a registration adds per (pinned) page.
     pub state_per_page_b: f64,
+    /// As `state_per_page_b`, right after registering never-touched memory.
+    #[serde(default)]
+    pub state_per_page_untouched_b: f64,
+    /// NP-RDMA's per-page state by construction (element sizes of its tables).
+    #[serde(default)]
+    pub state_per_page_model_b: f64,
+    /// The pager's own resident bytes per page of a region (not registered),
+    /// every page resident / never touched (NP-RDMA only; the OS's role).
+    #[serde(default)]
+    pub pager_per_page_b: f64,
+    #[serde(default)]
+    pub pager_per_page_untouched_b: f64,
+    /// The NIC model's frame-residency map per tracked page (NP-RDMA only; it
+    /// stands for the OS's page-table present bit, a real IOMMU has none).
+    #[serde(default)]
+    pub resmap_per_page_b: f64,
     pub state_per_qp_b: f64,
     pub state_per_cq_b: f64,
 }
@@ -94,6 +122,11 @@ impl CtrlPlane {
                 ("first_op_extra_us", c.first_op_extra_us),
                 ("swap_out_us", c.swap_out_us),
                 ("state_per_page_b", c.state_per_page_b),
+                ("state_per_page_untouched_b", c.state_per_page_untouched_b),
+                ("state_per_page_model_b", c.state_per_page_model_b),
+                ("pager_per_page_b", c.pager_per_page_b),
+                ("pager_per_page_untouched_b", c.pager_per_page_untouched_b),
+                ("resmap_per_page_b", c.resmap_per_page_b),
                 ("state_per_qp_b", c.state_per_qp_b),
                 ("state_per_cq_b", c.state_per_cq_b),
             ] {
@@ -199,16 +232,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         .collect::<std::result::Result<_, _>>()?;
     c.state_per_cq_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(cqs);
-    // Pinned registration adds no per-page state beyond the (resident) page itself.
-    c.state_per_page_b = {
-        let buf = PinnedBuf::locked(64 << 20)?;
-        let before = rss_bytes()?;
-        // SAFETY: `buf` outlives the MR.
-        let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
-        let d = rss_bytes()?.saturating_sub(before) as f64 / ((64 << 20) / page) as f64;
-        drop(mr);
-        d
-    };
+    c.state_per_page_b = pinned_page_state(big as usize)?;
+    c.state_per_page_untouched_b = c.state_per_page_b;
 
     // ---- NP-RDMA ----
     tick("control plane: NP-RDMA");
@@ -300,18 +325,150 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         .collect::<std::result::Result<_, _>>()?;
     c.state_per_cq_b = rss_bytes()?.saturating_sub(before) as f64 / 16.0;
     drop(cqs);
-    c.state_per_page_b = {
-        let len = 64usize << 20;
-        let region = pager_a.alloc(len)?;
-        let before = rss_bytes()?;
-        // SAFETY: the region outlives the MR.
-        #[allow(unsafe_code)]
-        let mr = unsafe { pd.reg_mr(region.addr() as u64, len as u64, np_access()) }?;
-        let d = rss_bytes()?.saturating_sub(before) as f64 / (len / page) as f64;
-        drop(mr);
-        d
-    };
+    np_page_state(c, big as usize)?;
     Ok(out)
+}
+
+/// Hand freed heap memory back to the OS, so a reading counts what is
+/// allocated rather than what the allocator caches (and later allocations are
+/// faulted in fresh instead of reusing cached pages).
+fn trim_heap() {
+    // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Resident pages of the mapping `[addr, addr+len)` (mincore).
+fn resident_pages(addr: usize, len: usize) -> Result<u64> {
+    let mut v = vec![0u8; len.div_ceil(page_size())];
+    // SAFETY: `[addr, addr+len)` is a live page-aligned mapping of the caller's,
+    // and `v` has one byte per page of it.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(v.iter().filter(|&&b| b & 1 != 0).count() as u64)
+}
+
+/// Resident bytes of the process minus the resident pages of the buffers in
+/// `skip` (their own memory is not state).
+fn state_rss(skip: &[(usize, usize)]) -> Result<u64> {
+    trim_heap();
+    let rss = rss_bytes()?;
+    let mut own = 0;
+    for &(a, l) in skip {
+        own += resident_pages(a, l)? * page_size() as u64;
+    }
+    Ok(rss.saturating_sub(own))
+}
+
+/// `(after - before) / pages` in bytes per page (negative when memory went back).
+fn per_page(before: u64, after: u64, pages: usize) -> f64 {
+    (after as f64 - before as f64) / pages as f64
+}
+
+/// A fresh device (nothing touched in its IOMMU page table yet) sized for
+/// NP-RDMA's two views of `pages` pages.
+fn fresh_host(pages: usize) -> Result<rnic::Host> {
+    let mut hc = rnic::HostConfig::default();
+    hc.iova_pages = hc.iova_pages.max(2 * pages as u64 + 4096);
+    hc.max_tracked_pages = hc.max_tracked_pages.max(pages as u64 + 4096);
+    Ok(rnic::Host::new(hc)?)
+}
+
+/// Touch (write) every page of `r`.
+fn touch(r: &mut vmem::Region) {
+    for p in r.as_mut_slice().chunks_mut(page_size()) {
+        p[0] = 1;
+    }
+}
+
+/// Resident bytes a pinned registration adds per page of a `len`-byte buffer.
+fn pinned_page_state(len: usize) -> Result<f64> {
+    let pages = len.div_ceil(page_size());
+    let host = fresh_host(pages)?;
+    let ctx = host.open_context()?;
+    let pd = ctx.alloc_pd()?;
+    // A one-page registration first (kept until the end), so what the
+    // device sets up on its first MR is not counted per page.
+    let warm_buf = PinnedBuf::locked(page_size())?;
+    // SAFETY: `warm_buf` outlives the MR (declared before it).
+    let _warm = unsafe { pd.reg_mr(warm_buf.addr(), warm_buf.len(), rnic_access()) }?;
+    let buf = PinnedBuf::locked(len)?;
+    let span = [(buf.addr(), buf.len())];
+    let before = state_rss(&span)?;
+    // SAFETY: `buf` outlives the MR (dropped right after).
+    let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
+    let d = per_page(before, state_rss(&span)?, pages);
+    drop(mr);
+    Ok(d)
+}
+
+/// NP-RDMA's per-page state for a `len`-byte MR, split by owner (see the
+/// module docs), into `c`. Per page = all the MR adds / its pages, so the
+/// MR's fixed part (its records, table ends rounded up to whole pages) is in.
+fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
+    let pages = len.div_ceil(page_size());
+    let pager = new_pager()?;
+    // The first region / registration of each kind (one page, kept to the
+    // end) sets up what is per pager / device / context, not per page.
+    let warm = pager.alloc(page_size())?;
+    // The pager's own state for a region nobody registered.
+    let before = state_rss(&[])?;
+    let mut r = pager.alloc(len)?;
+    let span = [(r.addr(), r.len())];
+    c.pager_per_page_untouched_b = per_page(before, state_rss(&span)?, pages);
+    touch(&mut r);
+    c.pager_per_page_b = per_page(before, state_rss(&span)?, pages);
+    drop(r);
+    // The NIC model's residency map over the same number of pages.
+    {
+        let host = fresh_host(pages)?;
+        host.frames().track(warm.addr(), warm.len(), true)?;
+        let r = pager.alloc(len)?;
+        let span = [(r.addr(), r.len())];
+        let before = state_rss(&span)?;
+        host.frames().track(r.addr(), r.len(), false)?;
+        c.resmap_per_page_b = per_page(before, state_rss(&span)?, pages);
+        host.frames().untrack(r.addr())?;
+    }
+    // Registrations over never-touched memory, and over memory whose every
+    // page is resident (mapped in both views at registration: the steady
+    // state of a used MR), each on a fresh device.
+    for touched in [false, true] {
+        let host = fresh_host(pages)?;
+        let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
+        let pd = ctx.alloc_pd();
+        let warm_r = pager.alloc(page_size())?;
+        // SAFETY: the region outlives the MR (declared before it).
+        #[allow(unsafe_code)]
+        let _warm = unsafe { pd.reg_mr(warm_r.addr() as u64, page_size() as u64, np_access()) }?;
+        let before = state_rss(&[])?;
+        let mut r = pager.alloc(len)?;
+        if touched {
+            touch(&mut r);
+        }
+        // SAFETY: the region outlives the MR (dropped first, below).
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.reg_mr(r.addr() as u64, len as u64, np_access()) }?;
+        let total = per_page(before, state_rss(&[(r.addr(), r.len())])?, pages);
+        let own = if touched {
+            total - c.pager_per_page_b - c.resmap_per_page_b
+        } else {
+            total - c.pager_per_page_untouched_b - c.resmap_per_page_b
+        };
+        if touched {
+            c.state_per_page_b = own;
+        } else {
+            c.state_per_page_untouched_b = own;
+        }
+        drop(mr);
+        drop(r);
+    }
+    c.state_per_page_model_b = nprdma::shadow::STATE_BYTES_PER_PAGE as f64;
+    Ok(())
 }
 
 /// Median time to swap out one resident page of a fresh region, optionally

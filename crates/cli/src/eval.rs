@@ -1013,7 +1013,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     let _ = writeln!(w, "\nLibrary init: pinned = open the (software) device (`rnic::Host::new`: its shared segment and NIC thread) + context + PD; NP-RDMA = the same device + `nprdma::Context::new` (NIC context, PD, completion channel, shared NIC CQ, polling thread). The process's pager is created once beforehand (the OS's role) and not counted. MR creation includes preparing the memory (pinned: mmap + mlock, which faults every page in; NP-RDMA: a pager region) and the registration call. Swap out: `vmem` swap-out of one resident page; the pinned column is a region nobody registered (no listener), NP-RDMA's is registered (the listener remaps the NIC views and flushes the IOMMU first).\n");
     let _ = writeln!(
         w,
-        "### State (resident memory added, measured from /proc/self/statm)\n"
+        "### State (resident memory added: /proc/self/statm, minus the buffers' own pages from mincore)\n"
     );
     let _ = writeln!(
         w,
@@ -1022,9 +1022,30 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     let _ = writeln!(w, "|---|---:|---:|---|");
     let _ = writeln!(
         w,
-        "| per registered page (B) | {} | {} | 12 B (2 PTEs + version) |",
+        "| per registered page, every page resident and mapped (B) | {} | {} | 12 B (2 PTEs + version) |",
         f2(Some(c.pinned.state_per_page_b)),
         f2(Some(c.nprdma.state_per_page_b))
+    );
+    let _ = writeln!(
+        w,
+        "| per registered page, never-touched memory (B) | — | {} | |",
+        f2(Some(c.nprdma.state_per_page_untouched_b))
+    );
+    let _ = writeln!(
+        w,
+        "| per registered page by construction (B): 2 IOMMU entries + version | — | {} | 12 B |",
+        f2(Some(c.nprdma.state_per_page_model_b))
+    );
+    let _ = writeln!(
+        w,
+        "| pager's own state per page, resident / never touched (B; the OS's role) | — | {} / {} | (OS page tables) |",
+        f2(Some(c.nprdma.pager_per_page_b)),
+        f2(Some(c.nprdma.pager_per_page_untouched_b))
+    );
+    let _ = writeln!(
+        w,
+        "| NIC model's residency map per page (B; the OS's role) | — | {} | — |",
+        f2(Some(c.nprdma.resmap_per_page_b))
     );
     let _ = writeln!(
         w,
@@ -1038,7 +1059,7 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
         f2(Some(c.pinned.state_per_cq_b)),
         f2(Some(c.nprdma.state_per_cq_b))
     );
-    let _ = writeln!(w, "\n(Page-granular RSS: per-QP/CQ figures are averages over 16 objects; state the software NIC keeps in its shared segment is allocated per host, not per object, and does not appear here.)\n");
+    let _ = writeln!(w, "\n(Page-granular RSS: per-QP/CQ figures are averages over 16 objects; state the software NIC keeps in its shared segment is allocated per host, not per object, and does not appear here. Per-page rows: what one {:.0} MiB MR adds, per page: resident memory outside the buffer's own pages (statm minus its mincore-resident pages, freed heap trimmed first), on a fresh device after a one-page registration (so the device's and context's own set-up is not counted), the MR's fixed part (its records, table ends rounded up to whole pages) included. NP-RDMA's rows are its own state — the IOMMU entries of its Read and Write views (in the software NIC's shared segment), the version table, the pins it holds and the rest of the MR's shadow — with the pager's state for the same region unregistered and the NIC model's residency map subtracted (both shown below them). \"Every page resident and mapped\": the region is fully touched before registering, so every page is mapped in both views.)\n", c.big_mr_bytes as f64 / (1u64 << 20) as f64);
 
     let _ = writeln!(
         w,

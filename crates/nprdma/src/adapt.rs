@@ -47,6 +47,7 @@ impl IommuControl for RnicIommu {
     type Error = rnic::Error;
     type Range = rnic::IovaRange;
     type Mr = RnicMr;
+    const ENTRY_BYTES: usize = rnic::Iommu::ENTRY_BYTES;
 
     fn alloc_range(&self, npages: u64) -> Result<Self::Range, Self::Error> {
         self.host.iommu().alloc_range(npages)
@@ -55,9 +56,6 @@ impl IommuControl for RnicIommu {
         self.host.iommu().free_range(range)
     }
     fn map(&self, range: &Self::Range, index: u64, frame: Frame) -> Result<(), Self::Error> {
-        if index >= range.npages {
-            return Err(rnic::Error::InvalidArgument("IOVA index outside the range"));
-        }
         let f = match frame {
             Frame::Unmapped => rnic::Frame::Unmapped,
             Frame::Ram(a) => rnic::Frame::Ram(a as usize),
@@ -71,7 +69,7 @@ impl IommuControl for RnicIommu {
         // resident; the swap listener remaps it to a special frame and
         // flushes before the pager may reclaim it.
         unsafe {
-            self.host.iommu().map(range.base + index, f)
+            self.host.iommu().map_at(range, index, f)
         }
     }
     fn flush(&self) -> Result<(), Self::Error> {
@@ -146,25 +144,109 @@ const PM_SWAP: u64 = 1 << 62;
 /// All `false` if pagemap cannot be read. One `pread` per 8192 pages
 /// (≈ 1–2 ms per GiB of registration).
 pub fn unpopulated_pages(first: u64, npages: u64) -> Vec<bool> {
+    let mut out = vec![false; npages as usize];
+    if !scan_unpopulated(first, npages, |i, u| out[i as usize] = u) {
+        out.fill(false);
+    }
+    out
+}
+
+/// [`unpopulated_pages`] as [`PageRuns`] (at most [`PageRuns::MAX_RUNS`]
+/// runs: pages of later runs count as populated). Nothing per page.
+pub fn unpopulated_runs(first: u64, npages: u64) -> PageRuns {
+    let mut b = PageRuns::builder();
+    if scan_unpopulated(first, npages, |i, u| b.push(i, u)) {
+        b.finish()
+    } else {
+        PageRuns::default()
+    }
+}
+
+/// Calls `f(i, unpopulated)` for page `i` of the `npages` from `first`, in
+/// order; false if pagemap could not be read (some calls may have been made).
+fn scan_unpopulated(first: u64, npages: u64, mut f: impl FnMut(u64, bool)) -> bool {
     const CHUNK: u64 = 8192;
     let ps = vmem::PAGE_SIZE as u64;
-    let mut out = vec![false; npages as usize];
-    let Some(pm) = pagemap() else { return out };
+    let Some(pm) = pagemap() else { return false };
     let mut buf = vec![0u8; (npages.min(CHUNK) * 8) as usize];
     let mut done = 0u64;
     while done < npages {
         let n = (npages - done).min(CHUNK) as usize;
         let page = first / ps + done;
         if pm.read_exact_at(&mut buf[..n * 8], page * 8).is_err() {
-            return vec![false; npages as usize];
+            return false;
         }
         for (k, e) in buf[..n * 8].chunks_exact(8).enumerate() {
             let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-            out[done as usize + k] = v & (PM_PRESENT | PM_SWAP) == 0;
+            f(done + k as u64, v & (PM_PRESENT | PM_SWAP) == 0);
         }
         done += n as u64;
     }
-    out
+    true
+}
+
+/// A set of page indices as sorted, disjoint runs `[start, end)`, bounded to
+/// [`PageRuns::MAX_RUNS`] runs so it costs nothing per page: a set more
+/// fragmented than that keeps only its first runs (callers use it for
+/// "provably X" shortcuts, where leaving a page out is always safe).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageRuns(Box<[(u64, u64)]>);
+
+/// Builds [`PageRuns`] from per-page flags given for consecutive indices.
+#[derive(Debug, Default)]
+pub struct PageRunsBuilder {
+    runs: Vec<(u64, u64)>,
+    open: Option<u64>,
+    next: u64,
+}
+
+impl PageRunsBuilder {
+    /// Whether page `i` (the one after the previous call's) is in the set.
+    pub fn push(&mut self, i: u64, member: bool) {
+        debug_assert_eq!(i, self.next, "consecutive pages");
+        match (self.open, member) {
+            (None, true) if self.runs.len() < PageRuns::MAX_RUNS => self.open = Some(i),
+            (Some(s), false) => {
+                self.runs.push((s, i));
+                self.open = None;
+            }
+            _ => {}
+        }
+        self.next = i + 1;
+    }
+    /// The set.
+    pub fn finish(mut self) -> PageRuns {
+        if let Some(s) = self.open {
+            self.runs.push((s, self.next));
+        }
+        PageRuns(self.runs.into_boxed_slice())
+    }
+}
+
+impl PageRuns {
+    /// Most runs kept (16 B each).
+    pub const MAX_RUNS: usize = 1024;
+    /// An empty builder.
+    pub fn builder() -> PageRunsBuilder {
+        PageRunsBuilder::default()
+    }
+    /// The set of the pages `flags` marks, page `i` = `flags[i]`.
+    pub fn from_flags(flags: impl IntoIterator<Item = bool>) -> PageRuns {
+        let mut b = Self::builder();
+        for (i, f) in flags.into_iter().enumerate() {
+            b.push(i as u64, f);
+        }
+        b.finish()
+    }
+    /// Whether page `i` is in the set.
+    pub fn contains(&self, i: u64) -> bool {
+        let k = self.0.partition_point(|&(s, _)| s <= i);
+        k > 0 && i < self.0[k - 1].1
+    }
+    /// The runs `[start, end)`, sorted.
+    pub fn runs(&self) -> &[(u64, u64)] {
+        &self.0
+    }
 }
 
 /// `/proc/self/pagemap`, opened once (`None` if unavailable: no zero proofs).
@@ -188,5 +270,32 @@ impl vmem::SwapListener for ListenerBridge {
     }
     fn after_unmap(&self, start: usize, end: usize) {
         self.0.after_unmap(start as u64, end as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageRuns;
+
+    #[test]
+    fn page_runs_match_their_flags() {
+        let flags = [true, true, false, true, false, false, true, true, true];
+        let r = PageRuns::from_flags(flags);
+        assert_eq!(r.runs(), [(0, 2), (3, 4), (6, 9)]);
+        for (i, f) in flags.iter().enumerate() {
+            assert_eq!(r.contains(i as u64), *f, "page {i}");
+        }
+        assert!(!r.contains(9));
+        assert_eq!(PageRuns::from_flags([false; 5]).runs(), []);
+    }
+
+    #[test]
+    fn page_runs_are_bounded_and_only_ever_drop_members() {
+        // Alternating pages: one run per member, more than the cap.
+        let n = 4 * PageRuns::MAX_RUNS;
+        let r = PageRuns::from_flags((0..n).map(|i| i % 2 == 0));
+        assert_eq!(r.runs().len(), PageRuns::MAX_RUNS);
+        assert!((0..n as u64).all(|i| !r.contains(i) || i % 2 == 0));
+        assert!(r.contains(0) && !r.contains(n as u64 - 2));
     }
 }

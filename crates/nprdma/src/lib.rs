@@ -16,7 +16,7 @@
 //! | [`check`] | optimistic checks: per-atom magic, read-back, page versions, local pre-check |
 //! | [`keymap`] | app rkey → (write rkey, version rkey, region) per peer, first-use sync |
 //! | [`nic`] | the narrow NIC / IOMMU / memory-manager traits the layer is written against |
-//! | [`shadow`] | per-MR IOMMU views + version table, swap-out / map-in transitions, layer-held pins |
+//! | [`shadow`] | per-MR IOMMU views + version table (12 B per page), swap-out / map-in transitions, layer-held pins |
 //! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`rob`] | reorder buffer: application completions in post order |

@@ -227,6 +227,8 @@ pub trait IommuControl: Send + Sync {
     type Range: Copy + Send + Sync + std::fmt::Debug;
     /// MRs made over IOVA ranges.
     type Mr: NicMr;
+    /// Bytes of IOMMU page table one mapped IOVA page costs (its PTE).
+    const ENTRY_BYTES: usize;
     /// Reserve `npages` IOVA pages, all [`Frame::Unmapped`].
     fn alloc_range(&self, npages: u64) -> Result<Self::Range, Self::Error>;
     /// Release a range (no MR may still use it).

@@ -18,11 +18,34 @@
 //! Transitions of one MR are serialised by a lock; flushing happens once per
 //! swap-out batch. The version table is plain heap memory (never managed by
 //! the pager) for registration as the pinned Version MR.
+//!
+//! **State per page** is the paper's 12 B: one IOMMU entry in each view (4 B
+//! each on the software RNIC, [`IommuControl::ENTRY_BYTES`]) and the 4-byte
+//! version ([`STATE_BYTES_PER_PAGE`]). Nothing else is kept per page: the
+//! ranges the layer holds pinned are few and short-lived (the two-sided path's
+//! temporary pins), so they live in a short list beside the lock.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::nic::{Frame, IommuControl, SwapListener};
+
+/// Bytes of one page's version word.
+pub const VERSION_BYTES: usize = std::mem::size_of::<AtomicU32>();
+
+/// Bytes NP-RDMA keeps per page of an MR shadowed over IOMMU `I`: an entry in
+/// each of the two views (Read, Write) and the version word (see the module
+/// docs; the pager's own per-page state is not NP-RDMA's).
+pub const fn state_bytes_per_page<I: IommuControl>() -> usize {
+    2 * I::ENTRY_BYTES + VERSION_BYTES
+}
+
+/// [`state_bytes_per_page`] on the software RNIC: the paper's 12 B.
+pub const STATE_BYTES_PER_PAGE: usize = state_bytes_per_page::<crate::adapt::RnicIommu>();
+const _: () = assert!(
+    STATE_BYTES_PER_PAGE <= 12,
+    "NP-RDMA's per-page state must stay within the paper's 12 B"
+);
 
 /// One `u32` version per page: odd = resident, even = absent.
 #[derive(Debug)]
@@ -108,9 +131,22 @@ pub struct MrShadow<I: IommuControl> {
     read: I::Range,
     write: I::Range,
     versions: Arc<VersionTable>,
-    /// Pins the layer itself holds per page (see [`MrShadow::pinned_map_in`]).
-    pins: Box<[AtomicU32]>,
-    lock: Mutex<()>,
+    /// Serialises transitions; holds the pins the layer itself holds (see
+    /// [`MrShadow::pinned_map_in`]).
+    lock: Mutex<Pins>,
+}
+
+/// The page-index ranges `[start, end)` the layer holds pinned, one entry per
+/// [`MrShadow::pinned_map_in`] not yet undone (a multiset: ranges may repeat
+/// and overlap).
+type Pins = Vec<(usize, usize)>;
+
+/// A pin list emptied back to this capacity or less keeps its allocation.
+const PINS_KEEP: usize = 64;
+
+/// Whether some pinned range holds page `i`.
+fn pinned(pins: &Pins, i: usize) -> bool {
+    pins.iter().any(|&(s, e)| s <= i && i < e)
 }
 
 impl<I: IommuControl> std::fmt::Debug for MrShadow<I> {
@@ -164,8 +200,7 @@ impl<I: IommuControl> MrShadow<I> {
             read,
             write,
             versions: Arc::new(VersionTable::new(resident.iter().copied())),
-            pins: (0..npages).map(|_| AtomicU32::new(0)).collect(),
-            lock: Mutex::new(()),
+            lock: Mutex::new(Pins::new()),
         };
         for (i, &r) in resident.iter().enumerate() {
             let page = first_page + i as u64 * page_size;
@@ -230,7 +265,7 @@ impl<I: IommuControl> MrShadow<I> {
     /// version → even, remap to signature / black hole, flush. Returns the
     /// number of pages that changed state.
     pub fn swap_out(&self, pages: &[u64]) -> Res<usize, I> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut changed = 0;
         for &p in pages {
             let Some(i) = self.page_index(p) else {
@@ -253,10 +288,7 @@ impl<I: IommuControl> MrShadow<I> {
                 // A page the layer holds pinned stays resident (its eviction
                 // aborts), so the NIC model must keep seeing it resident:
                 // temporary MRs over it are in use.
-                if self
-                    .page_index(p)
-                    .is_some_and(|i| self.pins[i].load(Ordering::Acquire) == 0)
-                {
+                if self.page_index(p).is_some_and(|i| !pinned(&pins, i)) {
                     self.iommu
                         .set_resident(p & !(self.page_size - 1), self.page_size, false)
                         .map_err(ShadowError::Iommu)?;
@@ -284,10 +316,12 @@ impl<I: IommuControl> MrShadow<I> {
         }
         let (first, n) = crate::check::page_span(addr, len, self.page_size as usize).ok_or(oob)?;
         // One lock hold for both steps (the two-sided path's hot spot).
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = self.page_index(first) {
+            pins.push((i, i + n as usize));
+        }
         for k in 0..n {
-            if let Some(i) = self.page_index(first + k * self.page_size) {
-                self.pins[i].fetch_add(1, Ordering::AcqRel);
+            if self.page_index(first + k * self.page_size).is_some() {
                 self.iommu
                     .set_resident(first + k * self.page_size, self.page_size, true)
                     .map_err(ShadowError::Iommu)?;
@@ -301,13 +335,31 @@ impl<I: IommuControl> MrShadow<I> {
         let Some((first, n)) = crate::check::page_span(addr, len, self.page_size as usize) else {
             return;
         };
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        for k in 0..n {
-            if let Some(i) = self.page_index(first + k * self.page_size) {
-                let _ = self.pins[i]
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+        let Some(i) = self.page_index(first) else {
+            return;
+        };
+        let mut pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = pins.iter().position(|&r| r == (i, i + n as usize)) {
+            pins.swap_remove(k);
+        }
+        if pins.is_empty() && pins.capacity() > PINS_KEEP {
+            pins.shrink_to(PINS_KEEP);
+        }
+    }
+
+    /// Pages the layer currently holds pinned (see [`MrShadow::pinned_map_in`]).
+    pub fn pinned_pages(&self) -> usize {
+        let mut r = self.lock.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        r.sort_unstable();
+        let (mut n, mut upto) = (0, 0);
+        for (s, e) in r {
+            let s = s.max(upto);
+            if e > s {
+                n += e - s;
+                upto = e;
             }
         }
+        n
     }
 
     /// Map-in of every page of `[addr, addr+len)` (the caller holds a pin on

@@ -77,6 +77,7 @@ impl IommuControl for FakeIommu {
     type Error = FakeErr;
     type Range = FakeRange;
     type Mr = FakeMr;
+    const ENTRY_BYTES: usize = std::mem::size_of::<Frame>();
     fn alloc_range(&self, npages: u64) -> Result<FakeRange, FakeErr> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.live.lock().unwrap().insert(id);

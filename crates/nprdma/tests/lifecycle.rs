@@ -312,7 +312,7 @@ fn unmapped_registered_memory_is_not_reached_through_the_old_mr() {
         assert_ne!(c.status, 0, "{op:?} through the old MR succeeded");
         if op == Opcode::Read {
             assert!(
-                !la.bytes()[..64].iter().any(|&x| x == 0x11),
+                !la.bytes()[..64].contains(&0x11),
                 "READ returned the new memory"
             );
         }

@@ -76,6 +76,7 @@ impl IommuControl for ToyIommu {
     type Error = ToyErr;
     type Range = u32;
     type Mr = ToyMr;
+    const ENTRY_BYTES: usize = std::mem::size_of::<AtomicU64>();
     fn alloc_range(&self, npages: u64) -> Result<u32, ToyErr> {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         if id > 1 || npages != self.pages {

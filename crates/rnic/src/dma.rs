@@ -21,6 +21,8 @@ pub struct MrView {
     pub va: u64,
     pub len: u64,
     pub iova_base: u64,
+    /// Slot of the IOVA range's record (kind `MR_IOVA`).
+    pub iova_slot: u32,
     /// ON_DEMAND MR (ODP model): a non-present page is a page fault, not a DMA error.
     pub odp: bool,
 }
@@ -67,6 +69,7 @@ pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Ac
         va: rec.va.load(Ordering::Relaxed),
         len: rec.len.load(Ordering::Relaxed),
         iova_base: rec.iova_base.load(Ordering::Relaxed),
+        iova_slot: rec.iova_slot.load(Ordering::Relaxed),
         odp: acc.contains(Access::ON_DEMAND),
     };
     let end = addr.checked_add(len).ok_or(KeyErr::Bounds)?;
@@ -109,7 +112,7 @@ pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<L
     } else {
         let idx = (addr >> PAGE_SHIFT) - (mr.va >> PAGE_SHIFT);
         match seg.iommu_entry(mr.iova_base + idx) {
-            Some(e) => Frame::decode(e.load(Ordering::Acquire)),
+            Some(e) => Frame::decode(e.load(Ordering::Acquire), seg.iova_rec(mr.iova_slot)),
             None => Frame::Unmapped,
         }
     };
@@ -798,6 +801,7 @@ mod tests {
             va,
             len: 8 * PAGE as u64,
             iova_base: r.base,
+            iova_slot: r.slot,
             odp: false,
         };
         let len = 8 * PAGE as u64 - 100;
@@ -815,6 +819,7 @@ mod tests {
                 va: o,
                 len,
                 iova_base: 0,
+                iova_slot: 0,
                 odp: false,
             },
             addr: o,

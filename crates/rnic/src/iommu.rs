@@ -3,9 +3,10 @@
 //! SRCU-style flush epochs that let `flush()` wait for every in-flight DMA atom
 //! that could have used an old entry.
 
-use crate::segment::{Segment, PAGE, PAGE_SHIFT};
+use crate::segment::{IommuEntry, IovaRec, Segment, FRAME_WINDOWS, PAGE, PAGE_SHIFT};
 use crate::{Error, Result};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,22 +24,47 @@ pub enum Frame {
     BlackHole,
 }
 
-const K_RAM: u64 = 1;
-const K_SIG: u64 = 2;
-const K_HOLE: u64 = 3;
+// Entry encoding (one `u32` per IOVA page, like a real IOMMU's 4-byte PTE):
+// bits 0-1 kind; for RAM frames bits 2-3 name one of the range's frame windows
+// (an aligned block of 2^28 pages = 1 TiB of address space, see `IovaRec`) and
+// bits 4-31 the page inside it.
+const K_RAM: u32 = 1;
+const K_SIG: u32 = 2;
+const K_HOLE: u32 = 3;
+const WIN_SHIFT: u32 = 2;
+const OFF_SHIFT: u32 = 4;
+/// Pages per frame window.
+const WIN_PAGE_BITS: u32 = 32 - OFF_SHIFT;
+const _: () = assert!(FRAME_WINDOWS <= 1 << (OFF_SHIFT - WIN_SHIFT));
 
 impl Frame {
-    pub(crate) fn encode(self) -> u64 {
-        match self {
+    /// The entry for `self` in a range with record `rec`; claims a frame window
+    /// of the range for a RAM frame in a window it does not name yet.
+    pub(crate) fn encode(self, rec: &IovaRec) -> Result<u32> {
+        Ok(match self {
             Frame::Unmapped => 0,
-            Frame::Ram(a) => (a as u64 & !(PAGE as u64 - 1)) | K_RAM,
+            Frame::Ram(a) => {
+                let page = (a >> PAGE_SHIFT) as u64;
+                let w = window_slot(rec, (page >> WIN_PAGE_BITS) + 1)?;
+                ((page as u32 & ((1 << WIN_PAGE_BITS) - 1)) << OFF_SHIFT) | ((w as u32) << WIN_SHIFT) | K_RAM
+            }
             Frame::Signature => K_SIG,
             Frame::BlackHole => K_HOLE,
-        }
+        })
     }
-    pub(crate) fn decode(e: u64) -> Frame {
+    /// The frame entry `e` of a range with record `rec` names. Load `e` (Acquire)
+    /// before calling: the window it names was set before it was stored.
+    pub(crate) fn decode(e: u32, rec: Option<&IovaRec>) -> Frame {
         match e & 3 {
-            K_RAM => Frame::Ram((e & !(PAGE as u64 - 1)) as usize),
+            K_RAM => {
+                let win = rec.map_or(0, |r| {
+                    r.windows[((e >> WIN_SHIFT) & 3) as usize].load(Ordering::Acquire)
+                });
+                match win.checked_sub(1) {
+                    Some(w) => Frame::Ram((((w << WIN_PAGE_BITS) | (e >> OFF_SHIFT) as u64) << PAGE_SHIFT) as usize),
+                    None => Frame::Unmapped,
+                }
+            }
             K_SIG => Frame::Signature,
             K_HOLE => Frame::BlackHole,
             _ => Frame::Unmapped,
@@ -46,11 +72,36 @@ impl Frame {
     }
 }
 
-/// A contiguous range of IOVA pages.
+/// The slot of `rec` holding window tag `tag` (window number + 1), claiming a
+/// free slot for it if none does.
+fn window_slot(rec: &IovaRec, tag: u64) -> Result<usize> {
+    for (i, w) in rec.windows.iter().enumerate() {
+        // A plain load first: the window is almost always claimed already, and
+        // a (failing) CAS would take the line exclusive on every map.
+        let cur = w.load(Ordering::Acquire);
+        if cur == tag {
+            return Ok(i);
+        }
+        if cur == 0 {
+            match w.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(i),
+                Err(cur) if cur == tag => return Ok(i),
+                Err(_) => {}
+            }
+        }
+    }
+    Err(Error::NoResources(
+        "frame windows of the IOVA range (its frames span more than 4 aligned 1-TiB blocks)",
+    ))
+}
+
+/// A contiguous range of IOVA pages (made by [`Iommu::alloc_range`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IovaRange {
     pub base: u64,
     pub npages: u64,
+    /// Slot of the range's record in the host segment.
+    pub slot: u32,
 }
 
 impl IovaRange {
@@ -101,18 +152,31 @@ impl RangeAlloc {
 /// The per-host IOMMU. Remap from any thread of the host process at any time.
 pub struct Iommu {
     seg: Arc<Segment>,
-    alloc: Mutex<RangeAlloc>,
+    book: RwLock<Book>,
     flush_lock: Mutex<()>,
     flush_timeout: Duration,
+}
+
+/// Allocation state of the IOVA space and the range records.
+struct Book {
+    pages: RangeAlloc,
+    slots: RangeAlloc,
+    /// Live ranges by base page: (npages, slot).
+    live: BTreeMap<u64, (u64, u32)>,
 }
 
 impl Iommu {
     pub(crate) fn new(seg: Arc<Segment>, flush_timeout: Duration) -> Iommu {
         let pages = seg.p.iova_pages;
+        let slots = seg.p.max_mr as u64;
         Iommu {
             seg,
             // IOVA page 0 is never handed out.
-            alloc: Mutex::new(RangeAlloc::new(1, pages.saturating_sub(1))),
+            book: RwLock::new(Book {
+                pages: RangeAlloc::new(1, pages.saturating_sub(1)),
+                slots: RangeAlloc::new(0, slots),
+                live: BTreeMap::new(),
+            }),
             flush_lock: Mutex::new(()),
             flush_timeout,
         }
@@ -120,47 +184,101 @@ impl Iommu {
 
     /// Allocate `npages` IOVA pages, all unmapped.
     pub fn alloc_range(&self, npages: u64) -> Result<IovaRange> {
-        let base = self
-            .alloc
-            .lock()
-            .alloc(npages)
-            .ok_or(Error::NoResources("IOVA space"))?;
+        let mut b = self.book.write();
+        let base = b.pages.alloc(npages).ok_or(Error::NoResources("IOVA space"))?;
+        let Some(slot) = b.slots.alloc(1) else {
+            b.pages.release(base, npages);
+            return Err(Error::NoResources("IOVA ranges"));
+        };
+        let slot = slot as u32;
         for p in base..base + npages {
             self.entry(p)?.store(0, Ordering::Release);
         }
-        Ok(IovaRange { base, npages })
+        for w in &self.rec(slot)?.windows {
+            w.store(0, Ordering::Release);
+        }
+        b.live.insert(base, (npages, slot));
+        Ok(IovaRange { base, npages, slot })
     }
 
     /// Unmap every page of `range`, flush, and return it to the allocator.
     pub fn free_range(&self, range: IovaRange) -> Result<()> {
+        self.check(&range)?;
         for p in range.base..range.base + range.npages {
             self.entry(p)?.store(0, Ordering::Release);
         }
         self.flush()?;
-        self.alloc.lock().release(range.base, range.npages);
+        let mut b = self.book.write();
+        if b.live.remove(&range.base).is_none() {
+            return Err(Error::InvalidArgument("IOVA range freed twice"));
+        }
+        for w in &self.rec(range.slot)?.windows {
+            w.store(0, Ordering::Release);
+        }
+        b.pages.release(range.base, range.npages);
+        b.slots.release(range.slot as u64, 1);
         Ok(())
     }
 
-    fn entry(&self, page: u64) -> Result<&AtomicU64> {
+    /// Whether `range` is a live range of this IOMMU, exactly as allocated.
+    pub fn check(&self, range: &IovaRange) -> Result<()> {
+        match self.book.read().live.get(&range.base) {
+            Some(&(n, s)) if n == range.npages && s == range.slot => Ok(()),
+            _ => Err(Error::InvalidArgument("not a live IOVA range of this host")),
+        }
+    }
+
+    /// The live range holding IOVA page `page`.
+    fn range_of(&self, page: u64) -> Result<IovaRange> {
+        let b = self.book.read();
+        match b.live.range(..=page).next_back() {
+            Some((&base, &(npages, slot))) if page < base + npages => Ok(IovaRange { base, npages, slot }),
+            _ => Err(Error::InvalidArgument("IOVA page outside every allocated range")),
+        }
+    }
+
+    fn entry(&self, page: u64) -> Result<&IommuEntry> {
         self.seg
             .iommu_entry(page)
             .ok_or(Error::InvalidArgument("IOVA page out of range"))
     }
 
-    /// Point IOVA page `iova_page` at `frame`. The old mapping may still be used by
-    /// in-flight DMA until [`Iommu::flush`] returns.
+    fn rec(&self, slot: u32) -> Result<&IovaRec> {
+        self.seg
+            .iova_rec(slot)
+            .ok_or(Error::InvalidArgument("IOVA range slot out of range"))
+    }
+
+    /// Point IOVA page `iova_page` (of an allocated range) at `frame`. The old
+    /// mapping may still be used by in-flight DMA until [`Iommu::flush`] returns.
     ///
     /// # Safety
     /// For `Frame::Ram(addr)`, the page at `addr` must be memory of this process that
     /// stays valid (mapped, and acceptable to be read/written by DMA at any time) until
     /// it is unmapped again and a subsequent `flush()` has returned.
     pub unsafe fn map(&self, iova_page: u64, frame: Frame) -> Result<()> {
+        let r = self.range_of(iova_page)?;
+        // SAFETY: forwarded contract.
+        unsafe { self.map_at(&r, iova_page - r.base, frame) }
+    }
+
+    /// Point page `index` of `range` at `frame` (as [`Iommu::map`], without
+    /// looking the range up). A range's RAM frames may lie in at most
+    /// [`FRAME_WINDOWS`] aligned 1-TiB blocks of the address space.
+    ///
+    /// # Safety
+    /// As for [`Iommu::map`].
+    pub unsafe fn map_at(&self, range: &IovaRange, index: u64, frame: Frame) -> Result<()> {
+        if index >= range.npages {
+            return Err(Error::InvalidArgument("IOVA index outside the range"));
+        }
         if let Frame::Ram(a) = frame {
             if a % PAGE != 0 || a == 0 {
                 return Err(Error::InvalidArgument("frame address must be page aligned"));
             }
         }
-        self.entry(iova_page)?.store(frame.encode(), Ordering::Release);
+        let e = frame.encode(self.rec(range.slot)?)?;
+        self.entry(range.base + index)?.store(e, Ordering::Release);
         Ok(())
     }
 
@@ -173,7 +291,8 @@ impl Iommu {
             return Err(Error::InvalidArgument("frames exceed range"));
         }
         for (i, f) in frames.iter().enumerate() {
-            self.map(range.base + first + i as u64, *f)?;
+            // SAFETY: forwarded contract.
+            unsafe { self.map_at(range, first + i as u64, *f)? };
         }
         Ok(())
     }
@@ -186,7 +305,9 @@ impl Iommu {
 
     /// Current mapping of an IOVA page.
     pub fn lookup(&self, iova_page: u64) -> Result<Frame> {
-        Ok(Frame::decode(self.entry(iova_page)?.load(Ordering::Acquire)))
+        let e = self.entry(iova_page)?.load(Ordering::Acquire);
+        let rec = self.range_of(iova_page).ok().and_then(|r| self.seg.iova_rec(r.slot));
+        Ok(Frame::decode(e, rec))
     }
 
     /// Return once no DMA atom that could have used a mapping replaced before this
@@ -210,6 +331,8 @@ impl Iommu {
 
     /// Bytes in an IOVA page.
     pub const PAGE_SIZE: usize = PAGE;
+    /// Bytes of IOMMU page table per mapped IOVA page (one entry).
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<IommuEntry>();
     pub const PAGE_SHIFT: u32 = PAGE_SHIFT;
 }
 
@@ -373,16 +496,46 @@ pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn empty_rec() -> IovaRec {
+        IovaRec {
+            windows: Default::default(),
+        }
+    }
+
     #[test]
     fn frame_encoding_roundtrip() {
+        let rec = empty_rec();
         for f in [
             Frame::Unmapped,
             Frame::Ram(0x7f00_0000_1000),
+            Frame::Ram(0x5555_0000_2000),
+            Frame::Ram(0x7fff_ffff_f000),
+            Frame::Ram(0x1000),
             Frame::Signature,
             Frame::BlackHole,
         ] {
-            assert_eq!(Frame::decode(f.encode()), f);
+            assert_eq!(Frame::decode(f.encode(&rec).unwrap(), Some(&rec)), f);
         }
+        assert_eq!(std::mem::size_of::<IommuEntry>(), 4, "a 4-byte PTE per IOVA page");
+    }
+
+    #[test]
+    fn frame_windows_are_shared_and_bounded() {
+        let rec = empty_rec();
+        let tib = 1usize << 40;
+        // Frames inside one aligned TiB share a window.
+        let a = Frame::Ram(3 * tib + 0x1000).encode(&rec).unwrap();
+        let b = Frame::Ram(4 * tib - 0x1000).encode(&rec).unwrap();
+        assert_eq!((a >> WIN_SHIFT) & 3, (b >> WIN_SHIFT) & 3);
+        for k in [5, 7, 9] {
+            Frame::Ram(k * tib).encode(&rec).unwrap();
+        }
+        assert!(
+            Frame::Ram(11 * tib).encode(&rec).is_err(),
+            "a fifth window does not fit"
+        );
+        assert_eq!(Frame::decode(b, Some(&rec)), Frame::Ram(4 * tib - 0x1000));
+        assert_eq!(Frame::decode(a, None), Frame::Unmapped, "no record, no RAM frame");
     }
 
     #[test]

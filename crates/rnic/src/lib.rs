@@ -9,7 +9,7 @@
 //! ```text
 //! Host::new(HostConfig) -> Host            // a machine: NIC + IOMMU + frame map (+ NIC thread)
 //!   .addr() -> HostAddr (16 B: pid, memfd, nonce; to_bytes/to_hex for out-of-band exchange)
-//!   .iommu() -> &Iommu   alloc_range(n) / unsafe map(page, Frame) / map_range / unmap / lookup / flush / free_range
+//!   .iommu() -> &Iommu   alloc_range(n) / unsafe map(page, Frame) / map_at(range, i, Frame) / map_range / unmap / lookup / flush / free_range
 //!   .frames() -> &FrameMap   track(addr, len, resident) / set_resident / untrack / is_resident
 //!   .stats() -> NicStats      .query_device() -> DeviceAttr     .open_context() -> Context
 //! Context: alloc_pd, create_cq(depth, Option<&CompChannel>), create_comp_channel
@@ -32,7 +32,8 @@
 //! ## Architecture (final design)
 //!
 //! * **Host segment** ([`segment`]): all NIC state a peer needs — MR table, QP table
-//!   with RQ rings and request rings, CQ rings (MPSC), IOMMU page table, residency map,
+//!   with RQ rings and request rings, CQ rings (MPSC), IOMMU page table (4-byte entries
+//!   plus a small record per IOVA range), residency map,
 //!   flush epochs, NIC-thread futex, stats — lives in one fixed-layout memfd mapping
 //!   addressed by offsets. In-process peers share it; another process maps it through
 //!   `/proc/<pid>/fd/<fd>` from the 16-byte [`HostAddr`], lazily at RTR.

@@ -52,6 +52,7 @@ impl Pd {
             if pages > r.npages || r.base + r.npages > self.host().config().iova_pages {
                 return Err(Error::InvalidArgument("IOVA range smaller than the MR"));
             }
+            self.host().iommu().check(r)?;
         }
         let hi = self.host().inner();
         let (idx, gen) = {
@@ -69,6 +70,8 @@ impl Pd {
         rec.len.store(len as u64, Ordering::Relaxed);
         rec.iova_base
             .store(iova.map(|r| r.base).unwrap_or(0), Ordering::Relaxed);
+        rec.iova_slot
+            .store(iova.map(|r| r.slot).unwrap_or(0), Ordering::Relaxed);
         rec.key.store(key, Ordering::Release);
         Ok(Mr {
             pd: self.clone(),

@@ -279,6 +279,7 @@ mod tests {
             va: base as u64,
             len: 8 * PAGE as u64,
             iova_base: 0,
+            iova_slot: 0,
             odp,
         };
         let span = |odp, off: usize, len: usize| Span {

@@ -66,6 +66,7 @@ fn passthrough(addr: u64, len: u64) -> Span {
             va: addr,
             len,
             iova_base: 0,
+            iova_slot: 0,
             odp: false,
         },
         addr,

@@ -102,6 +102,7 @@ pub(crate) fn remote_check(
             va: addr,
             len: 0,
             iova_base: 0,
+            iova_slot: 0,
             odp: false,
         });
     }
@@ -330,6 +331,7 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
                 va: buf as u64,
                 len: if inline { 8 } else { seg.p.ring_max as u64 },
                 iova_base: 0,
+                iova_slot: 0,
                 odp: false,
             },
             addr: buf as u64,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
-const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0004; // "nprdma" v4 (epoch slots with owners, RQ line, DMA pool, ext polling)
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0005; // "nprdma" v5 (epoch slots with owners, 4-byte IOMMU entries, IOVA range records)
 
 /// A cache-line-aligned wrapper to keep hot shared counters apart.
 #[repr(C, align(64))]
@@ -171,7 +171,27 @@ pub struct MrRec {
     pub va: AtomicU64,
     pub len: AtomicU64,
     pub iova_base: AtomicU64,
-    _pad: [u64; 3],
+    /// Slot of the IOVA range's record ([`IovaRec`]) for `kind` 1.
+    pub iova_slot: AtomicU32,
+    _pad32: u32,
+    _pad: [u64; 2],
+}
+
+/// One IOMMU page-table entry (see [`crate::iommu`] for the encoding): 4 bytes
+/// per IOVA page, the size of a real IOMMU's PTE.
+pub type IommuEntry = AtomicU32;
+
+/// Frame windows per IOVA range (see [`IovaRec`]).
+pub const FRAME_WINDOWS: usize = 4;
+
+/// The record of one allocated IOVA range: the aligned windows of frame
+/// addresses its RAM entries point into (entries hold a window index and the
+/// page offset inside it). Slot `i` holds `window number + 1`, 0 = unused;
+/// a slot is set once (before any entry naming it is stored) and cleared only
+/// when the range is freed.
+#[repr(C)]
+pub struct IovaRec {
+    pub windows: [AtomicU64; FRAME_WINDOWS],
 }
 
 /// A QP's shared record. The first cache line is read-mostly (identity, state,
@@ -304,6 +324,7 @@ pub struct Layout {
     pub wc: usize,
     pub wc_stride: usize,
     pub iommu: usize,
+    pub iova_ranges: usize,
     pub ranges: usize,
     pub bitmap: usize,
     pub doorbell: usize,
@@ -333,7 +354,9 @@ impl Layout {
         let cq = region((p.max_cq as usize).checked_mul(std::mem::size_of::<CqRec>())?)?;
         let wc_stride = align(std::mem::size_of::<WcRec>().checked_mul(p.max_cqe as usize)?, PAGE);
         let wc = region(wc_stride.checked_mul(p.max_cq as usize)?)?;
-        let iommu = region((p.iova_pages as usize).checked_mul(8)?)?;
+        let iommu = region((p.iova_pages as usize).checked_mul(std::mem::size_of::<IommuEntry>())?)?;
+        // At most one IOVA range per MR (a range exists to be registered).
+        let iova_ranges = region((p.max_mr as usize).checked_mul(std::mem::size_of::<IovaRec>())?)?;
         let ranges = region((p.max_tracked_ranges as usize).checked_mul(std::mem::size_of::<RangeRec>())?)?;
         let bitmap = region((p.max_tracked_pages as usize).div_ceil(64).checked_mul(8)?)?;
         let doorbell = region((p.max_qp as usize).div_ceil(64) * 8)?;
@@ -350,6 +373,7 @@ impl Layout {
             wc,
             wc_stride,
             iommu,
+            iova_ranges,
             ranges,
             bitmap,
             doorbell,
@@ -606,8 +630,12 @@ impl Segment {
         let s = (slot % depth.max(1) as u64) as usize % self.p.max_cqe as usize;
         self.at(self.lay.wc + cq as usize * self.lay.wc_stride + s * std::mem::size_of::<WcRec>())
     }
-    pub fn iommu_entry(&self, page: u64) -> Option<&AtomicU64> {
-        (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * 8))
+    pub fn iommu_entry(&self, page: u64) -> Option<&IommuEntry> {
+        (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * std::mem::size_of::<IommuEntry>()))
+    }
+    /// The record of the IOVA range in slot `slot`.
+    pub fn iova_rec(&self, slot: u32) -> Option<&IovaRec> {
+        (slot < self.p.max_mr).then(|| self.at(self.lay.iova_ranges + slot as usize * std::mem::size_of::<IovaRec>()))
     }
     pub fn range(&self, i: u32) -> Option<&RangeRec> {
         (i < self.p.max_tracked_ranges).then(|| self.at(self.lay.ranges + i as usize * std::mem::size_of::<RangeRec>()))
@@ -691,7 +719,18 @@ mod tests {
         let p = Params::from_config(&HostConfig::default());
         let l = Layout::compute(&p).unwrap();
         let offs = [
-            l.mr, l.qp, l.rq, l.ring, l.cq, l.wc, l.iommu, l.ranges, l.bitmap, l.doorbell, l.total,
+            l.mr,
+            l.qp,
+            l.rq,
+            l.ring,
+            l.cq,
+            l.wc,
+            l.iommu,
+            l.iova_ranges,
+            l.ranges,
+            l.bitmap,
+            l.doorbell,
+            l.total,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % PAGE == 0));

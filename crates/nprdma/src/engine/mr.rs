@@ -36,10 +36,10 @@ pub(crate) struct MrEntry {
     region: vmem::RegionId,
     host: rnic::Host,
     track: usize,
-    /// Per page: no pte and no kernel swap entry when the MR was registered
-    /// (read after the pager's userfaultfd registration): see
-    /// [`MrEntry::reads_as_zero`].
-    unpopulated: Box<[bool]>,
+    /// The pages with no pte and no kernel swap entry when the MR was
+    /// registered (read after the pager's userfaultfd registration), as runs
+    /// of page indices (nothing per page): see [`MrEntry::reads_as_zero`].
+    unpopulated: crate::adapt::PageRuns,
 }
 
 struct NicMrs {
@@ -92,7 +92,7 @@ impl MrEntry {
         let base = self.addr / PS;
         p1 - p0 < 4
             && (p0..=p1).all(|p| {
-                self.unpopulated[(p - base) as usize] && pager.is_untouched((p * PS) as usize)
+                self.unpopulated.contains(p - base) && pager.is_untouched((p * PS) as usize)
             })
     }
 
@@ -105,7 +105,7 @@ impl MrEntry {
         }
         let base = self.addr / PS;
         (addr / PS..=(addr + len - 1) / PS)
-            .all(|p| self.unpopulated[(p - base) as usize] && pager.is_untouched((p * PS) as usize))
+            .all(|p| self.unpopulated.contains(p - base) && pager.is_untouched((p * PS) as usize))
     }
 
     /// Whether `[addr, addr+len)` is inside the MR.
@@ -231,7 +231,7 @@ pub(crate) unsafe fn register(
     if let Err(e) = sh.mm.residency(first, npages * PS, &mut resident) {
         return Err(untrack(e.into()));
     }
-    let unpopulated = crate::adapt::unpopulated_pages(first, npages).into_boxed_slice();
+    let unpopulated = crate::adapt::unpopulated_runs(first, npages);
     let shadow = match MrShadow::new(sh.iommu.clone(), addr, len, PS, &resident) {
         Ok(s) => Arc::new(s),
         Err(e) => return Err(untrack(Error::Other(e.to_string()))),

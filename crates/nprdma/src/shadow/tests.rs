@@ -251,3 +251,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn per_page_state_is_two_ptes_and_a_version() {
+    // The paper's budget: a 4-byte PTE in each view's IOMMU mapping and a
+    // 4-byte version, computed from the element types.
+    assert_eq!(rnic::Iommu::ENTRY_BYTES, 4);
+    assert_eq!(VERSION_BYTES, 4);
+    assert_eq!(
+        STATE_BYTES_PER_PAGE,
+        2 * rnic::Iommu::ENTRY_BYTES + VERSION_BYTES
+    );
+    const { assert!(STATE_BYTES_PER_PAGE <= 12) };
+    // The table registered as the Version MR is exactly one word per page.
+    let t = VersionTable::new([true, false, true]);
+    assert_eq!(t.byte_len(), 3 * VERSION_BYTES as u64);
+}
+
+#[test]
+fn pins_are_kept_per_pinned_range_not_per_page() {
+    let (io, s) = setup(0x40_0000, 8 * PS, &[false; 8]);
+    assert_eq!(s.pinned_pages(), 0);
+    s.pinned_map_in(0x40_0000 + PS, 2 * PS).unwrap();
+    s.pinned_map_in(0x40_0000 + 2 * PS, PS).unwrap();
+    assert_eq!(s.pinned_pages(), 2, "pages 1 and 2");
+    // A swap-out announcement for a pinned page remaps the views (version
+    // even) but leaves the page resident for the NIC model.
+    assert_eq!(s.swap_out(&[0x40_0000 + 2 * PS]).unwrap(), 1);
+    assert!(!s.is_mapped(0x40_0000 + 2 * PS));
+    assert!(!io.take_log().iter().any(
+        |e| matches!(e, Ev::Resident { addr, resident: false, .. } if *addr == 0x40_0000 + 2 * PS)
+    ));
+    s.unpinned(0x40_0000 + 5 * PS, PS);
+    assert_eq!(
+        s.pinned_pages(),
+        2,
+        "undoing a pin nobody made changes nothing"
+    );
+    s.unpinned(0x40_0000 + PS, 2 * PS);
+    assert_eq!(s.pinned_pages(), 1, "page 2 is still pinned once");
+    s.unpinned(0x40_0000 + 2 * PS, PS);
+    assert_eq!(s.pinned_pages(), 0);
+    consistent(&io, &s).unwrap();
+}
