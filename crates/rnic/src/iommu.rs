@@ -354,7 +354,7 @@ const SHARED_SLOT: usize = crate::segment::EPOCH_SLOTS - 1;
 /// before the guard drops are waited for by that host's `flush()`.
 pub fn enter(seg: &Segment) -> EpochGuard<'_> {
     let h = seg.hdr();
-    let i = if h.pid.load(Ordering::Relaxed) == std::process::id() {
+    let i = if seg.own {
         epoch_slot()
     } else {
         *seg.foreign_slot.get_or_init(|| claim_foreign_slot(seg))

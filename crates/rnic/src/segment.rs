@@ -392,6 +392,10 @@ pub struct Segment {
     /// The epoch slot this process claimed in a peer's segment (see
     /// `iommu::enter`); released when the mapping goes.
     pub(crate) foreign_slot: std::sync::OnceLock<usize>,
+    /// The segment belongs to a host of this process (decided once, at
+    /// create/open: `enter` runs on every DMA section and must not ask the
+    /// kernel for the PID each time).
+    pub(crate) own: bool,
 }
 
 impl Drop for Segment {
@@ -436,6 +440,7 @@ impl Segment {
             _fd: fd,
             pool,
             foreign_slot: std::sync::OnceLock::new(),
+            own: true,
         };
         let h = seg.hdr();
         if let Some(pm) = &seg.pool {
@@ -510,6 +515,7 @@ impl Segment {
             _fd: fd,
             pool,
             foreign_slot: std::sync::OnceLock::new(),
+            own: pid == std::process::id(),
         })
     }
 
