@@ -145,6 +145,7 @@ fn eval_smoke_produces_every_figure() {
             "create_cq_us",
             "qp_init_us",
             "swap_out_us",
+            "swap_out_unregistered_us",
             "state_per_page_b",
             "state_per_qp_b",
             "state_per_cq_b",
