@@ -69,6 +69,8 @@
 //!   swapped out and back during the run.
 //! * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir), `NPRDMA_SWAP_MB`
 //!   (default 1024, sparse) — the swap file.
+//! * `NPRDMA_SWAP_BUFFERED=1` — swap through the page cache (default: O_DIRECT, so a
+//!   major fault reads the device, as Linux swap does).
 //! * `NPRDMA_RING_MAX` defaults to 0 in this mode (atomics run on the target CPU, so
 //!   every READ/WRITE, version READs included, is copied by the initiator itself).
 //! * `NPRDMA_PAGER_SPIN_US` (default 50) — fault-thread polling after a fault.
