@@ -108,7 +108,13 @@ fn main() {
     }
 }
 
+/// The libraries log through `tracing`: warnings and errors reach stderr by
+/// default, `RUST_LOG` (e.g. `RUST_LOG=nprdma=debug`) selects more.
 fn tracing_subscriber_init() {
-    // Logs go through `tracing`; without a subscriber they are dropped. The
-    // libraries only log errors, which also surface as CLI errors.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

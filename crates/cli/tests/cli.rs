@@ -348,6 +348,28 @@ fn signal_every_is_capped_at_the_depth_like_perftests_cq_mod() {
 }
 
 #[test]
+fn library_logs_reach_stderr_under_rust_log() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nprdma"))
+        .args(["perf", "--mode", "nprdma", "--size", "64", "--iters", "10"])
+        .env("RUST_LOG", "vmem=debug")
+        .output()
+        .expect("run nprdma");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("swap device created"),
+        "no pager log on stderr: {err}"
+    );
+    // Without RUST_LOG, debug lines stay off.
+    let out = Command::new(env!("CARGO_BIN_EXE_nprdma"))
+        .args(["perf", "--mode", "nprdma", "--size", "64", "--iters", "10"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run nprdma");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("swap device created"));
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     fails(
         &["perf", "--tx-depth", "8", "--signal-every", "0", "--bw"],

@@ -56,6 +56,7 @@ pub fn ibv_dev() -> *mut ibv_device {
 
 #[no_mangle]
 pub extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    crate::logging::init();
     let list = Box::new([ibv_dev(), std::ptr::null_mut()]);
     if !num_devices.is_null() {
         // SAFETY: caller-provided out pointer.
@@ -99,6 +100,7 @@ pub extern "C" fn ibv_get_device_index(_dev: *mut ibv_device) -> c_int {
 /// `dev` must be a device from our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    crate::logging::init();
     guard("ibv_open_device", std::ptr::null_mut(), || {
         if dev != ibv_dev() {
             return Err(ShimError::InvalidArgument("not a libnprdma device".into()));

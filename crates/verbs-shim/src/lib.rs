@@ -69,6 +69,8 @@
 //!   swapped out and back during the run.
 //! * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir), `NPRDMA_SWAP_MB`
 //!   (default 1024, sparse) — the swap file.
+//! * `NPRDMA_LOG` — what the libraries log to stderr (an env-filter directive:
+//!   `warn`, `nprdma=debug`, ...; default `error`).
 //! * `NPRDMA_SWAP_BUFFERED=1` — swap through the page cache (default: O_DIRECT, so a
 //!   major fault reads the device, as Linux swap does).
 //! * `NPRDMA_RING_MAX` defaults to 0 in this mode (atomics run on the target CPU, so
@@ -96,6 +98,7 @@ mod datapath;
 mod device;
 pub mod error;
 pub mod ffi;
+mod logging;
 mod objects;
 mod qp_ex;
 mod rdmacm;
