@@ -154,7 +154,25 @@ impl Inner {
             for (arr, p) in &victims {
                 clear_evicting(arr, *p);
             }
-            tracing::warn!(pages = victims.len(), "swap full; pages stay resident");
+            // The first time, loudly: the budget no longer holds (Linux would
+            // be out of memory here); later batches only warn.
+            let n = self.stats.c.swap_full.fetch_add(1, Relaxed);
+            let (used, total) = (self.swap.used(), self.swap.slots());
+            if n == 0 {
+                tracing::error!(
+                    pages = victims.len(),
+                    used,
+                    total,
+                    "swap device full: resident memory exceeds the budget (pages stay resident)"
+                );
+            } else {
+                tracing::warn!(
+                    pages = victims.len(),
+                    used,
+                    total,
+                    "swap full; pages stay resident"
+                );
+            }
             return Err(e);
         }
         // 1. Listeners (MMU-notifier role), with no lock the fault path needs.

@@ -512,6 +512,7 @@ impl Pager {
             pin_swap_ins: c.pin_swap_ins.load(Relaxed),
             evict_aborts: c.evict_aborts.load(Relaxed),
             evict_failures: c.evict_failures.load(Relaxed),
+            swap_full: c.swap_full.load(Relaxed),
             fault_retries: c.fault_retries.load(Relaxed),
             batched_swap_reads: c.batched_swap_reads.load(Relaxed),
             batched_swap_writes: c.batched_swap_writes.load(Relaxed),
@@ -838,6 +839,37 @@ mod tests {
         let e = full.device_read_latency(1, 8);
         assert!(matches!(e, Err(Error::SwapFull(4))), "{e:?}");
         assert_eq!(full.stats().swap_slots_used, 4);
+    }
+
+    /// A budget the swap device cannot hold: the pager says so (a counted,
+    /// logged swap-full event) instead of silently keeping the excess, the
+    /// data stays intact, and slots freed later make the budget hold again.
+    #[test]
+    fn a_full_swap_device_is_reported_and_the_data_stays_intact() {
+        let p = Pager::new(PagerConfig {
+            swap_size: 8 * PAGE_SIZE as u64,
+            budget_pages: Some(4),
+            background_evictor: true,
+            ..cfg()
+        })
+        .unwrap();
+        let mut r = p.alloc(32 * PAGE_SIZE).unwrap();
+        fill(&mut r, 9);
+        let t = std::time::Instant::now();
+        while p.stats().swap_full == 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let s = p.stats();
+        assert!(s.swap_full > 0, "no swap-full event: {s:?}");
+        assert_eq!(s.swap_slots_used, s.swap_slots_total, "{s:?}");
+        assert!(
+            s.resident_pages > 4,
+            "over budget while the device is full: {s:?}"
+        );
+        assert!(exact(&r, 9), "data intact");
+        // Dropping memory frees slots: the budget holds again.
+        drop(r);
+        assert_eq!(p.stats().swap_slots_used, 0);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub struct Counters {
     pub pin_swap_ins: AtomicU64,
     pub evict_aborts: AtomicU64,
     pub evict_failures: AtomicU64,
+    pub swap_full: AtomicU64,
     pub evict_runs: AtomicU64,
     pub fault_retries: AtomicU64,
     pub batched_swap_reads: AtomicU64,
@@ -118,6 +119,9 @@ pub struct PagerStats {
     pub evict_aborts: u64,
     /// Pages the kernel refused to move out (stayed resident).
     pub evict_failures: u64,
+    /// Eviction batches refused because the swap device was full (their
+    /// pages stayed resident, over the budget).
+    pub swap_full: u64,
     /// Fault resolutions postponed because the kernel asked to retry (an
     /// munmap/mremap of managed memory in flight) or failed transiently.
     pub fault_retries: u64,

@@ -181,13 +181,15 @@ impl Device for NpDevice {
         let e = self.ctx.stats();
         let n = self.ctx.nic_stats();
         format!(
-            "mode=nprdma budget_pages={} registered_pages={} swap_outs={} swap_ins={} \
-             major_faults={} optimistic_ok={} two_sided={} local_fixups={} served={} \
-             nonresident_dma={}",
+            "mode=nprdma budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
+             swap_ins={} swap_full={} major_faults={} optimistic_ok={} two_sided={} \
+             local_fixups={} served={} nonresident_dma={}",
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
+            p.resident_pages,
             p.registered_pages,
             p.swap_outs,
             p.swap_ins,
+            p.swap_full,
             p.major_faults,
             e.optimistic_ok,
             e.two_sided,
