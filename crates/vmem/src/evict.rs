@@ -89,12 +89,12 @@ impl Inner {
                 if try_mark(&s.arr, p, false) {
                     batch.push((s.arr.clone(), p));
                     if batch.len() == cap {
-                        total += self.evict_batch(&mut st, &mut batch)?;
+                        total += self.evict_batch(&mut st, &mut batch, false)?;
                     }
                 }
             }
         }
-        total += self.evict_batch(&mut st, &mut batch)?;
+        total += self.evict_batch(&mut st, &mut batch, false)?;
         Ok(total)
     }
 
@@ -128,50 +128,73 @@ impl Inner {
                 batch.push((segs[si].arr.clone(), p));
                 if batch.len() == cap || done + batch.len() >= want {
                     st.hand = p + 1;
-                    done += self.evict_batch(&mut st, &mut batch)?;
+                    done += self.evict_batch(&mut st, &mut batch, true)?;
                 }
             }
             p += 1;
             scanned += 1;
         }
         st.hand = p;
-        done += self.evict_batch(&mut st, &mut batch)?;
+        done += self.evict_batch(&mut st, &mut batch, true)?;
         inc(&self.stats.c.evict_runs);
         Ok(done)
     }
 
     /// Evicts the EVICTING-marked victims in `batch` (address order), emptying
     /// it. Returns how many pages went to swap.
-    fn evict_batch(&self, st: &mut EvictState, batch: &mut Vec<Victim>) -> Result<usize> {
+    /// The swap device could not take a batch (or all of it): counted, and
+    /// the first time logged as an error — the budget no longer holds (Linux
+    /// would be out of memory here); later events only warn.
+    fn report_swap_full(&self, pages: usize) {
+        let n = self.stats.c.swap_full.fetch_add(1, Relaxed);
+        let (used, total) = (self.swap.used(), self.swap.slots());
+        if n == 0 {
+            tracing::error!(
+                pages,
+                used,
+                total,
+                "swap device full: resident memory exceeds the budget (pages stay resident)"
+            );
+        } else {
+            tracing::warn!(pages, used, total, "swap full; pages stay resident");
+        }
+    }
+
+    /// Evict `batch`. `partial`: on a nearly full swap device, evict what
+    /// fits (budget reclaim); otherwise all or nothing (an explicit
+    /// `swap_out` fails whole with [`Error::SwapFull`]).
+    fn evict_batch(
+        &self,
+        st: &mut EvictState,
+        batch: &mut Vec<Victim>,
+        partial: bool,
+    ) -> Result<usize> {
         if batch.is_empty() {
             return Ok(0);
         }
-        let victims = std::mem::take(batch);
-        // 0. Swap slots first (all or nothing): on a full swap device every
-        // page stays resident and no listener hears of it.
+        let mut victims = std::mem::take(batch);
+        // 0. Swap slots first. A nearly full device takes what fits (the rest
+        // stays resident, reported below); then all or nothing: on a full
+        // swap device every page stays resident and no listener hears of it.
+        let free = self.swap.slots().saturating_sub(self.swap.used());
+        let short = partial && free < victims.len();
+        if short && free > 0 {
+            for (arr, p) in victims.drain(free..) {
+                clear_evicting(&arr, p);
+            }
+        }
         let mut slots: Vec<Slot> = Vec::with_capacity(victims.len());
-        if let Err(e) = self.swap.alloc(victims.len(), &mut slots) {
+        let alloc = if short && free == 0 {
+            Err(Error::SwapFull(self.swap.slots()))
+        } else {
+            self.swap.alloc(victims.len(), &mut slots)
+        };
+        if partial && (short || alloc.is_err()) {
+            self.report_swap_full(victims.len());
+        }
+        if let Err(e) = alloc {
             for (arr, p) in &victims {
                 clear_evicting(arr, *p);
-            }
-            // The first time, loudly: the budget no longer holds (Linux would
-            // be out of memory here); later batches only warn.
-            let n = self.stats.c.swap_full.fetch_add(1, Relaxed);
-            let (used, total) = (self.swap.used(), self.swap.slots());
-            if n == 0 {
-                tracing::error!(
-                    pages = victims.len(),
-                    used,
-                    total,
-                    "swap device full: resident memory exceeds the budget (pages stay resident)"
-                );
-            } else {
-                tracing::warn!(
-                    pages = victims.len(),
-                    used,
-                    total,
-                    "swap full; pages stay resident"
-                );
             }
             return Err(e);
         }
