@@ -27,8 +27,9 @@ pub struct ShimContext {
 pub struct ShimPd {
     pub pd: ibv_pd,
     pub inner: Arc<dyn Pd>,
-    /// MRs and QPs using this PD (dealloc is refused while non-zero).
-    pub users: AtomicU32,
+    /// MRs and QPs using this PD (dealloc is refused while non-zero). Shared
+    /// with imported MRs, which may outlive an imported PD's handle.
+    pub users: Arc<AtomicU32>,
     /// Made by `ibv_import_pd` (a second handle on another PD's backend PD).
     pub imported: bool,
 }
@@ -39,6 +40,9 @@ pub struct ShimMr {
     pub inner: Box<dyn Mr>,
     /// Made by `ibv_import_mr` (the registration belongs to the exporting MR).
     pub imported: bool,
+    /// An imported MR's count on its PD (`ShimPd::users`), held by value: the
+    /// application may release the imported PD first (`ibv_unimport_pd`).
+    pub pd_users: Option<Arc<AtomicU32>>,
 }
 
 #[repr(C)]

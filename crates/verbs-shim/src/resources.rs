@@ -91,7 +91,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         let p = Box::into_raw(Box::new(ShimPd {
             pd,
             inner,
-            users: AtomicU32::new(0),
+            users: Arc::new(AtomicU32::new(0)),
             imported: false,
         }));
         Ok(p as *mut ibv_pd)
@@ -194,6 +194,7 @@ unsafe fn reg_mr(
         mr,
         inner,
         imported: false,
+        pd_users: None,
     })) as *mut ibv_mr)
 }
 
@@ -878,7 +879,7 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *m
                 handle,
             },
             inner,
-            users: AtomicU32::new(0),
+            users: Arc::new(AtomicU32::new(0)),
             imported: true,
         }));
         Ok(p as *mut ibv_pd)
@@ -922,6 +923,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
                 rkey: e.rkey,
             }),
             imported: true,
+            pd_users: Some(p.users.clone()),
         })) as *mut ibv_mr)
     })
 }
@@ -956,9 +958,9 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
     // SAFETY: caller contract.
     if let Ok(s) = unsafe { shim::<_, ShimMr>(mr, "MR") } {
         if s.imported {
-            // SAFETY: the imported MR's PD outlives it (it counts as a user).
-            if let Ok(pd) = unsafe { shim::<_, ShimPd>(s.mr.pd, "PD") } {
-                pd.users.fetch_sub(1, Ordering::AcqRel);
+            // Through the shared count, not the PD: its handle may be gone.
+            if let Some(u) = &s.pd_users {
+                u.fetch_sub(1, Ordering::AcqRel);
             }
             // SAFETY: allocated by ibv_import_mr.
             drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
