@@ -894,18 +894,8 @@ mod tests {
         let dev = NpDevice::new().unwrap();
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(64, false).unwrap();
-        // SAFETY: a fresh private anonymous mapping, unmapped at the end after its MR.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(addr, libc::MAP_FAILED);
+        let mem = TestMem::new(LEN);
+        let addr = mem.addr() as *mut libc::c_void;
         let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         // SAFETY: the mapping outlives the MR (dropped before munmap below).
         let mr = unsafe { pd.reg_mr(addr as usize, LEN, acc).unwrap() };
@@ -998,8 +988,7 @@ mod tests {
         drop(qa);
         drop(qb);
         drop(mr);
-        // SAFETY: our mapping; its MR is gone.
-        unsafe { libc::munmap(addr, LEN) };
+        drop(mem);
     }
 
     /// Private anonymous memory for a test, unmapped on drop (after the MRs on it).
