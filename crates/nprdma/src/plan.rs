@@ -36,6 +36,12 @@ pub struct PlanConfig {
     pub inline_max: u64,
     /// No IOMMU control: every operation is two-sided.
     pub user_space_mode: bool,
+    /// READs and WRITEs at least this long first read the target pages'
+    /// versions ([`Strategy::VersionProbe`]) and go two-sided at once if a
+    /// page is out, instead of moving the data through signature or
+    /// black-hole frames first (`None`: never). One small READ ahead of a
+    /// transfer this long costs well under 1 % of it.
+    pub probe_min: Option<u64>,
 }
 
 impl Default for PlanConfig {
@@ -45,6 +51,7 @@ impl Default for PlanConfig {
             read_version_threshold: None,
             inline_max: crate::ctrl::DEFAULT_MAX_INLINE as u64,
             user_space_mode: false,
+            probe_min: Some(1 << 20),
         }
     }
 }
@@ -65,6 +72,10 @@ pub enum Strategy {
     WriteVersioned,
     /// Two-sided from the start.
     TwoSided(TwoSided),
+    /// READ the target pages' versions only; if all are odd (resident and
+    /// mapped) the operation continues with [`choose`]'s strategy, otherwise
+    /// it goes two-sided without moving the data one-sided first.
+    VersionProbe,
 }
 
 /// Two-sided forms (control-channel message that starts them).
@@ -103,6 +114,13 @@ pub fn choose(op: AppOp, len: u64, signaled: bool, cfg: &PlanConfig) -> Strategy
             deferred: !signaled,
         },
     }
+}
+
+/// Whether a READ/WRITE of `len` bytes starts with a [`Strategy::VersionProbe`].
+pub fn probes_first(op: AppOp, len: u64, cfg: &PlanConfig) -> bool {
+    !cfg.user_space_mode
+        && matches!(op, AppOp::Read | AppOp::Write)
+        && cfg.probe_min.is_some_and(|m| len >= m)
 }
 
 /// Two-sided form of a READ/WRITE whose optimistic attempt failed.
@@ -201,6 +219,7 @@ pub fn nic_steps_small(
         }
         Strategy::WriteReadback { deferred: true } => vec![data_write],
         Strategy::WriteVersioned => vec![before, data_write, after],
+        Strategy::VersionProbe => vec![before],
         Strategy::TwoSided(_) => smallvec::SmallVec::new(),
     }
 }

@@ -125,6 +125,90 @@ fn read_write_all_faults_and_sizes() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
+/// READs and WRITEs of at least `PlanConfig::probe_min` (1 MiB) start with a
+/// version probe: with every target page in they go one-sided as usual; with a
+/// page out (never touched, or swapped) they go two-sided without moving the
+/// data through the signature / black-hole views first. Bytes exact either way,
+/// for unaligned ends too, and for a local fault (the probe reads remote
+/// versions only).
+#[test]
+fn large_reads_and_writes_probe_versions_first() {
+    const BIG: usize = 3 << 20;
+    let e = env();
+    for (k, &f) in FAULTS.iter().enumerate() {
+        for &(off, len) in &[
+            (0usize, 1usize << 20),
+            (100, (1 << 20) + 4096 + 7),
+            (0, BIG),
+        ] {
+            let pa = pattern(40 + k as u64, BIG);
+            let pb = pattern(50 + k as u64, BIG);
+            let la = Buf::with(
+                &e.a,
+                BIG,
+                (!matches!(f, Fault::LocalMinor)).then_some(&pa[..]),
+            );
+            let rb = Buf::with(
+                &e.b,
+                BIG,
+                (!matches!(f, Fault::RemoteMinor)).then_some(&pb[..]),
+            );
+            match f {
+                Fault::LocalMajor => la.swap_out(),
+                Fault::RemoteMajor => rb.swap_out(),
+                _ => {}
+            }
+            let pa = if matches!(f, Fault::LocalMinor) {
+                vec![0; BIG]
+            } else {
+                pa
+            };
+            let pb = if matches!(f, Fault::RemoteMinor) {
+                vec![0; BIG]
+            } else {
+                pb
+            };
+            let before = e.a.ctx.stats();
+            let c = post1(&e, rd(1, &la, off as u64, &rb, off as u64, len as u32));
+            assert_eq!(
+                (c.status, c.byte_len as usize),
+                (0, len),
+                "READ {f:?} {len}"
+            );
+            assert!(
+                la.bytes()[off..off + len] == pb[off..off + len],
+                "READ data {f:?} {len}"
+            );
+            assert!(
+                la.bytes()[..off] == pa[..off],
+                "READ wrote before its range"
+            );
+            let after = e.a.ctx.stats();
+            if matches!(f, Fault::RemoteMajor | Fault::RemoteMinor) {
+                assert!(
+                    after.probed_out > before.probed_out,
+                    "{f:?} {len}: not probed out"
+                );
+            } else {
+                assert_eq!(
+                    after.probed_out, before.probed_out,
+                    "{f:?} {len}: probed out"
+                );
+            }
+            // WRITE it back over the remote range, then READ it back.
+            let la2 = Buf::with(&e.a, BIG, Some(&pattern(60 + k as u64, BIG)));
+            let src = pattern(60 + k as u64, BIG);
+            let c = post1(&e, wr(2, &la2, off as u64, &rb, off as u64, len as u32));
+            assert_eq!(c.status, 0, "WRITE {f:?} {len}");
+            let mut want = pb.clone();
+            want[off..off + len].copy_from_slice(&src[off..off + len]);
+            assert!(rb.bytes() == &want[..], "WRITE data {f:?} {len}");
+        }
+    }
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
 #[test]
 fn atomics_all_faults() {
     let e = env();

@@ -31,7 +31,7 @@ use crate::mem;
 use crate::nic::{Access, CompOp, Completion, Pinned};
 use crate::ordering::{Admit, OrderTable, Range, Ticket};
 use crate::pending::Pending;
-use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
+use crate::plan::{choose, nic_steps_small, order_desc, probes_first, AppOp, LocalBuf, Strategy};
 use crate::rob::CompletionOrder;
 use crate::shadow::MrShadow;
 use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
@@ -1193,7 +1193,11 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             }
         }
     }
-    let strat = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
+    let strat = if op.retry == 0 && probes_first(op.wr.op, len, &sh.cfg.plan) {
+        Strategy::VersionProbe
+    } else {
+        choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan)
+    };
     if let Strategy::TwoSided(_) = strat {
         replay::two_sided(sh, st, qi, id);
         return;
@@ -1258,6 +1262,7 @@ fn post_steps(
     let need = match strat {
         Strategy::WriteReadback { deferred: false } => len,
         Strategy::ReadVersioned | Strategy::WriteVersioned => 2 * vlen,
+        Strategy::VersionProbe => vlen,
         _ => 0,
     };
     let scratch = if need == 0 {
@@ -1354,7 +1359,9 @@ fn post_steps(
         err,
         vlen,
     };
-    if op.retry == 0 {
+    // A probe moves no data: nothing may pipeline behind it until the
+    // operation's data WRs are out (then `on_nic`).
+    if op.retry == 0 && strat != Strategy::VersionProbe {
         replay::on_nic(st, qi, id);
     }
 }
@@ -1419,10 +1426,35 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                     })
                 })
             }
+            Strategy::VersionProbe => {
+                let s = scratch.as_ref().expect("version buffer");
+                let (sa, _) = qp.scratch_addr(s);
+                mem::with_slice(sa, vlen as usize, |b| {
+                    b.chunks_exact(4)
+                        .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1)
+                })
+            }
             Strategy::TwoSided(_) => false,
         };
     }
     qp.release_scratch(scratch);
+    if strat == Strategy::VersionProbe {
+        // Every page in: the real one-sided attempt (checked as usual);
+        // else two-sided at once.
+        if ok {
+            if let Some(op) = qp.ops.get(id) {
+                let real = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
+                match qp.peer.lookup(op.wr.rkey, raddr, len) {
+                    Ok(t) => return post_steps(sh, st, qi, id, real, &t, &lmr),
+                    Err(_) => return finish(st, qi, id, ST_REM_ACCESS, 0),
+                }
+            }
+            return;
+        }
+        st.stats.probed_out += 1;
+        replay::two_sided(sh, st, qi, id);
+        return;
+    }
     if let Some(op) = qp.ops.get_mut(id) {
         if op.retry == 2 {
             op.retry = 3;

@@ -22,7 +22,7 @@ use crate::engine::SendWr;
 use crate::mem;
 use crate::nic::{Access, Completion};
 use crate::ordering::{Admit, Range};
-use crate::plan::{choose, nic_steps_small, order_desc, AppOp, LocalBuf, Strategy};
+use crate::plan::{choose, nic_steps_small, order_desc, probes_first, AppOp, LocalBuf, Strategy};
 
 /// An operation on the lean path (at most one per QP).
 pub(super) struct FastOp {
@@ -66,6 +66,9 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let Some(sge) = wr.sge else { return false };
     let (laddr, len) = (sge.addr, sge.length as u64);
     if len == 0 || len > i32::MAX as u64 {
+        return false;
+    }
+    if probes_first(wr.op, len, &sh.cfg.plan) {
         return false;
     }
     let strat = choose(wr.op, len, true, &sh.cfg.plan);
