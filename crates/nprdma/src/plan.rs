@@ -36,11 +36,11 @@ pub struct PlanConfig {
     pub inline_max: u64,
     /// No IOMMU control: every operation is two-sided.
     pub user_space_mode: bool,
-    /// READs and WRITEs at least this long first read the target pages'
-    /// versions ([`Strategy::VersionProbe`]) and go two-sided at once if a
-    /// page is out, instead of moving the data through signature or
-    /// black-hole frames first (`None`: never). One small READ ahead of a
-    /// transfer this long costs well under 1 % of it.
+    /// READs at least this long first read the target pages' versions
+    /// ([`Strategy::VersionProbe`]) and go two-sided at once if a page is
+    /// out, instead of copying signature frames first (`None`: never). One
+    /// small READ ahead of a transfer this long costs well under 1 % of it.
+    /// (WRITEs are not probed: a WRITE into the black hole copies nothing.)
     pub probe_min: Option<u64>,
 }
 
@@ -116,11 +116,9 @@ pub fn choose(op: AppOp, len: u64, signaled: bool, cfg: &PlanConfig) -> Strategy
     }
 }
 
-/// Whether a READ/WRITE of `len` bytes starts with a [`Strategy::VersionProbe`].
+/// Whether an operation of `len` bytes starts with a [`Strategy::VersionProbe`].
 pub fn probes_first(op: AppOp, len: u64, cfg: &PlanConfig) -> bool {
-    !cfg.user_space_mode
-        && matches!(op, AppOp::Read | AppOp::Write)
-        && cfg.probe_min.is_some_and(|m| len >= m)
+    !cfg.user_space_mode && op == AppOp::Read && cfg.probe_min.is_some_and(|m| len >= m)
 }
 
 /// Two-sided form of a READ/WRITE whose optimistic attempt failed.
@@ -325,6 +323,28 @@ mod tests {
             version_addr: 0x9014,
             version_len: 8,
         }
+    }
+
+    #[test]
+    fn only_large_reads_probe_first() {
+        let c = PlanConfig::default();
+        assert!(probes_first(AppOp::Read, 1 << 20, &c));
+        assert!(!probes_first(AppOp::Read, (1 << 20) - 1, &c));
+        assert!(!probes_first(AppOp::Write, 8 << 20, &c));
+        assert!(!probes_first(AppOp::WriteImm(1), 8 << 20, &c));
+        let off = PlanConfig {
+            probe_min: None,
+            ..c
+        };
+        assert!(!probes_first(AppOp::Read, 8 << 20, &off));
+        let us = PlanConfig {
+            user_space_mode: true,
+            ..c
+        };
+        assert!(!probes_first(AppOp::Read, 8 << 20, &us));
+        let s = nic_steps(Strategy::VersionProbe, 0x5000, 8192, &tr());
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].rkey, s[0].remote_addr, s[0].len), (3, 0x9014, 8));
     }
 
     #[test]

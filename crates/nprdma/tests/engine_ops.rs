@@ -125,12 +125,12 @@ fn read_write_all_faults_and_sizes() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
-/// READs and WRITEs of at least `PlanConfig::probe_min` (1 MiB) start with a
-/// version probe: with every target page in they go one-sided as usual; with a
-/// page out (never touched, or swapped) they go two-sided without moving the
-/// data through the signature / black-hole views first. Bytes exact either way,
-/// for unaligned ends too, and for a local fault (the probe reads remote
-/// versions only).
+/// READs of at least `PlanConfig::probe_min` (1 MiB) start with a version
+/// probe: with every target page in they go one-sided as usual; with a page
+/// out (never touched, or swapped) they go two-sided without copying the
+/// signature view first. Bytes exact either way, for unaligned ends too, and
+/// for a local fault (the probe reads remote versions only); the large WRITEs
+/// after them (not probed) too.
 #[test]
 fn large_reads_and_writes_probe_versions_first() {
     const BIG: usize = 3 << 20;

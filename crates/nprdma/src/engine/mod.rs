@@ -262,8 +262,8 @@ pub struct Stats {
     /// Ops pipelined behind an op whose optimistic check then failed: their
     /// one-sided result was discarded and they ran again after it.
     pub replayed: u64,
-    /// Large READs/WRITEs whose version probe found a page out: they went
-    /// two-sided without moving their data one-sided first.
+    /// Large READs whose version probe found a page out: they went
+    /// two-sided without copying signature frames first.
     pub probed_out: u64,
 }
 
