@@ -415,6 +415,10 @@ pub(crate) struct QpState {
     fast_promoted: Option<u32>,
     /// Largest READ/WRITE the two-sided path carries inline.
     inline_max: u64,
+    /// The last large READ (≥ `PlanConfig::probe_min`) of this QP found a
+    /// target page out: the next ones probe versions first. A probe that
+    /// finds every page in clears it, so a QP without faults never probes.
+    probe_hint: bool,
 }
 
 impl QpState {
@@ -525,6 +529,7 @@ impl QpState {
             fast: None,
             fast_promoted: None,
             inline_max: inline_max(sh),
+            probe_hint: false,
         })
     }
 
@@ -1193,7 +1198,8 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             }
         }
     }
-    let strat = if op.retry == 0 && probes_first(op.wr.op, len, &sh.cfg.plan) {
+    let large = probes_first(op.wr.op, len, &sh.cfg.plan);
+    let strat = if op.retry == 0 && large && qp.probe_hint {
         Strategy::VersionProbe
     } else {
         choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan)
@@ -1441,6 +1447,7 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     if strat == Strategy::VersionProbe {
         // Every page in: the real one-sided attempt (checked as usual);
         // else two-sided at once.
+        qp.probe_hint = !ok;
         if ok {
             if let Some(op) = qp.ops.get(id) {
                 let real = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
@@ -1462,6 +1469,9 @@ fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         }
     }
     if !ok {
+        if probes_first(wop, len, &sh.cfg.plan) {
+            qp.probe_hint = true;
+        }
         replay::two_sided(sh, st, qi, id);
         return;
     }
