@@ -1187,6 +1187,10 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         return;
     }
     let lmr = op.lmr.clone().expect("len > 0 has a local MR");
+    if local_fenced(sh, op) {
+        finish(st, qi, id, ST_LOC_PROT, 0);
+        return;
+    }
     let (laddr, len) = (op.laddr, op.len);
     if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
         stats.local_fixups += 1;
@@ -1534,6 +1538,12 @@ fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     st.stats.two_sided += 1;
     let Some(qp) = qp_at(st, qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
+    if local_fenced(sh, op) {
+        // Deregistered (or unmapped) since it was posted: no temporary MR
+        // may open that memory to the peer again.
+        finish(st, qi, id, ST_LOC_PROT, 0);
+        return;
+    }
     let inline_max = inline_max(sh);
     let (laddr, len, raddr, rkey) = (op.laddr, op.len, op.wr.remote_addr, op.wr.rkey);
     let mut hold = Hold::default();
