@@ -1145,6 +1145,9 @@ fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         Ok(t) => t,
         Err(KeyMapError::UnknownKey(rkey)) if !op.key_answered => {
             op.stage = Stage::KeyWait;
+            // Timed like a two-sided request: a peer that dies before it
+            // answers the key query must not leave the op waiting forever.
+            op.sent.get_or_insert_with(Instant::now);
             qp.key_wait.push(id);
             if op.key_req != 0 {
                 // Our query is still out; a push of other keys woke us.

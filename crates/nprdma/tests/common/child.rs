@@ -75,6 +75,11 @@ impl ChildProc {
         w.flush().unwrap();
     }
 
+    /// The child's PID (to signal it from another thread).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL the child and reap it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
