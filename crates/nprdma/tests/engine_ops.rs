@@ -265,18 +265,19 @@ fn atomics_all_faults() {
             u64::from_le_bytes(rb.bytes()[8..16].try_into().unwrap()),
             77
         );
-        // Misaligned atomic: an error completion, not a crash.
-        let c = post1(
-            &e,
-            SendWr::new(
-                5,
-                Opcode::FetchAdd { add: 1 },
-                Some(la.mr.sge(0, 8)),
-                rb.addr() + 3,
-                rb.mr.rkey(),
-            ),
-        );
-        assert_ne!(c.status, 0);
+        // Misaligned atomic: an error completion, not a crash (on a QP of
+        // its own: the error moves it to ERR).
+        let (qx, _qy) = connect(&e.a, &e.b, 16);
+        qx.post_send(&[SendWr::new(
+            5,
+            Opcode::FetchAdd { add: 1 },
+            Some(la.mr.sge(0, 8)),
+            rb.addr() + 3,
+            rb.mr.rkey(),
+        )])
+        .unwrap();
+        assert_ne!(wait1(&e.a.cq).status, 0);
+        assert!(qx.is_error());
     }
 }
 
@@ -351,56 +352,64 @@ fn write_with_imm_consumes_a_recv() {
 fn bad_keys_and_bounds_are_error_completions() {
     let e = env();
     let (la, rb, _, _) = bufs(&e, Fault::None, 1);
-    // Unknown rkey.
-    let c = post1(
-        &e,
-        SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 8)), rb.addr(), 0xdead00),
-    );
-    assert_eq!(c.status, 10);
-    // Out of bounds.
-    let c = post1(
-        &e,
-        SendWr::new(
-            2,
-            Opcode::Write,
-            Some(la.mr.sge(0, 64)),
-            rb.addr() + LEN as u64 - 8,
-            rb.mr.rkey(),
+    let mut bad_lkey = la.mr.sge(0, 8);
+    bad_lkey.lkey ^= 0x5500;
+    let cases = [
+        // Unknown rkey.
+        (
+            SendWr::new(1, Opcode::Read, Some(la.mr.sge(0, 8)), rb.addr(), 0xdead00),
+            10,
         ),
-    );
-    assert_eq!(c.status, 10);
-    // Bad lkey.
-    let mut sge = la.mr.sge(0, 8);
-    sge.lkey ^= 0x5500;
-    let c = post1(
-        &e,
-        SendWr::new(3, Opcode::Read, Some(sge), rb.addr(), rb.mr.rkey()),
-    );
-    assert_eq!(c.status, 4);
-    // Atomic on a bad key is refused by the target CPU.
-    let c = post1(
-        &e,
-        SendWr::new(
+        // Out of bounds.
+        (
+            SendWr::new(
+                2,
+                Opcode::Write,
+                Some(la.mr.sge(0, 64)),
+                rb.addr() + LEN as u64 - 8,
+                rb.mr.rkey(),
+            ),
+            10,
+        ),
+        // Bad lkey.
+        (
+            SendWr::new(3, Opcode::Read, Some(bad_lkey), rb.addr(), rb.mr.rkey()),
             4,
-            Opcode::FetchAdd { add: 1 },
-            Some(la.mr.sge(0, 8)),
-            rb.addr(),
-            rb.mr.rkey() ^ 0x100,
         ),
-    );
-    assert_eq!(c.status, 10);
-    // The QP still works.
-    let c = post1(
-        &e,
+        // Atomic on a bad key is refused by the target CPU.
+        (
+            SendWr::new(
+                4,
+                Opcode::FetchAdd { add: 1 },
+                Some(la.mr.sge(0, 8)),
+                rb.addr(),
+                rb.mr.rkey() ^ 0x100,
+            ),
+            10,
+        ),
+    ];
+    let good = || {
         SendWr::new(
             5,
             Opcode::Read,
             Some(la.mr.sge(0, 8)),
             rb.addr(),
             rb.mr.rkey(),
-        ),
-    );
-    assert_eq!(c.status, 0);
+        )
+    };
+    for (wr, status) in cases {
+        // Each on a fresh QP: as on RC, the error moves the QP to ERR and the
+        // WR behind it is flushed; a new QP works.
+        let (qa, _qb) = connect(&e.a, &e.b, 16);
+        qa.post_send(&[wr, good()]).unwrap();
+        let c = e.a.cq.poll_wait(2, std::time::Duration::from_secs(10));
+        assert_eq!((c[0].wr_id, c[0].status), (wr.wr_id, status), "{c:?}");
+        assert_eq!((c[1].wr_id, c[1].status), (5, 5), "flushed behind: {c:?}");
+        assert!(qa.is_error());
+        let (qa, _qb) = connect(&e.a, &e.b, 16);
+        qa.post_send(&[good()]).unwrap();
+        assert_eq!(wait1(&e.a.cq).status, 0);
+    }
 }
 
 #[test]

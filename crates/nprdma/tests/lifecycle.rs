@@ -60,15 +60,22 @@ fn first_use_key_query_then_new_mr_push() {
     )])
     .unwrap();
     assert_eq!(wait1(&a.cq).status, 10);
-    // The QP is still usable.
-    qa.post_send(&[SendWr::new(
-        4,
-        Opcode::Write,
-        Some(la.mr.sge(0, 64)),
-        rb.addr(),
-        rb.mr.rkey(),
-    )])
-    .unwrap();
+    // As on RC, the error moved the QP to ERR: later WRs are flushed; a new
+    // QP works.
+    assert!(qa.is_error());
+    let w = |id| {
+        SendWr::new(
+            id,
+            Opcode::Write,
+            Some(la.mr.sge(0, 64)),
+            rb.addr(),
+            rb.mr.rkey(),
+        )
+    };
+    qa.post_send(&[w(4)]).unwrap();
+    assert_eq!(wait1(&a.cq).status, 5);
+    let (qa, _qb) = connect(&a, &b, 16);
+    qa.post_send(&[w(5)]).unwrap();
     assert_eq!(wait1(&a.cq).status, 0);
 }
 

@@ -574,11 +574,7 @@ impl QpState {
             self.release_scratch(s);
             // The op's hold (temporary MR, then pin) drops here.
         }
-        let mut out = Vec::new();
-        self.rob.drain_ready(&mut out);
-        for c in out {
-            self.send_cq.push(c);
-        }
+        self.deliver();
         for (_, _) in self.order.drain_parked() {}
         self.order = OrderTable::new(*self.order.config());
         self.key_wait.clear();
@@ -599,6 +595,31 @@ impl QpState {
         }
     }
 
+    /// Deliver the completions the reorder buffer has in post order, with
+    /// RC's error rule: the first one that failed (other than a flush) moves
+    /// the QP to ERR, and every completion behind it is WR_FLUSH_ERR — its
+    /// operation may have run on another channel (two-sided) and succeeded,
+    /// but on RC a WR behind a failed one never completes successfully.
+    /// Later posts, and the posted RECVs, are flushed as for
+    /// [`set_error`].
+    fn deliver(&mut self) {
+        let was = self.errored;
+        let cq = &self.send_cq;
+        let errored = &mut self.errored;
+        self.rob.drain_ready_with(|mut c| {
+            if *errored {
+                c.status = ST_FLUSH;
+                c.byte_len = 0;
+            } else if c.status != 0 && c.status != ST_FLUSH {
+                *errored = true;
+            }
+            cq.push(c)
+        });
+        if self.errored && !was {
+            self.flush_recvs();
+        }
+    }
+
     /// A WR posted to a QP in ERR: accepted, completed with WR_FLUSH_ERR.
     fn flush_posted_send(&mut self, wr: &SendWr) {
         let seq = self.rob.post(wr.signaled);
@@ -612,8 +633,7 @@ impl QpState {
             qp_num: self.qpn,
         };
         let _ = self.rob.finish(seq, false, c);
-        let cq = &self.send_cq;
-        self.rob.drain_ready_with(|c| cq.push(c));
+        self.deliver();
     }
 
     pub fn connect(&mut self, peer: &Endpoint) -> Result<(), Error> {
@@ -1705,8 +1725,7 @@ fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
     if let Err(e) = qp.rob.finish(op.seq, status == 0, c) {
         tracing::error!(error = %e, "reorder buffer");
     }
-    let cq = &qp.send_cq;
-    qp.rob.drain_ready_with(|c| cq.push(c));
+    qp.deliver();
     mark(Step::IDone);
     if let Some(t) = op.ticket {
         released.clear();
