@@ -32,16 +32,21 @@ fn env() -> Env {
 /// Fresh buffers for one case; "minor" = never touched (zero pages), so we
 /// only write the side that must hold data.
 fn bufs(e: &Env, f: Fault, seed: u64) -> (Buf, Buf, Vec<u8>, Vec<u8>) {
-    let pa = pattern(seed, LEN);
-    let pb = pattern(seed + 1, LEN);
+    bufs_of(e, f, seed, LEN)
+}
+
+/// [`bufs`] of `len` bytes each.
+fn bufs_of(e: &Env, f: Fault, seed: u64, len: usize) -> (Buf, Buf, Vec<u8>, Vec<u8>) {
+    let pa = pattern(seed, len);
+    let pb = pattern(seed + 1, len);
     let la = Buf::with(
         &e.a,
-        LEN,
+        len,
         (!matches!(f, Fault::LocalMinor)).then_some(&pa[..]),
     );
     let rb = Buf::with(
         &e.b,
-        LEN,
+        len,
         (!matches!(f, Fault::RemoteMinor)).then_some(&pb[..]),
     );
     match f {
@@ -50,12 +55,12 @@ fn bufs(e: &Env, f: Fault, seed: u64) -> (Buf, Buf, Vec<u8>, Vec<u8>) {
         _ => {}
     }
     let pa = if matches!(f, Fault::LocalMinor) {
-        vec![0; LEN]
+        vec![0; len]
     } else {
         pa
     };
     let pb = if matches!(f, Fault::RemoteMinor) {
-        vec![0; LEN]
+        vec![0; len]
     } else {
         pb
     };
@@ -143,33 +148,7 @@ fn large_reads_and_writes_probe_versions_first() {
             (100, (4 << 20) + 4096 + 7),
             (0, BIG),
         ] {
-            let pa = pattern(40 + k as u64, BIG);
-            let pb = pattern(50 + k as u64, BIG);
-            let la = Buf::with(
-                &e.a,
-                BIG,
-                (!matches!(f, Fault::LocalMinor)).then_some(&pa[..]),
-            );
-            let rb = Buf::with(
-                &e.b,
-                BIG,
-                (!matches!(f, Fault::RemoteMinor)).then_some(&pb[..]),
-            );
-            match f {
-                Fault::LocalMajor => la.swap_out(),
-                Fault::RemoteMajor => rb.swap_out(),
-                _ => {}
-            }
-            let pa = if matches!(f, Fault::LocalMinor) {
-                vec![0; BIG]
-            } else {
-                pa
-            };
-            let pb = if matches!(f, Fault::RemoteMinor) {
-                vec![0; BIG]
-            } else {
-                pb
-            };
+            let (la, rb, pa, pb) = bufs_of(&e, f, 40 + 2 * k as u64, BIG);
             let before = e.a.ctx.stats();
             let c = post1(&e, rd(1, &la, off as u64, &rb, off as u64, len as u32));
             assert_eq!(

@@ -71,21 +71,59 @@ fn xproc_child() {
     }
 }
 
-#[test]
-fn cross_process_read_write_with_faults() {
+/// This side of a cross-process test: the child target (spawned, its MR
+/// swapped out, ready) and our side, buffer and connected QP.
+struct Parent {
+    child: ChildProc,
+    a: Side,
+    la: Buf,
+    qa: nprdma::Qp,
+    raddr: u64,
+    rkey: u32,
+}
+
+/// Spawn the child target and connect to it with a QP of `depth`.
+fn start(cfg: nprdma::Config, depth: u32) -> Parent {
     let mut child = ChildProc::spawn("xproc_child", "NPRDMA_XPROC_CHILD", Duration::from_secs(60));
     let first = child.read_line();
-    eprintln!("parent: child said {first}");
     let w: Vec<&str> = first.split_whitespace().collect();
     let (peer, raddr, rkey): (Endpoint, u64, u32) =
         (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
-    let a = side();
+    let a = side_with(cfg);
     let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
-    let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
+    let qa = a.pd.create_qp(&a.cq, &a.rcq, depth).unwrap();
     qa.connect(&peer).unwrap();
     child.send(&hex(&qa.endpoint().to_bytes()));
     assert_eq!(child.read_line(), "ready");
-    eprintln!("parent: child ready");
+    Parent {
+        child,
+        a,
+        la,
+        qa,
+        raddr,
+        rkey,
+    }
+}
+
+/// The engine configuration of the peer-death tests: two-sided requests
+/// time out after 500 ms.
+fn short_timeout() -> nprdma::Config {
+    nprdma::Config {
+        two_sided_timeout: Duration::from_millis(500),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn cross_process_read_write_with_faults() {
+    let Parent {
+        mut child,
+        a,
+        la,
+        qa,
+        raddr,
+        rkey,
+    } = start(nprdma::Config::default(), 16);
 
     // READ with a remote major fault (small: inline; large: reverse WRITE).
     for &(off, len) in &[(100usize, 64usize), (8192, 20000)] {
@@ -180,20 +218,14 @@ fn cross_process_read_write_with_faults() {
 /// (MR, QP) is quick.
 #[test]
 fn a_dead_target_process_fails_wrs_with_retry_exceeded_then_flush() {
-    let mut child = ChildProc::spawn("xproc_child", "NPRDMA_XPROC_CHILD", Duration::from_secs(60));
-    let first = child.read_line();
-    let w: Vec<&str> = first.split_whitespace().collect();
-    let (peer, raddr, rkey): (Endpoint, u64, u32) =
-        (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
-    let a = side_with(nprdma::Config {
-        two_sided_timeout: Duration::from_millis(500),
-        ..Default::default()
-    });
-    let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
-    let qa = a.pd.create_qp(&a.cq, &a.rcq, 16).unwrap();
-    qa.connect(&peer).unwrap();
-    child.send(&hex(&qa.endpoint().to_bytes()));
-    assert_eq!(child.read_line(), "ready");
+    let Parent {
+        child,
+        a,
+        la,
+        qa,
+        raddr,
+        rkey,
+    } = start(short_timeout(), 16);
     qa.post_send(&[SendWr::new(
         1,
         Opcode::Read,
@@ -252,21 +284,14 @@ fn target_killed_at_random_points_of_traffic() {
     use std::collections::HashSet;
     use std::time::Instant;
     for round in 0..4u64 {
-        let mut child =
-            ChildProc::spawn("xproc_child", "NPRDMA_XPROC_CHILD", Duration::from_secs(60));
-        let first = child.read_line();
-        let w: Vec<&str> = first.split_whitespace().collect();
-        let (peer, raddr, rkey): (Endpoint, u64, u32) =
-            (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
-        let a = side_with(nprdma::Config {
-            two_sided_timeout: Duration::from_millis(500),
-            ..Default::default()
-        });
-        let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
-        let qa = a.pd.create_qp(&a.cq, &a.rcq, 32).unwrap();
-        qa.connect(&peer).unwrap();
-        child.send(&hex(&qa.endpoint().to_bytes()));
-        assert_eq!(child.read_line(), "ready");
+        let Parent {
+            child,
+            a,
+            la,
+            qa,
+            raddr,
+            rkey,
+        } = start(short_timeout(), 32);
         let pid = child.pid() as i32;
         let delay = Duration::from_micros(500 + 4000 * round);
         let killer = std::thread::spawn(move || {
