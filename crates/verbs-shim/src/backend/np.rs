@@ -991,34 +991,16 @@ mod tests {
         drop(mem);
     }
 
-    /// Private anonymous memory for a test, unmapped on drop (after the MRs on it).
-    struct TestMem(*mut libc::c_void, usize);
+    /// Private anonymous memory for a test, unmapped on drop (after the MRs on
+    /// it): the module's own [`Mapping`].
+    struct TestMem(Mapping);
 
     impl TestMem {
         fn new(len: usize) -> TestMem {
-            // SAFETY: a fresh private anonymous mapping; checked below.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            TestMem(p, len)
+            TestMem(Mapping::new(len).expect("mmap"))
         }
         fn addr(&self) -> u64 {
-            self.0 as u64
-        }
-    }
-
-    impl Drop for TestMem {
-        fn drop(&mut self) {
-            // SAFETY: our own mapping of this length.
-            unsafe { libc::munmap(self.0, self.1) };
+            self.0.addr as u64
         }
     }
 
