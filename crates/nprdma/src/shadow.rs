@@ -134,6 +134,9 @@ pub struct MrShadow<I: IommuControl> {
     /// Serialises transitions; holds the pins the layer itself holds (see
     /// [`MrShadow::pinned_map_in`]).
     lock: Mutex<Pins>,
+    /// Some of the MR's memory was unmapped by the application
+    /// ([`SwapListener::after_unmap`]): which pages, the pager knows.
+    unmapped: std::sync::atomic::AtomicBool,
 }
 
 /// The page-index ranges `[start, end)` the layer holds pinned, one entry per
@@ -201,6 +204,7 @@ impl<I: IommuControl> MrShadow<I> {
             write,
             versions: Arc::new(VersionTable::new(resident.iter().copied())),
             lock: Mutex::new(Pins::new()),
+            unmapped: std::sync::atomic::AtomicBool::new(false),
         };
         for (i, &r) in resident.iter().enumerate() {
             let page = first_page + i as u64 * page_size;
@@ -424,6 +428,14 @@ impl<I: IommuControl> MrShadow<I> {
     }
 }
 
+impl<I: IommuControl> MrShadow<I> {
+    /// Whether the application unmapped any of the MR's memory (then ask
+    /// the pager which pages: `vmem::Pager::is_gone`).
+    pub fn some_unmapped(&self) -> bool {
+        self.unmapped.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 impl<I: IommuControl> SwapListener for MrShadow<I> {
     fn before_swap_out(&self, pages: &[u64]) {
         if let Err(e) = self.swap_out(pages) {
@@ -442,6 +454,10 @@ impl<I: IommuControl> SwapListener for MrShadow<I> {
             .step_by(self.page_size as usize)
             .map(|p| p & !(self.page_size - 1))
             .collect();
+        if !pages.is_empty() {
+            self.unmapped
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         if let Err(e) = self.swap_out(&pages) {
             tracing::error!(error = %e, "NP-RDMA unmap remap failed");
         }

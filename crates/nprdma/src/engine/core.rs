@@ -2028,10 +2028,13 @@ pub(crate) fn fence_mr(st: &mut State, mr: &Arc<MrEntry>) {
 /// deregistered, or the application unmapped the buffer (the address may
 /// hold other memory now).
 fn local_fenced(sh: &Shared, op: &Op) -> bool {
-    op.lmr.as_ref().is_some_and(|m| m.is_fenced())
-        || (op.len > 0
-            && (sh.mm.0.is_gone(op.laddr as usize)
-                || sh.mm.0.is_gone((op.laddr + op.len - 1) as usize)))
+    op.lmr.as_ref().is_some_and(|m| {
+        m.is_fenced()
+            || (op.len > 0
+                && m.shadow.some_unmapped()
+                && (sh.mm.0.is_gone(op.laddr as usize)
+                    || sh.mm.0.is_gone((op.laddr + op.len - 1) as usize)))
+    })
 }
 
 /// The QP fails (its peer is gone, or its NIC work broke): every
