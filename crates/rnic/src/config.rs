@@ -50,6 +50,18 @@ pub struct HostConfig {
     /// ODP model: how long an initiator waits after a remote page-fault NAK before it
     /// retransmits (go-back-N). ConnectX-5 is reported at ~2 ms.
     pub odp_timeout: Duration,
+    /// Trust peers in other processes with this process's memory (labelled opt-in,
+    /// `false` by default). Off (the default, **target-enforced protection**): a peer
+    /// never touches this process's memory or NIC state; every request of a peer
+    /// (READ/WRITE of any size in slot-sized parts, atomics, SEND, WRITE_WITH_IMM) goes
+    /// through the target QP's request ring and is checked (QP, rkey, bounds, rights,
+    /// liveness) and executed by this host's own NIC thread (or the thread serving its
+    /// rings), no `PR_SET_PTRACER_ANY`, no `process_vm_*`, no `pidfd_getfd`. On: the old,
+    /// faster path between two trusting hosts — the initiator copies into the target
+    /// itself with `process_vm_readv/writev` after checking the target's tables (and
+    /// this process allows any process to ptrace it). Direct copies happen only when
+    /// *both* hosts trust.
+    pub trusted_peers: bool,
     /// Size of the host's NIC-shared DMA pool ([`crate::Host::alloc_dma_buffer`]):
     /// address space reserved in a sealed memfd that peers map too; pages are
     /// allocated (populated and mlocked) only per buffer. 0 = no pool.
@@ -82,11 +94,25 @@ impl Default for HostConfig {
             rnr_delay: Duration::from_micros(10),
             odp_timeout: Duration::from_millis(2),
             dma_pool_size: 64 << 20,
+            trusted_peers: false,
         }
     }
 }
 
+/// Smallest ring-slot data area with target-enforced protection (every cross-process
+/// payload travels through the slots, in parts of this size).
+pub const MIN_SECURE_RING_MAX: usize = 4096;
+
 impl HostConfig {
+    /// Raise `ring_max` to the minimum target-enforced protection needs (callers that
+    /// shrink the ring for the trusted direct path use this when peers are not trusted).
+    pub fn secure_ring_max(mut self) -> Self {
+        if !self.trusted_peers {
+            self.ring_max = self.ring_max.max(MIN_SECURE_RING_MAX as u32);
+        }
+        self
+    }
+
     pub(crate) fn validate(&self) -> crate::Result<()> {
         use crate::Error::InvalidArgument as E;
         if !self.max_tlp.is_power_of_two() || !(64..=4096).contains(&self.max_tlp) {
@@ -109,6 +135,9 @@ impl HostConfig {
         }
         if self.dma_section < self.max_tlp {
             return Err(E("dma_section"));
+        }
+        if !self.trusted_peers && (self.ring_max as usize) < MIN_SECURE_RING_MAX {
+            return Err(E("ring_max: target-enforced protection carries data in ring slots of at least 4 KiB (see HostConfig::secure_ring_max)"));
         }
         Ok(())
     }

@@ -86,6 +86,10 @@ pub struct NicStats {
     /// Cross-process copies this host's DMA engine did by memcpy through a peer's
     /// DMA pool mapping (instead of process_vm_readv/writev).
     pub pool_copies: u64,
+    /// WRs this host's requester executed directly against another process's memory
+    /// (`process_vm_*` / its DMA pool): only between two trusting hosts
+    /// (`HostConfig::trusted_peers`); stays 0 with target-enforced protection.
+    pub direct_remote: u64,
 }
 
 /// Simple index allocator with per-index generations.
@@ -150,7 +154,7 @@ pub(crate) struct HostInner {
     pub pool: Mutex<crate::iommu::RangeAlloc>,
     /// Held by whichever thread serves the doorbells (the NIC thread, or an
     /// external poller, see [`Host::serve_rings`]): request rings have one consumer.
-    pub ring_server: Mutex<()>,
+    pub ring_server: Mutex<crate::inbound::RingServer>,
 }
 
 impl HostInner {
@@ -222,7 +226,10 @@ impl Host {
     /// Create a host (its segment, IOMMU and NIC thread).
     pub fn new(cfg: HostConfig) -> Result<Host> {
         cfg.validate()?;
-        sys::allow_ptrace_any();
+        if cfg.trusted_peers {
+            // The labelled opt-in: trusting peers copy into this process themselves.
+            sys::allow_ptrace_any();
+        }
         let nonce = make_nonce();
         let seg = Arc::new(Segment::create(&cfg, nonce)?);
         let addr = HostAddr {
@@ -245,7 +252,7 @@ impl Host {
             peers: Mutex::new(HashMap::new()),
             active: Mutex::new(Vec::new()),
             attend_until: AtomicU64::new(0),
-            ring_server: Mutex::new(()),
+            ring_server: Mutex::new(crate::inbound::RingServer::new(cfg.max_qp)),
             help_backoff: AtomicU64::new(0),
             odp: Default::default(),
             pool: Mutex::new(crate::iommu::RangeAlloc::new(
@@ -325,8 +332,8 @@ impl Host {
         // A requester that saw the flag still set rang before our store: its bit
         // is visible now. Wait for the lock: the NIC thread may hold it (it then
         // serves, but may have swapped the words before that bit arrived).
-        let _g = self.inner().ring_server.lock();
-        crate::nic::serve_doorbells_locked(self.inner())
+        let mut srv = self.inner().ring_server.lock();
+        crate::nic::serve_doorbells_locked(self.inner(), &mut srv)
     }
 
     /// Serve pending requests of peers (small READ/WRITE, atomics, shared copies)
@@ -403,6 +410,7 @@ impl Host {
             odp_faults_remote: l(&s.odp_faults_remote),
             retransmissions: l(&s.retransmissions),
             pool_copies: l(&s.pool_copies),
+            direct_remote: l(&s.direct_remote),
         }
     }
 

@@ -133,6 +133,7 @@ pub mod error;
 pub mod frames;
 pub mod host;
 pub mod iommu;
+mod inbound;
 pub mod mr;
 mod nic;
 pub mod odp;

@@ -28,13 +28,13 @@ pub(crate) fn serve_doorbells(h: &HostInner) -> bool {
         return false;
     }
     match h.ring_server.try_lock() {
-        Some(_g) => serve_doorbells_locked(h),
+        Some(mut srv) => serve_doorbells_locked(h, &mut srv),
         None => false,
     }
 }
 
 /// [`serve_doorbells`] with `h.ring_server` held by the caller.
-pub(crate) fn serve_doorbells_locked(h: &HostInner) -> bool {
+pub(crate) fn serve_doorbells_locked(h: &HostInner, srv: &mut crate::inbound::RingServer) -> bool {
     let seg = &h.seg;
     let mut work = false;
     for w in 0..seg.doorbell_words() {
@@ -48,7 +48,7 @@ pub(crate) fn serve_doorbells_locked(h: &HostInner) -> bool {
         while bits != 0 {
             let b = bits.trailing_zeros();
             bits &= bits - 1;
-            while responder::serve_one(seg, &h.self_peer, w * 64 + b, h.cfg.dma_section) {
+            while responder::serve_one(seg, &h.self_peer, w * 64 + b, h.cfg.dma_section, srv) {
                 work = true;
             }
         }

@@ -21,8 +21,12 @@ use std::sync::{Arc, Weak};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EState {
     Pending,
+    /// In the target's request ring: parts in slots `slot..slot + sent` (of
+    /// `requester::ring_parts`); `since` = when the last answer (or the first part)
+    /// arrived, for the transport timeout.
     Issued {
         slot: u64,
+        sent: u32,
         since: u64,
     },
     Rnr {
@@ -61,6 +65,8 @@ pub(crate) struct Entry {
     /// ODP model: executed while an earlier WR waits for its retransmission; it is
     /// redone (go-back-N) and must not complete before that.
     pub inflight: bool,
+    /// Ring parts of this WR whose answers were taken (see [`EState::Issued`]).
+    pub parts_done: u32,
 }
 
 impl Entry {
@@ -455,6 +461,7 @@ impl QpInner {
                 atoms: 0,
                 odp_naks: 0,
                 inflight: false,
+                parts_done: 0,
             });
         }
         self.progress_locked(&mut sq);
@@ -538,8 +545,11 @@ impl QpInner {
             match e.st {
                 EState::Done { .. } if e.inflight => self.complete(&e, WcStatus::WrFlushErr, 0),
                 EState::Done { status, byte_len } => self.complete(&e, status, byte_len),
-                EState::Issued { slot, .. } => {
-                    sq.zombies.push((slot, sys::now_ns()));
+                EState::Issued { slot, sent, .. } => {
+                    let now = sys::now_ns();
+                    for k in e.parts_done..sent {
+                        sq.zombies.push((slot + k as u64, now));
+                    }
                     self.complete(&e, WcStatus::WrFlushErr, 0);
                 }
                 _ => self.complete(&e, WcStatus::WrFlushErr, 0),
@@ -640,10 +650,28 @@ impl QpInner {
                     i += 1;
                     continue;
                 }
-                EState::Issued { .. } => {
+                EState::Issued { sent, .. } => {
                     earlier_issued = true;
-                    if !matches!(sq.entries[i].op, WrOpcode::Write) {
-                        earlier_local_writer = true;
+                    earlier_local_writer |= writes_local(&sq.entries[i].op);
+                    let odp = requester::ring_odp(sq, &sq.entries[i]);
+                    let parts = requester::ring_parts(&sq.entries[i], chunk(sq));
+                    if sent < parts {
+                        // Partly issued: its next parts first, nothing behind it before
+                        // its last part.
+                        match requester::issue_ring(self, sq, i, now) {
+                            requester::Issue::Issued => changed = true,
+                            requester::Issue::Full => {}
+                            requester::Issue::Failed(status) => {
+                                self.fail_issued(sq, i, status, now);
+                                return true;
+                            }
+                        }
+                        if matches!(sq.entries[i].st, EState::Issued { sent, .. } if sent < parts) {
+                            break;
+                        }
+                    }
+                    if odp {
+                        break;
                     }
                     i += 1;
                     continue;
@@ -652,20 +680,35 @@ impl QpInner {
                 _ => {}
             }
             if requester::uses_ring(self, sq, &sq.entries[i]) {
-                let is_write = matches!(sq.entries[i].op, WrOpcode::Write);
+                let op = sq.entries[i].op;
+                // A ring WR gathers its payload from local memory when issued: it waits
+                // for earlier READs/atomics, whose data lands when they complete.
+                let gathers = !writes_local(&op);
+                let odp = requester::ring_odp(sq, &sq.entries[i]);
                 if (sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued)
-                    || (is_write && earlier_local_writer)
+                    || (gathers && earlier_local_writer)
+                    || (odp && earlier_issued)
                 {
                     break;
                 }
                 if sq.ring_prod - sq.ring_cons >= slots {
                     break;
                 }
+                if matches!(sq.entries[i].st, EState::OdpNak { .. }) {
+                    self.go_back_n(sq, i);
+                }
                 match requester::issue_ring(self, sq, i, now) {
                     requester::Issue::Issued => {
                         earlier_issued = true;
-                        earlier_local_writer |= !is_write;
+                        earlier_local_writer |= writes_local(&op);
                         changed = true;
+                        let parts = requester::ring_parts(&sq.entries[i], chunk(sq));
+                        if odp || matches!(sq.entries[i].st, EState::Issued { sent, .. } if sent < parts) {
+                            break;
+                        }
+                        if matches!(sq.entries[i].st, EState::Done { .. }) {
+                            return true;
+                        }
                     }
                     requester::Issue::Failed(status) => {
                         sq.entries[i].st = EState::Done { status, byte_len: 0 };
@@ -704,21 +747,7 @@ impl QpInner {
                         }
                     }
                     Outcome::Rnr(timer) => {
-                        hi(self).seg.stats().rnr_naks.fetch_add(1, Ordering::Relaxed);
-                        let e = &mut sq.entries[i];
-                        let left = e.rnr_left.get_or_insert(sq.attr.rnr_retry);
-                        if *left == 0 {
-                            e.st = EState::Done {
-                                status: WcStatus::RnrRetryExcErr,
-                                byte_len: 0,
-                            };
-                            return true;
-                        }
-                        if *left != 7 {
-                            *left -= 1;
-                        }
-                        let d = hi(self).cfg.rnr_delay.as_nanos() as u64 * timer.max(1) as u64;
-                        e.st = EState::Rnr { until: now + d };
+                        self.rnr(sq, i, timer, now);
                         return true;
                     }
                 }
@@ -726,6 +755,39 @@ impl QpInner {
             i += 1;
         }
         changed
+    }
+
+    /// WR `i` met a receiver not ready: retry after the responder's timer, or fail
+    /// once the QP's `rnr_retry` count is used up (7 = forever).
+    fn rnr(&self, sq: &mut Sq, i: usize, timer: u32, now: u64) {
+        hi(self).seg.stats().rnr_naks.fetch_add(1, Ordering::Relaxed);
+        let e = &mut sq.entries[i];
+        let left = e.rnr_left.get_or_insert(sq.attr.rnr_retry);
+        if *left == 0 {
+            e.st = EState::Done {
+                status: WcStatus::RnrRetryExcErr,
+                byte_len: 0,
+            };
+            return;
+        }
+        if *left != 7 {
+            *left -= 1;
+        }
+        let d = hi(self).cfg.rnr_delay.as_nanos() as u64 * timer.max(1) as u64;
+        e.st = EState::Rnr { until: now + d };
+    }
+
+    /// A partly issued ring WR `i` failed locally: its parts still out are answered
+    /// into zombie slots.
+    fn fail_issued(&self, sq: &mut Sq, i: usize, status: WcStatus, now: u64) {
+        let e = &mut sq.entries[i];
+        if let EState::Issued { slot, sent, .. } = e.st {
+            for k in e.parts_done..sent {
+                sq.zombies.push((slot + k as u64, now));
+            }
+        }
+        e.parts_done = 0;
+        e.st = EState::Done { status, byte_len: 0 };
     }
 
     /// ODP model: WR `i` was NAKed for a remote page fault. It waits `odp_timeout`;
@@ -785,10 +847,18 @@ impl QpInner {
         let mut changed = false;
         while let Some(front) = sq.entries.front() {
             match front.st {
-                EState::Issued { slot, since } => match requester::finish_ring(self, sq, slot, since, now) {
-                    Some((status, byte_len)) => {
+                EState::Issued { .. } => match requester::finish_ring(self, sq, now) {
+                    Some(requester::RingDone::Done(status, byte_len)) => {
                         sq.entries[0].st = EState::Done { status, byte_len };
                         changed = true;
+                    }
+                    Some(requester::RingDone::Rnr(timer)) => {
+                        self.rnr(sq, 0, timer, now);
+                        return true;
+                    }
+                    Some(requester::RingDone::OdpNak) => {
+                        self.odp_nak(sq, 0, now);
+                        return true;
                     }
                     None => break,
                 },
@@ -808,6 +878,17 @@ impl QpInner {
         }
         changed
     }
+}
+
+/// Whether a WR writes local memory when it completes (READ, atomics): a later WR
+/// that gathers local memory at issue waits for it.
+fn writes_local(op: &WrOpcode) -> bool {
+    matches!(op, WrOpcode::Read) || op.is_atomic()
+}
+
+/// Bytes per ring part towards the SQ's peer.
+fn chunk(sq: &Sq) -> u64 {
+    sq.peer.as_ref().map_or(1, |p| p.seg.p.ring_max as u64)
 }
 
 /// The host of a CQ (for same-host checks).

@@ -116,10 +116,26 @@ fn remote_odp(seg: &crate::segment::Segment, rkey: u32) -> bool {
     })
 }
 
+/// Whether this host may copy into `peer`'s memory itself: only between two hosts
+/// that both opted into trusting their peers (`HostConfig::trusted_peers`), or within
+/// one process.
+pub(crate) fn direct_ok(me: &HostInner, peer: &Peer) -> bool {
+    peer.port == Port::Local || (me.cfg.trusted_peers && peer.seg.p.trusted_by_owner())
+}
+
 /// Whether this WR goes through the target NIC thread's request ring.
 pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
     let Some(peer) = sq.peer.as_ref() else { return false };
-    let far = peer.port != Port::Local || q.host.inner().cfg.inproc_ring;
+    let me = q.host.inner();
+    if peer.port != Port::Local && !direct_ok(me, peer) {
+        // Target-enforced protection: the target executes every request itself.
+        return true;
+    }
+    if peer.port == Port::Local && me.cfg.inproc_ring && !me.cfg.trusted_peers {
+        // The cross-process protocol inside one process (tests).
+        return true;
+    }
+    let far = peer.port != Port::Local || me.cfg.inproc_ring;
     if !far {
         return false;
     }
@@ -137,6 +153,30 @@ pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
     }
 }
 
+/// Whether a ring WR targets an ON_DEMAND MR of the peer (ODP model: such a WR is
+/// issued alone, so a NAK never has later WRs executed behind it).
+pub(crate) fn ring_odp(sq: &Sq, e: &Entry) -> bool {
+    matches!(e.op, WrOpcode::Read | WrOpcode::Write) && sq.peer.as_ref().is_some_and(|p| remote_odp(&p.seg, e.rkey))
+}
+
+/// Ring parts a WR needs: payloads travel in slot-sized parts (`ring_max` bytes).
+pub(crate) fn ring_parts(e: &Entry, chunk: u64) -> u32 {
+    if e.op.is_atomic() {
+        return 1;
+    }
+    e.len().div_ceil(chunk.max(1)).max(1) as u32
+}
+
+/// Offset and length of part `k` of a WR of `len` bytes (an atomic is one 8-byte part
+/// in the slot header, whatever the slot size).
+fn part(e: &Entry, k: u32, len: u64, chunk: u64) -> (u64, u64) {
+    if e.op.is_atomic() {
+        return (0, len);
+    }
+    let off = k as u64 * chunk;
+    (off, (len - off.min(len)).min(chunk))
+}
+
 fn target<'a>(q: &QpInner, sq: &mut Sq, peer: &'a Peer) -> Option<(u32, &'a QpRec)> {
     if sq.tq.is_none() {
         sq.tq = peer.seg.find_qp(sq.attr.dest_qp_num);
@@ -147,24 +187,36 @@ fn target<'a>(q: &QpInner, sq: &mut Sq, peer: &'a Peer) -> Option<(u32, &'a QpRe
     Some((tq, r))
 }
 
-/// Put a WR into the target's request ring.
-pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue {
-    let e = &sq.entries[i];
-    let len = e.len();
-    let (op, cmp, swp) = match e.op {
-        WrOpcode::Read => (segment::RING_READ, 0, 0),
-        WrOpcode::Write => (segment::RING_WRITE, 0, 0),
-        WrOpcode::CmpSwap { compare, swap } => (segment::RING_CAS, compare, swap),
-        WrOpcode::FetchAdd { add } => (segment::RING_FADD, add, 0),
-        _ => return Issue::Failed(WcStatus::LocQpOpErr),
-    };
-    let spans = match local_spans(q, e, local_need(&e.op)) {
-        Ok(s) => s,
-        Err(s) => return Issue::Failed(s),
-    };
-    if e.op.is_atomic() && len != 8 {
-        return Issue::Failed(WcStatus::LocLenErr);
+/// The pieces of `spans` covering `[off, off + len)` of the transfer.
+fn window(spans: &[Span], off: u64, len: u64) -> Scratch<Span> {
+    let mut out = Scratch::take(&WINDOW);
+    let (mut skip, mut left) = (off, len);
+    for s in spans {
+        if left == 0 {
+            break;
+        }
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        let n = (s.len - skip).min(left);
+        out.push(Span {
+            mr: s.mr,
+            addr: s.addr + skip,
+            len: n,
+        });
+        skip = 0;
+        left -= n;
     }
+    out
+}
+
+scratch_slot!(WINDOW: Span);
+
+/// Put the next parts of WR `i` into the target's request ring, as many as there are
+/// free slots (a WR's parts take consecutive slots; nothing behind it issues before
+/// its last part).
+pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue {
     let Some(peer) = sq.peer.clone() else {
         return Issue::Failed(WcStatus::RetryExcErr);
     };
@@ -174,50 +226,132 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
     let Some(tq) = sq.tq else {
         return Issue::Failed(WcStatus::RetryExcErr);
     };
-    let slot = sq.ring_prod;
-    let (h, data) = peer.seg.slot(tq, slot);
-    if h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
+    let me = q.host.inner();
+    let chunk = peer.seg.p.ring_max as u64;
+    let slots = me.seg.p.ring_slots.min(peer.seg.p.ring_slots) as u64;
+    let e = &sq.entries[i];
+    let len = e.len();
+    if len > MAX_MSG {
+        return Issue::Failed(WcStatus::LocLenErr);
+    }
+    if e.op.is_atomic() && len != 8 {
+        return Issue::Failed(WcStatus::LocLenErr);
+    }
+    let spans = match local_spans(q, e, local_need(&e.op)) {
+        Ok(s) => s,
+        Err(s) => return Issue::Failed(s),
+    };
+    let parts = ring_parts(e, chunk);
+    let (first_slot, mut sent, since) = match e.st {
+        EState::Issued { slot, sent, since } => (slot, sent, since),
+        _ => (sq.ring_prod, 0, now),
+    };
+    let mut atoms = 0;
+    let sent_before = sent;
+    while sent < parts {
+        if sq.ring_prod - sq.ring_cons >= slots {
+            break;
+        }
+        let slot = sq.ring_prod;
+        let (h, data) = peer.seg.slot(tq, slot);
+        if h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
+            break;
+        }
+        let (off, plen) = part(&sq.entries[i], sent, len, chunk);
+        let first = if sent == 0 { segment::RING_F_FIRST } else { 0 };
+        let last = sent + 1 == parts;
+        let e = &sq.entries[i];
+        let solicited = if e.flags.contains(SendFlags::SOLICITED) {
+            segment::RING_F_SOLICITED
+        } else {
+            0
+        };
+        // (op, cmp, swp, raddr, payload in the slot's data area)
+        let (op, cmp, swp, raddr, gather) = match e.op {
+            WrOpcode::Read => (segment::RING_READ | first, 0, len, e.raddr + off, false),
+            WrOpcode::Write => (segment::RING_WRITE | first, 0, len, e.raddr + off, true),
+            WrOpcode::WriteImm(imm) if last => (
+                segment::RING_WRITE_IMM | solicited,
+                imm as u64,
+                len,
+                e.raddr + off,
+                true,
+            ),
+            WrOpcode::WriteImm(_) => (segment::RING_WRITE | first, 0, len, e.raddr + off, true),
+            WrOpcode::Send | WrOpcode::SendImm(_) => {
+                let mut f = first | solicited;
+                if last {
+                    f |= segment::RING_F_LAST;
+                }
+                if e.op.imm().is_some() {
+                    f |= segment::RING_F_IMM;
+                }
+                (segment::RING_SEND | f, e.op.imm().unwrap_or(0) as u64, len, off, true)
+            }
+            WrOpcode::CmpSwap { compare, swap } => (segment::RING_CAS, compare, swap, e.raddr, false),
+            WrOpcode::FetchAdd { add } => (segment::RING_FADD, add, 0, e.raddr, false),
+        };
+        h.op.store(op, Ordering::Relaxed);
+        h.len.store(plen as u32, Ordering::Relaxed);
+        h.raddr.store(raddr, Ordering::Relaxed);
+        h.rkey.store(e.rkey, Ordering::Relaxed);
+        h.src_qpn.store(q.qpn, Ordering::Relaxed);
+        h.src_nonce.store(me.addr.nonce, Ordering::Relaxed);
+        h.cmp.store(cmp, Ordering::Relaxed);
+        h.swp.store(swp, Ordering::Relaxed);
+        if gather && plen > 0 {
+            // READ/WRITE parts of up to 8 bytes travel in the slot header (`cmp`),
+            // saving a cache line; message payloads always use the data area.
+            let inline = plen <= 8 && op & segment::RING_OP_MASK == segment::RING_WRITE;
+            let mut small = [0u8; 8];
+            let dst_ptr = if inline { small.as_mut_ptr() } else { data };
+            let src_spans = window(&spans, off, plen);
+            let src = Side {
+                seg: &me.seg,
+                port: Port::Local,
+                spans: &src_spans,
+            };
+            let dst_span = [passthrough(dst_ptr as u64, plen)];
+            let dst = Side {
+                seg: &me.seg,
+                port: Port::Local,
+                spans: &dst_span,
+            };
+            match dma::copy(&src, &dst, plen, me.cfg.dma_section) {
+                Ok(a) => atoms += a,
+                Err(_) if sent == 0 => return Issue::Failed(WcStatus::LocProtErr),
+                Err(_) => {
+                    // Parts already out: they are answered into zombie slots.
+                    let e = &mut sq.entries[i];
+                    for k in e.parts_done..sent {
+                        sq.zombies.push((first_slot + k as u64, now));
+                    }
+                    e.st = EState::Done {
+                        status: WcStatus::LocProtErr,
+                        byte_len: 0,
+                    };
+                    return Issue::Issued;
+                }
+            }
+            if inline {
+                h.cmp.store(u64::from_le_bytes(small), Ordering::Relaxed);
+            }
+        }
+        h.state.store(segment::SLOT_REQ, Ordering::Release);
+        peer.seg.ring_doorbell(tq);
+        sq.ring_prod += 1;
+        sent += 1;
+    }
+    if sent == sent_before {
         return Issue::Full;
     }
-    let me = q.host.inner();
-    h.op.store(op, Ordering::Relaxed);
-    h.len.store(len as u32, Ordering::Relaxed);
-    h.raddr.store(e.raddr, Ordering::Relaxed);
-    h.rkey.store(e.rkey, Ordering::Relaxed);
-    h.src_qpn.store(q.qpn, Ordering::Relaxed);
-    h.src_nonce.store(me.addr.nonce, Ordering::Relaxed);
-    h.cmp.store(cmp, Ordering::Relaxed);
-    h.swp.store(swp, Ordering::Relaxed);
-    let mut atoms = 0;
-    // Payloads of up to 8 bytes travel in the slot header (`cmp`), saving a cache line.
-    let mut small = [0u8; 8];
-    let dst_ptr = if len <= 8 { small.as_mut_ptr() } else { data };
-    if op == segment::RING_WRITE && len > 0 {
-        let src = Side {
-            seg: &me.seg,
-            port: Port::Local,
-            spans: &spans,
-        };
-        let dst_span = [passthrough(dst_ptr as u64, len)];
-        let dst = Side {
-            seg: &me.seg,
-            port: Port::Local,
-            spans: &dst_span,
-        };
-        match dma::copy(&src, &dst, len, me.cfg.dma_section) {
-            Ok(a) => atoms = a,
-            Err(_) => return Issue::Failed(WcStatus::LocProtErr),
-        }
-    }
-    if op == segment::RING_WRITE && len <= 8 {
-        h.cmp.store(u64::from_le_bytes(small), Ordering::Relaxed);
-    }
-    h.state.store(segment::SLOT_REQ, Ordering::Release);
-    peer.seg.ring_doorbell(tq);
-    sq.ring_prod += 1;
     let e = &mut sq.entries[i];
-    e.atoms = atoms;
-    e.st = EState::Issued { slot, since: now };
+    e.atoms += atoms;
+    e.st = EState::Issued {
+        slot: first_slot,
+        sent,
+        since,
+    };
     Issue::Issued
 }
 
@@ -230,53 +364,119 @@ fn advance_ring(sq: &mut Sq, tq: u32) {
     }
 }
 
-/// Check the response of the front WR (ring slot `slot`); None while in flight.
-pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, slot: u64, since: u64, now: u64) -> Option<(WcStatus, u32)> {
+/// What the responses of the front WR's parts say.
+pub(crate) enum RingDone {
+    Done(WcStatus, u32),
+    /// Receiver not ready at the first part (nothing consumed): retry after the timer.
+    Rnr(u32),
+    /// ODP model: the target raised a page fault and NAKed.
+    OdpNak,
+}
+
+/// After this long without an answer, a waiting requester looks whether the target
+/// process is still alive (a dead one fails the WR at once instead of at the
+/// transport timeout).
+const LIVENESS_AFTER_NS: u64 = 1_000_000;
+
+/// Take the answers of the front WR's parts (slots `slot..slot + sent`) that arrived;
+/// None while parts are in flight or still to be issued.
+pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, now: u64) -> Option<RingDone> {
     let peer = sq.peer.clone()?;
     let tq = sq.tq?;
     let me = q.host.inner();
-    let (h, data) = peer.seg.slot(tq, slot);
-    if h.state.load(Ordering::Acquire) != segment::SLOT_DONE {
-        if now.saturating_sub(since) > me.cfg.transport_timeout.as_nanos() as u64 {
-            sq.zombies.push((slot, now));
-            return Some((WcStatus::RetryExcErr, 0));
-        }
+    let chunk = peer.seg.p.ring_max as u64;
+    let EState::Issued { slot, sent, since } = sq.entries[0].st else {
         return None;
-    }
-    let mut status = WcStatus::from_u32(h.status.load(Ordering::Relaxed));
-    let e = &sq.entries[0];
-    let len = e.len();
-    if status.is_ok() && (matches!(e.op, WrOpcode::Read) || e.op.is_atomic()) {
-        match local_spans(q, e, Access::LOCAL_WRITE) {
-            Err(s) => status = s,
-            Ok(spans) => {
-                let result = h.result.load(Ordering::Relaxed).to_le_bytes();
-                let src_span = if e.op.is_atomic() || len <= 8 {
-                    [passthrough(result.as_ptr() as u64, 8)]
-                } else {
-                    [passthrough(data as u64, len)]
-                };
-                let src = Side {
-                    seg: &me.seg,
-                    port: Port::Local,
-                    spans: &src_span,
-                };
-                let dst = Side {
-                    seg: &me.seg,
-                    port: Port::Local,
-                    spans: &spans,
-                };
-                match dma::copy(&src, &dst, len, me.cfg.dma_section) {
-                    Ok(a) => sq.entries[0].atoms += a,
-                    Err(_) => status = WcStatus::LocProtErr,
+    };
+    let parts = ring_parts(&sq.entries[0], chunk);
+    let len = sq.entries[0].len();
+    let mut since = since;
+    let mut outcome = None;
+    while sq.entries[0].parts_done < sent {
+        let k = sq.entries[0].parts_done;
+        let (h, data) = peer.seg.slot(tq, slot + k as u64);
+        if h.state.load(Ordering::Acquire) != segment::SLOT_DONE {
+            let waited = now.saturating_sub(since);
+            if waited > me.cfg.transport_timeout.as_nanos() as u64
+                || (waited > LIVENESS_AFTER_NS && peer.port != Port::Local && !peer.seg.alive())
+            {
+                outcome = Some(RingDone::Done(WcStatus::RetryExcErr, 0));
+            }
+            break;
+        }
+        let code = h.status.load(Ordering::Relaxed);
+        let mut status = match code {
+            c if c & !0xffff == segment::RING_ST_RNR => {
+                outcome = Some(RingDone::Rnr(c & 0xffff));
+                h.state.store(segment::SLOT_FREE, Ordering::Release);
+                sq.entries[0].parts_done += 1;
+                break;
+            }
+            segment::RING_ST_ODP_NAK => {
+                me.seg.stats().odp_faults_remote.fetch_add(1, Ordering::Relaxed);
+                outcome = Some(RingDone::OdpNak);
+                h.state.store(segment::SLOT_FREE, Ordering::Release);
+                sq.entries[0].parts_done += 1;
+                break;
+            }
+            // A part of a message the target is not receiving: lost.
+            segment::RING_ST_DROPPED => WcStatus::RetryExcErr,
+            c => WcStatus::from_u32(c),
+        };
+        let e = &sq.entries[0];
+        if status.is_ok() && (matches!(e.op, WrOpcode::Read) || e.op.is_atomic()) {
+            let (off, plen) = part(e, k, len, chunk);
+            match local_spans(q, e, Access::LOCAL_WRITE) {
+                Err(s) => status = s,
+                Ok(spans) => {
+                    let result = h.result.load(Ordering::Relaxed).to_le_bytes();
+                    let src_span = if e.op.is_atomic() || plen <= 8 {
+                        [passthrough(result.as_ptr() as u64, 8)]
+                    } else {
+                        [passthrough(data as u64, plen)]
+                    };
+                    let src = Side {
+                        seg: &me.seg,
+                        port: Port::Local,
+                        spans: &src_span,
+                    };
+                    let dst_spans = window(&spans, off, plen);
+                    let dst = Side {
+                        seg: &me.seg,
+                        port: Port::Local,
+                        spans: &dst_spans,
+                    };
+                    match dma::copy(&src, &dst, plen, me.cfg.dma_section) {
+                        Ok(a) => sq.entries[0].atoms += a,
+                        Err(_) => status = WcStatus::LocProtErr,
+                    }
                 }
             }
         }
+        h.state.store(segment::SLOT_FREE, Ordering::Release);
+        sq.entries[0].parts_done += 1;
+        since = now;
+        if !status.is_ok() {
+            outcome = Some(RingDone::Done(status, 0));
+            break;
+        }
     }
-    h.state.store(segment::SLOT_FREE, Ordering::Release);
+    let e = &mut sq.entries[0];
+    if outcome.is_none() && e.parts_done == parts {
+        let byte_len = if e.op.is_atomic() { 8 } else { len as u32 };
+        outcome = Some(RingDone::Done(WcStatus::Success, byte_len));
+    }
+    if outcome.is_some() {
+        // Parts still out are answered into zombie slots (freed when they arrive).
+        for k in e.parts_done..sent {
+            sq.zombies.push((slot + k as u64, now));
+        }
+        e.parts_done = 0;
+    } else {
+        e.st = EState::Issued { slot, sent, since };
+    }
     advance_ring(sq, tq);
-    let byte_len = if sq.entries[0].op.is_atomic() { 8 } else { len as u32 };
-    Some((status, byte_len))
+    outcome
 }
 
 /// Free ring slots of flushed WRs once their responses arrived (or timed out).
@@ -429,6 +629,7 @@ pub(crate) fn exec_direct(q: &QpInner, sq: &mut Sq, i: usize) -> Outcome {
             let m = Message {
                 src: local,
                 len,
+                wc_len: len,
                 imm: e.op.imm(),
                 write_to: matches!(e.op, WrOpcode::WriteImm(_)).then_some((e.rkey, e.raddr)),
                 src_qpn: q.qpn,

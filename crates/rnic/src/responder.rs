@@ -5,6 +5,7 @@
 
 use crate::cq;
 use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::inbound::{window, Inbound, RecvSge, RingServer};
 use crate::peer::Peer;
 use crate::scratch::{scratch_slot, Scratch};
 use crate::segment::{self, shm_lock, QpRec, Segment};
@@ -113,6 +114,9 @@ pub(crate) fn remote_check(
 pub(crate) struct Message<'a> {
     pub src: Side<'a>,
     pub len: u64,
+    /// The receive completion's byte_len (the whole message; for the last part of a
+    /// WRITE_WITH_IMM sent in parts, more than `len`).
+    pub wc_len: u64,
     pub imm: Option<u32>,
     /// For WRITE_WITH_IMM: the RDMA target (rkey, remote address).
     pub write_to: Option<(u32, u64)>,
@@ -215,7 +219,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
             return fail(WcStatus::LocProtErr, s, &mut recv_wc);
         }
     }
-    recv_wc.byte_len = m.len as u32;
+    recv_wc.byte_len = m.wc_len as u32;
     if let Some(i) = m.imm {
         recv_wc.imm_data = i;
         recv_wc.wc_flags = WcFlags::WITH_IMM;
@@ -248,9 +252,11 @@ pub(crate) fn atomic_here(seg: &Segment, r: &QpRec, rkey: u32, addr: u64, op: At
     }
 }
 
-/// Serve the next pending request slot of QP `idx` (NIC thread of the target host).
-/// Returns false if there was none.
-pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> bool {
+/// Serve the next pending request slot of QP `idx` (NIC thread of the target host, or
+/// the thread serving its rings). Every field of the slot is a peer's word: it is read
+/// once, and the QP, rkey, bounds and rights are checked here, by the target, whatever
+/// the peer checked. Returns false if there was none.
+pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv: &mut RingServer) -> bool {
     let Some(r) = seg.qp(idx) else { return false };
     let cons = r.ring_cons.load(Ordering::Acquire);
     let (h, data) = seg.slot(idx, cons);
@@ -264,8 +270,14 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
     let src_qpn = h.src_qpn.load(Ordering::Relaxed);
     let src_nonce = h.src_nonce.load(Ordering::Relaxed);
     let qpn = r.qpn.load(Ordering::Relaxed);
-    let mut result = 0u64;
     if op == segment::RING_HELP_READ || op == segment::RING_HELP_WRITE {
+        if !seg.p.trusted_by_owner() {
+            // A shared copy has this thread copy between addresses the initiator chose:
+            // only between hosts that trust each other. Refused like a malformed request.
+            tracing::warn!(qpn, src_qpn, "refused a shared-copy job: this host does not trust its peers");
+            finish_slot(seg, me, idx, r, h, cons, WcStatus::RemInvReqErr as u32, 0);
+            return true;
+        }
         // Sharing the initiator's CPU would only serialize the copy: leave the job to
         // the initiator (it cancels it when done).
         // SAFETY: plain libc call without arguments.
@@ -314,94 +326,364 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize) -> b
         r.ring_cons.store(cons + 1, Ordering::Release);
         return true;
     }
-    let status = if target_qp(seg, idx, qpn, src_nonce, src_qpn).is_none() {
-        WcStatus::RetryExcErr
-    } else if (op == segment::RING_READ || op == segment::RING_WRITE) && len > 8 && len > seg.p.ring_max as u64 {
-        // Only READ/WRITE payloads over 8 bytes use the slot's data area (smaller ones
-        // and atomics travel in the header), so `ring_max` < 8 still serves atomics.
-        WcStatus::RemInvReqErr
+    let req = Request {
+        code: op & segment::RING_OP_MASK,
+        flags: op & !segment::RING_OP_MASK,
+        len,
+        raddr,
+        rkey,
+        src_qpn,
+        src_nonce,
+        cmp: h.cmp.load(Ordering::Relaxed),
+        swp: h.swp.load(Ordering::Relaxed),
+    };
+    let ring_max = seg.p.ring_max as u64;
+    let (status, result) = if target_qp(seg, idx, qpn, src_nonce, src_qpn).is_none() {
+        (WcStatus::RetryExcErr as u32, 0)
     } else {
-        // Payloads of up to 8 bytes travel in the slot header's own cache line.
-        let mut small = h.cmp.load(Ordering::Relaxed).to_le_bytes();
-        let inline = len <= 8 && (op == segment::RING_READ || op == segment::RING_WRITE);
-        let buf = if inline { small.as_mut_ptr() } else { data };
-        let slot_span = [Span {
-            mr: MrView {
-                kind: MR_PASSTHROUGH,
-                va: buf as u64,
-                len: if inline { 8 } else { seg.p.ring_max as u64 },
-                iova_base: 0,
-                iova_slot: 0,
-                odp: false,
-            },
-            addr: buf as u64,
-            len,
-        }];
-        let slot_side = Side {
-            seg,
-            port: Port::Local,
-            spans: &slot_span,
-        };
-        match op {
-            segment::RING_READ | segment::RING_WRITE => {
-                let need = if op == segment::RING_READ {
-                    Access::REMOTE_READ
-                } else {
-                    Access::REMOTE_WRITE
-                };
-                match remote_check(seg, r, rkey, raddr, len, need) {
-                    Err(s) => s,
-                    Ok(mr) => {
-                        let t = [Span { mr, addr: raddr, len }];
-                        let tside = Side {
-                            seg,
-                            port: Port::Local,
-                            spans: &t,
-                        };
-                        let res = if op == segment::RING_READ {
-                            dma::copy(&tside, &slot_side, len, section)
-                        } else {
-                            dma::copy(&slot_side, &tside, len, section)
-                        };
-                        match res {
-                            Ok(_) => {
-                                if inline {
-                                    result = u64::from_le_bytes(small);
-                                }
-                                WcStatus::Success
-                            }
-                            Err(_) => WcStatus::RemAccessErr,
-                        }
-                    }
-                }
+        match req.code {
+            // Payloads of up to 8 bytes travel in the slot header's own cache line, so
+            // `ring_max` < 8 still serves atomics and tiny READ/WRITEs.
+            segment::RING_READ | segment::RING_WRITE if len > 8 && len > ring_max => {
+                (WcStatus::RemInvReqErr as u32, 0)
             }
+            segment::RING_SEND | segment::RING_WRITE_IMM if len > ring_max => (WcStatus::RemInvReqErr as u32, 0),
+            segment::RING_READ | segment::RING_WRITE => serve_rw(seg, r, &req, data, section),
             segment::RING_CAS | segment::RING_FADD => {
-                let aop = if op == segment::RING_CAS {
+                let aop = if req.code == segment::RING_CAS {
                     AtomicOp::CmpSwap {
-                        compare: h.cmp.load(Ordering::Relaxed),
-                        swap: h.swp.load(Ordering::Relaxed),
+                        compare: req.cmp,
+                        swap: req.swp,
                     }
                 } else {
-                    AtomicOp::FetchAdd {
-                        add: h.cmp.load(Ordering::Relaxed),
-                    }
+                    AtomicOp::FetchAdd { add: req.cmp }
                 };
                 let (s, v) = atomic_here(seg, r, rkey, raddr, aop);
-                result = v;
-                s
+                (s as u32, v)
             }
-            _ => WcStatus::RemInvReqErr,
+            segment::RING_SEND => (serve_send(seg, me, idx, r, &req, data, section, srv), 0),
+            segment::RING_WRITE_IMM => {
+                let slot_span = [slot_span(data, len, ring_max)];
+                let m = Message {
+                    src: Side {
+                        seg,
+                        port: Port::Local,
+                        spans: &slot_span,
+                    },
+                    len,
+                    wc_len: req.swp,
+                    imm: Some(req.cmp as u32),
+                    write_to: Some((rkey, raddr)),
+                    src_qpn,
+                    solicited: req.flags & segment::RING_F_SOLICITED != 0,
+                    section,
+                };
+                // Check and copy inside one epoch section: a deregistration that
+                // returned before it is refused, one after it waits for the copy.
+                let _g = crate::iommu::enter(seg);
+                (delivery_code(deliver(me, idx, r, &m)), 0)
+            }
+            _ => (WcStatus::RemInvReqErr as u32, 0),
         }
     };
-    if !status.is_ok() && status != WcStatus::RetryExcErr {
+    finish_slot(seg, me, idx, r, h, cons, status, result);
+    true
+}
+
+/// Answer slot `cons` of QP `idx` with `status` (a `WcStatus` or a `RING_ST_*` code)
+/// and `result`; a responder error moves the QP to ERR, as on hardware.
+#[allow(clippy::too_many_arguments)]
+fn finish_slot(seg: &Segment, me: &Peer, idx: u32, r: &QpRec, h: &segment::SlotHdr, cons: u64, status: u32, result: u64) {
+    if status != WcStatus::Success as u32 && status != WcStatus::RetryExcErr as u32 && status < segment::RING_ST_RNR {
         qp_error(seg, me, idx);
     }
     h.result.store(result, Ordering::Relaxed);
-    h.status.store(status as u32, Ordering::Relaxed);
+    h.status.store(status, Ordering::Relaxed);
     h.state.store(segment::SLOT_DONE, Ordering::Release);
     r.ring_cons.store(cons + 1, Ordering::Release);
     seg.stats().ring_requests.fetch_add(1, Ordering::Relaxed);
-    true
+}
+
+/// A ring request, read once from the peer-written slot header.
+struct Request {
+    code: u32,
+    flags: u32,
+    len: u64,
+    raddr: u64,
+    rkey: u32,
+    src_qpn: u32,
+    src_nonce: u64,
+    cmp: u64,
+    swp: u64,
+}
+
+/// The slot's data area as a span (`cap` bytes of it exist).
+fn slot_span(data: *mut u8, len: u64, cap: u64) -> Span {
+    Span {
+        mr: MrView {
+            kind: MR_PASSTHROUGH,
+            va: data as u64,
+            len: cap.max(len),
+            iova_base: 0,
+            iova_slot: 0,
+            odp: false,
+        },
+        addr: data as u64,
+        len,
+    }
+}
+
+fn delivery_code(d: Delivery) -> u32 {
+    match d {
+        Delivery::Done(s) => s as u32,
+        Delivery::Rnr(t) => segment::RING_ST_RNR | t.min(0xffff),
+    }
+}
+
+/// READ / WRITE (one part of one): the WR's whole range is checked at its first part,
+/// each part's own range again inside the epoch section of its copy. Returns
+/// (status, inline result of a <= 8-byte READ).
+fn serve_rw(seg: &Segment, r: &QpRec, q: &Request, data: *mut u8, section: usize) -> (u32, u64) {
+    let read = q.code == segment::RING_READ;
+    let need = if read {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_WRITE
+    };
+    if q.flags & segment::RING_F_FIRST != 0 && q.swp > q.len {
+        if let Err(s) = remote_check(seg, r, q.rkey, q.raddr, q.swp, need) {
+            return (s as u32, 0);
+        }
+    }
+    let mr = match remote_check(seg, r, q.rkey, q.raddr, q.len, need) {
+        Ok(mr) => mr,
+        Err(s) => return (s as u32, 0),
+    };
+    let t = [Span {
+        mr,
+        addr: q.raddr,
+        len: q.len,
+    }];
+    if mr.odp {
+        // ODP model: a non-present page of this host's ON_DEMAND MR is a page fault
+        // raised to this host; the request is NAKed (the initiator retransmits).
+        let miss = crate::odp::missing(seg, &t, !read);
+        if !miss.is_empty() {
+            crate::odp::fault_remote(seg, miss);
+            return (segment::RING_ST_ODP_NAK, 0);
+        }
+    }
+    // Payloads of up to 8 bytes travel in the slot header (`cmp` / `result`).
+    let mut small = q.cmp.to_le_bytes();
+    let inline = q.len <= 8;
+    let buf = if inline { small.as_mut_ptr() } else { data };
+    let slot = [slot_span(buf, q.len, if inline { 8 } else { seg.p.ring_max as u64 })];
+    let slot_side = Side {
+        seg,
+        port: Port::Local,
+        spans: &slot,
+    };
+    // Check and copy inside one epoch section: a deregistration that returned before
+    // this is refused, one that starts during it waits for the copy (its flush).
+    let _g = crate::iommu::enter(seg);
+    let mr = match remote_check(seg, r, q.rkey, q.raddr, q.len, need) {
+        Ok(mr) => mr,
+        Err(s) => return (s as u32, 0),
+    };
+    let t = [Span {
+        mr,
+        addr: q.raddr,
+        len: q.len,
+    }];
+    let tside = Side {
+        seg,
+        port: Port::Local,
+        spans: &t,
+    };
+    let res = if read {
+        dma::copy(&tside, &slot_side, q.len, section)
+    } else {
+        dma::copy(&slot_side, &tside, q.len, section)
+    };
+    match res {
+        Ok(_) if inline && read => (WcStatus::Success as u32, u64::from_le_bytes(small)),
+        Ok(_) => (WcStatus::Success as u32, 0),
+        Err(_) => (WcStatus::RemAccessErr as u32, 0),
+    }
+}
+
+/// One part of a SEND / SEND_WITH_IMM. A message in one part is delivered at once; a
+/// longer one claims the receive WQE at its first part (RNR if none: nothing consumed),
+/// lands each part at its offset (the receive buffers re-validated per part), and
+/// completes the receive at its last. Parts of a message that is not in progress (its
+/// first part was refused, or a flush ended it) are dropped without effect.
+#[allow(clippy::too_many_arguments)]
+fn serve_send(
+    seg: &Segment,
+    me: &Peer,
+    idx: u32,
+    r: &QpRec,
+    q: &Request,
+    data: *mut u8,
+    section: usize,
+    srv: &mut RingServer,
+) -> u32 {
+    let first = q.flags & segment::RING_F_FIRST != 0;
+    let last = q.flags & segment::RING_F_LAST != 0;
+    let imm = (q.flags & segment::RING_F_IMM != 0).then_some(q.cmp as u32);
+    let solicited = q.flags & segment::RING_F_SOLICITED != 0;
+    let (off, total) = (q.raddr, q.swp);
+    let slot = [slot_span(data, q.len, seg.p.ring_max as u64)];
+    let src = Side {
+        seg,
+        port: Port::Local,
+        spans: &slot,
+    };
+    let Some(cell) = srv.inbound(idx) else {
+        return WcStatus::RemInvReqErr as u32;
+    };
+    if first {
+        // A new message ends whatever its predecessor left (the initiator gave it up).
+        *cell = None;
+    }
+    if first && last {
+        if off != 0 || q.len != total {
+            return WcStatus::RemInvReqErr as u32;
+        }
+        let m = Message {
+            src,
+            len: q.len,
+            wc_len: total,
+            imm,
+            write_to: None,
+            src_qpn: q.src_qpn,
+            solicited,
+            section,
+        };
+        let _g = crate::iommu::enter(seg);
+        return delivery_code(deliver(me, idx, r, &m));
+    }
+    let qpn = r.qpn.load(Ordering::Relaxed);
+    let _rq = shm_lock(&r.rq_lock);
+    let st = QpState::from_u32(r.state.load(Ordering::Acquire));
+    if st != QpState::Rtr && st != QpState::Rts {
+        *cell = None;
+        return WcStatus::RetryExcErr as u32;
+    }
+    let head = r.rq_head.load(Ordering::Acquire);
+    let recv_wc = |status: WcStatus, wr_id: u64| Wc {
+        wr_id,
+        status,
+        qp_num: qpn,
+        src_qp: q.src_qpn,
+        opcode: WcOpcode::Recv,
+        ..Default::default()
+    };
+    // A receive that cannot take the message completes in error and the QP fails.
+    let fail = |recv: WcStatus, req: WcStatus, wr_id: u64| {
+        r.rq_head.store(head + 1, Ordering::Release);
+        let _ = cq::push(seg, me, r.recv_cq.load(Ordering::Relaxed), &recv_wc(recv, wr_id), false);
+        qp_error_locked(seg, me, idx, r);
+        req as u32
+    };
+    if first {
+        if total > 1 << 31 {
+            return WcStatus::RemInvReqErr as u32;
+        }
+        if head >= r.rq_tail.load(Ordering::Acquire) {
+            return segment::RING_ST_RNR | r.min_rnr_timer.load(Ordering::Relaxed).min(0xffff);
+        }
+        let (w, wsges) = seg.wqe(idx, head);
+        let wr_id = w.wr_id.load(Ordering::Relaxed);
+        let n = (w.nsge.load(Ordering::Relaxed) as usize).min(wsges.len());
+        let sges: Vec<RecvSge> = wsges[..n]
+            .iter()
+            .map(|s| RecvSge {
+                addr: s.addr.load(Ordering::Relaxed),
+                len: s.len.load(Ordering::Relaxed) as u64,
+                lkey: s.lkey.load(Ordering::Relaxed),
+            })
+            .filter(|s| s.len > 0)
+            .collect();
+        if sges.iter().map(|s| s.len).sum::<u64>() < total {
+            return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id);
+        }
+        *cell = Some(Inbound {
+            qpn,
+            src_nonce: q.src_nonce,
+            src_qpn: q.src_qpn,
+            head,
+            wr_id,
+            sges,
+            total,
+            next_off: 0,
+            imm,
+            solicited,
+        });
+    }
+    let Some(ib) = cell.as_mut().filter(|ib| {
+        ib.qpn == qpn
+            && ib.src_nonce == q.src_nonce
+            && ib.src_qpn == q.src_qpn
+            && ib.head == head
+            && ib.next_off == off
+            && off + q.len <= ib.total
+    }) else {
+        *cell = None;
+        return segment::RING_ST_DROPPED;
+    };
+    let pd = r.pd.load(Ordering::Relaxed);
+    let wr_id = ib.wr_id;
+    // Check and copy inside one epoch section (a deregistered receive buffer is
+    // refused, one being deregistered waits for this part).
+    let g = crate::iommu::enter(seg);
+    let mut spans = Scratch::take(&RECV_SPANS);
+    for s in window(&ib.sges, off, q.len) {
+        match check_key(seg, s.lkey, pd, s.addr, s.len, Access::LOCAL_WRITE) {
+            Ok(mr) => spans.push(Span {
+                mr,
+                addr: s.addr,
+                len: s.len,
+            }),
+            Err(_) => {
+                drop(g);
+                *cell = None;
+                return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id);
+            }
+        }
+    }
+    let dst = Side {
+        seg,
+        port: Port::Local,
+        spans: &spans,
+    };
+    let copied = dma::copy(&src, &dst, q.len, section);
+    drop(g);
+    if copied.is_err() {
+        *cell = None;
+        return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id);
+    }
+    ib.next_off += q.len;
+    if !last {
+        return WcStatus::Success as u32;
+    }
+    let Some(ib) = cell.take() else {
+        return WcStatus::RemInvReqErr as u32;
+    };
+    if ib.next_off != ib.total {
+        return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id);
+    }
+    let mut wc = recv_wc(WcStatus::Success, wr_id);
+    wc.byte_len = ib.total as u32;
+    if let Some(i) = ib.imm {
+        wc.imm_data = i;
+        wc.wc_flags = WcFlags::WITH_IMM;
+    }
+    r.rq_head.store(head + 1, Ordering::Release);
+    if cq::push(seg, me, r.recv_cq.load(Ordering::Relaxed), &wc, ib.solicited).is_err() {
+        qp_error_locked(seg, me, idx, r);
+    }
+    WcStatus::Success as u32
 }
 
 /// Copy units of a shared job the initiator posted (claiming them from the counter in

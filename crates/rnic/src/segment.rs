@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
-const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0005; // "nprdma" v5 (epoch slots with owners, 4-byte IOMMU entries, IOVA range records)
+const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0006; // "nprdma" v6 (v5 + trusted flag, multi-part ring requests)
 
 /// A cache-line-aligned wrapper to keep hot shared counters apart.
 #[repr(C, align(64))]
@@ -46,10 +46,17 @@ pub struct Params {
     pub max_tracked_pages: u64,
     /// Largest READ/WRITE the initiators send through the ring (<= ring_max).
     pub ring_rw_max: u32,
-    _pad: u32,
+    /// 1 if the owner trusts peers with direct access to its memory
+    /// (`HostConfig::trusted_peers`); 0 = every request goes through its rings.
+    pub trusted: u32,
 }
 
 impl Params {
+    /// Whether the owner trusts its peers with direct access (`HostConfig::trusted_peers`).
+    pub fn trusted_by_owner(&self) -> bool {
+        self.trusted != 0
+    }
+
     pub fn from_config(c: &HostConfig) -> Params {
         Params {
             max_tlp: c.max_tlp as u32,
@@ -67,7 +74,7 @@ impl Params {
             iova_pages: c.iova_pages,
             max_tracked_pages: c.max_tracked_pages,
             ring_rw_max: c.ring_rw_max.unwrap_or(c.ring_max).min(c.ring_max),
-            _pad: 0,
+            trusted: c.trusted_peers as u32,
         }
     }
 }
@@ -88,6 +95,7 @@ pub struct StatsRec {
     pub odp_faults_remote: AtomicU64,
     pub retransmissions: AtomicU64,
     pub pool_copies: AtomicU64,
+    pub direct_remote: AtomicU64,
 }
 
 #[repr(C)]
@@ -254,6 +262,32 @@ pub const RING_FADD: u32 = 4;
 pub const RING_HELP_READ: u32 = 5;
 /// Help a large cross-process WRITE: copy initiator -> target (process_vm_readv).
 pub const RING_HELP_WRITE: u32 = 6;
+/// One part of a SEND / SEND_WITH_IMM (`raddr` = offset in the message, `swp` = the
+/// message length, `cmp` = immediate data; payload in the slot's data area).
+pub const RING_SEND: u32 = 7;
+/// The last part of a WRITE_WITH_IMM (earlier parts are RING_WRITEs): writes its
+/// payload, then consumes a receive (`swp` = the whole WRITE's length, `cmp` = imm).
+pub const RING_WRITE_IMM: u32 = 8;
+/// Op-code mask; the bits above it are flags.
+pub const RING_OP_MASK: u32 = 0xff;
+/// Flag: first part of a WR (READ/WRITE: `swp` = the WR's whole length, checked
+/// against the rkey before anything moves; SEND: claims a receive).
+pub const RING_F_FIRST: u32 = 1 << 8;
+/// Flag: last part of a SEND (completes the receive).
+pub const RING_F_LAST: u32 = 1 << 9;
+/// Flag: the message carries immediate data (`cmp`).
+pub const RING_F_IMM: u32 = 1 << 10;
+/// Flag: solicited event.
+pub const RING_F_SOLICITED: u32 = 1 << 11;
+
+/// Slot statuses beyond `WcStatus` values: receiver not ready (low 16 bits: the
+/// responder's min_rnr_timer); nothing was consumed, retry the whole WR.
+pub const RING_ST_RNR: u32 = 0x1_0000;
+/// ODP model: the responder raised a page fault and NAKed (retransmit later).
+pub const RING_ST_ODP_NAK: u32 = 0x2_0000;
+/// A part of a message that is not being received (an earlier part was refused):
+/// dropped without effect.
+pub const RING_ST_DROPPED: u32 = 0x3_0000;
 
 #[repr(C)]
 pub struct SlotHdr {

@@ -72,8 +72,8 @@ fn same(got: &[u8], exp: &[u8], what: &str) {
     }
 }
 
-fn run(ring: bool, seed: u8, ops: Vec<(Op, bool)>) {
-    let (a, b) = if ring { pair_cfg(ring_cfg()) } else { pair() };
+fn run(cfg: HostConfig, seed: u8, ops: Vec<(Op, bool)>) {
+    let (a, b) = pair_cfg(cfg);
     let mut ml = pattern(L, seed);
     let mut mr = pattern(R, seed.wrapping_add(77));
     let mut ma = vec![0u64; 8];
@@ -208,11 +208,18 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     #[test]
     fn random_ops_match_model_direct(seed in any::<u8>(), ops in prop::collection::vec(op(), 1..40)) {
-        run(false, seed, ops);
+        run(HostConfig::default(), seed, ops);
     }
 
     #[test]
     fn random_ops_match_model_ring(seed in any::<u8>(), ops in prop::collection::vec(op(), 1..40)) {
-        run(true, seed, ops);
+        run(ring_cfg(), seed, ops);
+    }
+
+    /// Target-enforced protection: every op through the target's ring, in parts of a
+    /// small slot (so messages and transfers span many parts).
+    #[test]
+    fn random_ops_match_model_target_enforced(seed in any::<u8>(), ops in prop::collection::vec(op(), 1..40)) {
+        run(HostConfig { ring_max: 4096, ring_slots: 4, ..secure_cfg() }, seed, ops);
     }
 }

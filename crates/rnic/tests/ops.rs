@@ -1,5 +1,6 @@
 //! Two-host integration tests for every operation, on the in-process transport with
-//! both data paths (direct initiator DMA, and the target NIC thread's request ring).
+//! the three data paths: direct initiator DMA, the trusted protocol's ring for small
+//! ops, and target-enforced protection (every op through the target's ring, in parts).
 
 mod common;
 use common::*;
@@ -9,6 +10,8 @@ fn each_path(f: impl Fn(End, End)) {
     let (a, b) = pair();
     f(a, b);
     let (a, b) = pair_cfg(ring_cfg());
+    f(a, b);
+    let (a, b) = pair_cfg(secure_cfg());
     f(a, b);
 }
 

@@ -90,7 +90,12 @@ fn pool_child() {
     if std::env::var("RNIC_POOL_CHILD").is_err() {
         return;
     }
-    let host = Host::new(HostConfig::default()).unwrap();
+    // The pool's memcpy path is between trusting hosts only (see `connect_child`).
+    let host = Host::new(HostConfig {
+        trusted_peers: true,
+        ..Default::default()
+    })
+    .unwrap();
     let e = end(&host, &QpInitAttr::default());
     let rb = host.alloc_dma_buffer(4096).unwrap();
     let tb = host.alloc_dma_buffer(POOL).unwrap();
@@ -173,7 +178,14 @@ struct Peer {
     trkey: u32,
 }
 
+/// A trusting host connected to a trusting child: peers copy into a pool directly only
+/// when both hosts opted into `HostConfig::trusted_peers` (otherwise the target's NIC
+/// thread serves every request, pool or not: `tests/xproc.rs`).
 fn connect_child(cfg: HostConfig) -> Peer {
+    let cfg = HostConfig {
+        trusted_peers: true,
+        ..cfg
+    };
     let mut c = Child::spawn("pool_child", "RNIC_POOL_CHILD", "1", REPLIES);
     let info = c.line();
     let f: Vec<&str> = info.split_whitespace().collect();

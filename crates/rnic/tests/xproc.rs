@@ -293,9 +293,11 @@ fn dead_peer_process_fails_wrs_instead_of_hanging() {
     assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::RetryExcErr));
     assert_eq!((w[1].wr_id, w[1].status), (3, WcStatus::WrFlushErr));
     assert!(t.elapsed() < std::time::Duration::from_secs(3));
-    // a large (direct, process_vm) READ on a fresh QP to the dead host fails too
+    // a large READ (many ring parts) on a fresh QP to the dead host fails too
     let e2 = end(&host, &QpInitAttr::default());
     e2.qp.connect(all_access(), raddr, rqpn, 7).unwrap();
+    // (A buffer of e2's own PD: an lkey of another PD is a local protection error.)
+    let local = buf(&e2.pd, 1 << 20, 0);
     let sge = [local.sge(0, 1 << 20)];
     e2.qp
         .post_send(&[SendWr::new(4, WrOpcode::Read, &sge).remote(big_addr, big_rkey)])

@@ -1,6 +1,8 @@
 //! Cross-process large READ/WRITE (up to 8 MiB) ending exactly at the end of the
-//! target MR, for several `ring_max` / `ring_rw_max` settings (shared copies with the
-//! target's NIC thread on and off), and atomics next to them. The test binary
+//! target MR: with target-enforced protection (the default: every byte through the
+//! target's ring, in parts), and between trusting hosts for several `ring_max` /
+//! `ring_rw_max` settings (shared copies with the target's NIC thread on and off), and
+//! atomics next to them. The test binary
 //! re-executes itself as the passive peer (env `RNIC_XLARGE_CHILD=<ring_max>`).
 //! Long form: `RNIC_XLARGE_ROUNDS=50`.
 
@@ -12,17 +14,18 @@ use rnic::*;
 const MB: usize = 1 << 20;
 const RLEN: usize = 8 * MB;
 
-fn cfg(ring_max: u32, rw: Option<u32>) -> HostConfig {
+/// `ring_max,ring_rw_max` between trusting hosts (`-` = default), or `secure`.
+fn parse_cfg(s: &str) -> HostConfig {
+    if s == "secure" {
+        return HostConfig::default();
+    }
+    let (m, rw) = s.split_once(',').expect("ring_max,rw");
     HostConfig {
-        ring_max,
-        ring_rw_max: rw,
+        ring_max: m.parse().unwrap(),
+        ring_rw_max: rw.parse().ok(),
+        trusted_peers: true,
         ..HostConfig::default()
     }
-}
-
-fn parse_cfg(s: &str) -> HostConfig {
-    let (m, rw) = s.split_once(',').expect("ring_max,rw");
-    cfg(m.parse().unwrap(), rw.parse().ok())
 }
 
 /// The passive side. Does nothing unless run as the child.
@@ -146,6 +149,11 @@ fn run(c: &str) {
         .unwrap();
     assert_eq!(wait1(&e.cq).status, WcStatus::RemAccessErr, "{c}: past the end");
     assert_eq!(host.stats().nonresident_dma, 0);
+}
+
+#[test]
+fn large_transfers_at_mr_end_target_enforced() {
+    run("secure");
 }
 
 #[test]

@@ -53,7 +53,20 @@ pub fn pair() -> (End, End) {
     pair_cfg(HostConfig::default())
 }
 
+/// Trusting hosts whose small ops go through the target's NIC-thread ring even
+/// in-process (the trusted protocol's ring half, with its `ring_max` / `ring_rw_max`
+/// limits; large ops and messages direct).
 pub fn ring_cfg() -> HostConfig {
+    HostConfig {
+        inproc_ring: true,
+        trusted_peers: true,
+        ..HostConfig::default()
+    }
+}
+
+/// The default cross-process protocol (target-enforced protection: every op of any
+/// size through the target's ring, in parts) between two hosts of this process.
+pub fn secure_cfg() -> HostConfig {
     HostConfig {
         inproc_ring: true,
         ..HostConfig::default()
