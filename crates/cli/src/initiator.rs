@@ -82,7 +82,7 @@ impl Initiator {
         depth: usize,
         np_cfg: nprdma::Config,
     ) -> Result<Initiator> {
-        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let host = rnic::Host::new(crate::trust::host_config())?;
         let buf_len = buf_len.max(8);
         let inner = match mode {
             Mode::Pinned => {

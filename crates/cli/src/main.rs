@@ -16,6 +16,7 @@ mod runner;
 mod spec;
 mod svg;
 mod target;
+mod trust;
 mod wire;
 
 use clap::{Parser, Subcommand};

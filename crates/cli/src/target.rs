@@ -248,7 +248,7 @@ impl Target {
     /// A target whose data buffer covers `data_len` bytes and whose receives hold
     /// `recv_len` bytes each.
     pub fn new(mode: Mode, data_len: usize, recv_len: usize) -> Result<Target> {
-        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        let host = rnic::Host::new(crate::trust::host_config())?;
         let data_len = data_len.max(8);
         let recv_len = recv_len.max(8);
         let (inner, pager) = match mode {

@@ -1,14 +1,16 @@
 //! Benchmark: Debian's unmodified perftest (ib_read_lat, ib_write_lat, ib_read_bw,
 //! ib_write_bw) through `LD_PRELOAD=libnprdma.so`, server + client as two processes on
 //! localhost, pinned mode vs NP-RDMA mode (and NP-RDMA with a pager budget below the
-//! buffers, so pages are swapped during the run), all in one run. Prints a markdown
+//! buffers, so pages are swapped during the run), each with target-enforced protection
+//! (the default) and pinned / NP-RDMA also between trusting processes
+//! (`NPRDMA_TRUSTED_PEERS=1`, the labelled opt-in), all in one run. Prints a markdown
 //! table (one column per configuration).
 //!
 //! Run: `cargo run --release -p verbs-shim --example perftest_bench` (builds
 //! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000),
 //! `PERFTEST_BENCH_BUDGET_PAGES` (the pager budget of the swapped column, default 4
-//! pages = 16 KiB per process, below every buffer here), `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add pinned mode under rnic's own NIC defaults,
-//! `NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Every process is limited to 180 s.
+//! pages = 16 KiB per process, below every buffer here), `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add trusting pinned mode under rnic's own NIC
+//! defaults, `NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Every process is limited to 180 s.
 //! Baseline for the NIC itself: `RNIC_BENCH_ONLY=shm cargo run --release -p rnic
 //! --example rnic_bench` — the same operations through rnic's Rust API.
 
@@ -138,9 +140,14 @@ type Config = (&'static str, &'static [(&'static str, &'static str)]);
 fn main() {
     let lib = lib();
     let iters = std::env::var("PERFTEST_BENCH_ITERS").unwrap_or_else(|_| "10000".into());
+    // Default: target-enforced protection (each target's NIC thread serves every
+    // request); "trusted": the labelled opt-in where initiators copy into trusting
+    // targets themselves (NPRDMA_TRUSTED_PEERS=1 on both sides).
     let mut configs: Vec<Config> = vec![
         ("pinned", &[("NPRDMA_MODE", "pinned")]),
+        ("pinned, trusted peers", &[("NPRDMA_MODE", "pinned"), ("NPRDMA_TRUSTED_PEERS", "1")]),
         ("NP-RDMA", &[("NPRDMA_MODE", "nprdma")]),
+        ("NP-RDMA, trusted peers", &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_TRUSTED_PEERS", "1")]),
     ];
     let budget: &'static str = std::env::var("PERFTEST_BENCH_BUDGET_PAGES")
         .unwrap_or_else(|_| "4".into())
@@ -151,8 +158,12 @@ fn main() {
     configs.push((name, env));
     if std::env::var("PERFTEST_BENCH_RNIC_DEFAULTS").is_ok_and(|v| v == "1") {
         configs.push((
-            "pinned, rnic defaults",
-            &[("NPRDMA_RING_MAX", "4096"), ("NPRDMA_NIC_SPIN_US", "100")],
+            "pinned, trusted peers, rnic defaults",
+            &[
+                ("NPRDMA_TRUSTED_PEERS", "1"),
+                ("NPRDMA_RING_MAX", "4096"),
+                ("NPRDMA_NIC_SPIN_US", "100"),
+            ],
         ));
     }
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();

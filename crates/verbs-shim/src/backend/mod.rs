@@ -111,14 +111,27 @@ impl Mode {
     }
 }
 
-/// Default `ring_max` of the shim's NIC: 8 bytes, the least that still carries atomics
-/// (rnic refuses ring requests longer than `ring_max`, atomics included). Larger READ/
-/// WRITE are then copied by the initiator itself, so no NIC thread has to spin while
-/// both applications spin (ib_write_lat: 2 processes x (app + NIC thread) spinning on
-/// 2 cores gave ~3 ms latencies with rnic's 4 KiB default).
+/// Default `ring_max` of the shim's NIC between trusting processes
+/// (`NPRDMA_TRUSTED_PEERS=1`): 8 bytes, the least that still carries atomics (rnic
+/// refuses ring requests longer than `ring_max`, atomics included). Larger READ/WRITE
+/// are then copied by the initiator itself, so no NIC thread has to spin while both
+/// applications spin (ib_write_lat: 2 processes x (app + NIC thread) spinning on 2
+/// cores gave ~3 ms latencies with rnic's 4 KiB default). With target-enforced
+/// protection (the default) every request is served by the target's NIC thread, in
+/// parts of rnic's default slot size.
 pub const DEFAULT_RING_MAX: u32 = 8;
+/// Default ring-slot size with target-enforced protection (the default): every payload
+/// crosses in parts of this size; 64 KiB parts move ~5x more bytes per NIC-thread
+/// wake-up than rnic's 4 KiB (BENCHMARKS.md, "target-enforced protection").
+pub const SECURE_RING_MAX: u32 = 64 * 1024;
 /// Default NIC-thread spin window: 0 (it sleeps right after serving; see above).
 pub const DEFAULT_NIC_SPIN_US: u64 = 0;
+
+/// Whether `NPRDMA_TRUSTED_PEERS=1` (the labelled opt-in: peers copy into this
+/// process themselves, see `rnic::HostConfig::trusted_peers`).
+pub fn trusted_peers_from_env() -> Result<bool> {
+    Ok(env_num("NPRDMA_TRUSTED_PEERS")?.is_some_and(|v| v != 0))
+}
 
 fn env_num(name: &str) -> Result<Option<u64>> {
     match std::env::var(name) {
@@ -132,15 +145,24 @@ fn env_num(name: &str) -> Result<Option<u64>> {
 }
 
 /// The NIC configuration: rnic defaults, tunable through the environment:
-/// `NPRDMA_RING_MAX` (bytes; READ/WRITE up to this size are served by the target's NIC
-/// thread, larger ones copied by the initiator itself), `NPRDMA_NIC_SPIN_US` (how long
+/// `NPRDMA_TRUSTED_PEERS=1` (the labelled opt-in to the direct path between trusting
+/// processes; default: target-enforced protection), `NPRDMA_RING_MAX` (bytes; the
+/// request-ring slot size: with trusted peers READ/WRITE up to this size are served by
+/// the target's NIC thread, larger ones copied by the initiator itself; otherwise every
+/// payload travels in parts of this size, at least 4096), `NPRDMA_NIC_SPIN_US` (how long
 /// an idle NIC thread spins before sleeping), `NPRDMA_DMA_HELP` (0 = large transfers
 /// are not shared with the target's NIC thread).
 pub fn host_config_from_env() -> Result<rnic::HostConfig> {
+    let trusted_peers = trusted_peers_from_env()?;
     let mut c = rnic::HostConfig {
-        ring_max: DEFAULT_RING_MAX,
+        trusted_peers,
         nic_spin: std::time::Duration::from_micros(DEFAULT_NIC_SPIN_US),
         ..Default::default()
+    };
+    c.ring_max = if trusted_peers {
+        DEFAULT_RING_MAX
+    } else {
+        SECURE_RING_MAX
     };
     if let Some(v) = env_num("NPRDMA_RING_MAX")? {
         c.ring_max = u32::try_from(v)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Largest inline payload (staged per QP in registered memory; the layer's inline limit).
 pub const MAX_INLINE: u32 = 1024;
-/// Default NIC request-ring size in this mode: 0. NP-RDMA runs atomics on the target's
+/// Default NIC request-ring size in this mode between trusting processes: 0. NP-RDMA runs atomics on the target's
 /// CPU (two-sided), so the ring is not needed for them, and without it every READ —
 /// including the page-version READs around each WRITE — is copied by the initiator
 /// itself instead of waking the target's NIC thread (ib_write_lat 2 B: ~30 µs -> ~6 µs).
@@ -94,7 +94,7 @@ impl NpDevice {
         let pcfg = np_env::pager_config(&env)?;
         let ecfg = np_env::engine_config(&env)?;
         let mut hcfg = super::host_config_from_env()?;
-        if std::env::var_os("NPRDMA_RING_MAX").is_none() {
+        if std::env::var_os("NPRDMA_RING_MAX").is_none() && hcfg.trusted_peers {
             hcfg.ring_max = NP_DEFAULT_RING_MAX;
         }
         np_host_limits(&mut hcfg);
