@@ -495,9 +495,9 @@ fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Res
     let mut region = pager.alloc(page * reps)?;
     region.as_mut_slice().fill(7);
     let mr = match pd {
-        // SAFETY: the region outlives the MR (dropped below, before the region).
         #[allow(unsafe_code)]
         Some(pd) => {
+            // SAFETY: the region outlives the MR (dropped below, before the region).
             Some(unsafe { pd.reg_mr(region.addr() as u64, (page * reps) as u64, np_access()) }?)
         }
         None => None,

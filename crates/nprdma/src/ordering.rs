@@ -93,7 +93,9 @@ pub type Spans = SmallVec<[Span; 2]>;
 /// Half-open byte range `[addr, addr + len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Range {
+    /// Start.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 
@@ -127,7 +129,9 @@ pub enum Access {
 /// One range an operation touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Span {
+    /// The bytes.
     pub range: Range,
+    /// Read or write.
     pub access: Access,
 }
 
@@ -292,6 +296,7 @@ pub enum Mode {
 /// Configuration of one QP's ordering table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OrderConfig {
+    /// Ordering mode.
     pub mode: Mode,
     /// Local and remote addresses share one address space (QP connected to
     /// the same host and process): compare local spans against remote ones.
@@ -372,8 +377,15 @@ pub enum Admit<T> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OrderError {
     #[error("range at {addr:#x} with length {len} wraps the address space")]
-    InvalidRange { addr: u64, len: u64 },
+    /// The range wraps the address space.
+    InvalidRange {
+        /// Address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+    },
     #[error("ticket {0:?} is not in flight")]
+    /// The ticket is not in flight (an engine bug).
     NotInFlight(Ticket),
 }
 

@@ -370,6 +370,7 @@ impl Pager {
         self.inner().notify_swapped_in(addr, len)
     }
 
+    /// Adds a swap listener (called before pages leave); see [`SwapListener`].
     pub fn add_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
         self.inner().listeners.add(l)
     }
@@ -389,6 +390,7 @@ impl Pager {
         }
     }
 
+    /// The resident-page budget (`None` = unlimited).
     pub fn budget(&self) -> Option<usize> {
         Some(self.inner().budget.load(Relaxed)).filter(|&b| b != usize::MAX)
     }
@@ -492,6 +494,7 @@ impl Pager {
         self.inner().prefetch(addr, len)
     }
 
+    /// A snapshot of the counters.
     pub fn stats(&self) -> PagerStats {
         let i = self.inner();
         let c = &i.stats.c;
@@ -565,6 +568,7 @@ impl Pager {
 pub struct WeakPager(std::sync::Weak<Handle>);
 
 impl WeakPager {
+    /// The pager, if it is still alive.
     pub fn upgrade(&self) -> Option<Pager> {
         self.0.upgrade().map(|h| Pager { h })
     }

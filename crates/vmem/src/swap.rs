@@ -519,14 +519,21 @@ pub struct DeviceLatency {
     /// Depth 1: median, min, max, 99th percentile and mean latency (µs) and
     /// reads per second.
     pub median_us: f64,
+    /// Depth 1: fastest read (µs).
     pub min_us: f64,
+    /// Depth 1: slowest read (µs).
     pub max_us: f64,
+    /// Depth 1: 99th percentile (µs).
     pub p99_us: f64,
+    /// Depth 1: mean (µs).
     pub mean_us: f64,
+    /// Depth 1: reads per second.
     pub iops: f64,
     /// The concurrent run: its depth, median latency (µs) and reads per second.
     pub depth: usize,
+    /// The concurrent run: median latency (µs).
     pub median_us_at_depth: f64,
+    /// The concurrent run: reads per second.
     pub iops_at_depth: f64,
 }
 
