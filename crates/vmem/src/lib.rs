@@ -22,7 +22,7 @@
 //!   [`PagerStats::swap_io`] label which), low-first slot allocation, batched
 //!   write-out. Several runs of one `pin`/`prefetch` range, or of one
 //!   eviction batch, are read/written concurrently on up to
-//!   `swap_io_threads` I/O threads (`pagein_batch.rs`, `swap_io.rs`); a
+//!   `swap_io_threads` I/O threads (`core/pagein_batch.rs`, `swap_io.rs`); a
 //!   single read (a fault) stays in the calling thread. A page read by
 //!   [`Pager::read_swapped`] stays in a small swap cache until its swap-in.
 //!   [`Pager::device_read_latency`] measures the device itself on the same
@@ -43,8 +43,8 @@
 //!   hand-off); a pin racing an eviction aborts it or waits for it and swaps
 //!   the page back in. A pin of a range brings runs of up to 32 non-resident
 //!   pages in at once (never-touched ones, or swapped ones in consecutive
-//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`, and for
-//!   swapped runs their reads concurrently, `pagein_batch.rs`).
+//!   slots: one `pread` + one `UFFDIO_COPY`; `core/pagein_run.rs`, and for
+//!   swapped runs their reads concurrently, `core/pagein_batch.rs`).
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
@@ -129,15 +129,9 @@
 mod config;
 mod core;
 mod error;
-mod evict;
-mod external;
 mod fault;
 mod listener;
-mod pagein;
-mod pagein_batch;
-mod pagein_run;
 mod region;
-mod registry;
 mod space;
 mod state;
 mod stats;
@@ -155,8 +149,7 @@ pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
 pub use sys::PAGE as PAGE_SIZE;
 
-use crate::core::{page_range, Inner};
-use crate::evict::EvictState;
+use crate::core::{page_range, EvictState, Inner};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::Ordering::*;

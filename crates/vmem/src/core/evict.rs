@@ -9,7 +9,7 @@
 //! either lands before the move (and is captured) or faults and waits on BUSY
 //! until the page is in swap, then is served from swap.
 
-use crate::core::Inner;
+use super::{EvictState, Inner};
 use crate::error::{Error, Result};
 use crate::state::{
     self, PageArray, BUSY, EVICTING, NOEVICT, NOTIFYING, REF, RESIDENT, SWAPPED, UNTOUCHED,
@@ -21,25 +21,6 @@ use crate::sys::{self, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The evictor's private resources (serialised by `Inner::evict`).
-pub struct EvictState {
-    /// Staging area (`cap` pages, registered with our uffd, normally empty).
-    pub staging: usize,
-    pub cap: usize,
-    /// CLOCK hand (page number).
-    hand: usize,
-}
-
-impl EvictState {
-    pub fn new(staging: usize, cap: usize) -> EvictState {
-        EvictState {
-            staging,
-            cap,
-            hand: 0,
-        }
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Out {

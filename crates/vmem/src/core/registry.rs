@@ -2,7 +2,7 @@
 //! with userfaultfd, retiring segments nobody references, and following the
 //! application's munmap.
 
-use crate::core::{kernel, page_range, Inner, IS_HANDLER};
+use super::{kernel, page_range, Inner, IS_HANDLER};
 use crate::error::{Error, Result};
 use crate::space::{RegInfo, RegionId, Segment};
 use crate::state::{self, PageArray, BUSY, GONE, NOEVICT, REF, RESIDENT, SWAPPED, UNTOUCHED};

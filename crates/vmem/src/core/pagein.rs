@@ -1,7 +1,7 @@
 //! Bringing pages in (fault thread, `pin`, `prefetch`) and pin counts: the
 //! non-resident → resident transitions of the page state words.
 
-use crate::core::{kernel, page_range, Brought, Inner, Why, BOUNCE};
+use super::{kernel, page_range, Brought, Inner, Why, BOUNCE};
 use crate::error::{Error, Result};
 use crate::state::{
     self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOTIFYING, PIN_ONE, REF, RESIDENT, SWAPPED,
