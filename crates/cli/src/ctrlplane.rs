@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::mem::{page_size, rss_bytes, PinnedBuf};
-use crate::target::{new_pager, np_access, rnic_access};
+use crate::setup::{new_pager, np_access, rnic_access};
 
 /// Median of the samples in µs.
 fn median_us(mut v: Vec<f64>) -> f64 {
