@@ -126,6 +126,7 @@
 //! assert_eq!(r.as_slice()[0], 7); // major fault
 //! ```
 
+mod anon;
 mod config;
 mod core;
 mod error;
@@ -140,6 +141,7 @@ mod swap_io;
 mod sys;
 mod uffd;
 
+pub use anon::AnonMapping;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
 pub use listener::{ListenerId, SwapListener};
@@ -150,7 +152,7 @@ pub use swap::{device_read_latency, DeviceLatency, SwapIo};
 pub use sys::PAGE as PAGE_SIZE;
 
 use crate::core::{page_range, EvictState, Inner};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -159,7 +161,7 @@ use std::thread::JoinHandle;
 struct Handle {
     inner: Arc<Inner>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
-    stop: OwnedFd,
+    stop: Arc<OwnedFd>,
 }
 
 /// The pager. Cheap to clone (shared handle); the threads stop when the last
@@ -205,13 +207,21 @@ impl Pager {
             cfg.swap_io_threads,
         )?;
         let cap = cfg.evict_batch;
-        let staging = sys::mmap_anon(cap * sys::PAGE).map_err(|e| Error::Kernel {
-            op: "mmap",
-            addr: 0,
-            err: e,
-        })?;
+        let (staging, _) = AnonMapping::new_noreserve(cap * sys::PAGE)
+            .map_err(|e| Error::Kernel {
+                op: "mmap",
+                addr: 0,
+                err: e,
+            })?
+            .into_raw();
         // SAFETY: the staging area is our own fresh mapping.
-        let _ = unsafe { sys::madvise(staging, cap * sys::PAGE, libc::MADV_NOHUGEPAGE) };
+        let _ = unsafe {
+            sys::madvise(
+                staging,
+                cap * sys::PAGE,
+                rustix::mm::Advice::LinuxNoHugepage,
+            )
+        };
         if let Err(e) = uffd.register(staging, cap * sys::PAGE) {
             // SAFETY: just mapped above, unused.
             let _ = unsafe { sys::munmap(staging, cap * sys::PAGE) };
@@ -221,20 +231,19 @@ impl Pager {
                 err: e,
             });
         }
-        // SAFETY: plain eventfd creation.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(Error::Kernel {
-                op: "eventfd",
-                addr: 0,
-                err: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: efd was just created and is owned by nobody else.
-        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
+        let stop = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| Error::Kernel {
+            op: "eventfd",
+            addr: 0,
+            err: e.into(),
+        })?;
         let inner = Arc::new(Inner::new(cfg, uffd, swap, EvictState::new(staging, cap)));
         let mut threads = Vec::new();
-        let (i2, sfd) = (inner.clone(), stop.as_raw_fd());
+        let stop = Arc::new(stop);
+        let (i2, sfd) = (inner.clone(), stop.clone());
         threads.push(
             std::thread::Builder::new()
                 .name("vmem-fault".into())
@@ -289,13 +298,15 @@ impl Pager {
             });
         }
         let len = len.div_ceil(sys::PAGE) * sys::PAGE;
-        let addr = sys::mmap_anon(len).map_err(|e| Error::Kernel {
-            op: "mmap",
-            addr: 0,
-            err: e,
-        })?;
+        let (addr, len) = AnonMapping::new_noreserve(len)
+            .map_err(|e| Error::Kernel {
+                op: "mmap",
+                addr: 0,
+                err: e,
+            })?
+            .into_raw();
         // SAFETY: our own fresh mapping; THP would only be split by eviction.
-        let _ = unsafe { sys::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
+        let _ = unsafe { sys::madvise(addr, len, rustix::mm::Advice::LinuxNoHugepage) };
         match self.inner().register(addr, len, true, false, false) {
             Ok(id) => Ok(Region::new(self.clone(), id, addr, len)),
             Err(e) => {
@@ -574,9 +585,7 @@ impl Drop for Handle {
             let _ = self.inner.unregister(id);
         }
         self.inner.shutdown.store(true, Release);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        let _ = unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
         {
             let _k = self.inner.kick.lock();
             self.inner.kick_cv.notify_all();

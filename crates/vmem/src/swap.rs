@@ -185,13 +185,10 @@ fn open_swap(path: &Path, direct: bool, truncate: bool) -> io::Result<File> {
 fn on_memory_fs(file: &File) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs writes one statfs into `st`, a valid, exclusive pointer.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+    let Ok(st) = rustix::fs::fstatfs(file) else {
         return false;
-    }
-    let t = st.f_type as i64;
+    };
+    let t = st.f_type;
     t == TMPFS_MAGIC || t == RAMFS_MAGIC
 }
 
@@ -255,10 +252,13 @@ impl SwapDevice {
             .map_err(Error::SwapIo)?;
         // Reserve the blocks up front: cheaper writes, and no ENOSPC at
         // eviction time. Filesystems without fallocate keep a sparse file.
-        // SAFETY: plain syscall on our own descriptor.
-        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (slots * PAGE) as libc::off_t) };
-        if r != 0 {
-            tracing::debug!(err = %io::Error::last_os_error(), "fallocate of swap file failed; sparse file");
+        if let Err(e) = rustix::fs::fallocate(
+            &file,
+            rustix::fs::FallocateFlags::empty(),
+            0,
+            (slots * PAGE) as u64,
+        ) {
+            tracing::debug!(err = %e, "fallocate of swap file failed; sparse file");
         }
         let mut file = file;
         if io == SwapIo::Direct {

@@ -311,8 +311,9 @@ impl Inner {
         self.resident.fetch_sub(left, Relaxed);
         self.stats.c.swap_outs.fetch_add(moved as u64, Relaxed);
         // 7. Empty the staging area for the next batch.
+        use rustix::mm::Advice::LinuxDontNeed;
         // SAFETY: the staging area is ours; its contents are now in swap.
-        if let Err(e) = unsafe { sys::madvise(st.staging, n * PAGE, libc::MADV_DONTNEED) } {
+        if let Err(e) = unsafe { sys::madvise(st.staging, n * PAGE, LinuxDontNeed) } {
             tracing::error!(%e, "madvise(staging) failed");
         }
         Ok(moved)
