@@ -42,7 +42,8 @@ pub fn report(verb: &str, err: &ShimError) -> i32 {
 
 /// Set this thread's `errno`.
 pub fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    // SAFETY: __errno_location returns this thread's errno slot, always valid. (Raw:
+    // rustix returns errors instead of touching errno, and the C caller reads errno.)
     unsafe { *libc::__errno_location() = e };
 }
 

@@ -1,5 +1,8 @@
 //! Raw userfaultfd: the file descriptor, its ioctls and its messages (the only
-//! place that talks to the kernel's userfaultfd interface).
+//! place that talks to the kernel's userfaultfd interface). The descriptor comes
+//! from rustix; the ioctls (API, REGISTER, UNREGISTER, WAKE, COPY, ZEROPAGE, MOVE)
+//! and the read of the message array stay raw `libc` calls, because no typed crate
+//! offers them: each states its contract in its SAFETY comment.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

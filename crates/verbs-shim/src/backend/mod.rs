@@ -183,7 +183,8 @@ pub fn device() -> Result<Arc<dyn Device>> {
     DEVICE
         .get_or_init(|| {
             if std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1") {
-                // SAFETY: registering a plain extern "C" fn that only reads a static.
+                // SAFETY: registering a plain extern "C" fn that only reads a static. (A raw
+                // libc call: no typed crate registers C exit handlers.)
                 unsafe { libc::atexit(print_stats) };
             }
             let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;
