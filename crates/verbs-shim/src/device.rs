@@ -128,7 +128,7 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     vctx.sz = std::mem::size_of::<verbs_context>() as u64;
     vctx.query_port = Some(query_port_op);
     vctx.query_device_ex = Some(query_device_ex_op);
-    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
+    vctx.create_qp_ex = Some(crate::resources::create_qp_ex_op);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
     if d.odp() {
         vctx.advise_mr = Some(crate::resources::advise_mr_op);

@@ -951,3 +951,65 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
 fn is_nonblocking(fd: &OwnedFd) -> bool {
     rustix::fs::fcntl_getfl(fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
 }
+
+const SUPPORTED_COMP_MASK: u32 =
+    IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+/// `verbs_context.create_qp_ex` (reached through the `ibv_create_qp_ex` inline).
+pub unsafe extern "C" fn create_qp_ex_op(
+    ctx: *mut ibv_context,
+    a: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard("ibv_create_qp_ex", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        unsafe { ShimContext::from_ibv(ctx)? };
+        if a.is_null() {
+            return Err(ShimError::InvalidArgument(
+                "NULL ibv_qp_init_attr_ex".into(),
+            ));
+        }
+        // SAFETY: checked non-null; caller-provided.
+        let ax = unsafe { &mut *a };
+        if ax.comp_mask & !SUPPORTED_COMP_MASK != 0 {
+            return Err(ShimError::Unsupported(format!(
+                "ibv_qp_init_attr_ex comp_mask {:#x} (supported: PD, CREATE_FLAGS=0, SEND_OPS_FLAGS)",
+                ax.comp_mask & !SUPPORTED_COMP_MASK
+            )));
+        }
+        if ax.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return Err(ShimError::InvalidArgument(
+                "ibv_create_qp_ex needs a PD".into(),
+            ));
+        }
+        if ax.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && ax.create_flags != 0 {
+            return Err(ShimError::Unsupported(format!(
+                "QP create_flags {:#x}",
+                ax.create_flags
+            )));
+        }
+        let send_ops = if ax.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            if ax.send_ops_flags & !crate::qp_ex::SUPPORTED_SEND_OPS != 0 {
+                return Err(ShimError::Unsupported(format!(
+                    "send_ops_flags {:#x} (supported: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD)",
+                    ax.send_ops_flags & !crate::qp_ex::SUPPORTED_SEND_OPS
+                )));
+            }
+            Some(ax.send_ops_flags)
+        } else {
+            None
+        };
+        let mut base = ibv_qp_init_attr {
+            qp_context: ax.qp_context,
+            send_cq: ax.send_cq,
+            recv_cq: ax.recv_cq,
+            srq: ax.srq,
+            cap: ax.cap,
+            qp_type: ax.qp_type,
+            sq_sig_all: ax.sq_sig_all,
+        };
+        // SAFETY: PD and CQs per the caller contract.
+        let qp = unsafe { create_qp_common(ax.pd, &mut base, send_ops)? };
+        ax.cap = base.cap;
+        Ok(qp)
+    })
+}
