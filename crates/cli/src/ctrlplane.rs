@@ -350,14 +350,16 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
 /// allocated rather than what the allocator caches (and later allocations are
 /// faulted in fresh instead of reusing cached pages).
 fn trim_heap() {
-    // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+    // SAFETY: malloc_trim only releases free memory of the allocator's arenas. (Raw:
+    // a glibc call no typed crate wraps.)
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
     }
 }
 
-/// Resident pages of the mapping `[addr, addr+len)` (mincore).
+/// Resident pages of the mapping `[addr, addr+len)` (mincore: a raw call, rustix
+/// has none).
 fn resident_pages(addr: usize, len: usize) -> Result<u64> {
     let mut v = vec![0u8; len.div_ceil(page_size())];
     // SAFETY: `[addr, addr+len)` is a live page-aligned mapping of the caller's,
