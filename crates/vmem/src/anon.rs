@@ -31,7 +31,7 @@ impl AnonMapping {
     fn with_flags(len: usize, flags: rustix::mm::MapFlags) -> io::Result<AnonMapping> {
         let len = len
             .max(1)
-            .checked_next_multiple_of(crate::sys::PAGE)
+            .checked_next_multiple_of(crate::mm::PAGE)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh anonymous mapping placed by the kernel aliases nothing.
         let p = unsafe {
@@ -95,8 +95,8 @@ mod tests {
     #[test]
     fn rounds_up_to_pages_and_is_writable() {
         let m = AnonMapping::new(10).unwrap();
-        assert_eq!(m.len(), crate::sys::PAGE);
-        assert_eq!(m.addr() % crate::sys::PAGE, 0);
+        assert_eq!(m.len(), crate::mm::PAGE);
+        assert_eq!(m.addr() % crate::mm::PAGE, 0);
         // SAFETY: inside the live mapping.
         unsafe { m.as_ptr().add(9).write(7) };
         // SAFETY: as above.

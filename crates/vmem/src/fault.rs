@@ -5,8 +5,8 @@
 
 use crate::core::{Brought, Inner, Why};
 use crate::error::Error;
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::stats::inc;
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::uffd::{self, Msg};
 use std::io;
 use std::os::fd::OwnedFd;

@@ -132,24 +132,24 @@ mod core;
 mod error;
 mod fault;
 mod listener;
+mod mm;
 mod region;
 mod space;
 mod state;
 mod stats;
 mod swap;
 mod swap_io;
-mod sys;
 mod uffd;
 
 pub use anon::AnonMapping;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
 pub use listener::{ListenerId, SwapListener};
+pub use mm::PAGE as PAGE_SIZE;
 pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
-pub use sys::PAGE as PAGE_SIZE;
 
 use crate::core::{page_range, EvictState, Inner};
 use std::os::fd::OwnedFd;
@@ -175,10 +175,10 @@ impl Pager {
     /// Opens a userfaultfd (with UFFDIO_MOVE and unmap/remap events), creates the
     /// swap file and starts the fault-handler and evictor threads.
     pub fn new(cfg: PagerConfig) -> Result<Pager> {
-        if sys::kernel_page_size() != sys::PAGE {
+        if mm::kernel_page_size() != mm::PAGE {
             return Err(Error::Config(format!(
                 "page size {} unsupported",
-                sys::kernel_page_size()
+                mm::kernel_page_size()
             )));
         }
         if cfg.evict_batch == 0 || cfg.evict_batch > 4096 {
@@ -207,7 +207,7 @@ impl Pager {
             cfg.swap_io_threads,
         )?;
         let cap = cfg.evict_batch;
-        let (staging, _) = AnonMapping::new_noreserve(cap * sys::PAGE)
+        let (staging, _) = AnonMapping::new_noreserve(cap * mm::PAGE)
             .map_err(|e| Error::Kernel {
                 op: "mmap",
                 addr: 0,
@@ -215,16 +215,11 @@ impl Pager {
             })?
             .into_raw();
         // SAFETY: the staging area is our own fresh mapping.
-        let _ = unsafe {
-            sys::madvise(
-                staging,
-                cap * sys::PAGE,
-                rustix::mm::Advice::LinuxNoHugepage,
-            )
-        };
-        if let Err(e) = uffd.register(staging, cap * sys::PAGE) {
+        let _ =
+            unsafe { mm::madvise(staging, cap * mm::PAGE, rustix::mm::Advice::LinuxNoHugepage) };
+        if let Err(e) = uffd.register(staging, cap * mm::PAGE) {
             // SAFETY: just mapped above, unused.
-            let _ = unsafe { sys::munmap(staging, cap * sys::PAGE) };
+            let _ = unsafe { mm::munmap(staging, cap * mm::PAGE) };
             return Err(Error::Kernel {
                 op: "UFFDIO_REGISTER",
                 addr: staging,
@@ -297,7 +292,7 @@ impl Pager {
                 why: "empty",
             });
         }
-        let len = len.div_ceil(sys::PAGE) * sys::PAGE;
+        let len = len.div_ceil(mm::PAGE) * mm::PAGE;
         let (addr, len) = AnonMapping::new_noreserve(len)
             .map_err(|e| Error::Kernel {
                 op: "mmap",
@@ -306,12 +301,12 @@ impl Pager {
             })?
             .into_raw();
         // SAFETY: our own fresh mapping; THP would only be split by eviction.
-        let _ = unsafe { sys::madvise(addr, len, rustix::mm::Advice::LinuxNoHugepage) };
+        let _ = unsafe { mm::madvise(addr, len, rustix::mm::Advice::LinuxNoHugepage) };
         match self.inner().register(addr, len, true, false, false) {
             Ok(id) => Ok(Region::new(self.clone(), id, addr, len)),
             Err(e) => {
                 // SAFETY: registration failed; nobody else knows this mapping.
-                let _ = unsafe { sys::munmap(addr, len) };
+                let _ = unsafe { mm::munmap(addr, len) };
                 Err(e)
             }
         }
@@ -349,8 +344,8 @@ impl Pager {
         Ok(Region::new(
             self.clone(),
             id,
-            p0 * sys::PAGE,
-            (p1 - p0) * sys::PAGE,
+            p0 * mm::PAGE,
+            (p1 - p0) * mm::PAGE,
         ))
     }
 
@@ -473,7 +468,7 @@ impl Pager {
 
     /// The page size the pager works with.
     pub fn page_size(&self) -> usize {
-        sys::PAGE
+        mm::PAGE
     }
 
     /// Number of resident pages covering the range.
@@ -525,8 +520,8 @@ impl Pager {
             batched_swap_writes: c.batched_swap_writes.load(Relaxed),
             swap_cache_hits: i.swap.cache_hits(),
             swap_io: i.swap.io(),
-            bytes_swapped_in: swap_ins * sys::PAGE as u64,
-            bytes_swapped_out: swap_outs * sys::PAGE as u64,
+            bytes_swapped_in: swap_ins * mm::PAGE as u64,
+            bytes_swapped_out: swap_outs * mm::PAGE as u64,
             fault_service: i.stats.latency(),
         }
     }

@@ -3,8 +3,8 @@
 //! fallback), concurrent batches, and the device's own read-latency baseline.
 
 use crate::error::{Error, Result};
+use crate::mm::{PageBuf, PAGE};
 use crate::swap_io::{IoOp, IoPool};
-use crate::sys::{PageBuf, PAGE};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -707,10 +707,10 @@ mod tests {
     #[test]
     fn o_direct_roundtrip() {
         let d = SwapDevice::create(None, 4 * PAGE as u64, true, false).unwrap();
-        let mut b = crate::sys::PageBuf::new(1);
+        let mut b = crate::mm::PageBuf::new(1);
         b.as_mut_slice().fill(0x5a);
         d.write(3, b.as_slice()).unwrap();
-        let mut c = crate::sys::PageBuf::new(1);
+        let mut c = crate::mm::PageBuf::new(1);
         d.read(3, c.as_mut_slice()).unwrap();
         assert!(c.as_slice().iter().all(|&x| x == 0x5a));
     }

@@ -11,13 +11,13 @@
 
 use super::{EvictState, Inner};
 use crate::error::{Error, Result};
+use crate::mm::{self, PAGE, PAGE_SHIFT};
 use crate::state::{
     self, PageArray, BUSY, EVICTING, NOEVICT, NOTIFYING, REF, RESIDENT, SWAPPED, UNTOUCHED,
 };
 use crate::stats::inc;
 use crate::swap::{Slot, SwapDevice};
 use crate::swap_io::IoOp;
-use crate::sys::{self, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -313,7 +313,7 @@ impl Inner {
         // 7. Empty the staging area for the next batch.
         use rustix::mm::Advice::LinuxDontNeed;
         // SAFETY: the staging area is ours; its contents are now in swap.
-        if let Err(e) = unsafe { sys::madvise(st.staging, n * PAGE, LinuxDontNeed) } {
+        if let Err(e) = unsafe { mm::madvise(st.staging, n * PAGE, LinuxDontNeed) } {
             tracing::error!(%e, "madvise(staging) failed");
         }
         Ok(moved)

@@ -9,11 +9,11 @@
 use crate::config::PagerConfig;
 use crate::error::{Error, Result};
 use crate::listener::Listeners;
+use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::space::{Segment, Space};
 use crate::state;
 use crate::stats::Stats;
 use crate::swap::SwapDevice;
-use crate::sys::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::uffd::Uffd;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
@@ -100,7 +100,7 @@ impl Drop for Inner {
         let _ = self.uffd.unregister(st.staging, st.cap * PAGE);
         // SAFETY: the staging area is ours; no thread can use it any more
         // (they all held an Arc<Inner>).
-        let _ = unsafe { sys::munmap(st.staging, st.cap * PAGE) };
+        let _ = unsafe { mm::munmap(st.staging, st.cap * PAGE) };
     }
 }
 

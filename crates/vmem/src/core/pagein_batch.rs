@@ -8,10 +8,10 @@
 
 use super::pagein_run::MAX_RUN;
 use super::{Brought, Inner, Why};
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED};
 use crate::swap::{Slot, SwapDevice};
 use crate::swap_io::IoOp;
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::*;
 

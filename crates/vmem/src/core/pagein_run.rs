@@ -6,8 +6,8 @@
 
 use super::{Brought, Inner, Why};
 use crate::error::{Error, Result};
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED, UNTOUCHED};
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::*;
 

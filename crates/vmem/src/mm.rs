@@ -1,6 +1,6 @@
-//! Thin memory syscalls (munmap, madvise through rustix; mincore, which rustix
-//! lacks, raw) and a page-aligned bounce buffer: the memory-management edge of the
-//! crate. New mappings come from [`crate::AnonMapping`].
+//! The memory-management edge of the crate: the page size, thin memory syscalls
+//! (munmap, madvise through rustix; mincore, which rustix lacks, raw) and a
+//! page-aligned bounce buffer. New mappings come from [`crate::AnonMapping`].
 
 use std::io;
 
