@@ -22,6 +22,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (warnings are errors)"
+# Every crate's map and public items, rendered; verbs-shim's library is also named `nprdma`
+# (libnprdma.so), so its docs go to their own directory (cargo#6313).
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked
+RUSTDOCFLAGS=-Dwarnings cargo rustdoc -p verbs-shim --lib --locked --target-dir target/shim-doc
 echo "== cargo test"
 cargo test --workspace --locked --no-fail-fast
 

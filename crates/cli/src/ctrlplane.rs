@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::mem::{page_size, rss_bytes, PinnedBuf};
-use crate::target::{new_pager, np_access, rnic_access};
+use crate::setup::{new_pager, np_access, rnic_access};
 
 /// Median of the samples in µs.
 fn median_us(mut v: Vec<f64>) -> f64 {
@@ -350,14 +350,16 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
 /// allocated rather than what the allocator caches (and later allocations are
 /// faulted in fresh instead of reusing cached pages).
 fn trim_heap() {
-    // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+    // SAFETY: malloc_trim only releases free memory of the allocator's arenas. (Raw:
+    // a glibc call no typed crate wraps.)
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
     }
 }
 
-/// Resident pages of the mapping `[addr, addr+len)` (mincore).
+/// Resident pages of the mapping `[addr, addr+len)` (mincore: a raw call, rustix
+/// has none).
 fn resident_pages(addr: usize, len: usize) -> Result<u64> {
     let mut v = vec![0u8; len.div_ceil(page_size())];
     // SAFETY: `[addr, addr+len)` is a live page-aligned mapping of the caller's,
@@ -495,9 +497,9 @@ fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Res
     let mut region = pager.alloc(page * reps)?;
     region.as_mut_slice().fill(7);
     let mr = match pd {
-        // SAFETY: the region outlives the MR (dropped below, before the region).
         #[allow(unsafe_code)]
         Some(pd) => {
+            // SAFETY: the region outlives the MR (dropped below, before the region).
             Some(unsafe { pd.reg_mr(region.addr() as u64, (page * reps) as u64, np_access()) }?)
         }
         None => None,

@@ -3,8 +3,8 @@
 
 use crate::error::{CliError, Result};
 use crate::mem::PinnedBuf;
+use crate::setup::{new_pager, np_access, rnic_access, rnic_qp, QpAddr, RnicQp, RunQp, Side};
 use crate::spec::{Mode, Op};
-use crate::target::{new_pager, np_access, rnic_access, QpAddr, RunQp};
 
 enum Inner {
     Pinned {
@@ -55,24 +55,6 @@ pub struct Initiator {
     host: rnic::Host,
 }
 
-/// The rnic objects of a pinned or ODP-model initiator: one CQ for sends and
-/// receives and a QP of `depth` sends.
-fn rnic_qp(
-    host: &rnic::Host,
-    depth: usize,
-) -> Result<(rnic::Context, rnic::Pd, rnic::Cq, rnic::Qp)> {
-    let ctx = host.open_context()?;
-    let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(4096, None)?;
-    let attr = rnic::QpInitAttr {
-        max_send_wr: depth as u32,
-        max_recv_wr: 8,
-        ..rnic::QpInitAttr::default()
-    };
-    let qp = pd.create_qp(&cq, &cq, &attr)?;
-    Ok((ctx, pd, cq, qp))
-}
-
 impl Initiator {
     /// An initiator with a `buf_len`-byte local buffer (resident, and for NP-RDMA
     /// written before registration so its pages start mapped) and a QP of `depth`.
@@ -86,7 +68,9 @@ impl Initiator {
         let buf_len = buf_len.max(8);
         let inner = match mode {
             Mode::Pinned => {
-                let (ctx, pd, cq, qp) = rnic_qp(&host, depth)?;
+                let RnicQp {
+                    ctx, pd, cq, qp, ..
+                } = rnic_qp(&host, Side::Initiator { depth })?;
                 let buf = PinnedBuf::new(buf_len)?;
                 // SAFETY: `buf` outlives `mr` (declared after it in `Inner::Pinned`).
                 let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
@@ -127,7 +111,9 @@ impl Initiator {
             Mode::Odp => {
                 let pager = new_pager()?;
                 crate::odp::install_handler(&host, &pager);
-                let (ctx, pd, cq, qp) = rnic_qp(&host, depth)?;
+                let RnicQp {
+                    ctx, pd, cq, qp, ..
+                } = rnic_qp(&host, Side::Initiator { depth })?;
                 let buf = crate::odp::OdpBuf::new(&host, &pd, &pager, buf_len, Some(0xa5))?;
                 Inner::Odp {
                     qp,
@@ -139,7 +125,7 @@ impl Initiator {
                 }
             }
             #[cfg(not(feature = "odp"))]
-            Mode::Odp => return Err(crate::target::odp_unavailable()),
+            Mode::Odp => return Err(crate::setup::odp_unavailable()),
         };
         Ok(Initiator {
             inner,

@@ -13,6 +13,7 @@ mod output;
 mod perf;
 mod reg;
 mod runner;
+mod setup;
 mod spec;
 mod svg;
 mod target;

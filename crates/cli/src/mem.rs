@@ -6,13 +6,8 @@ use crate::error::{CliError, Result};
 /// An anonymous mapping locked in RAM (`mlock`): every page resident, as a pinned
 /// RDMA registration requires.
 pub struct PinnedBuf {
-    ptr: *mut u8,
-    len: usize,
+    map: vmem::AnonMapping,
 }
-
-// SAFETY: the mapping is exclusively owned by this value; the raw pointer is only
-// an address, and access goes through the NIC or `&mut self`.
-unsafe impl Send for PinnedBuf {}
 
 impl PinnedBuf {
     /// Map `len` bytes (rounded up to pages), lock and write them.
@@ -26,66 +21,36 @@ impl PinnedBuf {
     /// Map `len` bytes (rounded up to pages) and lock them (mlock faults every page
     /// in: this is the pinning cost of a standard registration).
     pub fn locked(len: usize) -> Result<PinnedBuf> {
-        let len = round_up(len.max(1), page_size());
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(CliError::Io(std::io::Error::last_os_error()));
-        }
-        // SAFETY: [ptr, ptr+len) is the mapping created above.
-        let rc = unsafe { libc::mlock(ptr, len) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: unmapping the mapping created above, not used afterwards.
-            unsafe { libc::munmap(ptr, len) };
-            return Err(CliError::Io(e));
-        }
-        Ok(PinnedBuf {
-            ptr: ptr as *mut u8,
-            len,
-        })
+        let map = vmem::AnonMapping::new(len)?;
+        // SAFETY: locking the mapping created above, owned by `map`.
+        unsafe { rustix::mm::mlock(map.as_ptr().cast(), map.len()) }
+            .map_err(|e| CliError::Io(e.into()))?;
+        Ok(PinnedBuf { map })
     }
     pub fn addr(&self) -> usize {
-        self.ptr as usize
+        self.map.addr()
     }
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the mapping is valid for `len` bytes and exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.map.len()) }
     }
 }
 
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
-        // SAFETY: the mapping created in `new`; MRs over it are dropped first by
-        // their owners (field order), so the NIC no longer uses it.
-        unsafe {
-            libc::munlock(self.ptr as *const libc::c_void, self.len);
-            libc::munmap(self.ptr as *mut libc::c_void, self.len);
-        }
+        // SAFETY: the mapping locked in `locked`; MRs over it are dropped first by
+        // their owners (field order), so the NIC no longer uses it. `map` unmaps it
+        // after this.
+        let _ = unsafe { rustix::mm::munlock(self.map.as_ptr().cast(), self.map.len()) };
     }
 }
 
 /// The system page size.
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
+    rustix::param::page_size()
 }
 
 pub fn round_up(x: usize, to: usize) -> usize {

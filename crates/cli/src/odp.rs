@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::target::rnic_access;
+use crate::setup::rnic_access;
 
 /// Install the host's ODP page-fault handler: bring the range in with the pager
 /// (zero-fill never-touched pages, read swapped pages back), on the NIC thread.

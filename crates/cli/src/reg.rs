@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
 use crate::mem::{mem_available, parse_size, rss_bytes, PinnedBuf};
+use crate::setup::{new_pager, np_access, rnic_access};
 use crate::spec::Mode;
-use crate::target::{new_pager, np_access, rnic_access};
 
 #[derive(Args, Debug)]
 pub struct RegArgs {

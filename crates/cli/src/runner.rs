@@ -163,7 +163,7 @@ impl Session {
         client: Option<(&str, u16)>,
         np_cfg: nprdma::Config,
     ) -> Result<Session> {
-        crate::target::check_mode(mode)?;
+        crate::setup::check_mode(mode)?;
         let (data_len, recv_len, buf_len, depth) = sizing(specs);
         let (mut tgt, peer, name): (Box<dyn TargetHandle>, Option<PeerProcess>, &'static str) =
             match (transport, client) {

@@ -5,66 +5,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
 use crate::mem::{page_size, PinnedBuf};
+use crate::setup::{new_pager, np_access, rnic_access, rnic_qp, QpAddr, RnicQp, RunQp, Side};
 use crate::spec::{Fault, Mode, RECV_DEPTH};
 
 /// Never-touched target memory handed out for minor faults before a fresh region
 /// is allocated.
 const MINOR_REGION: usize = 256 << 20;
-
-/// Access rights of every buffer of a run.
-pub fn rnic_access() -> rnic::Access {
-    rnic::Access::LOCAL_WRITE
-        | rnic::Access::REMOTE_READ
-        | rnic::Access::REMOTE_WRITE
-        | rnic::Access::REMOTE_ATOMIC
-}
-
-pub fn np_access() -> nprdma::Access {
-    nprdma::Access::LOCAL_WRITE
-        | nprdma::Access::REMOTE_READ
-        | nprdma::Access::REMOTE_WRITE
-        | nprdma::Access::REMOTE_ATOMIC
-}
-
-/// A host address + QPN, exchanged out of band.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct QpAddr {
-    pub host: String,
-    pub qpn: u32,
-}
-
-/// A run's QP in any memory mode: an rnic QP (pinned, ODP model) or an NP-RDMA one.
-pub enum RunQp<'a> {
-    Rnic(&'a rnic::Qp),
-    Np(&'a nprdma::Qp),
-}
-
-impl RunQp<'_> {
-    /// This QP's address on `host`, for the peer.
-    pub fn addr(&self, host: &rnic::Host) -> QpAddr {
-        let qpn = match self {
-            RunQp::Rnic(qp) => qp.qpn(),
-            RunQp::Np(qp) => qp.qpn(),
-        };
-        QpAddr {
-            host: host.addr().to_hex(),
-            qpn,
-        }
-    }
-
-    /// Connects this QP to the peer's QP.
-    pub fn connect(&self, peer: &QpAddr) -> Result<()> {
-        let addr = rnic::HostAddr::from_hex(&peer.host)?;
-        match self {
-            RunQp::Rnic(qp) => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
-            RunQp::Np(qp) => qp.connect(&nprdma::Endpoint {
-                addr: addr.to_bytes(),
-                qpn: peer.qpn,
-            })?,
-        }
-        Ok(())
-    }
-}
 
 /// Where the next window's operations go.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -79,32 +25,6 @@ pub struct Window {
     pub renewed: bool,
     /// Pages the scenario made non-resident for this window.
     pub pages_prepared: u64,
-}
-
-/// `NPRDMA_SWAP_BUFFERED=1`: the target pager's swap file goes through the page
-/// cache (a major fault may then be a memory copy); labelled in every row.
-pub const SWAP_BUFFERED_ENV: &str = "NPRDMA_SWAP_BUFFERED";
-
-/// Whether `NPRDMA_SWAP_BUFFERED` (its value `v`) asks for buffered swap.
-pub fn swap_buffered(v: Option<&str>) -> Result<bool> {
-    match v.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(CliError::Arg(format!(
-            "{SWAP_BUFFERED_ENV}={other:?}: expected 0 or 1"
-        ))),
-    }
-}
-
-/// A pager with a swap file large enough for the biggest window: O_DIRECT swap
-/// (like Linux swap), unless `NPRDMA_SWAP_BUFFERED=1`.
-pub fn new_pager() -> Result<vmem::Pager> {
-    let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
-    Ok(vmem::Pager::new(vmem::PagerConfig {
-        swap_size: 1 << 30,
-        o_direct: !buffered,
-        ..vmem::PagerConfig::default()
-    })?)
 }
 
 /// Reads of the device baseline measured beside major-fault runs (per depth).
@@ -253,7 +173,13 @@ impl Target {
         let recv_len = recv_len.max(8);
         let (inner, pager) = match mode {
             Mode::Pinned => {
-                let (ctx, pd, cq, rcq, qp) = rnic_qp(&host)?;
+                let RnicQp {
+                    ctx,
+                    pd,
+                    cq,
+                    rcq,
+                    qp,
+                } = rnic_qp(&host, Side::Target)?;
                 let data = RnicBuf::new(&pd, data_len)?;
                 let recv = RnicBuf::new(&pd, recv_len)?;
                 (
@@ -294,7 +220,13 @@ impl Target {
             Mode::Odp => {
                 let pager = new_pager()?;
                 crate::odp::install_handler(&host, &pager);
-                let (ctx, pd, cq, rcq, qp) = rnic_qp(&host)?;
+                let RnicQp {
+                    ctx,
+                    pd,
+                    cq,
+                    rcq,
+                    qp,
+                } = rnic_qp(&host, Side::Target)?;
                 let recv = RnicBuf::new(&pd, recv_len)?;
                 (
                     Inner::Odp {
@@ -310,7 +242,7 @@ impl Target {
                 )
             }
             #[cfg(not(feature = "odp"))]
-            Mode::Odp => return Err(odp_unavailable()),
+            Mode::Odp => return Err(crate::setup::odp_unavailable()),
         };
         Ok(Target {
             inner,
@@ -601,22 +533,6 @@ fn window<B: FaultBuf>(d: &B, off: usize, renewed: bool, pages: u64) -> Window {
     }
 }
 
-/// The rnic objects of a pinned or ODP-model target: send and receive CQs and a
-/// QP with room for `RECV_DEPTH` posted receives.
-fn rnic_qp(host: &rnic::Host) -> Result<(rnic::Context, rnic::Pd, rnic::Cq, rnic::Cq, rnic::Qp)> {
-    let ctx = host.open_context()?;
-    let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(4096, None)?;
-    let rcq = ctx.create_cq(4096, None)?;
-    let attr = rnic::QpInitAttr {
-        max_send_wr: 64,
-        max_recv_wr: RECV_DEPTH as u32 + 8,
-        ..rnic::QpInitAttr::default()
-    };
-    let qp = pd.create_qp(&cq, &rcq, &attr)?;
-    Ok((ctx, pd, cq, rcq, qp))
-}
-
 /// Reap the consumed receives of an rnic QP and keep `RECV_DEPTH` posted.
 fn refill_rnic(
     qp: &rnic::Qp,
@@ -662,22 +578,4 @@ pub struct TargetCounters {
     pub major_faults: u64,
     pub swap_outs: u64,
     pub nonresident_dma: u64,
-}
-
-/// Whether this build can run `mode` (checked before any peer process is started).
-pub fn check_mode(mode: Mode) -> Result<()> {
-    match mode {
-        Mode::Pinned | Mode::Nprdma => Ok(()),
-        #[cfg(feature = "odp")]
-        Mode::Odp => Ok(()),
-        #[cfg(not(feature = "odp"))]
-        Mode::Odp => Err(odp_unavailable()),
-    }
-}
-
-#[cfg_attr(feature = "odp", allow(dead_code))]
-pub fn odp_unavailable() -> CliError {
-    CliError::Unavailable(
-        "this nprdma was built without the `odp` feature (the ODP model baseline)".into(),
-    )
 }

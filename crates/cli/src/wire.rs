@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
+use crate::setup::QpAddr;
 use crate::spec::{Fault, Mode};
-use crate::target::{DeviceInfo, QpAddr, Target, TargetCounters, Window};
+use crate::target::{DeviceInfo, Target, TargetCounters, Window};
 
 /// Client -> server messages.
 #[derive(Debug, Serialize, Deserialize)]

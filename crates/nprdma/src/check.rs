@@ -59,9 +59,16 @@ pub struct CheckConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CheckError {
     #[error("atom size {0} must be a power of two >= 4")]
+    /// Atom size not a power of two ≥ 4.
     BadAtom(usize),
     #[error("page size {page} must be a power of two >= the atom size {atom}")]
-    BadPage { page: usize, atom: usize },
+    /// Page size not a power of two ≥ the atom size.
+    BadPage {
+        /// Page index in the operation.
+        page: usize,
+        /// The atom size.
+        atom: usize,
+    },
 }
 
 impl Default for CheckConfig {
@@ -99,15 +106,19 @@ impl CheckConfig {
             grid,
         })
     }
+    /// DMA atom size (the NIC's max TLP) in bytes.
     pub fn atom(&self) -> usize {
         self.atom
     }
+    /// The signature word.
     pub fn magic(&self) -> u32 {
         self.magic
     }
+    /// Page size.
     pub fn page_size(&self) -> usize {
         self.page_size
     }
+    /// How atoms are laid over the data.
     pub fn grid(&self) -> AtomGrid {
         self.grid
     }
@@ -122,29 +133,56 @@ impl CheckConfig {
 pub enum Suspect {
     /// A window at this data offset equals the magic word.
     #[error("magic word at offset {offset}")]
-    Magic { offset: usize },
+    Magic {
+        /// Byte offset in the data.
+        offset: usize,
+    },
     /// The read-back differs from the source at this offset.
     #[error("read-back differs at offset {offset}")]
-    Mismatch { offset: usize },
+    Mismatch {
+        /// Byte offset in the data.
+        offset: usize,
+    },
     /// Read-back and source lengths differ.
     #[error("read-back length {got} != source length {want}")]
-    LengthMismatch { got: usize, want: usize },
+    LengthMismatch {
+        /// What was found.
+        got: usize,
+        /// What was expected.
+        want: usize,
+    },
     /// A page's version changed during the operation.
     #[error("version of page {page} changed ({before} -> {after})")]
     VersionChanged {
+        /// Page index in the operation.
         page: usize,
+        /// Before.
         before: u32,
+        /// After.
         after: u32,
     },
     /// A page was absent (even version) during the operation.
     #[error("page {page} absent (version {version})")]
-    VersionAbsent { page: usize, version: u32 },
+    VersionAbsent {
+        /// Page index in the operation.
+        page: usize,
+        /// The version word.
+        version: u32,
+    },
     /// Different numbers of version words before and after.
     #[error("{before} versions before, {after} after")]
-    VersionCount { before: usize, after: usize },
+    VersionCount {
+        /// Before.
+        before: usize,
+        /// After.
+        after: usize,
+    },
     /// A local page is not resident (pre-check).
     #[error("local page {page_addr:#x} not resident")]
-    NotResident { page_addr: u64 },
+    NotResident {
+        /// The page's address.
+        page_addr: u64,
+    },
     /// The range wraps the address space.
     #[error("range wraps the address space")]
     BadRange,

@@ -23,10 +23,22 @@ pub enum KeyMapError {
     UnknownKey(u32),
     /// The access does not lie inside the region.
     #[error("access {addr:#x}+{len} outside the region of rkey {rkey:#x}")]
-    OutOfBounds { rkey: u32, addr: u64, len: u64 },
+    OutOfBounds {
+        /// Remote key.
+        rkey: u32,
+        /// Address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+    },
     /// A mapping that is internally inconsistent.
     #[error("invalid mapping for rkey {rkey:#x}: {reason}")]
-    BadMapping { rkey: u32, reason: &'static str },
+    BadMapping {
+        /// Remote key.
+        rkey: u32,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// Page size not a power of two.
     #[error("page size {0} is not a power of two")]
     BadPageSize(usize),
@@ -178,7 +190,10 @@ pub enum SyncState {
     /// Nothing requested yet: the first operation must send a KeyQuery.
     Unsynced,
     /// KeyQuery `req_id` sent; operations wait for the last KeySync.
-    Pending { req_id: u32 },
+    Pending {
+        /// Request id (answers echo it).
+        req_id: u32,
+    },
     /// Full table received; later MRs arrive as unsolicited KeySync.
     Synced,
 }

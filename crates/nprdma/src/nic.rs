@@ -23,9 +23,13 @@ use std::sync::Arc;
 pub struct Access(pub u32);
 
 impl Access {
+    /// `IBV_ACCESS_LOCAL_WRITE`.
     pub const LOCAL_WRITE: Access = Access(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`.
     pub const REMOTE_WRITE: Access = Access(2);
+    /// `IBV_ACCESS_REMOTE_READ`.
     pub const REMOTE_READ: Access = Access(4);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`.
     pub const REMOTE_ATOMIC: Access = Access(8);
     /// Whether all bits of `other` are set.
     pub fn contains(self, other: Access) -> bool {
@@ -62,30 +66,53 @@ pub struct DeviceCaps {
 /// Scatter/gather element (`struct ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Address.
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// Local key.
     pub lkey: u32,
 }
 
 /// Work-request operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WrOp {
+    /// RDMA WRITE.
     Write,
+    /// RDMA WRITE with immediate data.
     WriteImm(u32),
+    /// SEND.
     Send,
+    /// SEND with immediate data.
     SendImm(u32),
+    /// RDMA READ.
     Read,
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Compare-and-swap.
+    CmpSwap {
+        /// The value expected at the remote address.
+        compare: u64,
+        /// The value stored there if it matched.
+        swap: u64,
+    },
+    /// Fetch-and-add.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
 }
 
 /// A send-queue work request.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkRequest<'a> {
+    /// Returned in the completion.
     pub wr_id: u64,
+    /// The operation.
     pub op: WrOp,
+    /// Local buffers.
     pub sg_list: &'a [Sge],
+    /// Remote address (RDMA and atomics).
     pub remote_addr: u64,
+    /// Remote key (RDMA and atomics).
     pub rkey: u32,
     /// Generate a completion on success (errors always complete).
     pub signaled: bool,
@@ -98,7 +125,9 @@ pub struct WorkRequest<'a> {
 /// A receive-queue work request.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvRequest<'a> {
+    /// Returned in the completion.
     pub wr_id: u64,
+    /// Local buffers.
     pub sg_list: &'a [Sge],
 }
 
@@ -106,24 +135,36 @@ pub struct RecvRequest<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CompOp {
     #[default]
+    /// A SEND.
     Send,
+    /// An RDMA WRITE.
     Write,
+    /// An RDMA READ.
     Read,
+    /// A compare-and-swap.
     CmpSwap,
+    /// A fetch-and-add.
     FetchAdd,
+    /// A RECV consumed by a SEND.
     Recv,
+    /// A RECV consumed by a WRITE with immediate.
     RecvWithImm,
 }
 
 /// A work completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
+    /// Returned in the completion.
     pub wr_id: u64,
     /// `ibv_wc_status` number: 0 = success, 5 = WR_FLUSH_ERR, ...
     pub status: u32,
+    /// What completed.
     pub op: CompOp,
+    /// Bytes transferred.
     pub byte_len: u32,
+    /// Immediate data, if any.
     pub imm: Option<u32>,
+    /// Local QP number.
     pub qp_num: u32,
 }
 
@@ -144,9 +185,13 @@ pub struct QpSpec {
     /// Requested QP number (NP-RDMA pairs each data QP with a control QP at
     /// a derivable number); `None` = automatic.
     pub qpn: Option<u32>,
+    /// Send-queue depth.
     pub max_send_wr: u32,
+    /// Receive-queue depth.
     pub max_recv_wr: u32,
+    /// SGEs per WR.
     pub max_sge: u32,
+    /// Largest inline payload.
     pub max_inline: u32,
 }
 
@@ -159,18 +204,25 @@ pub struct PeerAddr(pub [u8; 16]);
 #[derive(Debug, thiserror::Error)]
 #[error("post failed at WR {bad_index}: {source}")]
 pub struct PostError<E: std::error::Error + 'static> {
+    /// Index of the first WR not posted.
     pub bad_index: usize,
     #[source]
+    /// Why.
     pub source: E,
 }
 
 /// A registered memory region. Dropping it deregisters; the NIC must make
 /// that safe while WRs referencing it are in flight (they then fail).
 pub trait NicMr: Send + Sync {
+    /// Local key.
     fn lkey(&self) -> u32;
+    /// Remote key.
     fn rkey(&self) -> u32;
+    /// Registered address.
     fn addr(&self) -> u64;
+    /// Registered length.
     fn len(&self) -> u64;
+    /// Whether the length is 0.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -178,6 +230,7 @@ pub trait NicMr: Send + Sync {
 
 /// A completion queue.
 pub trait NicCq: Send + Sync {
+    /// The NIC's error.
     type Error: std::error::Error + Send + Sync + 'static;
     /// Non-blocking: move up to `out.len()` completions into `out`, in
     /// completion order; returns how many.
@@ -192,7 +245,9 @@ pub trait NicCq: Send + Sync {
 
 /// An RC queue pair.
 pub trait NicQp: Send + Sync {
+    /// The NIC's error.
     type Error: std::error::Error + Send + Sync + 'static;
+    /// QP number.
     fn qpn(&self) -> u32;
     /// Bring the QP to RTS connected to `peer_qpn` at `peer`
     /// (RESET→INIT→RTR→RTS with the given access rights for remote ops).
@@ -222,6 +277,7 @@ pub enum Frame {
 
 /// The IOMMU-control capability (the paper's kernel-module role).
 pub trait IommuControl: Send + Sync {
+    /// The NIC's error.
     type Error: std::error::Error + Send + Sync + 'static;
     /// A contiguous IOVA range.
     type Range: Copy + Send + Sync + std::fmt::Debug;
@@ -260,10 +316,15 @@ pub trait IommuControl: Send + Sync {
 
 /// One protection domain of a NIC.
 pub trait Nic: Send + Sync {
+    /// The NIC's error.
     type Error: std::error::Error + Send + Sync + 'static;
+    /// Its MRs.
     type Mr: NicMr;
+    /// Its CQs.
     type Cq: NicCq<Error = Self::Error>;
+    /// Its QPs.
     type Qp: NicQp<Error = Self::Error>;
+    /// Its IOMMU control.
     type Iommu: IommuControl<Error = Self::Error>;
     /// Device capabilities.
     fn caps(&self) -> DeviceCaps;
@@ -313,6 +374,7 @@ pub trait SwapListener: Send + Sync {
 
 /// What NP-RDMA needs from the pager.
 pub trait MemoryManager: Send + Sync {
+    /// The memory manager's error.
     type Error: std::error::Error + Send + Sync + 'static;
     /// Page size.
     fn page_size(&self) -> usize;

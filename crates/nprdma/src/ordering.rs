@@ -23,7 +23,7 @@
 //! always equals the post order. Two per-WR bits give strict ordering where
 //! the heuristic is not enough: *order-before* (wait until nothing is in
 //! flight) and *order-after* (nothing issues behind this operation until it
-//! completes). [`Mode::Strict`] treats every operation as order-before, i.e.
+//! completes). [`OrderMode::Strict`] treats every operation as order-before, i.e.
 //! at most one in flight.
 //!
 //! **Pipelining behind optimistic ops (replay)** ([`OrderConfig::pipeline`],
@@ -41,7 +41,7 @@
 //! the sampled word of a torn atom would hide the rest of it — found by the
 //! long chaos test; an identical destination, a same-buffer window, is
 //! fine: the later op replaces all of it and is checked itself); messages, atomics, order-before/after and
-//! [`Mode::Strict`] keep the parking rule above, and so does a conflict
+//! [`OrderMode::Strict`] keep the parking rule above, and so does a conflict
 //! with an op that is not (or no longer) optimistic. Two consequences:
 //!
 //! * an op issued behind optimistic conflicts may not *finish* (complete,
@@ -87,13 +87,15 @@ use std::collections::VecDeque;
 
 use smallvec::{smallvec, SmallVec};
 
-/// Spans of one side of an op (inline for the common 1–2 SGE case).
-pub type Spans = SmallVec<[Span; 2]>;
+/// Touches of one side of an op (inline for the common 1–2 SGE case).
+pub type Touches = SmallVec<[Touch; 2]>;
 
 /// Half-open byte range `[addr, addr + len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Range {
+    /// Start.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 
@@ -126,8 +128,10 @@ pub enum Access {
 
 /// One range an operation touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Span {
+pub struct Touch {
+    /// The bytes.
     pub range: Range,
+    /// Read or write.
     pub access: Access,
 }
 
@@ -135,9 +139,9 @@ pub struct Span {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OpDesc {
     /// Local memory (initiator side), one span per SGE.
-    pub local: Spans,
+    pub local: Touches,
     /// Remote memory (target side).
-    pub remote: Spans,
+    pub remote: Touches,
     /// Consumes a RECV at the peer (SEND, SEND_WITH_IMM, WRITE_WITH_IMM).
     pub message: bool,
     /// Wait until nothing is in flight before issuing.
@@ -155,8 +159,8 @@ pub struct OpDesc {
     pub suppressible: bool,
 }
 
-fn span(addr: u64, len: u64, access: Access) -> Span {
-    Span {
+fn touch(addr: u64, len: u64, access: Access) -> Touch {
+    Touch {
         range: Range::new(addr, len),
         access,
     }
@@ -166,8 +170,8 @@ impl OpDesc {
     /// RDMA READ: reads remote, writes local.
     pub fn read(local: Range, remote: Range) -> OpDesc {
         OpDesc {
-            local: smallvec![span(local.addr, local.len, Access::Write)],
-            remote: smallvec![span(remote.addr, remote.len, Access::Read)],
+            local: smallvec![touch(local.addr, local.len, Access::Write)],
+            remote: smallvec![touch(remote.addr, remote.len, Access::Read)],
             optimistic: true,
             ..OpDesc::default()
         }
@@ -175,8 +179,8 @@ impl OpDesc {
     /// RDMA WRITE: reads local, writes remote.
     pub fn write(local: Range, remote: Range) -> OpDesc {
         OpDesc {
-            local: smallvec![span(local.addr, local.len, Access::Read)],
-            remote: smallvec![span(remote.addr, remote.len, Access::Write)],
+            local: smallvec![touch(local.addr, local.len, Access::Read)],
+            remote: smallvec![touch(remote.addr, remote.len, Access::Write)],
             optimistic: true,
             ..OpDesc::default()
         }
@@ -192,22 +196,22 @@ impl OpDesc {
     /// Atomic on 8 remote bytes, result written to 8 local bytes.
     pub fn atomic(local_addr: u64, remote_addr: u64) -> OpDesc {
         OpDesc {
-            local: smallvec![span(local_addr, 8, Access::Write)],
-            remote: smallvec![span(remote_addr, 8, Access::Write)],
+            local: smallvec![touch(local_addr, 8, Access::Write)],
+            remote: smallvec![touch(remote_addr, 8, Access::Write)],
             ..OpDesc::default()
         }
     }
     /// SEND: reads local, consumes a RECV.
     pub fn send(local: Range) -> OpDesc {
         OpDesc {
-            local: smallvec![span(local.addr, local.len, Access::Read)],
+            local: smallvec![touch(local.addr, local.len, Access::Read)],
             message: true,
             ..OpDesc::default()
         }
     }
     /// Add a local span (further SGEs).
     pub fn with_local(mut self, range: Range, access: Access) -> OpDesc {
-        self.local.push(Span { range, access });
+        self.local.push(Touch { range, access });
         self
     }
     /// Set the order-before bit.
@@ -252,7 +256,7 @@ impl OpDesc {
     }
 }
 
-fn spans_conflict(a: &[Span], b: &[Span]) -> bool {
+fn touches_conflict(a: &[Touch], b: &[Touch]) -> bool {
     a.iter().any(|x| {
         b.iter().any(|y| {
             (x.access == Access::Write || y.access == Access::Write) && x.range.overlaps(&y.range)
@@ -261,7 +265,7 @@ fn spans_conflict(a: &[Span], b: &[Span]) -> bool {
 }
 
 /// Whether `a` writes memory that `b` only reads.
-fn overwrites_reads(a: &[Span], b: &[Span]) -> bool {
+fn overwrites_reads(a: &[Touch], b: &[Touch]) -> bool {
     a.iter().any(|x| {
         x.access == Access::Write
             && b.iter()
@@ -270,7 +274,7 @@ fn overwrites_reads(a: &[Span], b: &[Span]) -> bool {
 }
 
 /// Whether `a` writes part, but not exactly all, of a range `b` writes.
-fn clobbers_partly(a: &[Span], b: &[Span]) -> bool {
+fn clobbers_partly(a: &[Touch], b: &[Touch]) -> bool {
     a.iter().any(|x| {
         x.access == Access::Write
             && b.iter().any(|y| {
@@ -281,7 +285,7 @@ fn clobbers_partly(a: &[Span], b: &[Span]) -> bool {
 
 /// Ordering policy of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
+pub enum OrderMode {
     /// Overlap heuristic plus the per-WR bits (the paper's default).
     #[default]
     Relaxed,
@@ -292,7 +296,8 @@ pub enum Mode {
 /// Configuration of one QP's ordering table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OrderConfig {
-    pub mode: Mode,
+    /// Ordering mode.
+    pub mode: OrderMode,
     /// Local and remote addresses share one address space (QP connected to
     /// the same host and process): compare local spans against remote ones.
     pub loopback: bool,
@@ -306,7 +311,7 @@ pub struct OrderConfig {
 impl Default for OrderConfig {
     fn default() -> Self {
         OrderConfig {
-            mode: Mode::Relaxed,
+            mode: OrderMode::Relaxed,
             loopback: false,
             messages_fence_writes: true,
             pipeline: true,
@@ -325,11 +330,11 @@ impl OrderConfig {
         {
             return true;
         }
-        if spans_conflict(&a.local, &b.local) || spans_conflict(&a.remote, &b.remote) {
+        if touches_conflict(&a.local, &b.local) || touches_conflict(&a.remote, &b.remote) {
             return true;
         }
         self.loopback
-            && (spans_conflict(&a.local, &b.remote) || spans_conflict(&a.remote, &b.local))
+            && (touches_conflict(&a.local, &b.remote) || touches_conflict(&a.remote, &b.local))
     }
 }
 
@@ -372,8 +377,15 @@ pub enum Admit<T> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OrderError {
     #[error("range at {addr:#x} with length {len} wraps the address space")]
-    InvalidRange { addr: u64, len: u64 },
+    /// The range wraps the address space.
+    InvalidRange {
+        /// Address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+    },
     #[error("ticket {0:?} is not in flight")]
+    /// The ticket is not in flight (an engine bug).
     NotInFlight(Ticket),
 }
 
@@ -398,7 +410,7 @@ struct Bounds {
 
 /// `[lo, hi)` covering `spans` (only written ones if `writes`); empty
 /// ranges are skipped, an empty result is `(u64::MAX, 0)`.
-fn bound(spans: &[Span], writes: bool) -> (u64, u64) {
+fn bound(spans: &[Touch], writes: bool) -> (u64, u64) {
     spans
         .iter()
         .filter(|s| s.range.len != 0 && (!writes || s.access == Access::Write))
@@ -445,7 +457,7 @@ impl Bounds {
             && self.pipelines
             && earlier.pipelines
             && cfg.pipeline
-            && cfg.mode == Mode::Relaxed
+            && cfg.mode == OrderMode::Relaxed
             && !cfg.loopback
             && !meet(self.remote_w, earlier.remote_all)
             && !meet(earlier.remote_w, self.remote_all)
@@ -557,7 +569,7 @@ impl<T: Clone> OrderTable<T> {
         if self.inflight.is_empty() {
             return Some(false);
         }
-        if op.order_before || self.cfg.mode == Mode::Strict {
+        if op.order_before || self.cfg.mode == OrderMode::Strict {
             return None;
         }
         let pipelines = self.cfg.pipeline && op.pipelines();
@@ -677,7 +689,7 @@ impl<T: Clone> OrderTable<T> {
     pub fn on_nic(&mut self, t: Ticket, out: &mut Vec<(Ticket, T)>) -> Result<(), OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         let e = &mut self.inflight[i];
-        if self.cfg.pipeline && e.op.pipelines() && self.cfg.mode == Mode::Relaxed {
+        if self.cfg.pipeline && e.op.pipelines() && self.cfg.mode == OrderMode::Relaxed {
             e.phase = Phase::Optimistic;
             self.release_parked(out);
         }

@@ -15,13 +15,28 @@ pub const MAX_NIC_WRS: usize = 3;
 /// Application operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppOp {
+    /// RDMA READ.
     Read,
+    /// RDMA WRITE.
     Write,
+    /// WRITE with immediate data.
     WriteImm(u32),
+    /// SEND.
     Send,
+    /// SEND with immediate data.
     SendImm(u32),
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Compare-and-swap.
+    CmpSwap {
+        /// The value expected at the remote address.
+        compare: u64,
+        /// The value stored there if it matched.
+        swap: u64,
+    },
+    /// Fetch-and-add.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
 }
 
 /// Tuning of the planner.
@@ -67,7 +82,10 @@ pub enum Strategy {
     /// WRITE, then a READ-back into a temporary buffer
     /// ([`crate::check::check_readback`]); `deferred` = unsignaled WRITE whose
     /// read-back waits for the next signaled WR of the QP.
-    WriteReadback { deferred: bool },
+    WriteReadback {
+        /// The read-back waits for the next signaled WR.
+        deferred: bool,
+    },
     /// READ versions, WRITE, READ versions (also WRITE_WITH_IMM, followed by
     /// the notification on the control channel).
     WriteVersioned,
@@ -144,26 +162,37 @@ pub enum LocalBuf {
     Temp,
     /// The QP's pinned version scratch words: before / after.
     VersionsBefore,
+    /// The version words after.
     VersionsAfter,
 }
 
 /// Role of a NIC WR in its plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepRole {
+    /// The application's data.
     Data,
+    /// A read-back of written data.
     Readback,
+    /// The page versions before.
     VersionsBefore,
+    /// The page versions after.
     VersionsAfter,
 }
 
 /// One NIC WR to post.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NicStep {
+    /// What the WR is for.
     pub role: StepRole,
+    /// The NIC operation.
     pub op: WrOp,
+    /// Its local buffer.
     pub local: LocalBuf,
+    /// Length in bytes.
     pub len: u64,
+    /// Remote address.
     pub remote_addr: u64,
+    /// Remote key.
     pub rkey: u32,
 }
 
@@ -265,7 +294,9 @@ pub fn order_desc(
 pub struct DeferredWrite {
     /// Caller's handle (e.g. the ordering ticket).
     pub id: u64,
+    /// Target address.
     pub remote_addr: u64,
+    /// Length in bytes.
     pub len: u64,
     /// Read MR rkey (app rkey) to read it back through.
     pub rkey: u32,
@@ -274,8 +305,11 @@ pub struct DeferredWrite {
 /// One read-back READ covering consecutive deferred WRITEs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadbackBatch {
+    /// Start of the covered range.
     pub remote_addr: u64,
+    /// Length of the covered range.
     pub len: u64,
+    /// Read MR rkey (app rkey).
     pub rkey: u32,
     /// Indices (into the deferred list) of the WRITEs it covers; the data of
     /// member `i` is at offset `w.remote_addr - batch.remote_addr`.

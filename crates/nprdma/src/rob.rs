@@ -14,8 +14,10 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RobError {
     #[error("sequence {0} is not outstanding")]
+    /// The sequence is not outstanding (an engine bug).
     NotOutstanding(u64),
     #[error("sequence {0} already finished")]
+    /// The sequence already finished (an engine bug).
     AlreadyFinished(u64),
 }
 

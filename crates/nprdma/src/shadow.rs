@@ -112,13 +112,27 @@ impl VersionTable {
 #[derive(Debug, thiserror::Error)]
 pub enum ShadowError<E: std::error::Error + 'static> {
     #[error("IOMMU: {0}")]
+    /// The IOMMU refused.
     Iommu(#[source] E),
     #[error("page size {0} is not a power of two")]
+    /// Page size not a power of two.
     BadPageSize(u64),
     #[error("residency has {got} entries, the region has {want} pages")]
-    ResidencyLen { got: usize, want: usize },
+    /// The residency vector does not match the region.
+    ResidencyLen {
+        /// What was found.
+        got: usize,
+        /// What was expected.
+        want: usize,
+    },
     #[error("range {addr:#x}+{len} outside the region")]
-    OutOfRange { addr: u64, len: u64 },
+    /// A range outside the region.
+    OutOfRange {
+        /// Address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+    },
 }
 
 /// Shadow of one application MR (see module docs).

@@ -39,7 +39,9 @@ pub fn required_access(msg: &Repr<'_>) -> Option<Access> {
 /// Memory of a request, pinned and NIC-mapped until dropped.
 #[derive(Debug)]
 pub struct Grant<M: MemoryManager> {
+    /// Start of the granted memory.
     pub addr: u64,
+    /// Its length.
     pub len: u64,
     _pin: Option<Pinned<M>>,
 }

@@ -9,19 +9,25 @@ pub struct HostConfig {
     pub max_tlp: usize,
     /// Signature-page magic word.
     pub magic: u32,
+    /// QP table size.
     pub max_qp: u32,
+    /// MR table size.
     pub max_mr: u32,
+    /// CQ table size.
     pub max_cq: u32,
     /// Max CQ depth.
     pub max_cqe: u32,
     /// Max WRs per send/recv queue.
     pub max_wr: u32,
+    /// SGEs per WR.
     pub max_sge: u32,
+    /// Largest inline payload.
     pub max_inline: u32,
     /// IOVA pages of the IOMMU page table (4 KiB each).
     pub iova_pages: u64,
     /// Max tracked residency ranges and total tracked pages.
     pub max_tracked_ranges: u32,
+    /// Pages the residency map (`FrameMap`) can track.
     pub max_tracked_pages: u64,
     /// How long the NIC thread keeps spinning after its last piece of work.
     pub nic_spin: Duration,

@@ -171,6 +171,7 @@ impl Cq {
         Ok(cq)
     }
 
+    /// Ring depth.
     pub fn depth(&self) -> u32 {
         self.inner.depth
     }
@@ -275,6 +276,7 @@ impl Cq {
         Ok(())
     }
 
+    /// The completion channel, if any.
     pub fn channel(&self) -> Option<&CompChannel> {
         self.inner.channel.as_ref()
     }

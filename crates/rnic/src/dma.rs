@@ -12,14 +12,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// MR kinds stored in the MR table.
 pub const MR_PASSTHROUGH: u32 = 0;
+/// `MrView::kind` of an IOVA-range MR (0 = passthrough).
 pub const MR_IOVA: u32 = 1;
 
 /// A validated snapshot of an MR table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MrView {
+    /// 0 = passthrough, `MR_IOVA` = IOVA range.
     pub kind: u32,
+    /// Registered virtual address.
     pub va: u64,
+    /// Registered length.
     pub len: u64,
+    /// First IOVA (IOVA kind).
     pub iova_base: u64,
     /// Slot of the IOVA range's record (kind `MR_IOVA`).
     pub iova_slot: u32,
@@ -30,9 +35,13 @@ pub struct MrView {
 /// Why a key check failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyErr {
+    /// No such key.
     Invalid,
+    /// PD mismatch.
     Pd,
+    /// Missing access right.
     Access,
+    /// Outside the MR.
     Bounds,
 }
 
@@ -94,7 +103,9 @@ pub enum Loc {
 /// Why translating an atom failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
+    /// IOMMU entry not mapped.
     Unmapped,
+    /// The frame is not resident (counted in `nonresident_dma`).
     NonResident,
     /// ODP model: the page of this frame address (host virtual address) is not present
     /// in the NIC's page table of an ON_DEMAND MR (a page fault; nothing was touched).
@@ -150,22 +161,30 @@ pub enum Port {
 /// A contiguous piece of one side: validated MR + address range.
 #[derive(Clone, Copy, Debug)]
 pub struct Span {
+    /// The MR.
     pub mr: MrView,
+    /// Start address within it.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 
 /// One side of a transfer.
 pub struct Side<'a> {
+    /// The segment whose IOMMU translates.
     pub seg: &'a Segment,
+    /// How the bytes are reached.
     pub port: Port,
+    /// The spans.
     pub spans: &'a [Span],
 }
 
 /// A DMA failure, by side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DmaErr {
+    /// On the source side.
     Src(Fault),
+    /// On the destination side.
     Dst(Fault),
     /// The cross-process copy failed (peer gone or memory unmapped there).
     Io,
@@ -238,12 +257,17 @@ pub fn copy(src: &Side, dst: &Side, total: u64, section: usize) -> Result<u64, D
 /// translated copy units; both sides claim units from a shared counter (work sharing:
 /// a busy or sleeping helper never delays the initiator beyond the unit it is copying).
 pub struct Help<'a> {
+    /// The target's segment.
     pub seg: &'a Segment,
+    /// Target QP table index.
     pub qp: u32,
     /// Next ring slot to use; advanced for every job the helper took.
     pub next_slot: std::cell::Cell<u64>,
+    /// Nonce of the requesting host.
     pub src_nonce: u64,
+    /// Requesting QP number.
     pub src_qpn: u32,
+    /// How long to wait for the answer.
     pub timeout_ns: u64,
     /// Set (to a time in ns) when the helper kept us waiting: sharing is then paused
     /// until that time (a preempted helper on a loaded machine costs more than it saves).
@@ -667,8 +691,18 @@ fn run_shared(
 /// A remote atomic operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtomicOp {
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Compare-and-swap.
+    CmpSwap {
+        /// The value expected at the remote address.
+        compare: u64,
+        /// The value stored there if it matched.
+        swap: u64,
+    },
+    /// Fetch-and-add.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
 }
 
 /// Execute an 8-byte atomic on a translated, 8-aligned location of *this* process.

@@ -129,6 +129,7 @@ impl FrameMap {
         }
     }
 
+    /// Page size of the frames.
     pub const PAGE_SIZE: usize = PAGE;
 }
 

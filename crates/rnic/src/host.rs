@@ -20,12 +20,16 @@ use std::thread::JoinHandle;
 /// What a peer needs to reach a host: 16 bytes (usable as a GID).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HostAddr {
+    /// The owner's PID.
     pub pid: u32,
+    /// The segment's memfd in the owner.
     pub fd: u32,
+    /// The host incarnation's nonce.
     pub nonce: u64,
 }
 
 impl HostAddr {
+    /// The 16-byte wire form (the GID in the verbs shim).
     pub fn to_bytes(&self) -> [u8; 16] {
         let mut b = [0u8; 16];
         b[0..4].copy_from_slice(&self.pid.to_le_bytes());
@@ -33,6 +37,7 @@ impl HostAddr {
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
         b
     }
+    /// Parse the 16-byte wire form.
     pub fn from_bytes(b: &[u8; 16]) -> HostAddr {
         HostAddr {
             pid: u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")),
@@ -44,6 +49,7 @@ impl HostAddr {
     pub fn to_hex(&self) -> String {
         self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
+    /// Parse the hex form ([`HostAddr::to_hex`]).
     pub fn from_hex(s: &str) -> Result<HostAddr> {
         let s = s.trim();
         if s.len() != 32 || !s.is_ascii() {
@@ -353,6 +359,7 @@ impl Host {
         &self.sh.inner.frames
     }
 
+    /// The configuration the host was created with.
     pub fn config(&self) -> &HostConfig {
         &self.sh.inner.cfg
     }
@@ -444,9 +451,11 @@ pub struct Context {
 }
 
 impl Context {
+    /// The host this context opened.
     pub fn host(&self) -> &Host {
         &self.host
     }
+    /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
         self.host.query_device()
     }

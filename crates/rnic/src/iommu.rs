@@ -98,13 +98,16 @@ fn window_slot(rec: &IovaRec, tag: u64) -> Result<usize> {
 /// A contiguous range of IOVA pages (made by [`Iommu::alloc_range`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IovaRange {
+    /// First IOVA page.
     pub base: u64,
+    /// Number of pages.
     pub npages: u64,
     /// Slot of the range's record in the host segment.
     pub slot: u32,
 }
 
 impl IovaRange {
+    /// Whether IOVA page `page` lies in the range.
     pub fn contains(&self, page: u64) -> bool {
         page >= self.base && page < self.base + self.npages
     }
@@ -333,6 +336,7 @@ impl Iommu {
     pub const PAGE_SIZE: usize = PAGE;
     /// Bytes of IOMMU page table per mapped IOVA page (one entry).
     pub const ENTRY_BYTES: usize = std::mem::size_of::<IommuEntry>();
+    /// `log2` of the IOMMU page size.
     pub const PAGE_SHIFT: u32 = PAGE_SHIFT;
 }
 
@@ -347,6 +351,7 @@ pub struct EpochGuard<'a> {
 /// process that died inside one); the last slot is shared by other processes that
 /// found no free slot (never cleared: a death there still costs the flush timeout).
 pub const OWN_SLOTS: usize = crate::segment::EPOCH_SLOTS / 2;
+/// Epoch slots claimable by threads of other processes.
 pub const FOREIGN_SLOTS: std::ops::Range<usize> = OWN_SLOTS..crate::segment::EPOCH_SLOTS - 1;
 const SHARED_SLOT: usize = crate::segment::EPOCH_SLOTS - 1;
 

@@ -30,9 +30,11 @@ impl Pd {
             inner: Arc::new(PdInner { host, id }),
         }
     }
+    /// The PD number.
     pub fn id(&self) -> u32 {
         self.inner.id
     }
+    /// The host of the PD.
     pub fn host(&self) -> &Host {
         &self.inner.host
     }
@@ -143,24 +145,31 @@ pub struct Mr {
 }
 
 impl Mr {
+    /// Local key.
     pub fn lkey(&self) -> u32 {
         self.key
     }
+    /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.key
     }
+    /// Registered address.
     pub fn addr(&self) -> usize {
         self.addr
     }
+    /// Registered length.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Access rights.
     pub fn access(&self) -> Access {
         self.access
     }
+    /// The PD.
     pub fn pd(&self) -> &Pd {
         &self.pd
     }
@@ -232,24 +241,31 @@ impl Drop for OwnedMr {
 }
 
 impl OwnedMr {
+    /// The registration.
     pub fn mr(&self) -> &Mr {
         self.mr.as_ref().expect("present until drop")
     }
+    /// Local key.
     pub fn lkey(&self) -> u32 {
         self.mr().key
     }
+    /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.mr().key
     }
+    /// Address of the owned buffer.
     pub fn addr(&self) -> usize {
         self.ptr as usize
     }
+    /// Length of the owned buffer.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// An SGE of `len` bytes at offset `off`.
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         self.mr().sge(off, len)
     }
@@ -263,6 +279,7 @@ impl OwnedMr {
         // torn bytes (u8 has no invalid values).
         unsafe { std::ptr::copy(self.ptr.add(off), out.as_mut_ptr(), out.len()) };
     }
+    /// A copy of `len` bytes at offset `off`.
     pub fn to_vec(&self, off: usize, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
         self.read(off, &mut v);
@@ -278,9 +295,11 @@ impl OwnedMr {
         // through raw pointers.
         unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(off), data.len()) };
     }
+    /// Fill the buffer with `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: whole live buffer.
         unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
     }
+    /// Page size.
     pub const PAGE: usize = PAGE;
 }

@@ -82,14 +82,17 @@ impl DmaBuffer {
         self.len
     }
 
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Start of the buffer.
     pub fn as_ptr(&self) -> *const u8 {
         self.addr() as *const u8
     }
 
+    /// Start of the buffer, writable (the memory is shared with the NIC).
     pub fn as_mut_ptr(&self) -> *mut u8 {
         self.addr() as *mut u8
     }

@@ -219,14 +219,17 @@ impl Qp {
         Ok(Qp { inner })
     }
 
+    /// QP number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn
     }
 
+    /// Current state.
     pub fn state(&self) -> QpState {
         self.inner.state()
     }
 
+    /// The capacities the QP was created with.
     pub fn cap(&self) -> QpInitAttr {
         self.inner.cap
     }

@@ -10,7 +10,9 @@ use crate::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// Size of a page (IOVA page, frame and pager page alike).
 pub const PAGE: usize = 4096;
+/// `log2(PAGE)`.
 pub const PAGE_SHIFT: u32 = 12;
 const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0006; // "nprdma" v6 (v5 + trusted flag, multi-part ring requests)
 
@@ -30,19 +32,33 @@ impl<T> std::ops::Deref for Line<T> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
+    /// Largest DMA atom (the PCIe max TLP size) in bytes.
     pub max_tlp: u32,
+    /// The signature word a non-resident page reads as.
     pub magic: u32,
+    /// QP table size.
     pub max_qp: u32,
+    /// MR table size.
     pub max_mr: u32,
+    /// CQ table size.
     pub max_cq: u32,
+    /// Entries per CQ ring.
     pub max_cqe: u32,
+    /// Receive WQEs per QP.
     pub max_wr: u32,
+    /// SGEs per receive WQE.
     pub max_sge: u32,
+    /// Largest inline payload.
     pub max_inline: u32,
+    /// Slots per QP request ring.
     pub ring_slots: u32,
+    /// Data bytes per request-ring slot.
     pub ring_max: u32,
+    /// Residency-map range records.
     pub max_tracked_ranges: u32,
+    /// IOMMU page-table entries (IOVA pages).
     pub iova_pages: u64,
+    /// Pages the residency map can track.
     pub max_tracked_pages: u64,
     /// Largest READ/WRITE the initiators send through the ring (<= ring_max).
     pub ring_rw_max: u32,
@@ -57,6 +73,7 @@ impl Params {
         self.trusted != 0
     }
 
+    /// The parameters of a host built from `c`.
     pub fn from_config(c: &HostConfig) -> Params {
         Params {
             max_tlp: c.max_tlp as u32,
@@ -83,29 +100,50 @@ impl Params {
 #[repr(C)]
 #[derive(Default)]
 pub struct StatsRec {
+    /// Send WRs executed.
     pub wrs: AtomicU64,
+    /// Payload bytes moved by DMA.
     pub bytes: AtomicU64,
+    /// DMA atoms (max-TLP pieces) moved.
     pub atoms: AtomicU64,
+    /// DMA atoms refused because their frame was not resident (0 in a correct run).
     pub nonresident_dma: AtomicU64,
+    /// IOMMU flushes.
     pub flushes: AtomicU64,
+    /// Requests served through request rings.
     pub ring_requests: AtomicU64,
+    /// SENDs that found no posted RECV.
     pub rnr_naks: AtomicU64,
+    /// WRs completed with an error status.
     pub errors: AtomicU64,
+    /// ODP model: page faults on the initiator's own MRs.
     pub odp_faults_local: AtomicU64,
+    /// ODP model: page faults raised at a target.
     pub odp_faults_remote: AtomicU64,
+    /// ODP model: retransmissions after a fault NAK.
     pub retransmissions: AtomicU64,
+    /// Transfers copied through the NIC-shared DMA pool.
     pub pool_copies: AtomicU64,
+    /// WRs executed directly against another process's memory (trusting hosts only).
     pub direct_remote: AtomicU64,
 }
 
 #[repr(C)]
+/// The segment header: identity, parameters, epochs, NIC-thread signalling, stats.
 pub struct Header {
+    /// Layout version magic (`SEG_MAGIC`), written last at creation.
     pub magic: AtomicU64,
+    /// Random nonce naming this host incarnation (part of `HostAddr`).
     pub nonce: AtomicU64,
+    /// Length of the whole mapping.
     pub total_len: AtomicU64,
+    /// PID of the owning process.
     pub pid: AtomicU32,
+    /// The segment's memfd number in the owner.
     pub memfd: AtomicU32,
+    /// Sizing parameters (peers recompute the layout from them).
     pub params: Params,
+    /// IOMMU flush epoch (see `iommu::flush_epoch`).
     pub epoch: Line<AtomicU64>,
     /// DMA-section counters per epoch parity, in `EPOCH_SLOTS` cache lines chosen
     /// per thread (see `iommu::enter`): initiators of different processes entering
@@ -124,14 +162,18 @@ pub struct Header {
     /// thread's place (see `Host::set_ring_polling`): requesters then do not wake
     /// the NIC thread for a doorbell.
     pub ext_polling: Line<AtomicU32>,
+    /// Per-host counters.
     pub stats: Line<StatsRec>,
+    /// Range records in use in the residency map.
     pub nranges: Line<AtomicU32>,
     /// ODP model: page faults raised by peers in other processes (see `odp`).
     pub odp_mail: Line<OdpMail>,
     /// NIC-shared DMA pool (see [`crate::pool`]): memfd number in the owner, the
     /// owner's mapping address, and its length (0 = no pool).
     pub pool_fd: AtomicU32,
+    /// The pool's mapping address in the owner.
     pub pool_base: AtomicU64,
+    /// The pool's length (0 = no pool).
     pub pool_len: AtomicU64,
     /// Set when the owner's NIC thread stopped (orderly) or a peer found it dead.
     pub dead: AtomicU32,
@@ -162,22 +204,32 @@ pub const ODP_MAIL_SLOTS: usize = 16;
 /// written, 2 full.
 #[repr(C)]
 pub struct OdpMail {
+    /// Full slots not yet served.
     pub pending: AtomicU32,
+    /// Slot states (0 free, 1 being written, 2 full).
     pub state: [AtomicU32; ODP_MAIL_SLOTS],
+    /// Faulting address per slot.
     pub addr: [AtomicU64; ODP_MAIL_SLOTS],
+    /// Faulting length per slot.
     pub len: [AtomicU64; ODP_MAIL_SLOTS],
 }
 
 #[repr(C)]
+/// An MR table entry (the MTT of one MR).
 pub struct MrRec {
     /// 0 = invalid; otherwise the current lkey/rkey.
     pub key: AtomicU32,
+    /// Protection domain number.
     pub pd: AtomicU32,
+    /// `Access` bits.
     pub access: AtomicU32,
     /// 0 = passthrough (identity MTT, no IOMMU), 1 = IOVA range.
     pub kind: AtomicU32,
+    /// Registered virtual address.
     pub va: AtomicU64,
+    /// Registered length in bytes.
     pub len: AtomicU64,
+    /// First IOVA of the range (for `kind` 1).
     pub iova_base: AtomicU64,
     /// Slot of the IOVA range's record ([`IovaRec`]) for `kind` 1.
     pub iova_slot: AtomicU32,
@@ -199,6 +251,7 @@ pub const FRAME_WINDOWS: usize = 4;
 /// when the range is freed.
 #[repr(C)]
 pub struct IovaRec {
+    /// Window number + 1 per slot, 0 = unused.
     pub windows: [AtomicU64; FRAME_WINDOWS],
 }
 
@@ -208,55 +261,83 @@ pub struct IovaRec {
 /// invalidate the line the owner reads on every post (QP state).
 #[repr(C)]
 pub struct QpRec {
+    /// QP number.
     pub qpn: AtomicU32,
+    /// 1 while the table slot holds a QP.
     pub in_use: AtomicU32,
+    /// `QpState` value.
     pub state: AtomicU32,
+    /// Protection domain number.
     pub pd: AtomicU32,
+    /// `qp_access_flags` (`Access` bits).
     pub access: AtomicU32,
+    /// Send CQ table index.
     pub send_cq: AtomicU32,
+    /// Receive CQ table index.
     pub recv_cq: AtomicU32,
+    /// `min_rnr_timer` from the last modify.
     pub min_rnr_timer: AtomicU32,
+    /// Nonce of the connected peer host.
     pub peer_nonce: AtomicU64,
+    /// QP number of the connected peer QP.
     pub peer_qpn: AtomicU32,
+    /// SGEs per receive WQE.
     pub max_recv_sge: AtomicU32,
+    /// Receive-queue depth.
     pub rq_depth: AtomicU32,
     /// Bumped on every RESET so stale peers notice a recycled QP.
     pub incarnation: AtomicU32,
     _pad0: [u32; 2],
+    /// `shm_lock` word serialising receive-queue consumers.
     pub rq_lock: AtomicU32,
     _pad_rq: u32,
+    /// Next receive WQE to consume.
     pub rq_head: AtomicU64,
+    /// Next receive WQE slot to post.
     pub rq_tail: AtomicU64,
     _pad_rq2: [u64; 5],
+    /// Request-ring consumer index.
     pub ring_cons: Line<AtomicU64>,
     _pad1: [u64; 16],
 }
 
 #[repr(C)]
+/// One SGE of a receive WQE.
 pub struct SgeRec {
+    /// Buffer address.
     pub addr: AtomicU64,
+    /// Buffer length.
     pub len: AtomicU32,
+    /// Local key of the buffer's MR.
     pub lkey: AtomicU32,
 }
 
 #[repr(C)]
+/// Header of a receive WQE (its SGEs follow).
 pub struct WqeHdr {
+    /// The RECV's `wr_id`.
     pub wr_id: AtomicU64,
+    /// Number of SGEs that follow.
     pub nsge: AtomicU32,
     _pad: u32,
 }
 
 /// Ring slot states.
 pub const SLOT_FREE: u32 = 0;
+/// Slot holds a request.
 pub const SLOT_REQ: u32 = 1;
+/// Slot holds the answer.
 pub const SLOT_DONE: u32 = 2;
 /// A shared-copy job taken by the target's NIC thread.
 pub const SLOT_BUSY: u32 = 3;
 
 /// Ring op codes.
 pub const RING_READ: u32 = 1;
+/// Ring op: WRITE.
 pub const RING_WRITE: u32 = 2;
+/// Ring op: compare-and-swap.
 pub const RING_CAS: u32 = 3;
+/// Ring op: fetch-and-add.
 pub const RING_FADD: u32 = 4;
 /// Help a large cross-process READ: copy target -> initiator (process_vm_writev).
 pub const RING_HELP_READ: u32 = 5;
@@ -290,78 +371,131 @@ pub const RING_ST_ODP_NAK: u32 = 0x2_0000;
 pub const RING_ST_DROPPED: u32 = 0x3_0000;
 
 #[repr(C)]
+/// Header of a request-ring slot (its data follows).
 pub struct SlotHdr {
+    /// `SLOT_*` state.
     pub state: AtomicU32,
+    /// `RING_*` op code.
     pub op: AtomicU32,
+    /// Answer status (`WcStatus` value).
     pub status: AtomicU32,
+    /// Payload length.
     pub len: AtomicU32,
+    /// Remote (target) address.
     pub raddr: AtomicU64,
+    /// Remote key.
     pub rkey: AtomicU32,
+    /// Requesting QP number.
     pub src_qpn: AtomicU32,
+    /// Compare operand (CAS).
     pub cmp: AtomicU64,
+    /// Swap / add operand.
     pub swp: AtomicU64,
+    /// Nonce of the requesting host.
     pub src_nonce: AtomicU64,
+    /// Atomic result (the original value).
     pub result: AtomicU64,
 }
 
 #[repr(C)]
+/// A CQ table entry: ring indices and notification state.
 pub struct CqRec {
+    /// 1 while the table slot holds a CQ.
     pub in_use: AtomicU32,
+    /// Ring depth.
     pub depth: AtomicU32,
+    /// Set when a completion found the ring full.
     pub overflow: AtomicU32,
     /// 0 = disarmed, 1 = next completion, 2 = solicited only.
     pub notify: AtomicU32,
     /// Completion-channel eventfd number in the owner process, or -1.
     pub chan_fd: AtomicU32,
+    /// 1 while a channel event is signalled and not yet taken.
     pub event_pending: AtomicU32,
+    /// Bumped when the slot is reused.
     pub incarnation: AtomicU32,
     _pad0: [u32; 9],
+    /// Consumer index.
     pub head: Line<AtomicU64>,
+    /// Producer index.
     pub tail: Line<AtomicU64>,
 }
 
 #[repr(C)]
+/// A completion in a CQ ring (the fields of `Wc`).
 pub struct WcRec {
+    /// Sequence number publishing the entry.
     pub seq: AtomicU64,
+    /// See `Wc::wr_id`.
     pub wr_id: AtomicU64,
+    /// See `Wc::status`.
     pub status: AtomicU32,
+    /// See `Wc::opcode`.
     pub opcode: AtomicU32,
+    /// See `Wc::byte_len`.
     pub byte_len: AtomicU32,
+    /// See `Wc::imm_data`.
     pub imm: AtomicU32,
+    /// See `Wc::qp_num`.
     pub qp_num: AtomicU32,
+    /// See `Wc::src_qp`.
     pub src_qp: AtomicU32,
+    /// See `Wc::wc_flags`.
     pub wc_flags: AtomicU32,
+    /// See `Wc::vendor_err`.
     pub vendor_err: AtomicU32,
     _pad: [u64; 2],
 }
 
 #[repr(C)]
+/// A tracked address range of the residency map.
 pub struct RangeRec {
+    /// First page number.
     pub start_page: AtomicU64,
+    /// Pages in the range.
     pub npages: AtomicU64,
+    /// First bit of the range in the residency bitmap.
     pub bit_off: AtomicU64,
+    /// 1 while the record is in use.
     pub used: AtomicU64,
 }
 
 /// Offsets of every region, derived deterministically from [`Params`].
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
+    /// Offset of the MR table.
     pub mr: usize,
+    /// Offset of the QP table.
     pub qp: usize,
+    /// Offset of the receive queues.
     pub rq: usize,
+    /// Bytes per QP's receive queue.
     pub rq_stride: usize,
+    /// Bytes per receive WQE.
     pub wqe_stride: usize,
+    /// Offset of the request rings.
     pub ring: usize,
+    /// Bytes per QP's request ring.
     pub ring_stride: usize,
+    /// Bytes per request-ring slot.
     pub slot_stride: usize,
+    /// Offset of the CQ table.
     pub cq: usize,
+    /// Offset of the CQ rings.
     pub wc: usize,
+    /// Bytes per CQ ring.
     pub wc_stride: usize,
+    /// Offset of the IOMMU page table.
     pub iommu: usize,
+    /// Offset of the IOVA range records.
     pub iova_ranges: usize,
+    /// Offset of the residency range records.
     pub ranges: usize,
+    /// Offset of the residency bitmap.
     pub bitmap: usize,
+    /// Offset of the doorbell bitmap.
     pub doorbell: usize,
+    /// Length of the whole segment.
     pub total: usize,
 }
 
@@ -370,6 +504,7 @@ fn align(x: usize, a: usize) -> usize {
 }
 
 impl Layout {
+    /// The layout for `p`; `None` if a size overflows.
     pub fn compute(p: &Params) -> Option<Layout> {
         let mut off = align(std::mem::size_of::<Header>(), PAGE);
         let mut region = |sz: usize| -> Option<usize> {
@@ -419,7 +554,9 @@ impl Layout {
 /// A mapped host segment (own or a peer's).
 pub struct Segment {
     map: Mapping,
+    /// Region offsets.
     pub lay: Layout,
+    /// Sizing parameters.
     pub p: Params,
     _fd: OwnedFd,
     pool: Option<PoolMap>,
@@ -614,24 +751,31 @@ impl Segment {
         unsafe { &*(self.map.ptr().add(off) as *const T) }
     }
 
+    /// Start of the mapping.
     pub fn base(&self) -> *mut u8 {
         self.map.ptr()
     }
+    /// The header.
     pub fn hdr(&self) -> &Header {
         self.at(0)
     }
+    /// The host's nonce.
     pub fn nonce(&self) -> u64 {
         self.hdr().nonce.load(Ordering::Relaxed)
     }
+    /// The owner's PID.
     pub fn pid(&self) -> u32 {
         self.hdr().pid.load(Ordering::Relaxed)
     }
+    /// The host's counters.
     pub fn stats(&self) -> &StatsRec {
         &self.hdr().stats
     }
+    /// MR table entry `idx`.
     pub fn mr(&self, idx: u32) -> Option<&MrRec> {
         (idx < self.p.max_mr).then(|| self.at(self.lay.mr + idx as usize * std::mem::size_of::<MrRec>()))
     }
+    /// QP table entry `idx`.
     pub fn qp(&self, idx: u32) -> Option<&QpRec> {
         (idx < self.p.max_qp).then(|| self.at(self.lay.qp + idx as usize * std::mem::size_of::<QpRec>()))
     }
@@ -663,13 +807,16 @@ impl Segment {
         let data = unsafe { self.map.ptr().add(off + std::mem::size_of::<SlotHdr>()) };
         (hdr, data)
     }
+    /// CQ table entry `idx`.
     pub fn cq(&self, idx: u32) -> Option<&CqRec> {
         (idx < self.p.max_cq).then(|| self.at(self.lay.cq + idx as usize * std::mem::size_of::<CqRec>()))
     }
+    /// Entry `slot` (modulo `depth`) of CQ `cq`'s ring.
     pub fn wc(&self, cq: u32, slot: u64, depth: u32) -> &WcRec {
         let s = (slot % depth.max(1) as u64) as usize % self.p.max_cqe as usize;
         self.at(self.lay.wc + cq as usize * self.lay.wc_stride + s * std::mem::size_of::<WcRec>())
     }
+    /// IOMMU entry of IOVA page `page`.
     pub fn iommu_entry(&self, page: u64) -> Option<&IommuEntry> {
         (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * std::mem::size_of::<IommuEntry>()))
     }
@@ -677,15 +824,19 @@ impl Segment {
     pub fn iova_rec(&self, slot: u32) -> Option<&IovaRec> {
         (slot < self.p.max_mr).then(|| self.at(self.lay.iova_ranges + slot as usize * std::mem::size_of::<IovaRec>()))
     }
+    /// Residency range record `i`.
     pub fn range(&self, i: u32) -> Option<&RangeRec> {
         (i < self.p.max_tracked_ranges).then(|| self.at(self.lay.ranges + i as usize * std::mem::size_of::<RangeRec>()))
     }
+    /// The residency-bitmap word holding bit `bit`.
     pub fn bitmap_word(&self, bit: u64) -> Option<&AtomicU64> {
         (bit < self.p.max_tracked_pages).then(|| self.at(self.lay.bitmap + (bit / 64) as usize * 8))
     }
+    /// Doorbell word `w` (modulo the word count).
     pub fn doorbell_word(&self, w: u32) -> &AtomicU64 {
         self.at(self.lay.doorbell + (w as usize % (self.p.max_qp as usize).div_ceil(64)) * 8)
     }
+    /// Number of doorbell words.
     pub fn doorbell_words(&self) -> u32 {
         self.p.max_qp.div_ceil(64)
     }
@@ -717,6 +868,7 @@ pub struct ShmGuard<'a>(&'a AtomicU32);
 /// that died inside the critical section, and waiting forever would hang us.
 const SHM_LOCK_STEAL_NS: u64 = 2_000_000_000;
 
+/// Take the shared-memory lock `w` (stolen from a holder dead for 2 s).
 pub fn shm_lock(w: &AtomicU32) -> ShmGuard<'_> {
     let mut spins = 0u32;
     let mut since = 0u64;

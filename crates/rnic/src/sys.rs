@@ -211,28 +211,31 @@ pub enum VmDir {
 /// Every local iovec must describe memory of this process that is valid for the
 /// access (writable for `VmDir::Read`).
 pub unsafe fn process_vm(pid: u32, dir: VmDir, local: &[libc::iovec], remote: &[libc::iovec]) -> io::Result<usize> {
-    let r = match dir {
-        VmDir::Read => libc::process_vm_readv(
-            pid as libc::pid_t,
-            local.as_ptr(),
-            local.len() as libc::c_ulong,
-            remote.as_ptr(),
-            remote.len() as libc::c_ulong,
-            0,
-        ),
-        VmDir::Write => libc::process_vm_writev(
-            pid as libc::pid_t,
-            local.as_ptr(),
-            local.len() as libc::c_ulong,
-            remote.as_ptr(),
-            remote.len() as libc::c_ulong,
-            0,
-        ),
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
+    // SAFETY: the caller guarantees the local iovecs (this function's contract); the remote side is checked by the kernel.
+    unsafe {
+        let r = match dir {
+            VmDir::Read => libc::process_vm_readv(
+                pid as libc::pid_t,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            ),
+            VmDir::Write => libc::process_vm_writev(
+                pid as libc::pid_t,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            ),
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
     }
 }
 
@@ -276,15 +279,18 @@ pub fn memfd_fixed(name: &str, len: usize) -> io::Result<OwnedFd> {
 /// # Safety
 /// The range must be a page-aligned part of a writable mapping nobody else uses yet.
 pub unsafe fn populate_and_lock(ptr: *mut u8, len: usize) -> io::Result<()> {
-    let mut off = 0;
-    while off < len {
-        ptr.add(off).write_volatile(0);
-        off += crate::segment::PAGE;
+    // SAFETY: the caller guarantees the range is a writable mapping nobody else uses (this function's contract).
+    unsafe {
+        let mut off = 0;
+        while off < len {
+            ptr.add(off).write_volatile(0);
+            off += crate::segment::PAGE;
+        }
+        if libc::mlock(ptr as *const libc::c_void, len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
-    if libc::mlock(ptr as *const libc::c_void, len) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Undo [`populate_and_lock`]: munlock the range and free its pages in the file
@@ -293,18 +299,21 @@ pub unsafe fn populate_and_lock(ptr: *mut u8, len: usize) -> io::Result<()> {
 /// # Safety
 /// `[ptr, ptr+len)` must be the mapping of `fd`'s `[off, off+len)`, no longer in use.
 pub unsafe fn unlock_and_free(fd: RawFd, off: usize, ptr: *mut u8, len: usize) {
-    libc::munlock(ptr as *const libc::c_void, len);
-    if libc::fallocate(
-        fd,
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-        off as libc::off_t,
-        len as libc::off_t,
-    ) != 0
-    {
-        tracing::warn!(
-            "DMA pool: punching a freed range failed: {}",
-            io::Error::last_os_error()
-        );
+    // SAFETY: the caller guarantees the range is `fd`'s mapping, no longer in use (this function's contract).
+    unsafe {
+        libc::munlock(ptr as *const libc::c_void, len);
+        if libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        ) != 0
+        {
+            tracing::warn!(
+                "DMA pool: punching a freed range failed: {}",
+                io::Error::last_os_error()
+            );
+        }
     }
 }
 
@@ -321,22 +330,25 @@ pub mod life {
     /// `m` must point to writable, suitably aligned memory for a `pthread_mutex_t`
     /// that nobody uses yet.
     pub unsafe fn init(m: *mut libc::pthread_mutex_t) -> io::Result<()> {
-        let mut a: libc::pthread_mutexattr_t = std::mem::zeroed();
-        let mut r = libc::pthread_mutexattr_init(&mut a);
-        if r == 0 {
-            r = libc::pthread_mutexattr_setpshared(&mut a, libc::PTHREAD_PROCESS_SHARED);
-        }
-        if r == 0 {
-            r = libc::pthread_mutexattr_setrobust(&mut a, libc::PTHREAD_MUTEX_ROBUST);
-        }
-        if r == 0 {
-            r = libc::pthread_mutex_init(m, &a);
-        }
-        libc::pthread_mutexattr_destroy(&mut a);
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::from_raw_os_error(r))
+        // SAFETY: `m` is writable, aligned, unused (this function's contract); `a` is a live local attribute object.
+        unsafe {
+            let mut a: libc::pthread_mutexattr_t = std::mem::zeroed();
+            let mut r = libc::pthread_mutexattr_init(&mut a);
+            if r == 0 {
+                r = libc::pthread_mutexattr_setpshared(&mut a, libc::PTHREAD_PROCESS_SHARED);
+            }
+            if r == 0 {
+                r = libc::pthread_mutexattr_setrobust(&mut a, libc::PTHREAD_MUTEX_ROBUST);
+            }
+            if r == 0 {
+                r = libc::pthread_mutex_init(m, &a);
+            }
+            libc::pthread_mutexattr_destroy(&mut a);
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::from_raw_os_error(r))
+            }
         }
     }
 
@@ -346,7 +358,8 @@ pub mod life {
     /// `m` must be an initialised mutex (see [`init`]) that stays mapped until
     /// [`release`] on the same thread.
     pub unsafe fn hold(m: *mut libc::pthread_mutex_t) -> bool {
-        libc::pthread_mutex_lock(m) == 0
+        // SAFETY: `m` is an initialised, mapped mutex (this function's contract).
+        unsafe { libc::pthread_mutex_lock(m) == 0 }
     }
 
     /// Give the token back (orderly shutdown; peers then see the owner gone).
@@ -354,7 +367,10 @@ pub mod life {
     /// # Safety
     /// Called on the thread that [`hold`] it.
     pub unsafe fn release(m: *mut libc::pthread_mutex_t) {
-        libc::pthread_mutex_unlock(m);
+        // SAFETY: called on the holding thread (this function's contract).
+        unsafe {
+            libc::pthread_mutex_unlock(m);
+        }
     }
 
     /// Whether the holder is alive. A dead (or orderly released) token is left
@@ -363,14 +379,17 @@ pub mod life {
     /// # Safety
     /// `m` must be an initialised mutex in a mapping that outlives the call.
     pub unsafe fn probe(m: *mut libc::pthread_mutex_t) -> bool {
-        match libc::pthread_mutex_trylock(m) {
-            libc::EBUSY => true,
-            0 | libc::EOWNERDEAD => {
-                // We own it now: release it without marking it consistent.
-                libc::pthread_mutex_unlock(m);
-                false
+        // SAFETY: `m` is an initialised, mapped mutex (this function's contract).
+        unsafe {
+            match libc::pthread_mutex_trylock(m) {
+                libc::EBUSY => true,
+                0 | libc::EOWNERDEAD => {
+                    // We own it now: release it without marking it consistent.
+                    libc::pthread_mutex_unlock(m);
+                    false
+                }
+                _ => false,
             }
-            _ => false,
         }
     }
 }

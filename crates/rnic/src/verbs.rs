@@ -8,31 +8,54 @@ use bitflags::bitflags;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WcStatus {
     #[default]
+    /// Success.
     Success = 0,
+    /// Local length error.
     LocLenErr = 1,
+    /// Local QP operation error.
     LocQpOpErr = 2,
+    /// Local EE context operation error.
     LocEecOpErr = 3,
+    /// Local protection error.
     LocProtErr = 4,
+    /// WR flushed (QP in ERR).
     WrFlushErr = 5,
+    /// Memory-window bind error.
     MwBindErr = 6,
+    /// Bad response.
     BadRespErr = 7,
+    /// Local access error.
     LocAccessErr = 8,
+    /// Remote invalid request.
     RemInvReqErr = 9,
+    /// Remote access error.
     RemAccessErr = 10,
+    /// Remote operation error.
     RemOpErr = 11,
+    /// Transport retries exceeded.
     RetryExcErr = 12,
+    /// RNR retries exceeded.
     RnrRetryExcErr = 13,
+    /// Local RDD violation.
     LocRddViolErr = 14,
+    /// Remote invalid RD request.
     RemInvRdReqErr = 15,
+    /// Remote aborted.
     RemAbortErr = 16,
+    /// Invalid EE context number.
     InvEecnErr = 17,
+    /// Invalid EE context state.
     InvEecStateErr = 18,
+    /// Fatal error.
     FatalErr = 19,
+    /// Response timeout.
     RespTimeoutErr = 20,
+    /// General error.
     GeneralErr = 21,
 }
 
 impl WcStatus {
+    /// The status of an `ibv_wc_status` number (unknown → `GeneralErr`).
     pub fn from_u32(v: u32) -> WcStatus {
         use WcStatus::*;
         const ALL: [WcStatus; 22] = [
@@ -61,6 +84,7 @@ impl WcStatus {
         ];
         ALL.get(v as usize).copied().unwrap_or(GeneralErr)
     }
+    /// Whether this is `Success`.
     pub fn is_ok(self) -> bool {
         self == WcStatus::Success
     }
@@ -71,16 +95,24 @@ impl WcStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WcOpcode {
     #[default]
+    /// SEND completed.
     Send = 0,
+    /// RDMA WRITE completed.
     RdmaWrite = 1,
+    /// RDMA READ completed.
     RdmaRead = 2,
+    /// Compare-and-swap completed.
     CompSwap = 3,
+    /// Fetch-and-add completed.
     FetchAdd = 4,
+    /// A RECV consumed by a SEND.
     Recv = 128,
+    /// A RECV consumed by a WRITE with immediate.
     RecvRdmaWithImm = 129,
 }
 
 impl WcOpcode {
+    /// The opcode of an `ibv_wc_opcode` number (unknown → `Send`).
     pub fn from_u32(v: u32) -> WcOpcode {
         match v {
             1 => WcOpcode::RdmaWrite,
@@ -97,13 +129,28 @@ impl WcOpcode {
 /// Work-request opcode (`enum ibv_wr_opcode` numbering via [`WrOpcode::ibv`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WrOpcode {
+    /// RDMA WRITE.
     Write,
+    /// RDMA WRITE with immediate data (consumes a RECV at the target).
     WriteImm(u32),
+    /// SEND.
     Send,
+    /// SEND with immediate data.
     SendImm(u32),
+    /// RDMA READ.
     Read,
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Compare-and-swap on a remote u64.
+    CmpSwap {
+        /// The value expected at the remote address.
+        compare: u64,
+        /// The value stored there if it matched.
+        swap: u64,
+    },
+    /// Fetch-and-add on a remote u64.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
 }
 
 impl WrOpcode {
@@ -119,6 +166,7 @@ impl WrOpcode {
             WrOpcode::FetchAdd { .. } => 6,
         }
     }
+    /// The completion opcode this WR produces.
     pub fn wc_opcode(&self) -> WcOpcode {
         match self {
             WrOpcode::Write | WrOpcode::WriteImm(_) => WcOpcode::RdmaWrite,
@@ -128,9 +176,11 @@ impl WrOpcode {
             WrOpcode::FetchAdd { .. } => WcOpcode::FetchAdd,
         }
     }
+    /// Whether this is an atomic (CAS / FADD).
     pub fn is_atomic(&self) -> bool {
         matches!(self, WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. })
     }
+    /// The immediate data, for the `*Imm` opcodes.
     pub fn imm(&self) -> Option<u32> {
         match self {
             WrOpcode::WriteImm(i) | WrOpcode::SendImm(i) => Some(*i),
@@ -143,9 +193,13 @@ bitflags! {
     /// MR / QP access flags (`enum ibv_access_flags`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct Access: u32 {
+        /// The local CPU/NIC may write (required with any remote write right).
         const LOCAL_WRITE = 1;
+        /// Peers may RDMA WRITE.
         const REMOTE_WRITE = 2;
+        /// Peers may RDMA READ.
         const REMOTE_READ = 4;
+        /// Peers may run atomics.
         const REMOTE_ATOMIC = 8;
         /// On-demand paging MR (`IBV_ACCESS_ON_DEMAND`): see [`crate::odp`].
         const ON_DEMAND = 1 << 6;
@@ -162,9 +216,13 @@ bitflags! {
     /// Send flags (`enum ibv_send_flags`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct SendFlags: u32 {
+        /// Wait for earlier READs/atomics before starting.
         const FENCE = 1;
+        /// Generate a completion on success.
         const SIGNALED = 2;
+        /// Ask for a solicited event at the receiver.
         const SOLICITED = 4;
+        /// The payload is copied at post time.
         const INLINE = 8;
     }
 }
@@ -173,7 +231,9 @@ bitflags! {
     /// Work-completion flags (`enum ibv_wc_flags`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct WcFlags: u32 {
+        /// A GRH is present (never, here).
         const GRH = 1;
+        /// `imm_data` is valid.
         const WITH_IMM = 2;
     }
 }
@@ -181,8 +241,11 @@ bitflags! {
 /// Scatter/gather element (`struct ibv_sge`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Buffer address.
     pub addr: u64,
+    /// Buffer length in bytes.
     pub length: u32,
+    /// Local key of the MR covering the buffer.
     pub lkey: u32,
 }
 
@@ -190,12 +253,19 @@ pub struct Sge {
 /// (copied at post time, no lkey needed) and `sg_list` is ignored.
 #[derive(Clone, Copy, Debug)]
 pub struct SendWr<'a> {
+    /// Returned in the completion.
     pub wr_id: u64,
+    /// Local buffers (gather list).
     pub sg_list: &'a [Sge],
+    /// The operation.
     pub opcode: WrOpcode,
+    /// `SendFlags`.
     pub flags: SendFlags,
+    /// Remote address (RDMA and atomic ops).
     pub remote_addr: u64,
+    /// Remote key (RDMA and atomic ops).
     pub rkey: u32,
+    /// Inline payload (with `SendFlags::INLINE`).
     pub inline_data: &'a [u8],
 }
 
@@ -234,21 +304,32 @@ impl<'a> SendWr<'a> {
 /// A receive work request.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWr<'a> {
+    /// Returned in the completion.
     pub wr_id: u64,
+    /// Buffers the message is scattered into.
     pub sg_list: &'a [Sge],
 }
 
 /// A work completion (`struct ibv_wc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Wc {
+    /// The WR's `wr_id`.
     pub wr_id: u64,
+    /// Outcome.
     pub status: WcStatus,
+    /// What completed.
     pub opcode: WcOpcode,
+    /// Vendor error detail (0 here).
     pub vendor_err: u32,
+    /// Bytes received (RECV) or transferred.
     pub byte_len: u32,
+    /// Immediate data (with `WcFlags::WITH_IMM`).
     pub imm_data: u32,
+    /// Local QP number.
     pub qp_num: u32,
+    /// Sending QP number (RECV completions).
     pub src_qp: u32,
+    /// `WcFlags`.
     pub wc_flags: WcFlags,
 }
 
@@ -257,16 +338,24 @@ pub struct Wc {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum QpState {
     #[default]
+    /// Reset.
     Reset = 0,
+    /// Initialised.
     Init = 1,
+    /// Ready to receive.
     Rtr = 2,
+    /// Ready to send.
     Rts = 3,
+    /// Send queue drained (not reachable).
     Sqd = 4,
+    /// Send queue error (not reachable).
     Sqe = 5,
+    /// Error: every WR is flushed.
     Err = 6,
 }
 
 impl QpState {
+    /// The state of an `ibv_qp_state` number (unknown → `Reset`).
     pub fn from_u32(v: u32) -> QpState {
         match v {
             1 => QpState::Init,
@@ -284,26 +373,47 @@ bitflags! {
     /// `enum ibv_qp_attr_mask`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct QpAttrMask: u32 {
+        /// Sets `qp_state`.
         const STATE = 1;
+        /// Sets `cur_qp_state`.
         const CUR_STATE = 1 << 1;
+        /// Sets `en_sqd_async_notify`.
         const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// Sets `qp_access_flags`.
         const ACCESS_FLAGS = 1 << 3;
+        /// Sets `pkey_index`.
         const PKEY_INDEX = 1 << 4;
+        /// Sets `port_num`.
         const PORT = 1 << 5;
+        /// Sets `qkey`.
         const QKEY = 1 << 6;
+        /// Sets `ah_attr` (here `dest`).
         const AV = 1 << 7;
+        /// Sets `path_mtu`.
         const PATH_MTU = 1 << 8;
+        /// Sets `timeout`.
         const TIMEOUT = 1 << 9;
+        /// Sets `retry_cnt`.
         const RETRY_CNT = 1 << 10;
+        /// Sets `rnr_retry`.
         const RNR_RETRY = 1 << 11;
+        /// Sets `rq_psn`.
         const RQ_PSN = 1 << 12;
+        /// Sets `max_rd_atomic`.
         const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// Sets the alternate path.
         const ALT_PATH = 1 << 14;
+        /// Sets `min_rnr_timer`.
         const MIN_RNR_TIMER = 1 << 15;
+        /// Sets `sq_psn`.
         const SQ_PSN = 1 << 16;
+        /// Sets `max_dest_rd_atomic`.
         const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// Sets `path_mig_state`.
         const PATH_MIG_STATE = 1 << 18;
+        /// Sets `cap`.
         const CAP = 1 << 19;
+        /// Sets `dest_qp_num`.
         const DEST_QPN = 1 << 20;
     }
 }
@@ -312,21 +422,35 @@ bitflags! {
 /// NIC models; the rest is accepted for mask validation and ignored).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpAttr {
+    /// Target state.
     pub qp_state: QpState,
+    /// Expected current state.
     pub cur_qp_state: QpState,
+    /// Remote rights the QP grants (`Access`).
     pub qp_access_flags: Access,
+    /// P_Key index (accepted, ignored).
     pub pkey_index: u16,
+    /// Port number (1).
     pub port_num: u8,
     /// The remote host (the address vector: what `ibv_ah_attr`'s GID carries).
     pub dest: Option<crate::HostAddr>,
+    /// Remote QP number.
     pub dest_qp_num: u32,
+    /// Path MTU in bytes (accepted, ignored).
     pub path_mtu: u32,
+    /// Receive PSN (accepted, ignored).
     pub rq_psn: u32,
+    /// Send PSN (accepted, ignored).
     pub sq_psn: u32,
+    /// Outstanding READ/atomic as initiator.
     pub max_rd_atomic: u8,
+    /// Outstanding READ/atomic as target.
     pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code.
     pub min_rnr_timer: u8,
+    /// Transport timeout code.
     pub timeout: u8,
+    /// Transport retry count.
     pub retry_cnt: u8,
     /// 7 = retry forever.
     pub rnr_retry: u8,
@@ -392,10 +516,15 @@ impl QpAttr {
 pub struct QpInitAttr {
     /// Requested QP number (must be < 2^24 and unused); `None` = automatic (< 2^23).
     pub qpn: Option<u32>,
+    /// Send-queue depth.
     pub max_send_wr: u32,
+    /// Receive-queue depth.
     pub max_recv_wr: u32,
+    /// SGEs per send WR.
     pub max_send_sge: u32,
+    /// SGEs per receive WR.
     pub max_recv_sge: u32,
+    /// Largest inline payload.
     pub max_inline_data: u32,
     /// If false, every send WR generates a completion regardless of SIGNALED.
     pub sq_sig_all: bool,
@@ -418,20 +547,34 @@ impl Default for QpInitAttr {
 /// Device attributes (`ibv_query_device` subset).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// QPs per host.
     pub max_qp: u32,
+    /// WRs per queue.
     pub max_qp_wr: u32,
+    /// SGEs per WR.
     pub max_sge: u32,
+    /// CQs per host.
     pub max_cq: u32,
+    /// Entries per CQ.
     pub max_cqe: u32,
+    /// MRs per host.
     pub max_mr: u32,
+    /// PDs per host.
     pub max_pd: u32,
+    /// Largest inline payload.
     pub max_inline_data: u32,
+    /// Outstanding READ/atomic per QP.
     pub max_qp_rd_atom: u32,
+    /// Largest MR in bytes.
     pub max_mr_size: u64,
     /// `IBV_ATOMIC_HCA` (1): atomics are atomic w.r.t. other NIC atomics.
     pub atomic_cap: u32,
+    /// DMA atom size (max TLP) in bytes.
     pub max_tlp: u32,
+    /// The signature word non-resident pages read as.
     pub signature_magic: u32,
+    /// Page size.
     pub page_size: u32,
+    /// IOVA pages of the IOMMU.
     pub iova_pages: u64,
 }

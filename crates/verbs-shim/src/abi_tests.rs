@@ -743,15 +743,8 @@ fn np_mode_modify_qp_to_err_flushes() {
         let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
         connect(&e, a, (*b).qp_num);
         connect(&e, b, (*a).qp_num);
-        let buf = libc::mmap(
-            null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(buf, libc::MAP_FAILED);
+        let map = vmem::AnonMapping::new(LEN).unwrap();
+        let buf = map.as_ptr().cast();
         let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
         let mr = ibv_reg_mr(e.pd, buf, LEN, acc);
         assert!(!mr.is_null());
@@ -825,6 +818,6 @@ fn np_mode_modify_qp_to_err_flushes() {
         assert_eq!(ibv_destroy_cq(cq), 0);
         assert_eq!(ibv_dealloc_pd(e.pd), 0);
         assert_eq!(ibv_close_device(e.ctx), 0);
-        libc::munmap(buf, LEN);
+        drop(map);
     }
 }

@@ -125,10 +125,11 @@ pub fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
 /// # Safety
 /// `w` must be a valid `ibv_send_wr` (the unions are read per its opcode).
 pub unsafe fn wr_opcode(w: &ibv_send_wr) -> Result<(WrOpcode, u64, u32), ShimError> {
-    // SAFETY (all union reads below): the opcode says which member the caller filled;
-    // all members are plain integers.
+    // SAFETY: the opcode says which member the caller filled; all members are plain integers.
     let imm = unsafe { w.__bindgen_anon_1.imm_data };
+    // SAFETY: the opcode says which member the caller filled; all members are plain integers.
     let (rdma_addr, rdma_rkey) = unsafe { (w.wr.rdma.remote_addr, w.wr.rdma.rkey) };
+    // SAFETY: the opcode says which member the caller filled; all members are plain integers.
     let at = unsafe { w.wr.atomic };
     Ok(match w.opcode {
         IBV_WR_RDMA_WRITE => (WrOpcode::Write, rdma_addr, rdma_rkey),
@@ -258,8 +259,8 @@ mod tests {
         let (op, addr, rkey) = unsafe { wr_opcode(&w) }.unwrap();
         assert_eq!((op, addr, rkey), (WrOpcode::FetchAdd { add: 5 }, 0x1000, 9));
         w.opcode = IBV_WR_LOCAL_INV;
-        // SAFETY: a valid WR.
         assert!(matches!(
+            // SAFETY: a valid WR.
             unsafe { wr_opcode(&w) },
             Err(ShimError::Unsupported(_))
         ));

@@ -107,13 +107,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         }
         // The command fd: a real, private fd standing for /dev/infiniband/uverbsN
         // (applications dup, poll or pass it; ibv_import_device takes a dup of it).
-        // SAFETY: plain syscall with a NUL-terminated name; the fd is owned below.
-        let cfd = unsafe { libc::memfd_create(CMD_FD_NAME.as_ptr(), libc::MFD_CLOEXEC) };
-        if cfd < 0 {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
-        }
-        // SAFETY: cfd is a fresh fd we own.
-        let cmd_fd = unsafe { OwnedFd::from_raw_fd(cfd) };
+        let cmd_fd = rustix::fs::memfd_create(CMD_FD_NAME, rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;
         new_context(cmd_fd)
     })
 }
@@ -126,19 +121,14 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     let dev = ibv_dev();
     let d = device()?;
     let cfd = cmd_fd.as_raw_fd();
-    // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if efd < 0 {
-        return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: efd is a fresh fd we own.
-    let async_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+    let async_fd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+        .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;
     // SAFETY: verbs_context is plain C data.
     let mut vctx: verbs_context = unsafe { zeroed() };
     vctx.sz = std::mem::size_of::<verbs_context>() as u64;
     vctx.query_port = Some(query_port_op);
     vctx.query_device_ex = Some(query_device_ex_op);
-    vctx.create_qp_ex = Some(crate::qp_ex::create_qp_ex_op);
+    vctx.create_qp_ex = Some(crate::resources::create_qp_ex_op);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
     if d.odp() {
         vctx.advise_mr = Some(crate::resources::advise_mr_op);
@@ -146,7 +136,7 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = cfd;
-    c.async_fd = efd;
+    c.async_fd = async_fd.as_raw_fd();
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void;
     datapath::install_ops(&mut c.ops);

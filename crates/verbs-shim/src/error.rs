@@ -4,14 +4,19 @@
 use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+/// Why a verb failed.
 pub enum ShimError {
     #[error("not supported: {0}")]
+    /// The verb or option is not supported (EOPNOTSUPP).
     Unsupported(String),
     #[error("invalid argument: {0}")]
+    /// A bad argument (EINVAL).
     InvalidArgument(String),
     #[error("busy: {0}")]
+    /// The object is in use (EBUSY).
     Busy(String),
     #[error(transparent)]
+    /// The software NIC refused (its errno).
     Nic(#[from] rnic::Error),
 }
 
@@ -35,8 +40,10 @@ pub fn report(verb: &str, err: &ShimError) -> i32 {
     e
 }
 
+/// Set this thread's `errno`.
 pub fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    // SAFETY: __errno_location returns this thread's errno slot, always valid. (Raw:
+    // rustix returns errors instead of touching errno, and the C caller reads errno.)
     unsafe { *libc::__errno_location() = e };
 }
 

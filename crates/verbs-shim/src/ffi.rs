@@ -10,7 +10,9 @@
     clippy::all,
     clippy::pedantic,
     unnecessary_transmutes,
-    unsafe_op_in_unsafe_fn
+    unsafe_op_in_unsafe_fn,
+    missing_docs,
+    clippy::undocumented_unsafe_blocks
 )]
 mod gen {
     include!("ffi_gen.rs");

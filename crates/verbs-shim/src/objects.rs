@@ -1,7 +1,7 @@
 //! The C-visible objects: every libibverbs struct handed to the application is the
 //! first field of a `#[repr(C)]` shim object, so the application's pointer converts
-//! back by a cast. Also the entry-point guard (errors -> stderr + errno, no unwinding
-//! across the C boundary).
+//! back by a cast, and what those objects hold (a QP's `ibv_wr_*` batch). Also the
+//! entry-point guard (errors -> stderr + errno, no unwinding across the C boundary).
 
 use crate::backend::{self, Cq, Device, Mr, Pd, Qp};
 use crate::error::{report, set_errno, ShimError};
@@ -64,7 +64,35 @@ pub struct ShimQp {
     /// Created with the `ibv_wr_*` send ops.
     pub ex: bool,
     /// The `ibv_wr_start` .. `ibv_wr_complete` batch being built.
-    pub batch: Mutex<crate::qp_ex::Batch>,
+    pub batch: Mutex<Batch>,
+}
+
+/// One work request of an `ibv_wr_*` batch (see `qp_ex`).
+pub struct PendingWr {
+    /// The application's `wr_id`.
+    pub wr_id: u64,
+    /// Its send flags (INLINE is carried by `inline`).
+    pub flags: rnic::SendFlags,
+    /// The operation.
+    pub op: rnic::WrOpcode,
+    /// Remote address (RDMA and atomics).
+    pub remote_addr: u64,
+    /// Remote key (RDMA and atomics).
+    pub rkey: u32,
+    /// Its gather list.
+    pub sges: Vec<rnic::Sge>,
+    /// Its inline payload.
+    pub inline: Vec<u8>,
+}
+
+/// The batch a QP builds between `ibv_wr_start` and `ibv_wr_complete` /
+/// `ibv_wr_abort` (the builder calls are in `qp_ex`).
+#[derive(Default)]
+pub struct Batch {
+    /// The work requests so far.
+    pub wrs: Vec<PendingWr>,
+    /// The first error of a builder call, reported at `ibv_wr_complete`.
+    pub err: Option<ShimError>,
 }
 
 /// `ibv_comp_channel`: its fd is an epoll set over its CQs' event fds.

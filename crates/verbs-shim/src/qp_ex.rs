@@ -1,11 +1,13 @@
 //! The `ibv_qp_ex` work-request builder (`ibv_wr_start` .. `ibv_wr_complete`) for QPs
 //! created through `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: the calls
-//! build a batch that `wr_complete` posts; unsupported builders make the batch fail
-//! with a clear error at `wr_complete`.
+//! build a batch (`objects::Batch`, beside the QP object that holds it) that
+//! `wr_complete` posts; unsupported builders make the batch fail with a clear error at
+//! `wr_complete`. `ibv_create_qp_ex` itself is a QP verb of `resources`, which
+//! installs these builders.
 
 use crate::error::{report, ShimError};
 use crate::ffi::*;
-use crate::objects::{guard, ShimContext, ShimQp};
+use crate::objects::{Batch, PendingWr, ShimQp};
 use rnic::{SendFlags, SendWr, Sge, WrOpcode};
 use std::ffi::{c_int, c_void};
 
@@ -17,23 +19,6 @@ pub const SUPPORTED_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
-
-struct Pending {
-    wr_id: u64,
-    flags: SendFlags,
-    op: WrOpcode,
-    remote_addr: u64,
-    rkey: u32,
-    sges: Vec<Sge>,
-    inline: Vec<u8>,
-}
-
-/// The batch between `wr_start` and `wr_complete` / `wr_abort`.
-#[derive(Default)]
-pub struct Batch {
-    wrs: Vec<Pending>,
-    err: Option<ShimError>,
-}
 
 /// # Safety
 /// `qp` is the `ibv_qp_ex` of a live `ShimQp`.
@@ -61,7 +46,7 @@ unsafe fn push(qp: *mut ibv_qp_ex, op: WrOpcode, remote_addr: u64, rkey: u32) {
                     ShimError::Unsupported(format!("wr_flags {:#x}", q.wr_flags & !known)),
                 );
             }
-            b.wrs.push(Pending {
+            b.wrs.push(PendingWr {
                 wr_id: q.wr_id,
                 flags: SendFlags::from_bits_truncate(q.wr_flags) - SendFlags::INLINE,
                 op,
@@ -74,7 +59,7 @@ unsafe fn push(qp: *mut ibv_qp_ex, op: WrOpcode, remote_addr: u64, rkey: u32) {
     }
 }
 
-unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut Pending)) {
+unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
     // SAFETY: forwarded contract.
     unsafe {
         with(qp, |b, _| match b.wrs.last_mut() {
@@ -297,66 +282,4 @@ pub fn install_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_send_tso = Some(wr_send_tso);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_atomic_write = Some(wr_atomic_write);
-}
-
-const SUPPORTED_COMP_MASK: u32 =
-    IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-
-/// `verbs_context.create_qp_ex` (reached through the `ibv_create_qp_ex` inline).
-pub unsafe extern "C" fn create_qp_ex_op(
-    ctx: *mut ibv_context,
-    a: *mut ibv_qp_init_attr_ex,
-) -> *mut ibv_qp {
-    guard("ibv_create_qp_ex", std::ptr::null_mut(), || {
-        // SAFETY: caller contract.
-        unsafe { ShimContext::from_ibv(ctx)? };
-        if a.is_null() {
-            return Err(ShimError::InvalidArgument(
-                "NULL ibv_qp_init_attr_ex".into(),
-            ));
-        }
-        // SAFETY: checked non-null; caller-provided.
-        let ax = unsafe { &mut *a };
-        if ax.comp_mask & !SUPPORTED_COMP_MASK != 0 {
-            return Err(ShimError::Unsupported(format!(
-                "ibv_qp_init_attr_ex comp_mask {:#x} (supported: PD, CREATE_FLAGS=0, SEND_OPS_FLAGS)",
-                ax.comp_mask & !SUPPORTED_COMP_MASK
-            )));
-        }
-        if ax.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
-            return Err(ShimError::InvalidArgument(
-                "ibv_create_qp_ex needs a PD".into(),
-            ));
-        }
-        if ax.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && ax.create_flags != 0 {
-            return Err(ShimError::Unsupported(format!(
-                "QP create_flags {:#x}",
-                ax.create_flags
-            )));
-        }
-        let send_ops = if ax.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            if ax.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
-                return Err(ShimError::Unsupported(format!(
-                    "send_ops_flags {:#x} (supported: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD)",
-                    ax.send_ops_flags & !SUPPORTED_SEND_OPS
-                )));
-            }
-            Some(ax.send_ops_flags)
-        } else {
-            None
-        };
-        let mut base = ibv_qp_init_attr {
-            qp_context: ax.qp_context,
-            send_cq: ax.send_cq,
-            recv_cq: ax.recv_cq,
-            srq: ax.srq,
-            cap: ax.cap,
-            qp_type: ax.qp_type,
-            sq_sig_all: ax.sq_sig_all,
-        };
-        // SAFETY: PD and CQs per the caller contract.
-        let qp = unsafe { crate::resources::create_qp_common(ax.pd, &mut base, send_ops)? };
-        ax.cap = base.cap;
-        Ok(qp)
-    })
 }

@@ -10,9 +10,10 @@ use crate::objects::{
 };
 use parking_lot::Mutex;
 use rnic::{Access, QpInitAttr};
+use rustix::event::epoll;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 
@@ -317,13 +318,9 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
     guard("ibv_create_comp_channel", std::ptr::null_mut(), || {
         // SAFETY: caller contract.
         unsafe { ShimContext::from_ibv(ctx)? };
-        // SAFETY: plain syscall.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()).into());
-        }
-        // SAFETY: fresh fd we own.
-        let epfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let epfd = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;
+        let fd = epfd.as_raw_fd();
         let ch = ibv_comp_channel {
             context: ctx,
             fd,
@@ -425,15 +422,12 @@ pub(crate) unsafe fn create_cq_common(
                 .inner
                 .event_fd()
                 .expect("CQ created with events");
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: p as u64,
-            };
-            // SAFETY: valid epoll fd and event struct.
-            if unsafe { libc::epoll_ctl(ch.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, efd, &mut ev) }
-                != 0
-            {
-                let e = std::io::Error::last_os_error();
+            // SAFETY: the new CQ's eventfd, open while the CQ lives (it leaves the
+            // epoll set in `ibv_destroy_cq` before it goes).
+            let efd = unsafe { BorrowedFd::borrow_raw(efd) };
+            let data = epoll::EventData::new_u64(p as u64);
+            if let Err(e) = epoll::add(&ch.epfd, efd, data, epoll::EventFlags::IN) {
+                let e = std::io::Error::from(e);
                 // SAFETY: allocated above, never shared.
                 drop(unsafe { Box::from_raw(p) });
                 return Err(rnic::Error::from(e).into());
@@ -458,15 +452,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: a channel cannot be destroyed while it has CQs.
             let ch: &ShimChannel = unsafe { shim(s.cq.channel, "completion channel")? };
             if let Some(efd) = s.inner.event_fd() {
-                // SAFETY: valid fds; a NULL event is allowed for DEL.
-                unsafe {
-                    libc::epoll_ctl(
-                        ch.epfd.as_raw_fd(),
-                        libc::EPOLL_CTL_DEL,
-                        efd,
-                        std::ptr::null_mut(),
-                    );
-                }
+                // SAFETY: the CQ's eventfd, still open (the CQ is freed below).
+                let efd = unsafe { BorrowedFd::borrow_raw(efd) };
+                let _ = epoll::delete(&ch.epfd, efd);
             }
             ch.cqs.lock().retain(|&c| c != cq as usize);
         }
@@ -491,9 +479,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let ch: &ShimChannel = unsafe { shim(channel, "completion channel")? };
         nonnull(cq, "cq out pointer")?;
         nonnull(cq_context, "cq_context out pointer")?;
-        let fd = ch.epfd.as_raw_fd();
-        // SAFETY: plain fcntl on our fd.
-        let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        let nonblock = is_nonblocking(&ch.epfd);
         loop {
             let fired = ch.cqs.lock().iter().copied().find(|&c| {
                 // SAFETY: CQs remove themselves from the list before being freed.
@@ -512,14 +498,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 set_errno(libc::EAGAIN);
                 return Ok(-1);
             }
-            let mut ev = libc::epoll_event { events: 0, u64: 0 };
-            // SAFETY: valid epoll fd, one-event buffer.
-            let r = unsafe { libc::epoll_wait(fd, &mut ev, 1, -1) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(rnic::Error::from(e).into());
-                }
+            let mut ev = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 1];
+            match epoll::wait(&ch.epfd, &mut ev, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
             }
         }
     })
@@ -827,20 +809,17 @@ pub unsafe extern "C" fn ibv_get_async_event(
     guard("ibv_get_async_event", -1, || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
-        let fd = s.async_fd.as_raw_fd();
-        // SAFETY: plain fcntl on our fd (the application may set O_NONBLOCK on it).
-        let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-        if nonblock {
+        // The application may have set O_NONBLOCK on it.
+        if is_nonblocking(&s.async_fd) {
             set_errno(libc::EAGAIN);
             return Ok(-1);
         }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; blocks until the fd is closed or a signal arrives.
-        unsafe { libc::poll(&mut p, 1, -1) };
+        // Blocks until the fd is closed or a signal arrives.
+        let mut p = [rustix::event::PollFd::new(
+            &s.async_fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let _ = rustix::event::poll(&mut p, None);
         set_errno(libc::EINTR);
         Ok(-1)
     })
@@ -966,4 +945,71 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
             drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
         }
     }
+}
+
+/// Whether the application set O_NONBLOCK on one of our fds.
+fn is_nonblocking(fd: &OwnedFd) -> bool {
+    rustix::fs::fcntl_getfl(fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
+}
+
+const SUPPORTED_COMP_MASK: u32 =
+    IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+/// `verbs_context.create_qp_ex` (reached through the `ibv_create_qp_ex` inline).
+pub unsafe extern "C" fn create_qp_ex_op(
+    ctx: *mut ibv_context,
+    a: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard("ibv_create_qp_ex", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        unsafe { ShimContext::from_ibv(ctx)? };
+        if a.is_null() {
+            return Err(ShimError::InvalidArgument(
+                "NULL ibv_qp_init_attr_ex".into(),
+            ));
+        }
+        // SAFETY: checked non-null; caller-provided.
+        let ax = unsafe { &mut *a };
+        if ax.comp_mask & !SUPPORTED_COMP_MASK != 0 {
+            return Err(ShimError::Unsupported(format!(
+                "ibv_qp_init_attr_ex comp_mask {:#x} (supported: PD, CREATE_FLAGS=0, SEND_OPS_FLAGS)",
+                ax.comp_mask & !SUPPORTED_COMP_MASK
+            )));
+        }
+        if ax.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return Err(ShimError::InvalidArgument(
+                "ibv_create_qp_ex needs a PD".into(),
+            ));
+        }
+        if ax.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && ax.create_flags != 0 {
+            return Err(ShimError::Unsupported(format!(
+                "QP create_flags {:#x}",
+                ax.create_flags
+            )));
+        }
+        let send_ops = if ax.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            if ax.send_ops_flags & !crate::qp_ex::SUPPORTED_SEND_OPS != 0 {
+                return Err(ShimError::Unsupported(format!(
+                    "send_ops_flags {:#x} (supported: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD)",
+                    ax.send_ops_flags & !crate::qp_ex::SUPPORTED_SEND_OPS
+                )));
+            }
+            Some(ax.send_ops_flags)
+        } else {
+            None
+        };
+        let mut base = ibv_qp_init_attr {
+            qp_context: ax.qp_context,
+            send_cq: ax.send_cq,
+            recv_cq: ax.recv_cq,
+            srq: ax.srq,
+            cap: ax.cap,
+            qp_type: ax.qp_type,
+            sq_sig_all: ax.sq_sig_all,
+        };
+        // SAFETY: PD and CQs per the caller contract.
+        let qp = unsafe { create_qp_common(ax.pd, &mut base, send_ops)? };
+        ax.cap = base.cap;
+        Ok(qp)
+    })
 }

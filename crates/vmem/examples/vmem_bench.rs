@@ -641,8 +641,8 @@ fn registration(gib: usize) {
     drop(r);
     row("pager unregister", t.elapsed());
     let t = Instant::now();
-    // SAFETY: locking our own mapping.
     assert_eq!(
+        // SAFETY: locking our own mapping.
         unsafe { libc::mlock(addr as *const _, len) },
         0,
         "mlock failed (RLIMIT_MEMLOCK?)"

@@ -5,16 +5,16 @@
 
 use crate::core::{Brought, Inner, Why};
 use crate::error::Error;
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::stats::inc;
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::uffd::{self, Msg};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
+pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
     let mut buf = PageBuf::new(1);
     let spin = inner.cfg.spin;
@@ -60,26 +60,27 @@ pub fn run(inner: Arc<Inner>, stop_fd: RawFd) {
                     continue;
                 }
                 // With deferred faults, poll with a short timeout to retry them.
-                let timeout = if deferred.is_empty() { -1 } else { 1 };
+                const RETRY: rustix::event::Timespec = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 1_000_000,
+                };
+                let timeout = if deferred.is_empty() {
+                    None
+                } else {
+                    Some(&RETRY)
+                };
                 let mut fds = [
-                    libc::pollfd {
-                        fd: inner.uffd.raw(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
-                    libc::pollfd {
-                        fd: stop_fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
+                    rustix::event::PollFd::new(inner.uffd.fd(), rustix::event::PollFlags::IN),
+                    rustix::event::PollFd::new(&*stop, rustix::event::PollFlags::IN),
                 ];
-                // SAFETY: fds is a valid array of two pollfd structs.
-                let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
-                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(err = %io::Error::last_os_error(), "poll on userfaultfd failed");
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                match rustix::event::poll(&mut fds, timeout) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => {
+                        tracing::error!(err = %e, "poll on userfaultfd failed");
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
                 }
-                if fds[1].revents != 0 || inner.shutdown.load(Acquire) {
+                if !fds[1].revents().is_empty() || inner.shutdown.load(Acquire) {
                     return;
                 }
             }

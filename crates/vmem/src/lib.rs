@@ -22,7 +22,7 @@
 //!   [`PagerStats::swap_io`] label which), low-first slot allocation, batched
 //!   write-out. Several runs of one `pin`/`prefetch` range, or of one
 //!   eviction batch, are read/written concurrently on up to
-//!   `swap_io_threads` I/O threads (`pagein_batch.rs`, `swap_io.rs`); a
+//!   `swap_io_threads` I/O threads (`core/pagein_batch.rs`, `swap_io.rs`); a
 //!   single read (a fault) stays in the calling thread. A page read by
 //!   [`Pager::read_swapped`] stays in a small swap cache until its swap-in.
 //!   [`Pager::device_read_latency`] measures the device itself on the same
@@ -43,8 +43,8 @@
 //!   hand-off); a pin racing an eviction aborts it or waits for it and swaps
 //!   the page back in. A pin of a range brings runs of up to 32 non-resident
 //!   pages in at once (never-touched ones, or swapped ones in consecutive
-//!   slots: one `pread` + one `UFFDIO_COPY`; `pagein_run.rs`, and for
-//!   swapped runs their reads concurrently, `pagein_batch.rs`).
+//!   slots: one `pread` + one `UFFDIO_COPY`; `core/pagein_run.rs`, and for
+//!   swapped runs their reads concurrently, `core/pagein_batch.rs`).
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
@@ -126,38 +126,33 @@
 //! assert_eq!(r.as_slice()[0], 7); // major fault
 //! ```
 
+mod anon;
 mod config;
 mod core;
 mod error;
-mod evict;
-mod external;
 mod fault;
 mod listener;
-mod pagein;
-mod pagein_batch;
-mod pagein_run;
+mod mm;
 mod region;
-mod registry;
 mod space;
 mod state;
 mod stats;
 mod swap;
 mod swap_io;
-mod sys;
 mod uffd;
 
+pub use anon::AnonMapping;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
 pub use listener::{ListenerId, SwapListener};
+pub use mm::PAGE as PAGE_SIZE;
 pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
-pub use sys::PAGE as PAGE_SIZE;
 
-use crate::core::{page_range, Inner};
-use crate::evict::EvictState;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use crate::core::{page_range, EvictState, Inner};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -166,7 +161,7 @@ use std::thread::JoinHandle;
 struct Handle {
     inner: Arc<Inner>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
-    stop: OwnedFd,
+    stop: Arc<OwnedFd>,
 }
 
 /// The pager. Cheap to clone (shared handle); the threads stop when the last
@@ -180,10 +175,10 @@ impl Pager {
     /// Opens a userfaultfd (with UFFDIO_MOVE and unmap/remap events), creates the
     /// swap file and starts the fault-handler and evictor threads.
     pub fn new(cfg: PagerConfig) -> Result<Pager> {
-        if sys::kernel_page_size() != sys::PAGE {
+        if mm::kernel_page_size() != mm::PAGE {
             return Err(Error::Config(format!(
                 "page size {} unsupported",
-                sys::kernel_page_size()
+                mm::kernel_page_size()
             )));
         }
         if cfg.evict_batch == 0 || cfg.evict_batch > 4096 {
@@ -212,36 +207,38 @@ impl Pager {
             cfg.swap_io_threads,
         )?;
         let cap = cfg.evict_batch;
-        let staging = sys::mmap_anon(cap * sys::PAGE).map_err(|e| Error::Kernel {
-            op: "mmap",
-            addr: 0,
-            err: e,
-        })?;
+        let (staging, _) = AnonMapping::new_noreserve(cap * mm::PAGE)
+            .map_err(|e| Error::Kernel {
+                op: "mmap",
+                addr: 0,
+                err: e,
+            })?
+            .into_raw();
         // SAFETY: the staging area is our own fresh mapping.
-        let _ = unsafe { sys::madvise(staging, cap * sys::PAGE, libc::MADV_NOHUGEPAGE) };
-        if let Err(e) = uffd.register(staging, cap * sys::PAGE) {
+        let _ =
+            unsafe { mm::madvise(staging, cap * mm::PAGE, rustix::mm::Advice::LinuxNoHugepage) };
+        if let Err(e) = uffd.register(staging, cap * mm::PAGE) {
             // SAFETY: just mapped above, unused.
-            let _ = unsafe { sys::munmap(staging, cap * sys::PAGE) };
+            let _ = unsafe { mm::munmap(staging, cap * mm::PAGE) };
             return Err(Error::Kernel {
                 op: "UFFDIO_REGISTER",
                 addr: staging,
                 err: e,
             });
         }
-        // SAFETY: plain eventfd creation.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(Error::Kernel {
-                op: "eventfd",
-                addr: 0,
-                err: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: efd was just created and is owned by nobody else.
-        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
+        let stop = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| Error::Kernel {
+            op: "eventfd",
+            addr: 0,
+            err: e.into(),
+        })?;
         let inner = Arc::new(Inner::new(cfg, uffd, swap, EvictState::new(staging, cap)));
         let mut threads = Vec::new();
-        let (i2, sfd) = (inner.clone(), stop.as_raw_fd());
+        let stop = Arc::new(stop);
+        let (i2, sfd) = (inner.clone(), stop.clone());
         threads.push(
             std::thread::Builder::new()
                 .name("vmem-fault".into())
@@ -295,19 +292,21 @@ impl Pager {
                 why: "empty",
             });
         }
-        let len = len.div_ceil(sys::PAGE) * sys::PAGE;
-        let addr = sys::mmap_anon(len).map_err(|e| Error::Kernel {
-            op: "mmap",
-            addr: 0,
-            err: e,
-        })?;
+        let len = len.div_ceil(mm::PAGE) * mm::PAGE;
+        let (addr, len) = AnonMapping::new_noreserve(len)
+            .map_err(|e| Error::Kernel {
+                op: "mmap",
+                addr: 0,
+                err: e,
+            })?
+            .into_raw();
         // SAFETY: our own fresh mapping; THP would only be split by eviction.
-        let _ = unsafe { sys::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
+        let _ = unsafe { mm::madvise(addr, len, rustix::mm::Advice::LinuxNoHugepage) };
         match self.inner().register(addr, len, true, false, false) {
             Ok(id) => Ok(Region::new(self.clone(), id, addr, len)),
             Err(e) => {
                 // SAFETY: registration failed; nobody else knows this mapping.
-                let _ = unsafe { sys::munmap(addr, len) };
+                let _ = unsafe { mm::munmap(addr, len) };
                 Err(e)
             }
         }
@@ -345,8 +344,8 @@ impl Pager {
         Ok(Region::new(
             self.clone(),
             id,
-            p0 * sys::PAGE,
-            (p1 - p0) * sys::PAGE,
+            p0 * mm::PAGE,
+            (p1 - p0) * mm::PAGE,
         ))
     }
 
@@ -370,6 +369,7 @@ impl Pager {
         self.inner().notify_swapped_in(addr, len)
     }
 
+    /// Adds a swap listener (called before pages leave); see [`SwapListener`].
     pub fn add_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId {
         self.inner().listeners.add(l)
     }
@@ -389,6 +389,7 @@ impl Pager {
         }
     }
 
+    /// The resident-page budget (`None` = unlimited).
     pub fn budget(&self) -> Option<usize> {
         Some(self.inner().budget.load(Relaxed)).filter(|&b| b != usize::MAX)
     }
@@ -467,7 +468,7 @@ impl Pager {
 
     /// The page size the pager works with.
     pub fn page_size(&self) -> usize {
-        sys::PAGE
+        mm::PAGE
     }
 
     /// Number of resident pages covering the range.
@@ -492,6 +493,7 @@ impl Pager {
         self.inner().prefetch(addr, len)
     }
 
+    /// A snapshot of the counters.
     pub fn stats(&self) -> PagerStats {
         let i = self.inner();
         let c = &i.stats.c;
@@ -518,8 +520,8 @@ impl Pager {
             batched_swap_writes: c.batched_swap_writes.load(Relaxed),
             swap_cache_hits: i.swap.cache_hits(),
             swap_io: i.swap.io(),
-            bytes_swapped_in: swap_ins * sys::PAGE as u64,
-            bytes_swapped_out: swap_outs * sys::PAGE as u64,
+            bytes_swapped_in: swap_ins * mm::PAGE as u64,
+            bytes_swapped_out: swap_outs * mm::PAGE as u64,
             fault_service: i.stats.latency(),
         }
     }
@@ -565,6 +567,7 @@ impl Pager {
 pub struct WeakPager(std::sync::Weak<Handle>);
 
 impl WeakPager {
+    /// The pager, if it is still alive.
     pub fn upgrade(&self) -> Option<Pager> {
         self.0.upgrade().map(|h| Pager { h })
     }
@@ -577,9 +580,7 @@ impl Drop for Handle {
             let _ = self.inner.unregister(id);
         }
         self.inner.shutdown.store(true, Release);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        let _ = unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
         {
             let _k = self.inner.kick.lock();
             self.inner.kick_cv.notify_all();

@@ -27,7 +27,10 @@ use std::sync::Arc;
 /// The pager owns its listeners: a listener that needs the pager should keep
 /// a [`crate::WeakPager`], not a `Pager` clone (which would keep it alive).
 pub trait SwapListener: Send + Sync {
+    /// `pages` (page addresses) are about to leave memory; called on the evicting
+    /// thread before they leave (stop reaching them from now on).
     fn before_swap_out(&self, pages: &[usize]);
+    /// `pages` were swapped back in (only with eager swap-in notification).
     fn after_swap_in(&self, _pages: &[usize]) {}
     /// The application unmapped (or mremap moved away) managed memory
     /// `[start, end)`: whoever reaches it by address must stop now (called

@@ -32,18 +32,23 @@ impl Region {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The region's identity in the pager.
     pub fn id(&self) -> RegionId {
         self.id
     }
+    /// The pager managing it.
     pub fn pager(&self) -> &Pager {
         &self.pager
     }
+    /// Start of the region.
     pub fn as_ptr(&self) -> *const u8 {
         self.addr as *const u8
     }
+    /// Start of the region, for writes.
     pub fn as_mut_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
@@ -64,10 +69,12 @@ impl Region {
         // SAFETY: as above, and `&mut self` makes this the only safe view.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
     }
+    /// Pins `len` bytes at `off` (resident and not evicted until unpinned).
     pub fn pin(&self, off: usize, len: usize) -> Result<()> {
         self.check(off, len)?;
         self.pager.pin(self.addr + off, len)
     }
+    /// Releases a pin taken by [`Region::pin`].
     pub fn unpin(&self, off: usize, len: usize) -> Result<()> {
         self.check(off, len)?;
         self.pager.unpin(self.addr + off, len)
@@ -76,12 +83,15 @@ impl Region {
     pub fn swap_out(&self) -> Result<usize> {
         self.pager.swap_out(self.addr, self.len)
     }
+    /// Brings the whole region in; returns pages brought in.
     pub fn prefetch(&self) -> Result<usize> {
         self.pager.prefetch(self.addr, self.len)
     }
+    /// Residency of each page.
     pub fn resident(&self) -> Result<Vec<bool>> {
         self.pager.resident(self.addr, self.len)
     }
+    /// Number of resident pages.
     pub fn resident_count(&self) -> Result<usize> {
         self.pager.resident_count(self.addr, self.len)
     }

@@ -70,7 +70,9 @@ impl Stats {
 pub struct ThreadFaults {
     /// Kernel thread id (gettid) of the faulting thread.
     pub tid: u32,
+    /// Minor faults (zero-filled first touches).
     pub minor: u64,
+    /// Major faults (read from swap).
     pub major: u64,
 }
 
@@ -83,10 +85,15 @@ pub fn inc(c: &AtomicU64) {
 /// the resolving ioctl's return), in nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LatencySummary {
+    /// Faults measured.
     pub count: u64,
+    /// Mean.
     pub mean_ns: f64,
+    /// Median.
     pub p50_ns: u64,
+    /// 99th percentile.
     pub p99_ns: u64,
+    /// Maximum.
     pub max_ns: u64,
 }
 
@@ -99,7 +106,9 @@ pub struct PagerStats {
     pub registered_pages: usize,
     /// Swap slots in use.
     pub swap_slots_used: usize,
+    /// Swap slots in the file.
     pub swap_slots_total: usize,
+    /// The resident-page budget (`None` = unlimited).
     pub budget_pages: Option<usize>,
     /// First touches served with zeroes (by the fault handler).
     pub minor_faults: u64,
@@ -136,8 +145,11 @@ pub struct PagerStats {
     pub swap_cache_hits: u64,
     /// How the swap file is read and written (O_DIRECT, buffered, fallback).
     pub swap_io: crate::swap::SwapIo,
+    /// Bytes read from swap.
     pub bytes_swapped_in: u64,
+    /// Bytes written to swap.
     pub bytes_swapped_out: u64,
+    /// Fault-service time percentiles.
     pub fault_service: LatencySummary,
 }
 

@@ -3,8 +3,8 @@
 //! fallback), concurrent batches, and the device's own read-latency baseline.
 
 use crate::error::{Error, Result};
+use crate::mm::{PageBuf, PAGE};
 use crate::swap_io::{IoOp, IoPool};
-use crate::sys::{PageBuf, PAGE};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -185,13 +185,10 @@ fn open_swap(path: &Path, direct: bool, truncate: bool) -> io::Result<File> {
 fn on_memory_fs(file: &File) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs writes one statfs into `st`, a valid, exclusive pointer.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+    let Ok(st) = rustix::fs::fstatfs(file) else {
         return false;
-    }
-    let t = st.f_type as i64;
+    };
+    let t = st.f_type;
     t == TMPFS_MAGIC || t == RAMFS_MAGIC
 }
 
@@ -255,10 +252,13 @@ impl SwapDevice {
             .map_err(Error::SwapIo)?;
         // Reserve the blocks up front: cheaper writes, and no ENOSPC at
         // eviction time. Filesystems without fallocate keep a sparse file.
-        // SAFETY: plain syscall on our own descriptor.
-        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (slots * PAGE) as libc::off_t) };
-        if r != 0 {
-            tracing::debug!(err = %io::Error::last_os_error(), "fallocate of swap file failed; sparse file");
+        if let Err(e) = rustix::fs::fallocate(
+            &file,
+            rustix::fs::FallocateFlags::empty(),
+            0,
+            (slots * PAGE) as u64,
+        ) {
+            tracing::debug!(err = %e, "fallocate of swap file failed; sparse file");
         }
         let mut file = file;
         if io == SwapIo::Direct {
@@ -519,14 +519,21 @@ pub struct DeviceLatency {
     /// Depth 1: median, min, max, 99th percentile and mean latency (µs) and
     /// reads per second.
     pub median_us: f64,
+    /// Depth 1: fastest read (µs).
     pub min_us: f64,
+    /// Depth 1: slowest read (µs).
     pub max_us: f64,
+    /// Depth 1: 99th percentile (µs).
     pub p99_us: f64,
+    /// Depth 1: mean (µs).
     pub mean_us: f64,
+    /// Depth 1: reads per second.
     pub iops: f64,
     /// The concurrent run: its depth, median latency (µs) and reads per second.
     pub depth: usize,
+    /// The concurrent run: median latency (µs).
     pub median_us_at_depth: f64,
+    /// The concurrent run: reads per second.
     pub iops_at_depth: f64,
 }
 
@@ -700,10 +707,10 @@ mod tests {
     #[test]
     fn o_direct_roundtrip() {
         let d = SwapDevice::create(None, 4 * PAGE as u64, true, false).unwrap();
-        let mut b = crate::sys::PageBuf::new(1);
+        let mut b = crate::mm::PageBuf::new(1);
         b.as_mut_slice().fill(0x5a);
         d.write(3, b.as_slice()).unwrap();
-        let mut c = crate::sys::PageBuf::new(1);
+        let mut c = crate::mm::PageBuf::new(1);
         d.read(3, c.as_mut_slice()).unwrap();
         assert!(c.as_slice().iter().all(|&x| x == 0x5a));
     }

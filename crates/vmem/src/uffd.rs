@@ -1,8 +1,11 @@
 //! Raw userfaultfd: the file descriptor, its ioctls and its messages (the only
-//! place that talks to the kernel's userfaultfd interface).
+//! place that talks to the kernel's userfaultfd interface). The descriptor comes
+//! from rustix; the ioctls (API, REGISTER, UNREGISTER, WAKE, COPY, ZEROPAGE, MOVE)
+//! and the read of the message array stay raw `libc` calls, because no typed crate
+//! offers them: each states its contract in its SAFETY comment.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO: u64 = 0xAA;
@@ -132,14 +135,14 @@ impl Uffd {
     /// Opens a non-blocking, close-on-exec userfaultfd and negotiates `want`
     /// features (all of which must be offered by the kernel).
     pub fn open(want: u64) -> io::Result<Uffd> {
-        // SAFETY: plain syscall with flag arguments only.
-        let fd =
-            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // SAFETY: rustix marks userfaultfd unsafe because the fd's ioctls manipulate
+        // the address space; this fd is only used through the ioctls below, each of
+        // which states its own contract.
+        let fd = unsafe {
+            rustix::mm::userfaultfd(
+                rustix::mm::UserfaultfdFlags::CLOEXEC | rustix::mm::UserfaultfdFlags::NONBLOCK,
+            )
+        }?;
         let mut api = UffdioApi {
             api: UFFD_API,
             features: want,
@@ -151,6 +154,11 @@ impl Uffd {
             fd,
             features: api.features,
         })
+    }
+
+    /// The userfaultfd itself.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
     }
 
     pub fn raw(&self) -> RawFd {

@@ -104,6 +104,7 @@ fn overlapping_registrations_are_refcounted() {
         let base = a.div_ceil(PG) * PG;
         // SAFETY: `v` outlives both regions.
         let r1 = unsafe { p.register(base, 8 * PG) }.unwrap();
+        // SAFETY: `v` outlives both regions.
         let r2 = unsafe { p.register(base + 4 * PG + 1, 8 * PG) }.unwrap();
         assert_eq!(p.stats().registered_pages, 13);
         // Pages 4 and 12 are only partly covered by r2 (unaligned start/end):
@@ -795,8 +796,8 @@ fn unregister_leaves_memory_mapped_anew_alone() {
         drop(r);
         // The pager unmapped only what it still owned.
         let mut v = [0u8; 2];
-        // SAFETY: two pages, two output bytes.
         assert_eq!(
+            // SAFETY: two pages, two output bytes.
             unsafe { libc::mincore(m as *mut _, 2 * PG, v.as_mut_ptr()) },
             0,
             "new mapping still there"

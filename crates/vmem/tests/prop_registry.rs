@@ -102,8 +102,8 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 model.iter().filter(|&&m| m > 0).count()
             );
             for (i, &v) in shadow.iter().enumerate() {
-                // SAFETY: inside the live mapping.
                 prop_assert_eq!(
+                    // SAFETY: inside the live mapping.
                     unsafe { std::ptr::read_volatile((base + i * PG + 5) as *const u8) },
                     v
                 );
@@ -121,8 +121,8 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.swap_slots_used, 0);
         prop_assert_eq!(s.resident_pages, 0);
         for (i, &v) in shadow.iter().enumerate() {
-            // SAFETY: inside the live mapping.
             prop_assert_eq!(
+                // SAFETY: inside the live mapping.
                 unsafe { std::ptr::read_volatile((base + i * PG + 5) as *const u8) },
                 v
             );

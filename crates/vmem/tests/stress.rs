@@ -268,8 +268,8 @@ fn hot_page_write_vs_swap_out() {
         }
         stop.store(true, Relaxed);
         let n = writer.join().unwrap();
-        // SAFETY: the region is live; the writer has stopped.
         assert_eq!(
+            // SAFETY: the region is live; the writer has stopped.
             unsafe { std::ptr::read_volatile(counter) },
             n,
             "last write survived"
@@ -453,8 +453,8 @@ fn nic_model(eager: bool) {
                     two_sided += 1;
                 }
                 for (pg, &v) in shadow.iter().enumerate() {
-                    // SAFETY: as above.
                     assert_eq!(
+                        // SAFETY: as above.
                         unsafe { std::ptr::read_volatile(word(pg)) },
                         v,
                         "NIC word of page {pg}"

@@ -219,83 +219,133 @@ pub mod layout {
     /// A byte range within the message.
     pub type Field = Range<usize>;
 
+    /// Byte: format version.
     pub const VERSION: usize = 0;
+    /// Byte: opcode.
     pub const OPCODE: usize = 1;
+    /// Byte: slots the message spans.
     pub const NSLOTS: usize = 2;
+    /// Byte: flags.
     pub const FLAGS: usize = 3;
+    /// Content length.
     pub const LEN: Field = 4..6;
+    /// Byte: status.
     pub const STATUS: usize = 6;
+    /// Byte: kind (fault / atomic).
     pub const KIND: usize = 7;
+    /// Request id.
     pub const REQ_ID: Field = 8..12;
     /// End of the common header.
     pub const HEADER_LEN: usize = 12;
 
     // KeyQuery / KeyRevoke
+    /// KeyQuery / KeyRevoke: the rkey.
     pub const KEY_RKEY: Field = 12..16;
 
     // KeySync: `len` entries of KEY_ENTRY_LEN bytes from KEY_ENTRIES.
+    /// KeySync: first entry.
     pub const KEY_ENTRIES: usize = 16;
+    /// KeySync: bytes per entry.
     pub const KEY_ENTRY_LEN: usize = 40;
     /// Offsets inside one key entry.
     pub const KE_APP_RKEY: Field = 0..4;
+    /// Key entry: Write MR rkey.
     pub const KE_WRITE_RKEY: Field = 4..8;
+    /// Key entry: Version MR rkey.
     pub const KE_VERSION_RKEY: Field = 8..12;
+    /// Key entry: pages of the region.
     pub const KE_PAGE_COUNT: Field = 12..16;
+    /// Key entry: region start.
     pub const KE_REGION_VA: Field = 16..24;
+    /// Key entry: region length.
     pub const KE_REGION_LEN: Field = 24..32;
+    /// Key entry: version table address.
     pub const KE_VERSION_VA: Field = 32..40;
 
     // FaultRequest (kind = READ/WRITE)
+    /// FaultRequest: length.
     pub const FAULT_LEN: Field = 12..16;
+    /// FaultRequest: initiator buffer.
     pub const FAULT_LADDR: Field = 16..24;
+    /// FaultRequest: key of the initiator buffer.
     pub const FAULT_LKEY: Field = 24..28;
+    /// FaultRequest: target rkey.
     pub const FAULT_RKEY: Field = 28..32;
+    /// FaultRequest: target address.
     pub const FAULT_RADDR: Field = 32..40;
+    /// FaultRequest: end.
     pub const FAULT_END: usize = 40;
 
     // WriteInline
+    /// WriteInline: rkey.
     pub const WRITE_INLINE_RKEY: Field = 12..16;
+    /// WriteInline: target address.
     pub const WRITE_INLINE_RADDR: Field = 16..24;
+    /// WriteInline: first data byte.
     pub const WRITE_INLINE_DATA: usize = 24;
 
     // ReadInline
+    /// ReadInline: length.
     pub const READ_INLINE_LEN: Field = 12..16;
+    /// ReadInline: target address.
     pub const READ_INLINE_RADDR: Field = 16..24;
+    /// ReadInline: rkey.
     pub const READ_INLINE_RKEY: Field = 24..28;
+    /// ReadInline: end.
     pub const READ_INLINE_END: usize = 28;
 
     // ReadInlineResp
+    /// ReadInlineResp: first data byte.
     pub const READ_RESP_DATA: usize = 12;
 
     // Completion
+    /// Completion: bytes transferred.
     pub const COMP_BYTE_LEN: Field = 12..16;
 
     // AtomicRequest (kind = CMP_SWP/FETCH_ADD)
+    /// AtomicRequest: rkey.
     pub const ATOMIC_RKEY: Field = 12..16;
+    /// AtomicRequest: target address.
     pub const ATOMIC_RADDR: Field = 16..24;
+    /// AtomicRequest: compare value or addend.
     pub const ATOMIC_COMPARE_ADD: Field = 24..32;
+    /// AtomicRequest: swap value.
     pub const ATOMIC_SWAP: Field = 32..40;
+    /// AtomicRequest: end.
     pub const ATOMIC_END: usize = 40;
 
     // AtomicResp
+    /// AtomicResp: original value.
     pub const ATOMIC_ORIG: Field = 16..24;
 
     // SendRendezvous
+    /// SendRendezvous: length.
     pub const RDV_LEN: Field = 12..16;
+    /// SendRendezvous: sender buffer.
     pub const RDV_ADDR: Field = 16..24;
+    /// SendRendezvous: key of the sender buffer.
     pub const RDV_KEY: Field = 24..28;
+    /// SendRendezvous: immediate data.
     pub const RDV_IMM: Field = 28..32;
+    /// SendRendezvous: end.
     pub const RDV_END: usize = 32;
 
     // SendInline
+    /// SendInline: immediate data.
     pub const SEND_INLINE_IMM: Field = 12..16;
+    /// SendInline: first data byte.
     pub const SEND_INLINE_DATA: usize = 16;
 
     // WriteImmNotify
+    /// WriteImmNotify: length.
     pub const WIMM_LEN: Field = 12..16;
+    /// WriteImmNotify: address.
     pub const WIMM_ADDR: Field = 16..24;
+    /// WriteImmNotify: rkey.
     pub const WIMM_RKEY: Field = 24..28;
+    /// WriteImmNotify: immediate data.
     pub const WIMM_IMM: Field = 28..32;
+    /// WriteImmNotify: end.
     pub const WIMM_END: usize = 32;
 }
 
@@ -304,7 +354,12 @@ pub mod layout {
 pub enum CtrlError {
     /// The buffer is shorter than the message claims (or than one slot).
     #[error("truncated control message: need {need} bytes, have {have}")]
-    Truncated { need: usize, have: usize },
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes there.
+        have: usize,
+    },
     /// Byte 0 is not [`VERSION`].
     #[error("unsupported control message version {0}")]
     BadVersion(u8),
@@ -316,22 +371,52 @@ pub enum CtrlError {
     UnknownStatus(u8),
     /// `nslots` is zero or not the size the content needs.
     #[error("bad slot count {nslots} (content needs {need})")]
-    BadSlotCount { nslots: usize, need: usize },
+    BadSlotCount {
+        /// Slot count in the header.
+        nslots: usize,
+        /// Bytes needed.
+        need: usize,
+    },
     /// Inline data or key entries run past the message's slots.
     #[error("bad length: content ends at byte {end}, message has {cap}")]
-    BadLength { end: usize, cap: usize },
+    BadLength {
+        /// Where the content ends.
+        end: usize,
+        /// Bytes the message has.
+        cap: usize,
+    },
     /// Inline length above the configured maximum.
     #[error("inline length {len} exceeds the maximum {max}")]
-    InlineTooLong { len: usize, max: usize },
+    InlineTooLong {
+        /// Length in bytes.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// Too many key entries for one message.
     #[error("{count} key entries exceed the per-message maximum {max}")]
-    TooManyEntries { count: usize, max: usize },
+    TooManyEntries {
+        /// How many.
+        count: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// An enumerated or flag field holds an undefined value.
     #[error("invalid value {value:#x} in field {field}")]
-    BadField { field: &'static str, value: u64 },
+    BadField {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// The output buffer is too small for the message.
     #[error("output buffer too small: need {need} bytes, have {have}")]
-    BufferTooSmall { need: usize, have: usize },
+    BufferTooSmall {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes there.
+        have: usize,
+    },
 }
 
 #[cfg(test)]

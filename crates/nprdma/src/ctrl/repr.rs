@@ -38,7 +38,9 @@ pub enum FaultKind {
 /// Two-sided fault-handling request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FaultRequest {
+    /// Request id (answers echo it).
     pub req_id: u32,
+    /// READ or WRITE.
     pub kind: FaultKind,
     /// Initiator buffer (pinned by the initiator for the request's lifetime).
     pub local_addr: u64,
@@ -48,6 +50,7 @@ pub struct FaultRequest {
     pub remote_addr: u64,
     /// Application rkey of the target region.
     pub rkey: u32,
+    /// Length in bytes.
     pub len: u32,
     /// The target may answer inline instead of a reverse operation.
     pub inline_ok: bool,
@@ -59,16 +62,22 @@ pub struct FaultRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum AtomicKind {
+    /// Compare-and-swap.
     CmpSwap = 1,
+    /// Fetch-and-add.
     FetchAdd = 2,
 }
 
 /// Atomic request executed by the target CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AtomicRequest {
+    /// Request id (answers echo it).
     pub req_id: u32,
+    /// Which atomic.
     pub kind: AtomicKind,
+    /// Target address.
     pub remote_addr: u64,
+    /// Remote key.
     pub rkey: u32,
     /// Compare value (CMP_SWP) or addend (FETCH_ADD).
     pub compare_add: u64,
@@ -81,82 +90,139 @@ pub struct AtomicRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Repr<'a> {
     /// Ask for key mappings: one rkey, or `None` for all.
-    KeyQuery { req_id: u32, rkey: Option<u32> },
+    KeyQuery {
+        /// Request id (answers echo it).
+        req_id: u32,
+        /// Remote key.
+        rkey: Option<u32>,
+    },
     /// Key mappings; `more` = further KeySync messages follow.
     KeySync {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Further KeySync messages follow.
         more: bool,
+        /// The mappings.
         entries: Cow<'a, [KeyMapping]>,
     },
     /// Forget the mapping of `rkey`.
-    KeyRevoke { req_id: u32, rkey: u32 },
+    KeyRevoke {
+        /// Request id (answers echo it).
+        req_id: u32,
+        /// Remote key.
+        rkey: u32,
+    },
     /// Fault-handling request.
     Fault(FaultRequest),
     /// WRITE with inline data.
     WriteInline {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Target address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// The payload.
         data: Cow<'a, [u8]>,
     },
     /// READ to be answered inline.
     ReadInline {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Target address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Length in bytes.
         len: u32,
     },
     /// Inline READ data (empty unless `status` is Ok).
     ReadInlineResp {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Outcome.
         status: Status,
+        /// The payload.
         data: Cow<'a, [u8]>,
     },
     /// Completion of request `req_id`.
     Completion {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Outcome.
         status: Status,
+        /// Bytes transferred.
         byte_len: u32,
     },
     /// Retry mode: pages pinned, retry one-sided now.
-    ReceiverReady { req_id: u32, status: Status },
+    ReceiverReady {
+        /// Request id (answers echo it).
+        req_id: u32,
+        /// Outcome.
+        status: Status,
+    },
     /// Retry mode: done, unpin.
-    Release { req_id: u32 },
+    Release {
+        /// Request id (answers echo it).
+        req_id: u32,
+    },
     /// Atomic request.
     Atomic(AtomicRequest),
     /// Atomic response with the original value.
     AtomicResp {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Outcome.
         status: Status,
+        /// The value before the atomic.
         original: u64,
     },
     /// SEND by rendezvous (receiver reverse-READs `addr`).
     SendRendezvous {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Address.
         addr: u64,
+        /// Length in bytes.
         len: u32,
+        /// Key the receiver reads it through.
         key: u32,
+        /// Immediate data.
         imm: Option<u32>,
+        /// The SEND was solicited.
         solicited: bool,
     },
     /// SEND with inline data.
     SendInline {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Immediate data.
         imm: Option<u32>,
+        /// The SEND was solicited.
         solicited: bool,
+        /// The payload.
         data: Cow<'a, [u8]>,
     },
     /// A WRITE-with-immediate landed at `addr..addr+len` (under `rkey`).
     WriteImmNotify {
+        /// Request id (answers echo it).
         req_id: u32,
+        /// Address.
         addr: u64,
+        /// Length in bytes.
         len: u32,
+        /// Remote key.
         rkey: u32,
+        /// Immediate data.
         imm: u32,
+        /// The SEND was solicited.
         solicited: bool,
     },
     /// Padding over `slots` slots.
-    Pad { slots: u8 },
+    Pad {
+        /// Slots the padding covers.
+        slots: u8,
+    },
 }
 
 fn bad(field: &'static str, value: u64) -> CtrlError {

@@ -108,7 +108,7 @@ fn order_after_blocks_what_follows_until_it_completes() {
 #[test]
 fn strict_mode_keeps_one_in_flight() {
     let mut t = OrderTable::new(OrderConfig {
-        mode: Mode::Strict,
+        mode: OrderMode::Strict,
         ..OrderConfig::default()
     });
     let a = issued(t.submit(OpDesc::read(r(0, 8), r(0, 8)), ()).unwrap());
@@ -205,7 +205,7 @@ struct ModelOp {
     rw: HashSet<u64>,
 }
 
-fn bytes(s: &[Span], acc: Access) -> HashSet<u64> {
+fn bytes(s: &[Touch], acc: Access) -> HashSet<u64> {
     s.iter()
         .filter(|x| x.access == acc)
         .flat_map(|x| x.range.addr..x.range.addr + x.range.len)
@@ -245,7 +245,7 @@ fn model_conflict(cfg: &OrderConfig, a: &ModelOp, b: &ModelOp) -> bool {
 fn model_may_issue(cfg: &OrderConfig, op: &ModelOp, inflight: &[(Ticket, ModelOp)]) -> bool {
     inflight.is_empty()
         || (!op.desc.order_before
-            && cfg.mode == Mode::Relaxed
+            && cfg.mode == OrderMode::Relaxed
             && inflight
                 .iter()
                 .all(|(_, f)| !f.desc.order_after && !model_conflict(cfg, op, f)))
@@ -308,7 +308,11 @@ fn arb_cfg() -> impl Strategy<Value = OrderConfig> {
         any::<bool>(),
     )
         .prop_map(|(strict, lb, fence, pipeline)| OrderConfig {
-            mode: if strict { Mode::Strict } else { Mode::Relaxed },
+            mode: if strict {
+                OrderMode::Strict
+            } else {
+                OrderMode::Relaxed
+            },
             loopback: lb,
             messages_fence_writes: fence,
             pipeline,
@@ -334,7 +338,7 @@ fn on_issue(
     );
     issue_log.push(t);
     inflight.push((t, op));
-    if cfg.mode == Mode::Strict {
+    if cfg.mode == OrderMode::Strict {
         prop_assert!(inflight.len() <= 1);
     }
     Ok(())
@@ -578,7 +582,7 @@ fn messages_atomics_bits_and_strict_mode_do_not_pipeline() {
         parked(t.submit(op.clone(), 1).unwrap());
     }
     let mut t = OrderTable::new(OrderConfig {
-        mode: Mode::Strict,
+        mode: OrderMode::Strict,
         ..OrderConfig::default()
     });
     let a = issued(t.submit(w(), 0u32).unwrap());
@@ -631,7 +635,7 @@ proptest! {
         fn admissible(cfg: &OrderConfig, op: &OpDesc, inflight: &[(Ticket, OpDesc, bool)]) -> bool {
             inflight.is_empty()
                 || (!op.order_before
-                    && cfg.mode == Mode::Relaxed
+                    && cfg.mode == OrderMode::Relaxed
                     && inflight.iter().all(|(_, f, opt)| {
                         !f.order_after
                             && (!cfg.conflicts(op, f)
@@ -684,7 +688,7 @@ proptest! {
                     let t = inflight[i].0;
                     let d = &inflight[i].1;
                     inflight[i].2 = d.optimistic && !d.message && !d.order_before
-                        && !d.order_after && cfg.mode == Mode::Relaxed;
+                        && !d.order_after && cfg.mode == OrderMode::Relaxed;
                     let mut out = Vec::new();
                     table.on_nic(t, &mut out).unwrap();
                     issue(&cfg, out, &mut parked, &mut inflight)?;

@@ -17,15 +17,18 @@ use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::{Arc, OnceLock};
 
+/// `Result` with the shim's error.
 pub type Result<T> = std::result::Result<T, ShimError>;
 
 /// The process's device (one NIC).
 pub trait Device: Send + Sync {
     /// Backend name for messages ("pinned").
     fn mode(&self) -> &'static str;
+    /// `ibv_query_device` attributes.
     fn attr(&self) -> DeviceAttr;
     /// GID index 0: the 16-byte address peers connect to.
     fn gid(&self) -> [u8; 16];
+    /// A protection domain.
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>>;
@@ -63,15 +66,19 @@ pub trait Pd: Send + Sync {
 
 /// A registered memory region; dropping it deregisters.
 pub trait Mr: Send + Sync {
+    /// Local key.
     fn lkey(&self) -> u32;
+    /// Remote key.
     fn rkey(&self) -> u32;
 }
 
 /// A completion queue.
 pub trait Cq: Send + Sync {
+    /// For downcasting to the backend's own CQ.
     fn as_any(&self) -> &dyn Any;
     /// Non-blocking poll; `Err` once the CQ overflowed.
     fn poll(&self, out: &mut [Wc]) -> Result<usize>;
+    /// Arm the CQ for one completion event.
     fn req_notify(&self, solicited_only: bool) -> Result<()>;
     /// A non-blocking fd that becomes readable when an event may be pending.
     fn event_fd(&self) -> Option<RawFd>;
@@ -81,11 +88,17 @@ pub trait Cq: Send + Sync {
 
 /// An RC queue pair.
 pub trait Qp: Send + Sync {
+    /// QP number.
     fn qpn(&self) -> u32;
+    /// The capacities the QP was created with.
     fn cap(&self) -> QpInitAttr;
+    /// `ibv_modify_qp`.
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+    /// `ibv_query_qp`.
     fn query(&self) -> QpAttr;
+    /// `ibv_post_send`.
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError>;
+    /// `ibv_post_recv`.
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError>;
 }
 
@@ -192,7 +205,8 @@ pub fn device() -> Result<Arc<dyn Device>> {
     DEVICE
         .get_or_init(|| {
             if std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1") {
-                // SAFETY: registering a plain extern "C" fn that only reads a static.
+                // SAFETY: registering a plain extern "C" fn that only reads a static. (A raw
+                // libc call: no typed crate registers C exit handlers.)
                 unsafe { libc::atexit(print_stats) };
             }
             let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;

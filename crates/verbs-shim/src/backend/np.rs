@@ -426,10 +426,9 @@ impl Cq for NpCq {
         if !self.events {
             return false;
         }
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a local u64 from the CQ's non-blocking eventfd.
-        let r = unsafe { libc::read(self.cq.event_fd(), (&mut v as *mut u64).cast(), 8) };
-        r == 8
+        // SAFETY: the CQ's own non-blocking eventfd, open while the CQ lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.cq.event_fd()) };
+        rustix::io::read(fd, &mut [0u8; 8]) == Ok(8)
     }
 }
 
@@ -444,60 +443,19 @@ impl Cq for NpCq {
 struct Staging {
     // Field order = drop order: the MR before the mapping it covers.
     mr: np::Mr,
-    map: Mapping,
+    map: vmem::AnonMapping,
     depth: u32,
     next: u64,
 }
 
-/// A private anonymous mapping owned by this value (unmapped on drop).
-pub(super) struct Mapping {
-    pub(super) addr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a private anonymous mapping owned by this value; access is serialised by
-// the mutex of its owner (a QP's staging, a QP's scatter/gather table).
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    /// `len` bytes (rounded up to pages) of fresh private anonymous memory.
-    pub(super) fn new(len: usize) -> std::result::Result<Mapping, rnic::Error> {
-        let len = len.next_multiple_of(vmem::PAGE_SIZE);
-        // SAFETY: a fresh private anonymous mapping; failure checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(rnic::Error::from(std::io::Error::last_os_error()));
-        }
-        Ok(Mapping {
-            addr: p.cast(),
-            len,
-        })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of `len` bytes; its MR was dropped before.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
-    }
-}
-
 impl Staging {
     fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
-        let map = Mapping::new(depth as usize * MAX_INLINE as usize)?;
+        let map = vmem::AnonMapping::new(depth as usize * MAX_INLINE as usize)
+            .map_err(rnic::Error::from)?;
         // SAFETY: private anonymous memory that stays mapped until after the MR is
         // dropped (field order of `Staging`).
         let mr = unsafe {
-            pd.reg_mr(map.addr as u64, map.len as u64, np::Access::LOCAL_WRITE)
+            pd.reg_mr(map.addr() as u64, map.len() as u64, np::Access::LOCAL_WRITE)
                 .map_err(np_err)?
         };
         Ok(Staging {
@@ -516,7 +474,7 @@ impl Staging {
         // SAFETY: slot + len <= depth * MAX_INLINE <= the mapping's length; the slot is
         // not in flight (see the type's docs); `data` is a distinct Rust slice.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.addr.add(slot), data.len())
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_ptr().add(slot), data.len())
         };
         self.mr.sge(slot as u64, data.len() as u32)
     }
@@ -992,15 +950,15 @@ mod tests {
     }
 
     /// Private anonymous memory for a test, unmapped on drop (after the MRs on
-    /// it): the module's own [`Mapping`].
-    struct TestMem(Mapping);
+    /// it): the workspace's one anonymous mapping, [`vmem::AnonMapping`].
+    struct TestMem(vmem::AnonMapping);
 
     impl TestMem {
         fn new(len: usize) -> TestMem {
-            TestMem(Mapping::new(len).expect("mmap"))
+            TestMem(vmem::AnonMapping::new(len).expect("mmap"))
         }
         fn addr(&self) -> u64 {
-            self.0.addr as u64
+            self.0.addr() as u64
         }
     }
 

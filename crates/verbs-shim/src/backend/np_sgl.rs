@@ -67,7 +67,7 @@ impl LkeyTable {
 pub struct Bounce {
     // Field order = drop order: the MR before the mapping it covers.
     mr: np::Mr,
-    map: super::np::Mapping,
+    map: vmem::AnonMapping,
     _slot: BounceSlot,
 }
 
@@ -92,11 +92,11 @@ impl Bounce {
         })
         .map_err(|_| rnic::Error::QueueFull("NP-RDMA scatter/gather bounce buffers"))?;
         let slot = BounceSlot(used.clone());
-        let map = super::np::Mapping::new(len.max(1) as usize)?;
+        let map = vmem::AnonMapping::new(len.max(1) as usize).map_err(rnic::Error::from)?;
         // SAFETY: private anonymous memory that stays mapped until after the MR is
         // dropped (field order of `Bounce`).
         let mr = unsafe {
-            pd.reg_mr(map.addr as u64, len.max(1), np::Access::LOCAL_WRITE)
+            pd.reg_mr(map.addr() as u64, len.max(1), np::Access::LOCAL_WRITE)
                 .map_err(|e| rnic::Error::Io(format!("bounce buffer: {e}")))?
         };
         Ok(Bounce {
@@ -109,7 +109,7 @@ impl Bounce {
         self.mr.sge(0, len)
     }
     fn ptr(&self) -> *mut u8 {
-        self.map.addr
+        self.map.as_ptr()
     }
 }
 

@@ -59,7 +59,6 @@ impl Device for PinnedDevice {
 static PINNED_PAGES: AtomicU64 = AtomicU64::new(0);
 
 const PAGE: u64 = 4096;
-const CAP_IPC_LOCK: u32 = 14;
 
 /// Pages of `[addr, addr+len)` (`ib_umem_num_pages`).
 fn pages_of(addr: usize, len: usize) -> u64 {
@@ -69,42 +68,18 @@ fn pages_of(addr: usize, len: usize) -> u64 {
 
 /// The soft `RLIMIT_MEMLOCK` in pages (`u64::MAX`: unlimited).
 fn memlock_limit_pages() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into our local.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
-        || r.rlim_cur == libc::RLIM_INFINITY
-    {
-        return u64::MAX;
+    match rustix::process::getrlimit(rustix::process::Resource::Memlock).current {
+        Some(bytes) => bytes / PAGE,
+        None => u64::MAX,
     }
-    r.rlim_cur / PAGE
 }
 
 /// Whether the calling thread has CAP_IPC_LOCK in its effective set (`capable()`).
 fn has_cap_ipc_lock() -> bool {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut h = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let mut d = [Data::default(); 2];
-    // SAFETY: capget with a v3 header and the two data words v3 needs, both ours.
-    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) };
-    r == 0 && d[0].effective & (1 << CAP_IPC_LOCK) != 0
+    rustix::thread::capabilities(None).is_ok_and(|c| {
+        c.effective
+            .contains(rustix::thread::CapabilitySet::IPC_LOCK)
+    })
 }
 
 /// The `ib_umem_get` rule: may a process with `pinned_after` pages pinned (this
@@ -208,9 +183,9 @@ impl Cq for PinnedCq {
     }
     fn take_event(&self) -> bool {
         let Some(ch) = &self.chan else { return false };
-        let mut buf = [0u8; 8];
-        // SAFETY: reading 8 bytes into a local buffer from our own non-blocking eventfd.
-        let _ = unsafe { libc::read(ch.fd(), buf.as_mut_ptr().cast(), 8) };
+        // SAFETY: the channel's own eventfd, open while `ch` lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ch.fd()) };
+        let _ = rustix::io::read(fd, &mut [0u8; 8]);
         // The CQ is this channel's only CQ: an event means it fired.
         ch.get_event(Some(Duration::ZERO)).is_ok()
     }

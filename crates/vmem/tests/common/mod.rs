@@ -69,21 +69,10 @@ pub fn pat(seed: u64, i: usize) -> u8 {
 }
 
 /// A fresh private anonymous read-write mapping of `len` bytes, as an address
-/// (`MAP_FAILED` as usize on failure, as `mmap` returns it). The caller owns it.
+/// (`MAP_FAILED` as usize on failure, as `mmap` returns it). The caller owns it
+/// (application memory: it unmaps it itself).
 pub fn mmap_anon(len: usize) -> usize {
-    // SAFETY: a new anonymous mapping at an address the kernel picks; it aliases
-    // no existing memory.
-    let m = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    m as usize
+    vmem::AnonMapping::new(len).map_or(libc::MAP_FAILED as usize, |m| m.into_raw().0)
 }
 
 /// Like [`mmap_anon`], but at `addr` with `MAP_FIXED_NOREPLACE`: the kernel never

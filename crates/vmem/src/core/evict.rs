@@ -9,37 +9,18 @@
 //! either lands before the move (and is captured) or faults and waits on BUSY
 //! until the page is in swap, then is served from swap.
 
-use crate::core::Inner;
+use super::{EvictState, Inner};
 use crate::error::{Error, Result};
+use crate::mm::{self, PAGE, PAGE_SHIFT};
 use crate::state::{
     self, PageArray, BUSY, EVICTING, NOEVICT, NOTIFYING, REF, RESIDENT, SWAPPED, UNTOUCHED,
 };
 use crate::stats::inc;
 use crate::swap::{Slot, SwapDevice};
 use crate::swap_io::IoOp;
-use crate::sys::{self, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The evictor's private resources (serialised by `Inner::evict`).
-pub struct EvictState {
-    /// Staging area (`cap` pages, registered with our uffd, normally empty).
-    pub staging: usize,
-    pub cap: usize,
-    /// CLOCK hand (page number).
-    hand: usize,
-}
-
-impl EvictState {
-    pub fn new(staging: usize, cap: usize) -> EvictState {
-        EvictState {
-            staging,
-            cap,
-            hand: 0,
-        }
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Out {
@@ -330,8 +311,9 @@ impl Inner {
         self.resident.fetch_sub(left, Relaxed);
         self.stats.c.swap_outs.fetch_add(moved as u64, Relaxed);
         // 7. Empty the staging area for the next batch.
+        use rustix::mm::Advice::LinuxDontNeed;
         // SAFETY: the staging area is ours; its contents are now in swap.
-        if let Err(e) = unsafe { sys::madvise(st.staging, n * PAGE, libc::MADV_DONTNEED) } {
+        if let Err(e) = unsafe { mm::madvise(st.staging, n * PAGE, LinuxDontNeed) } {
             tracing::error!(%e, "madvise(staging) failed");
         }
         Ok(moved)

@@ -6,12 +6,12 @@
 //! `UFFDIO_COPY`. Whatever it does not bring in (busy pages, failed reads or
 //! fills) it unlocks and leaves to the page-at-a-time path.
 
-use crate::core::{Brought, Inner, Why};
-use crate::pagein_run::MAX_RUN;
+use super::pagein_run::MAX_RUN;
+use super::{Brought, Inner, Why};
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED};
 use crate::swap::{Slot, SwapDevice};
 use crate::swap_io::IoOp;
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::*;
 

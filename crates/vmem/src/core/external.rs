@@ -1,9 +1,9 @@
 //! The external notification API for memory the application pages itself.
 
-use crate::core::{page_range, Inner, Segs};
+use super::{page_range, Inner, Segs};
 use crate::error::{Error, Result};
+use crate::mm::PAGE_SHIFT;
 use crate::state::{self, RESIDENT, SWAPPED};
-use crate::sys::PAGE_SHIFT;
 use std::sync::atomic::Ordering::*;
 
 impl Inner {

@@ -1,20 +1,31 @@
-//! The pager core: shared state (`Inner`), segment lookup, residency queries
-//! and the evictor kick. The transitions live in `pagein`, `registry`,
-//! `evict` and `external`.
+//! The pager core: shared state (`Inner`, the evictor's `EvictState`), segment
+//! lookup, residency queries and the evictor kick. The transitions are further
+//! `impl Inner` blocks in the files of this folder, each importing this file and
+//! nothing above it: `pagein` (bringing one page in), `pagein_run` and
+//! `pagein_batch` (runs of pages, concurrent swap reads), `registry` (register /
+//! unregister, application unmaps), `evict` (victims, listeners, move-out,
+//! write-out, the evictor thread) and `external` (application-managed regions).
 
 use crate::config::PagerConfig;
 use crate::error::{Error, Result};
 use crate::listener::Listeners;
+use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::space::{Segment, Space};
 use crate::state;
 use crate::stats::Stats;
 use crate::swap::SwapDevice;
-use crate::sys::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::uffd::Uffd;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+
+mod evict;
+mod external;
+mod pagein;
+mod pagein_batch;
+mod pagein_run;
+mod registry;
 
 /// Why a page is being brought in.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -48,7 +59,7 @@ pub struct Inner {
     pub budget: AtomicUsize,
     pub resident: AtomicUsize,
     pub registered: AtomicUsize,
-    pub evict: Mutex<crate::evict::EvictState>,
+    pub evict: Mutex<EvictState>,
     pub kick: Mutex<bool>,
     pub kick_cv: Condvar,
     pub evictor_idle: AtomicBool,
@@ -64,13 +75,32 @@ thread_local! {
     pub static IS_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// The evictor's private resources (serialised by `Inner::evict`).
+pub struct EvictState {
+    /// Staging area (`cap` pages, registered with our uffd, normally empty).
+    pub staging: usize,
+    pub cap: usize,
+    /// CLOCK hand (page number).
+    hand: usize,
+}
+
+impl EvictState {
+    pub fn new(staging: usize, cap: usize) -> EvictState {
+        EvictState {
+            staging,
+            cap,
+            hand: 0,
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         let st = self.evict.get_mut();
         let _ = self.uffd.unregister(st.staging, st.cap * PAGE);
         // SAFETY: the staging area is ours; no thread can use it any more
         // (they all held an Arc<Inner>).
-        let _ = unsafe { sys::munmap(st.staging, st.cap * PAGE) };
+        let _ = unsafe { mm::munmap(st.staging, st.cap * PAGE) };
     }
 }
 
@@ -127,12 +157,7 @@ pub(crate) fn kernel(op: &'static str, addr: usize, err: io::Error) -> Error {
 }
 
 impl Inner {
-    pub fn new(
-        cfg: PagerConfig,
-        uffd: Uffd,
-        swap: SwapDevice,
-        evict: crate::evict::EvictState,
-    ) -> Inner {
+    pub fn new(cfg: PagerConfig, uffd: Uffd, swap: SwapDevice, evict: EvictState) -> Inner {
         Inner {
             budget: AtomicUsize::new(cfg.budget_pages.unwrap_or(usize::MAX)),
             cfg,

@@ -1,13 +1,13 @@
 //! Bringing pages in (fault thread, `pin`, `prefetch`) and pin counts: the
 //! non-resident → resident transitions of the page state words.
 
-use crate::core::{kernel, page_range, Brought, Inner, Why, BOUNCE};
+use super::{kernel, page_range, Brought, Inner, Why, BOUNCE};
 use crate::error::{Error, Result};
+use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{
     self, PageArray, BUSY, EVICTING, GONE, MAX_PINS, NOTIFYING, PIN_ONE, REF, RESIDENT, SWAPPED,
 };
 use crate::stats::inc;
-use crate::sys::{self, PageBuf, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 
 impl Inner {
@@ -159,7 +159,7 @@ impl Inner {
                 // itself, e.g. its own swap entry): make sure it is populated.
                 // SAFETY: the pte is not empty, so this read cannot raise a
                 // userfault; the page belongs to a registered mapping.
-                unsafe { sys::touch_read(addr, PAGE) };
+                unsafe { mm::touch_read(addr, PAGE) };
                 let _ = self.uffd.wake(addr, PAGE);
                 Brought::Already
             }

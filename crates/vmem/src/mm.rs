@@ -1,5 +1,6 @@
-//! Thin memory syscalls (mmap, munmap, madvise, mincore) and a page-aligned
-//! bounce buffer: the memory-management edge of the crate.
+//! The memory-management edge of the crate: the page size, thin memory syscalls
+//! (munmap, madvise through rustix; mincore, which rustix lacks, raw) and a
+//! page-aligned bounce buffer. New mappings come from [`crate::AnonMapping`].
 
 use std::io;
 
@@ -7,56 +8,34 @@ use std::io;
 pub const PAGE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
 
+/// The kernel's page size.
 pub fn kernel_page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    rustix::param::page_size()
 }
 
-/// Maps `len` bytes of private anonymous read-write memory (not populated).
-pub fn mmap_anon(len: usize) -> io::Result<usize> {
-    // SAFETY: a fresh anonymous mapping chosen by the kernel aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(p as usize)
-}
-
-/// Unmaps a mapping this crate created with [`mmap_anon`].
+/// Unmaps a mapping this crate created (from an [`crate::AnonMapping`] given up
+/// with `into_raw`).
 ///
 /// # Safety
 /// Nobody may use `[addr, addr+len)` afterwards.
 pub unsafe fn munmap(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: guaranteed by the caller.
-    if unsafe { libc::munmap(addr as *mut _, len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { rustix::mm::munmap(addr as *mut _, len) }?;
     Ok(())
 }
 
 /// `madvise(addr, len, advice)`.
 ///
 /// # Safety
-/// For destructive advice (`MADV_DONTNEED`) the caller owns the contents.
-pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+/// For destructive advice (`LinuxDontNeed`) the caller owns the contents.
+pub unsafe fn madvise(addr: usize, len: usize, advice: rustix::mm::Advice) -> io::Result<()> {
     // SAFETY: guaranteed by the caller.
-    if unsafe { libc::madvise(addr as *mut _, len, advice) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { rustix::mm::madvise(addr as *mut _, len, advice) }?;
     Ok(())
 }
 
 /// `mincore` over page-aligned `[addr, addr+len)`: one byte per page, bit 0 =
-/// resident.
+/// resident. (A raw call: rustix does not offer mincore.)
 pub fn mincore(addr: usize, len: usize, out: &mut [u8]) -> io::Result<()> {
     let pages = len.div_ceil(PAGE);
     assert!(out.len() >= pages);

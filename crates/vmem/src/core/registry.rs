@@ -2,11 +2,11 @@
 //! with userfaultfd, retiring segments nobody references, and following the
 //! application's munmap.
 
-use crate::core::{kernel, page_range, Inner, IS_HANDLER};
+use super::{kernel, page_range, Inner, IS_HANDLER};
 use crate::error::{Error, Result};
+use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::space::{RegInfo, RegionId, Segment};
 use crate::state::{self, PageArray, BUSY, GONE, NOEVICT, REF, RESIDENT, SWAPPED, UNTOUCHED};
-use crate::sys::{self, PageBuf, PAGE, PAGE_SHIFT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ impl Inner {
         let n = p1 - p0;
         let scanned = if scan || external {
             let mut v = vec![0u8; n];
-            sys::mincore(base_addr, n * PAGE, &mut v).map_err(|e| match e.raw_os_error() {
+            mm::mincore(base_addr, n * PAGE, &mut v).map_err(|e| match e.raw_os_error() {
                 Some(libc::ENOMEM) => Error::InvalidRange {
                     addr,
                     len,
@@ -289,7 +289,7 @@ impl Inner {
                     // SAFETY: the pager created this mapping in alloc(); no
                     // registration references these pages any more, and the
                     // application did not unmap them.
-                    if let Err(e) = unsafe { sys::munmap(a, l) } {
+                    if let Err(e) = unsafe { mm::munmap(a, l) } {
                         tracing::error!(%e, "munmap of pager-owned region failed");
                     }
                 }

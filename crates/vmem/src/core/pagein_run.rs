@@ -4,10 +4,10 @@
 //! range (a two-sided NP-RDMA fault pins whole request ranges); anything
 //! that does not fit a run falls back to the page-at-a-time path.
 
-use crate::core::{Brought, Inner, Why};
+use super::{Brought, Inner, Why};
 use crate::error::{Error, Result};
+use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED, UNTOUCHED};
-use crate::sys::{PageBuf, PAGE, PAGE_SHIFT};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::*;
 

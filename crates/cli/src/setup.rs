@@ -1,0 +1,187 @@
+//! The set-up both ends of a run share: the access rights of every buffer, the
+//! address a QP is reached at and its connection in any memory mode, the pager of
+//! the NP-RDMA and ODP-model modes, the software RNIC's objects for either end
+//! ([`Side`]), and which modes this build can run.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CliError, Result};
+use crate::spec::{Mode, RECV_DEPTH};
+
+/// Access rights of every buffer of a run.
+pub fn rnic_access() -> rnic::Access {
+    rnic::Access::LOCAL_WRITE
+        | rnic::Access::REMOTE_READ
+        | rnic::Access::REMOTE_WRITE
+        | rnic::Access::REMOTE_ATOMIC
+}
+
+pub fn np_access() -> nprdma::Access {
+    nprdma::Access::LOCAL_WRITE
+        | nprdma::Access::REMOTE_READ
+        | nprdma::Access::REMOTE_WRITE
+        | nprdma::Access::REMOTE_ATOMIC
+}
+
+/// A host address + QPN, exchanged out of band.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QpAddr {
+    pub host: String,
+    pub qpn: u32,
+}
+
+/// A run's QP in any memory mode: an rnic QP (pinned, ODP model) or an NP-RDMA one.
+pub enum RunQp<'a> {
+    Rnic(&'a rnic::Qp),
+    Np(&'a nprdma::Qp),
+}
+
+impl RunQp<'_> {
+    /// This QP's address on `host`, for the peer.
+    pub fn addr(&self, host: &rnic::Host) -> QpAddr {
+        let qpn = match self {
+            RunQp::Rnic(qp) => qp.qpn(),
+            RunQp::Np(qp) => qp.qpn(),
+        };
+        QpAddr {
+            host: host.addr().to_hex(),
+            qpn,
+        }
+    }
+
+    /// Connects this QP to the peer's QP.
+    pub fn connect(&self, peer: &QpAddr) -> Result<()> {
+        let addr = rnic::HostAddr::from_hex(&peer.host)?;
+        match self {
+            RunQp::Rnic(qp) => qp.connect(rnic_access(), addr, peer.qpn, 7)?,
+            RunQp::Np(qp) => qp.connect(&nprdma::Endpoint {
+                addr: addr.to_bytes(),
+                qpn: peer.qpn,
+            })?,
+        }
+        Ok(())
+    }
+}
+
+/// `NPRDMA_SWAP_BUFFERED=1`: the target pager's swap file goes through the page
+/// cache (a major fault may then be a memory copy); labelled in every row.
+pub const SWAP_BUFFERED_ENV: &str = "NPRDMA_SWAP_BUFFERED";
+
+/// Whether `NPRDMA_SWAP_BUFFERED` (its value `v`) asks for buffered swap.
+pub fn swap_buffered(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(CliError::Arg(format!(
+            "{SWAP_BUFFERED_ENV}={other:?}: expected 0 or 1"
+        ))),
+    }
+}
+
+/// A pager with a swap file large enough for the biggest window: O_DIRECT swap
+/// (like Linux swap), unless `NPRDMA_SWAP_BUFFERED=1`.
+pub fn new_pager() -> Result<vmem::Pager> {
+    let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
+    Ok(vmem::Pager::new(vmem::PagerConfig {
+        swap_size: 1 << 30,
+        o_direct: !buffered,
+        ..vmem::PagerConfig::default()
+    })?)
+}
+
+/// Which end of a run a set-up is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Posts the operations: one CQ for sends and receives, a QP of `depth`
+    /// sends and a few receives.
+    Initiator {
+        /// Send-queue depth (the run's window).
+        depth: usize,
+    },
+    /// Serves them: separate send and receive CQs, a QP with room for
+    /// `RECV_DEPTH` posted receives.
+    Target,
+}
+
+/// The software RNIC's objects of a pinned or ODP-model end of a run.
+pub struct RnicQp {
+    /// The QP.
+    pub qp: rnic::Qp,
+    /// Its send CQ (also its receive CQ on the initiator).
+    pub cq: rnic::Cq,
+    /// Its receive CQ (the send CQ itself on the initiator).
+    pub rcq: rnic::Cq,
+    /// The protection domain of the end's buffers.
+    pub pd: rnic::Pd,
+    /// The device context.
+    pub ctx: rnic::Context,
+}
+
+/// The rnic objects of `side` on `host`.
+pub fn rnic_qp(host: &rnic::Host, side: Side) -> Result<RnicQp> {
+    let ctx = host.open_context()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4096, None)?;
+    let (rcq, max_send_wr, max_recv_wr) = match side {
+        Side::Initiator { depth } => (cq.clone(), depth as u32, 8),
+        Side::Target => (ctx.create_cq(4096, None)?, 64, RECV_DEPTH as u32 + 8),
+    };
+    let attr = rnic::QpInitAttr {
+        max_send_wr,
+        max_recv_wr,
+        ..rnic::QpInitAttr::default()
+    };
+    let qp = pd.create_qp(&cq, &rcq, &attr)?;
+    Ok(RnicQp {
+        qp,
+        cq,
+        rcq,
+        pd,
+        ctx,
+    })
+}
+
+/// Whether this build can run `mode` (checked before any peer process is started).
+pub fn check_mode(mode: Mode) -> Result<()> {
+    match mode {
+        Mode::Pinned | Mode::Nprdma => Ok(()),
+        #[cfg(feature = "odp")]
+        Mode::Odp => Ok(()),
+        #[cfg(not(feature = "odp"))]
+        Mode::Odp => Err(odp_unavailable()),
+    }
+}
+
+#[cfg_attr(feature = "odp", allow(dead_code))]
+pub fn odp_unavailable() -> CliError {
+    CliError::Unavailable(
+        "this nprdma was built without the `odp` feature (the ODP model baseline)".into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_side_gets_its_queues() {
+        let host = rnic::Host::new(rnic::HostConfig::default()).unwrap();
+        let ini = rnic_qp(&host, Side::Initiator { depth: 16 }).unwrap();
+        let cap = ini.qp.cap();
+        assert_eq!((cap.max_send_wr, cap.max_recv_wr), (16, 8));
+        let tgt = rnic_qp(&host, Side::Target).unwrap();
+        let cap = tgt.qp.cap();
+        assert_eq!(
+            (cap.max_send_wr, cap.max_recv_wr),
+            (64, RECV_DEPTH as u32 + 8)
+        );
+    }
+
+    #[test]
+    fn swap_buffered_takes_0_or_1() {
+        assert!(!swap_buffered(None).unwrap());
+        assert!(!swap_buffered(Some(" 0 ")).unwrap());
+        assert!(swap_buffered(Some("1")).unwrap());
+        assert!(matches!(swap_buffered(Some("yes")), Err(CliError::Arg(_))));
+    }
+}
