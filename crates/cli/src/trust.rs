@@ -14,7 +14,11 @@ pub fn host_config() -> rnic::HostConfig {
     let d = rnic::HostConfig::default();
     rnic::HostConfig {
         trusted_peers,
-        ring_max: if trusted_peers { d.ring_max } else { SECURE_RING_MAX },
+        ring_max: if trusted_peers {
+            d.ring_max
+        } else {
+            SECURE_RING_MAX
+        },
         ..d
     }
 }

@@ -37,7 +37,27 @@
 //!   flush epochs, NIC-thread futex, stats — lives in one fixed-layout memfd mapping
 //!   addressed by offsets. In-process peers share it; another process maps it through
 //!   `/proc/<pid>/fd/<fd>` from the 16-byte [`HostAddr`], lazily at RTR.
-//! * **No passive application thread.** The requester runs in the posting/polling
+//! * **Target-enforced protection across processes (the default).** A host never
+//!   touches another process's memory: every request to a peer in another process —
+//!   READ/WRITE of any size in parts of one ring slot (`ring_max` bytes, at least
+//!   4 KiB), atomics, SEND/SEND_WITH_IMM in parts, WRITE_WITH_IMM as WRITE parts plus a
+//!   last part that consumes the receive — goes through the target QP's request ring.
+//!   The target's NIC thread (or the thread serving its rings) reads each slot once and
+//!   checks QP, connection, rkey, PD, bounds and rights itself (the whole range at a
+//!   WR's first part, each part's own range again inside the epoch section of its copy,
+//!   so a deregistration that returned is never overtaken); a SEND in parts claims its
+//!   receive at the first part and lands each part through the receive's lkeys,
+//!   re-validated per part, from state the server keeps in its own memory
+//!   (`inbound.rs`). No `PR_SET_PTRACER_ANY`, no `process_vm_*`, no `pidfd_getfd`: a
+//!   dead or stopped peer holds none of this host's flushes, a resumed one meets the
+//!   checks of the moment, a reused PID reaches nothing. Requesters check the target's
+//!   liveness after 1 ms without an answer (RETRY_EXC_ERR at once for a dead one).
+//! * **Trusting hosts** (`HostConfig::trusted_peers` on both sides, the labelled
+//!   opt-in; `NicStats::direct_remote` counts its WRs): the older, faster path below,
+//!   where the initiator performs the target NIC's work itself. Within one process both
+//!   hosts always share the address space and use it (`inproc_ring` sends every op
+//!   through the target-enforced protocol in-process, for tests).
+//! * **No passive application thread** (trusting hosts). The requester runs in the posting/polling
 //!   thread of the initiator: `post_send` validates, queues and starts WRs in QP order.
 //!   WRITE, READ, SEND, WRITE_WITH_IMM are performed by the initiator itself against
 //!   the target's shared tables (the exact responder checks, per-atom translation
@@ -123,8 +143,11 @@
 //!
 //! ## Known limits
 //! SQD/SQE states, memory windows, SRQs, UD/UC QPs are not modelled; PSNs are accepted
-//! and ignored (the transports are lossless). Peers are trusted processes of the same
-//! machine (a peer performs the target NIC's checks itself).
+//! and ignored (the transports are lossless). The segment is still mapped writable by
+//! peers (their requests and doorbells live in it), so a process that bypasses this
+//! crate could rewrite another host's tables; sealing all but the request area is the
+//! remaining step of target-enforced protection. Between trusting hosts, a peer performs
+//! the target NIC's checks itself.
 
 pub mod config;
 pub mod cq;
@@ -132,8 +155,8 @@ pub mod dma;
 pub mod error;
 pub mod frames;
 pub mod host;
-pub mod iommu;
 mod inbound;
+pub mod iommu;
 pub mod mr;
 mod nic;
 pub mod odp;

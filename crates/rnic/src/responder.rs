@@ -274,7 +274,11 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv:
         if !seg.p.trusted_by_owner() {
             // A shared copy has this thread copy between addresses the initiator chose:
             // only between hosts that trust each other. Refused like a malformed request.
-            tracing::warn!(qpn, src_qpn, "refused a shared-copy job: this host does not trust its peers");
+            tracing::warn!(
+                qpn,
+                src_qpn,
+                "refused a shared-copy job: this host does not trust its peers"
+            );
             finish_slot(seg, me, idx, r, h, cons, WcStatus::RemInvReqErr as u32, 0);
             return true;
         }
@@ -344,9 +348,7 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv:
         match req.code {
             // Payloads of up to 8 bytes travel in the slot header's own cache line, so
             // `ring_max` < 8 still serves atomics and tiny READ/WRITEs.
-            segment::RING_READ | segment::RING_WRITE if len > 8 && len > ring_max => {
-                (WcStatus::RemInvReqErr as u32, 0)
-            }
+            segment::RING_READ | segment::RING_WRITE if len > 8 && len > ring_max => (WcStatus::RemInvReqErr as u32, 0),
             segment::RING_SEND | segment::RING_WRITE_IMM if len > ring_max => (WcStatus::RemInvReqErr as u32, 0),
             segment::RING_READ | segment::RING_WRITE => serve_rw(seg, r, &req, data, section),
             segment::RING_CAS | segment::RING_FADD => {
@@ -393,7 +395,16 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv:
 /// Answer slot `cons` of QP `idx` with `status` (a `WcStatus` or a `RING_ST_*` code)
 /// and `result`; a responder error moves the QP to ERR, as on hardware.
 #[allow(clippy::too_many_arguments)]
-fn finish_slot(seg: &Segment, me: &Peer, idx: u32, r: &QpRec, h: &segment::SlotHdr, cons: u64, status: u32, result: u64) {
+fn finish_slot(
+    seg: &Segment,
+    me: &Peer,
+    idx: u32,
+    r: &QpRec,
+    h: &segment::SlotHdr,
+    cons: u64,
+    status: u32,
+    result: u64,
+) {
     if status != WcStatus::Success as u32 && status != WcStatus::RetryExcErr as u32 && status < segment::RING_ST_RNR {
         qp_error(seg, me, idx);
     }

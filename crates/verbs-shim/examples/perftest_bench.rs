@@ -145,9 +145,15 @@ fn main() {
     // targets themselves (NPRDMA_TRUSTED_PEERS=1 on both sides).
     let mut configs: Vec<Config> = vec![
         ("pinned", &[("NPRDMA_MODE", "pinned")]),
-        ("pinned, trusted peers", &[("NPRDMA_MODE", "pinned"), ("NPRDMA_TRUSTED_PEERS", "1")]),
+        (
+            "pinned, trusted peers",
+            &[("NPRDMA_MODE", "pinned"), ("NPRDMA_TRUSTED_PEERS", "1")],
+        ),
         ("NP-RDMA", &[("NPRDMA_MODE", "nprdma")]),
-        ("NP-RDMA, trusted peers", &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_TRUSTED_PEERS", "1")]),
+        (
+            "NP-RDMA, trusted peers",
+            &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_TRUSTED_PEERS", "1")],
+        ),
     ];
     let budget: &'static str = std::env::var("PERFTEST_BENCH_BUDGET_PAGES")
         .unwrap_or_else(|_| "4".into())

@@ -36,9 +36,15 @@
 //! * `NPRDMA_MODE` — backend: `pinned` (default) = standard RDMA on the software RNIC;
 //!   `nprdma` (also `np`, `np-rdma`) = NP-RDMA (see below); unknown values fail
 //!   `ibv_open_device`.
-//! * `NPRDMA_RING_MAX` (bytes, default 8), `NPRDMA_NIC_SPIN_US` (default 0),
-//!   `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring size, NIC-thread spin window
-//!   and large-transfer sharing (see [`backend::host_config_from_env`]).
+//! * `NPRDMA_TRUSTED_PEERS=1` — the labelled opt-in to the direct path between trusting
+//!   processes (set it on both sides): initiators copy into this process with
+//!   `process_vm_*`, which it allows to any process (`PR_SET_PTRACER_ANY`). Default:
+//!   target-enforced protection — every request of a peer is checked and executed by
+//!   this process's own NIC thread, and nothing else of it is reachable.
+//! * `NPRDMA_RING_MAX` (bytes; default 64 KiB, with trusted peers 8), `NPRDMA_NIC_SPIN_US`
+//!   (default 0), `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring slot size,
+//!   NIC-thread spin window and large-transfer sharing (see
+//!   [`backend::host_config_from_env`]).
 //! * `NPRDMA_TRACE` — log the sysfs reads applications attempt.
 //! * `NPRDMA_STATS=1` — at exit, one `nprdma-stats: key=value …` line on stderr (mode;
 //!   in NP-RDMA mode also the pager's budget/swap-outs/swap-ins/major faults, the
@@ -73,8 +79,9 @@
 //!   `warn`, `nprdma=debug`, ...; default `error`).
 //! * `NPRDMA_SWAP_BUFFERED=1` — swap through the page cache (default: O_DIRECT, so a
 //!   major fault reads the device, as Linux swap does).
-//! * `NPRDMA_RING_MAX` defaults to 0 in this mode (atomics run on the target CPU, so
-//!   every READ/WRITE, version READs included, is copied by the initiator itself).
+//! * With `NPRDMA_TRUSTED_PEERS=1`, `NPRDMA_RING_MAX` defaults to 0 in this mode (atomics
+//!   run on the target CPU, so every READ/WRITE, version READs included, is copied by
+//!   the initiator itself).
 //! * `NPRDMA_PAGER_SPIN_US` (default 50) — fault-thread polling after a fault.
 //! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
 //!   thread: spin window after work / never spin.
