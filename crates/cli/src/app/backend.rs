@@ -16,7 +16,7 @@ use crate::app::proto::{
 };
 use crate::error::{CliError, Result};
 use crate::mem::{page_size, rss_bytes, PinnedBuf};
-use crate::target::{np_access, pager_with, rnic_access, rnic_qp, QpAddr, RunQp};
+use crate::target::{np_access, pager_with, rnic_access, QpAddr, RunQp};
 use crate::wire::{recv, send};
 
 /// Samples this process's RSS every 2 ms: peak and mean above `base` since the
@@ -101,18 +101,30 @@ const SLOTS: usize = 2;
 struct CopyQp {
     qp: rnic::Qp,
     scq: rnic::Cq,
+    /// Armed on the server's completion channel when it goes idle.
     rcq: rnic::Cq,
     /// SLOTS receive slots then one send buffer, each `slot` bytes.
     mr: rnic::Mr,
     buf: PinnedBuf,
-    _pd: rnic::Pd,
+}
+
+/// The copy-through back-end's verbs objects shared by its QPs (dropped after them).
+struct CopyVerbs {
+    chan: rnic::CompChannel,
+    pd: rnic::Pd,
     _ctx: rnic::Context,
 }
 
 impl CopyServer {
     /// Serve `qps` over the pool at `[pool, pool + pool_len)` with `item`-byte
     /// items. The pool must outlive the server (`stop` joins it).
-    fn start(qps: Vec<CopyQp>, pool: usize, pool_len: usize, item: usize) -> Result<CopyServer> {
+    fn start(
+        qps: Vec<CopyQp>,
+        chan: rnic::CompChannel,
+        pool: usize,
+        pool_len: usize,
+        item: usize,
+    ) -> Result<CopyServer> {
         let stop = Arc::new(AtomicBool::new(false));
         let rpcs = Arc::new(AtomicU64::new(0));
         let slot = RPC_HDR + item;
@@ -124,7 +136,7 @@ impl CopyServer {
         let (st, rc) = (stop.clone(), rpcs.clone());
         let thread = std::thread::Builder::new()
             .name("copy-server".into())
-            .spawn(move || serve_copy(qps, pool, pool_len, item, st, rc))?;
+            .spawn(move || serve_copy(qps, chan, pool, pool_len, item, st, rc))?;
         Ok(CopyServer {
             stop,
             rpcs,
@@ -157,8 +169,12 @@ fn post_slot(q: &CopyQp, qi: usize, s: usize, slot: usize) -> Result<()> {
     .map_err(|e| CliError::Nic(e.err))
 }
 
+/// The server loop: like a polling RPC server (and NP-RDMA's own polling
+/// thread), it spins for 50 µs after work, then arms the receive CQs and
+/// blocks on the completion channel (so it leaves the CPU to the others).
 fn serve_copy(
     qps: Vec<CopyQp>,
+    chan: rnic::CompChannel,
     pool: usize,
     pool_len: usize,
     item: usize,
@@ -169,6 +185,7 @@ fn serve_copy(
     let items = pool_len / item;
     let mut wc = [rnic::Wc::default(); 16];
     let mut idle = Instant::now();
+    let mut armed = false;
     while !stop.load(Ordering::Relaxed) {
         let mut any = false;
         for (qi, q) in qps.iter().enumerate() {
@@ -250,8 +267,23 @@ fn serve_copy(
         }
         if any {
             idle = Instant::now();
+            armed = false;
         } else if idle.elapsed() > Duration::from_micros(50) {
-            std::thread::yield_now();
+            if !armed {
+                // Arm, then poll once more: a request that arrived before the
+                // arming is found by that poll, one after it fires the channel.
+                for q in &qps {
+                    q.rcq.req_notify(false)?;
+                }
+                armed = true;
+                continue;
+            }
+            match chan.get_event(Some(Duration::from_millis(20))) {
+                Ok(_) | Err(rnic::Error::Timeout) => {}
+                Err(e) => return Err(e.into()),
+            }
+            armed = false;
+            idle = Instant::now();
         }
     }
     Ok(())
@@ -278,6 +310,7 @@ enum Pool {
         /// Started once the QPs are connected (`pending` until then).
         server: Option<CopyServer>,
         pending: Vec<CopyQp>,
+        verbs: CopyVerbs,
         qp_addrs: Vec<QpAddr>,
         item: usize,
         region: vmem::Region,
@@ -378,13 +411,26 @@ impl Backend {
                 let pager = pager_with(spec.swap, Some(budget_pages))?;
                 let region = pager.alloc(pool_len)?;
                 let slot = RPC_HDR + item;
+                let ctx = host.open_context()?;
+                let verbs = CopyVerbs {
+                    chan: ctx.create_comp_channel()?,
+                    pd: ctx.alloc_pd()?,
+                    _ctx: ctx,
+                };
                 let mut qps = Vec::new();
                 let mut qp_addrs = Vec::new();
                 for _ in 0..spec.qps {
-                    let (ctx, pd, scq, rcq, qp) = rnic_qp(&host)?;
+                    let scq = verbs._ctx.create_cq(64, None)?;
+                    let rcq = verbs._ctx.create_cq(64, Some(&verbs.chan))?;
+                    let attr = rnic::QpInitAttr {
+                        max_send_wr: 16,
+                        max_recv_wr: SLOTS as u32 + 2,
+                        ..rnic::QpInitAttr::default()
+                    };
+                    let qp = verbs.pd.create_qp(&scq, &rcq, &attr)?;
                     let buf = PinnedBuf::new((SLOTS + 1) * slot)?;
                     // SAFETY: `buf` outlives `mr` (declared after it in `CopyQp`).
-                    let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
+                    let mr = unsafe { verbs.pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
                     qp_addrs.push(RunQp::Rnic(&qp).addr(&host));
                     qps.push(CopyQp {
                         qp,
@@ -392,14 +438,13 @@ impl Backend {
                         rcq,
                         mr,
                         buf,
-                        _pd: pd,
-                        _ctx: ctx,
                     });
                 }
                 (
                     Pool::Copy {
                         server: None,
                         pending: qps,
+                        verbs,
                         qp_addrs,
                         item,
                         region,
@@ -483,13 +528,21 @@ impl Backend {
         if let Pool::Copy {
             server,
             pending,
+            verbs,
             item,
             region,
             ..
         } = &mut self.pool
         {
             let qps = std::mem::take(pending);
-            *server = Some(CopyServer::start(qps, region.addr(), region.len(), *item)?);
+            let chan = verbs.chan.clone();
+            *server = Some(CopyServer::start(
+                qps,
+                chan,
+                region.addr(),
+                region.len(),
+                *item,
+            )?);
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod front;
 pub mod item;
 pub mod proto;
+pub mod report;
 pub mod shuffle;
 
 use std::net::TcpListener;
