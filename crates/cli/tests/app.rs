@@ -95,12 +95,13 @@ fn tiny_cache_verifies_every_read_in_every_design() {
 fn tiny_shuffle_verifies_every_partition() {
     let rows = json_lines(&[
         "app", "shuffle", "--pool", "64M", "--budget", "16M", "--maps", "2", "--parts", "3",
-        "--part", "256K", "--json",
+        "--part", "256K", "--rounds", "2", "--json",
     ]);
     assert_eq!(rows.len(), 2);
     for r in &rows {
-        assert_eq!(u(r, "partitions_verified"), 6, "{r}");
-        assert_eq!(u(r, "verified_bytes"), 6 * 256 * 1024, "{r}");
+        // Two rounds (block versions 0 and 1) of 2 x 3 partitions.
+        assert_eq!(u(r, "partitions_verified"), 12, "{r}");
+        assert_eq!(u(r, "verified_bytes"), 12 * 256 * 1024, "{r}");
         assert_eq!(u(r, "nonresident_dma"), 0, "{r}");
     }
     // The pinned pool is resident; NP-RDMA's holds about the shuffle's data.

@@ -548,8 +548,14 @@ impl Backend {
     }
 
     /// The shuffle's map stage: every partition written by the CPU (block
-    /// (m·parts + r), version 0); returns its time (µs).
-    pub fn map(&mut self, maps: usize, parts: usize, part_bytes: usize) -> Result<f64> {
+    /// (m·parts + r), `version`); returns its time (µs).
+    pub fn map(
+        &mut self,
+        maps: usize,
+        parts: usize,
+        part_bytes: usize,
+        version: u64,
+    ) -> Result<f64> {
         let need = maps
             .checked_mul(parts)
             .and_then(|n| n.checked_mul(part_bytes))
@@ -567,7 +573,7 @@ impl Backend {
         }
         let t = Instant::now();
         for (b, chunk) in mem[..need].chunks_exact_mut(part_bytes).enumerate() {
-            item::fill(chunk, b as u64, 0);
+            item::fill(chunk, b as u64, version);
         }
         Ok(t.elapsed().as_secs_f64() * 1e6)
     }
@@ -656,9 +662,10 @@ pub fn serve_one(listener: &TcpListener) -> Result<()> {
                     maps,
                     parts,
                     part_bytes,
+                    version,
                 },
                 Some(b),
-            ) => match b.map(maps, parts, part_bytes) {
+            ) => match b.map(maps, parts, part_bytes, version) {
                 Ok(us) => Resp::Mapped { us },
                 Err(e) => Resp::Error { msg: e.to_string() },
             },

@@ -357,12 +357,19 @@ impl Remote {
         }
     }
 
-    /// The shuffle's map stage at the back-end; its time (µs).
-    pub fn map(&mut self, maps: usize, parts: usize, part_bytes: usize) -> Result<f64> {
+    /// The shuffle's map stage at the back-end (round `version`); its time (µs).
+    pub fn map(
+        &mut self,
+        maps: usize,
+        parts: usize,
+        part_bytes: usize,
+        version: u64,
+    ) -> Result<f64> {
         match self.call(&Req::Map {
             maps,
             parts,
             part_bytes,
+            version,
         })? {
             Resp::Mapped { us } => Ok(us),
             x => Err(CliError::Peer(format!("unexpected answer {x:?}"))),

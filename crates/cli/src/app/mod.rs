@@ -138,6 +138,10 @@ pub struct ShuffleArgs {
     /// Partition size.
     #[arg(long, value_parser = parse_size, default_value = "1M")]
     pub part: u64,
+    /// Jobs run one after the other on the same pool (a long-running
+    /// executor's queries); the first touches the pool's pages.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     #[command(flatten)]
     pub net: NetArgs,
 }
@@ -191,6 +195,7 @@ impl ShuffleArgs {
             maps: self.maps,
             parts: self.parts,
             part_bytes: usize_of(self.part, "part")?,
+            rounds: self.rounds,
         })
     }
 }
@@ -252,7 +257,8 @@ pub fn cmd_app(a: AppArgs) -> Result<()> {
             }
             if !s.net.json {
                 println!(
-                    "# shuffle: {} maps x {} partitions of {} = {} into a pool of {} (NP-RDMA budget {})",
+                    "# shuffle: {} round(s) of {} maps x {} partitions of {} = {} into a pool of {} (NP-RDMA budget {})",
+                    j.rounds,
                     j.maps,
                     j.parts,
                     proto::human(j.part_bytes as u64),
@@ -276,10 +282,13 @@ pub fn cmd_app(a: AppArgs) -> Result<()> {
             let n = rows.iter().find(|r| r.design == Design::Nprdma);
             if let (Some(p), Some(n), false) = (p, n, s.net.json) {
                 let (saved, slow, init) = shuffle::compare(p, n);
+                let (later, first) = shuffle::round_slowdowns(p, n);
                 println!(
-                    "# NP-RDMA vs pinned: {:.1} % of the pool's physical memory saved (mean), job {:+.1} %, initialisation {:.1}x faster",
+                    "# NP-RDMA vs pinned: {:.1} % of the pool's physical memory saved (mean), job {:+.1} % (first round {:+.1} %, later rounds {}), initialisation {:.1}x faster",
                     saved * 100.0,
                     slow * 100.0,
+                    first * 100.0,
+                    later.map_or("-".into(), |x| format!("{:+.1} %", x * 100.0)),
                     init
                 );
             }

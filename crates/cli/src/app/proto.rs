@@ -226,11 +226,14 @@ pub enum Req {
         peers: Vec<QpAddr>,
     },
     /// Shuffle map stage: `maps` tasks each write `parts` partitions of
-    /// `part_bytes` into the pool, partition (m, r) at `(m * parts + r) * part_bytes`.
+    /// `part_bytes` into the pool, partition (m, r) at `(m * parts + r) * part_bytes`,
+    /// as block version `version`.
     Map {
         maps: usize,
         parts: usize,
         part_bytes: usize,
+        /// The round (block version) written.
+        version: u64,
     },
     /// Restart the counters and the RSS sampling window.
     Mark,

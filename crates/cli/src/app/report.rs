@@ -46,6 +46,7 @@ struct Plan {
     pools: Vec<u64>,
     shuffle_budget_div: u64,
     job: (usize, usize, usize),
+    rounds: usize,
 }
 
 fn plan(size: Size) -> Plan {
@@ -59,6 +60,7 @@ fn plan(size: Size) -> Plan {
             pools: vec![32 * m, 64 * m],
             shuffle_budget_div: 4,
             job: (2, 2, 256 << 10),
+            rounds: 2,
         },
         Size::Quick => Plan {
             budget: 16 * m,
@@ -68,6 +70,7 @@ fn plan(size: Size) -> Plan {
             pools: vec![256 * m, 1024 * m],
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
+            rounds: 3,
         },
         Size::Full => Plan {
             budget: 32 * m,
@@ -77,6 +80,7 @@ fn plan(size: Size) -> Plan {
             pools: vec![256 * m, 512 * m, 1024 * m, 2048 * m],
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
+            rounds: 3,
         },
     }
 }
@@ -116,6 +120,7 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
             maps,
             parts,
             part_bytes,
+            rounds: p.rounds,
         };
         for d in [Design::Pinned, Design::Nprdma] {
             tick(&format!("app shuffle {} {}", human(pool), d.label()));
@@ -299,20 +304,26 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
     }
     if !a.shuffle.is_empty() {
         let _ = writeln!(w, "### Shuffle: pool registered at start-up, map tasks write, reducers READ from another process\n");
-        let _ = writeln!(w, "| design | pool | data | NP budget | init ms | map ms | reduce ms | job ms | pool memory mean | peak | verified |");
-        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(w, "| design | pool | data per round | NP budget | init ms | rounds | map ms | reduce ms | job ms | 1st round ms | later rounds ms | pool memory mean | peak | verified |");
+        let _ = writeln!(
+            w,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         for r in &a.shuffle {
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |",
                 r.label,
                 human(r.pool_bytes),
                 human(r.data_bytes),
                 human(r.budget_bytes),
                 r.init_ms,
+                r.rounds,
                 r.map_ms,
                 r.reduce_ms,
                 r.job_ms,
+                r.first_round_ms,
+                r.later_round_ms.map_or("-".into(), |x| format!("{x:.1}")),
                 human(r.pool_rss_mean),
                 human(r.pool_rss_peak),
                 human(r.verified_bytes)
@@ -362,10 +373,22 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
                 human(pool),
                 saved * 100.0
             );
+            let (later, first) = shuffle::round_slowdowns(p, n);
             let _ = writeln!(
                 w,
-                "| shuffle: job slowdown vs all-pinned (map + reduce) | 5.4 % | {} |",
+                "| shuffle: job slowdown vs all-pinned (map + reduce, {} rounds) | 5.4 % | {} |",
+                n.rounds,
                 pct(slow)
+            );
+            let _ = writeln!(
+                w,
+                "| — first round (pool pages touched for the first time) | — | {} |",
+                pct(first)
+            );
+            let _ = writeln!(
+                w,
+                "| — later rounds (pages resident and mapped) | — | {} |",
+                later.map_or("n/a".into(), pct)
             );
             let _ = writeln!(
                 w,

@@ -23,9 +23,13 @@ pub struct Job {
     pub maps: usize,
     pub parts: usize,
     pub part_bytes: usize,
+    /// Jobs run one after the other on the same pool (queries of one
+    /// long-running executor); round k writes block version k.
+    pub rounds: usize,
 }
 
 impl Job {
+    /// Bytes one round shuffles.
     pub fn data_bytes(&self) -> u64 {
         (self.maps * self.parts * self.part_bytes) as u64
     }
@@ -44,10 +48,16 @@ pub struct ShuffleResult {
     pub part_bytes: usize,
     /// Pool allocation + registration (pinned: mlock + register).
     pub init_ms: f64,
+    pub rounds: usize,
+    /// Map and reduce time, summed over the rounds.
     pub map_ms: f64,
     pub reduce_ms: f64,
-    /// map + reduce (the job proper).
+    /// map + reduce over all rounds (the job proper).
     pub job_ms: f64,
+    /// The first round (map + reduce: pool pages touched for the first time)
+    /// and the mean of the later ones (`None` with one round).
+    pub first_round_ms: f64,
+    pub later_round_ms: Option<f64>,
     /// init + job.
     pub total_ms: f64,
     /// Pool physical memory during the job (back-end RSS above its level
@@ -57,6 +67,7 @@ pub struct ShuffleResult {
     pub rss_samples: u64,
     pub swap_ins: u64,
     pub swap_outs: u64,
+    /// Over all rounds.
     pub verified_bytes: u64,
     pub partitions_verified: usize,
     pub nonresident_dma: u64,
@@ -80,9 +91,14 @@ pub fn run(j: &Job, design: Design, client: Option<(&str, u16)>) -> Result<Shuff
             "the shuffle compares pinned and nprdma pools (--designs pinned,nprdma)".into(),
         ));
     }
-    if j.maps == 0 || j.parts == 0 || j.part_bytes < item::HEADER || j.part_bytes > (64 << 20) {
+    if j.maps == 0
+        || j.parts == 0
+        || j.rounds == 0
+        || j.part_bytes < item::HEADER
+        || j.part_bytes > (64 << 20)
+    {
         return Err(CliError::Arg(format!(
-            "--maps and --parts must be ≥ 1 and --part {} B .. 64 MiB",
+            "--maps, --parts and --rounds must be ≥ 1 and --part {} B .. 64 MiB",
             item::HEADER
         )));
     }
@@ -99,28 +115,34 @@ pub fn run(j: &Job, design: Design, client: Option<(&str, u16)>) -> Result<Shuff
     be.connect(vec![c.addr()])?;
     c.connect(&be.ready.qps[0])?;
     be.mark()?;
-    let t = Instant::now();
-    let map_us = be.map(j.maps, j.parts, j.part_bytes)?;
-    let t_red = Instant::now();
+    let (mut map_ms, mut reduce_ms) = (0.0, 0.0);
+    let mut round_ms = Vec::new();
     let mut verified = 0u64;
     let mut n = 0usize;
-    for r in 0..j.parts {
-        for m in 0..j.maps {
-            let block = (m * j.parts + r) as u64;
-            let raddr = be.ready.base + block * j.part_bytes as u64;
-            c.one_sided(false, 0, j.part_bytes, raddr, be.ready.rkey)?;
-            item::verify(&c.buf()[..j.part_bytes], block, 0).map_err(|e| {
-                CliError::Completion(format!(
-                    "reducer {r}: wrong partition from map {m} ({}): {e}",
-                    design.label()
-                ))
-            })?;
-            verified += j.part_bytes as u64;
-            n += 1;
+    for round in 0..j.rounds as u64 {
+        let t = Instant::now();
+        map_ms += be.map(j.maps, j.parts, j.part_bytes, round)? / 1e3;
+        let t_red = Instant::now();
+        for r in 0..j.parts {
+            for m in 0..j.maps {
+                let block = (m * j.parts + r) as u64;
+                let raddr = be.ready.base + block * j.part_bytes as u64;
+                c.one_sided(false, 0, j.part_bytes, raddr, be.ready.rkey)?;
+                item::verify(&c.buf()[..j.part_bytes], block, round).map_err(|e| {
+                    CliError::Completion(format!(
+                        "round {round}, reducer {r}: wrong partition from map {m} ({}): {e}",
+                        design.label()
+                    ))
+                })?;
+                verified += j.part_bytes as u64;
+                n += 1;
+            }
         }
+        reduce_ms += t_red.elapsed().as_secs_f64() * 1e3;
+        round_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let reduce_ms = t_red.elapsed().as_secs_f64() * 1e3;
-    let job_ms = t.elapsed().as_secs_f64() * 1e3;
+    let job_ms: f64 = round_ms.iter().sum();
+    let later = &round_ms[1..];
     let st = be.stats()?;
     let init_ms = be.ready.init_us / 1e3;
     Ok(ShuffleResult {
@@ -133,9 +155,12 @@ pub fn run(j: &Job, design: Design, client: Option<(&str, u16)>) -> Result<Shuff
         parts: j.parts,
         part_bytes: j.part_bytes,
         init_ms,
-        map_ms: map_us / 1e3,
+        rounds: j.rounds,
+        map_ms,
         reduce_ms,
         job_ms,
+        first_round_ms: round_ms[0],
+        later_round_ms: (!later.is_empty()).then(|| later.iter().sum::<f64>() / later.len() as f64),
         total_ms: init_ms + job_ms,
         pool_rss_peak: st.pool_rss_peak,
         pool_rss_mean: st.pool_rss_mean,
@@ -158,9 +183,20 @@ pub fn compare(pinned: &ShuffleResult, np: &ShuffleResult) -> (f64, f64, f64) {
     )
 }
 
+/// Slowdown of the later rounds (pool pages already touched) and of the
+/// first one, NP-RDMA against pinned.
+pub fn round_slowdowns(pinned: &ShuffleResult, np: &ShuffleResult) -> (Option<f64>, f64) {
+    (
+        np.later_round_ms
+            .zip(pinned.later_round_ms)
+            .map(|(n, p)| n / p.max(1e-9) - 1.0),
+        np.first_round_ms / pinned.first_round_ms.max(1e-9) - 1.0,
+    )
+}
+
 pub fn header() -> String {
     format!(
-        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10}",
+        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10}",
         "design",
         "pool",
         "data",
@@ -168,6 +204,8 @@ pub fn header() -> String {
         "map[ms]",
         "reduce[ms]",
         "job[ms]",
+        "1st[ms]",
+        "later[ms]",
         "mem peak",
         "mem mean",
         "swap-ins",
@@ -177,7 +215,7 @@ pub fn header() -> String {
 
 pub fn row(r: &ShuffleResult) -> String {
     format!(
-        "{:<20} {:>9} {:>9} {:>9.1} {:>10.1} {:>10.1} {:>10.1} {:>11} {:>11} {:>9} {:>10}",
+        "{:<20} {:>9} {:>9} {:>9.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10} {:>11} {:>11} {:>9} {:>10}",
         r.label,
         human(r.pool_bytes),
         human(r.data_bytes),
@@ -185,6 +223,8 @@ pub fn row(r: &ShuffleResult) -> String {
         r.map_ms,
         r.reduce_ms,
         r.job_ms,
+        r.first_round_ms,
+        r.later_round_ms.map_or("-".into(), |x| format!("{x:.1}")),
         human(r.pool_rss_peak),
         human(r.pool_rss_mean),
         r.swap_ins,
