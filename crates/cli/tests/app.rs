@@ -89,6 +89,30 @@ fn tiny_cache_verifies_every_read_in_every_design() {
         }
     }
     assert!(u(&rows[2], "rpcs") > 0, "copy-through serves RPCs");
+    // The ODP model's pool: NIC page faults resolved by the host, evictions
+    // invalidating the NIC's page table first.
+    let odp = json_lines(&[
+        "app",
+        "cache",
+        "--designs",
+        "odp",
+        "--pool",
+        "8M",
+        "--budget",
+        "2M",
+        "--dist",
+        "uniform",
+        "--writes",
+        "20",
+        "--secs",
+        "0.4",
+        "--warmup",
+        "0.2",
+        "--json",
+    ]);
+    assert_eq!(odp[0]["label"], "ODP (model)");
+    assert!(u(&odp[0], "verified_reads") > 0, "{}", odp[0]);
+    assert_eq!(u(&odp[0], "nonresident_dma"), 0, "{}", odp[0]);
 }
 
 #[test]

@@ -289,6 +289,42 @@ fn serve_copy(
     Ok(())
 }
 
+/// The ODP model's MMU notifier: pages the pager is about to evict are
+/// marked non-present in the NIC's page table first (and in-flight DMA
+/// flushed), so the NIC faults on them instead of touching them.
+#[cfg(feature = "odp")]
+struct OdpNotifier(rnic::Host);
+
+#[cfg(feature = "odp")]
+impl vmem::SwapListener for OdpNotifier {
+    fn before_swap_out(&self, pages: &[usize]) {
+        let page = page_size();
+        // Ascending page addresses: invalidate each contiguous run at once.
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j] == pages[j - 1] + page {
+                j += 1;
+            }
+            if let Err(e) = self.0.odp_invalidate(pages[i], (j - i) * page) {
+                tracing::error!("ODP model: invalidation failed: {e}");
+            }
+            i = j;
+        }
+    }
+}
+
+/// Removes a swap listener when dropped (before the memory it watches goes).
+#[cfg(feature = "odp")]
+struct ListenerGuard(vmem::Pager, vmem::ListenerId);
+
+#[cfg(feature = "odp")]
+impl Drop for ListenerGuard {
+    fn drop(&mut self) {
+        self.0.remove_listener(self.1);
+    }
+}
+
 /// The pool and its QPs, per design (MRs declared before their memory).
 enum Pool {
     Pinned {
@@ -305,6 +341,14 @@ enum Pool {
         region: vmem::Region,
         _pd: nprdma::Pd,
         _ctx: nprdma::Context,
+    },
+    #[cfg(feature = "odp")]
+    Odp {
+        qps: Vec<(rnic::Qp, rnic::Cq)>,
+        _notifier: ListenerGuard,
+        buf: crate::odp::OdpBuf,
+        _pd: rnic::Pd,
+        _ctx: rnic::Context,
     },
     Copy {
         /// Started once the QPs are connected (`pending` until then).
@@ -327,6 +371,22 @@ pub struct Backend {
     stats0: Option<vmem::PagerStats>,
     init_us: f64,
     fill_us: f64,
+}
+
+/// `n` rnic QPs, each with its own CQ (one-sided designs: the back-end
+/// posts nothing).
+fn rnic_qps(ctx: &rnic::Context, pd: &rnic::Pd, n: usize) -> Result<Vec<(rnic::Qp, rnic::Cq)>> {
+    (0..n)
+        .map(|_| {
+            let cq = ctx.create_cq(256, None)?;
+            let attr = rnic::QpInitAttr {
+                max_send_wr: 64,
+                max_recv_wr: 8,
+                ..rnic::QpInitAttr::default()
+            };
+            Ok((pd.create_qp(&cq, &cq, &attr)?, cq))
+        })
+        .collect()
 }
 
 fn np_qp(pd: &nprdma::Pd, cqs: &(nprdma::Cq, nprdma::Cq)) -> Result<nprdma::Qp> {
@@ -353,17 +413,7 @@ impl Backend {
                 let buf = PinnedBuf::locked(pool_len)?;
                 // SAFETY: `buf` outlives `mr` (declared after it in `Pool::Pinned`).
                 let mr = unsafe { pd.reg_mr(buf.addr(), buf.len(), rnic_access()) }?;
-                let mut qps = Vec::new();
-                for _ in 0..spec.qps {
-                    let cq = ctx.create_cq(256, None)?;
-                    let attr = rnic::QpInitAttr {
-                        max_send_wr: 64,
-                        max_recv_wr: 8,
-                        ..rnic::QpInitAttr::default()
-                    };
-                    let qp = pd.create_qp(&cq, &cq, &attr)?;
-                    qps.push((qp, cq));
-                }
+                let qps = rnic_qps(&ctx, &pd, spec.qps)?;
                 (
                     Pool::Pinned {
                         qps,
@@ -400,6 +450,28 @@ impl Backend {
                     Some(pager),
                 )
             }
+            #[cfg(feature = "odp")]
+            Design::Odp => {
+                let pager = pager_with(spec.swap, Some(budget_pages))?;
+                crate::odp::install_handler(&host, &pager);
+                let ctx = host.open_context()?;
+                let pd = ctx.alloc_pd()?;
+                let buf = crate::odp::OdpBuf::new(&host, &pd, &pager, pool_len, None)?;
+                let id = pager.add_listener(Arc::new(OdpNotifier(host.clone())));
+                let qps = rnic_qps(&ctx, &pd, spec.qps)?;
+                (
+                    Pool::Odp {
+                        qps,
+                        _notifier: ListenerGuard(pager.clone(), id),
+                        buf,
+                        _pd: pd,
+                        _ctx: ctx,
+                    },
+                    Some(pager),
+                )
+            }
+            #[cfg(not(feature = "odp"))]
+            Design::Odp => return Err(crate::target::odp_unavailable()),
             Design::CopyThrough => {
                 let item = match spec.app {
                     App::Cache { item } => item,
@@ -459,6 +531,8 @@ impl Backend {
             let mem = match &mut pool {
                 Pool::Pinned { buf, .. } => buf.as_mut_slice(),
                 Pool::Np { region, .. } | Pool::Copy { region, .. } => region.as_mut_slice(),
+                #[cfg(feature = "odp")]
+                Pool::Odp { buf, .. } => buf.region.as_mut_slice(),
             };
             for (k, chunk) in mem.chunks_exact_mut(item).enumerate() {
                 item::fill(chunk, k as u64, 0);
@@ -494,6 +568,14 @@ impl Backend {
                 region.addr() as u64,
                 mr.rkey(),
             ),
+            #[cfg(feature = "odp")]
+            Pool::Odp { qps, buf, .. } => (
+                qps.iter()
+                    .map(|q| RunQp::Rnic(&q.0).addr(&self.host))
+                    .collect(),
+                buf.region.addr() as u64,
+                buf.mr().rkey(),
+            ),
             Pool::Copy { qp_addrs, .. } => (qp_addrs.clone(), 0, 0),
         };
         Ready {
@@ -517,6 +599,8 @@ impl Backend {
             match &self.pool {
                 Pool::Pinned { qps, .. } => RunQp::Rnic(&qps[i].0).connect(p)?,
                 Pool::Np { qps, .. } => RunQp::Np(&qps[i]).connect(p)?,
+                #[cfg(feature = "odp")]
+                Pool::Odp { qps, .. } => RunQp::Rnic(&qps[i].0).connect(p)?,
                 Pool::Copy { pending, .. } => match pending.get(i) {
                     Some(q) => RunQp::Rnic(&q.qp).connect(p)?,
                     None => {
@@ -563,6 +647,8 @@ impl Backend {
         let mem = match &mut self.pool {
             Pool::Pinned { buf, .. } => buf.as_mut_slice(),
             Pool::Np { region, .. } | Pool::Copy { region, .. } => region.as_mut_slice(),
+            #[cfg(feature = "odp")]
+            Pool::Odp { buf, .. } => buf.region.as_mut_slice(),
         };
         if need > mem.len() || part_bytes < item::HEADER {
             return Err(CliError::Arg(format!(

@@ -60,7 +60,9 @@ impl Conn {
     pub fn new(design: Design, buf_len: usize) -> Result<Conn> {
         let host = rnic::Host::new(rnic::HostConfig::default())?;
         let kind = match design {
-            Design::Pinned | Design::CopyThrough => {
+            // The ODP model concerns the back-end's pool; the front-end's own
+            // buffer is pinned as in the other rnic designs.
+            Design::Pinned | Design::CopyThrough | Design::Odp => {
                 let (ctx, pd, scq, rcq, qp) = rnic_qp(&host)?;
                 let buf = PinnedBuf::new(buf_len)?;
                 // SAFETY: `buf` outlives `mr` (declared after it in `Kind::Rnic`).

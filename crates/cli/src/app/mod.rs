@@ -65,7 +65,8 @@ pub enum Dist {
 
 #[derive(Args, Debug, Clone)]
 pub struct CacheArgs {
-    /// Designs to run, one after the other on the same machine and disk.
+    /// Designs to run, one after the other on the same machine and disk
+    /// (`odp` = the ODP model, labelled as a model; not in the default list).
     #[arg(
         long,
         value_enum,

@@ -24,6 +24,12 @@ pub enum Design {
     /// buffers at the back-end, a two-sided RPC per request, the back-end CPU
     /// copying between them and its (swappable, unregistered) pool.
     CopyThrough,
+    /// ODP **model**: the pool registered ON_DEMAND with the software RNIC (a
+    /// model of an on-demand-paging NIC: a remote fault is NAKed and retried
+    /// after its 2 ms timeout while the host brings the page in), at most the
+    /// budget resident, evictions invalidating the NIC's page table first (the
+    /// MMU-notifier role); one-sided READ/WRITE. A model, not hardware.
+    Odp,
 }
 
 impl Design {
@@ -32,6 +38,7 @@ impl Design {
             Design::Pinned => "in-memory pinned",
             Design::Nprdma => "NP-RDMA",
             Design::CopyThrough => "copy-through (pinned bufs + RPC)",
+            Design::Odp => "ODP (model)",
         }
     }
     /// Whether the pool is limited to the budget (the rest swapped).
