@@ -80,8 +80,8 @@ fn plan(size: Size) -> Plan {
         Size::Quick => Plan {
             budget: 16 * m,
             ratios: vec![1, 5, 8],
-            warmup: Duration::from_millis(300),
-            run: Duration::from_millis(600),
+            warmup: Duration::from_millis(200),
+            run: Duration::from_millis(400),
             pools: vec![256 * m, 1024 * m],
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
@@ -168,7 +168,9 @@ impl AppsEval {
         }
         for r in &self.shuffle {
             let v = [r.init_ms, r.map_ms, r.reduce_ms, r.job_ms];
-            if !v.iter().all(|x| x.is_finite() && *x >= 0.0) || r.verified_bytes != r.data_bytes {
+            if !v.iter().all(|x| x.is_finite() && *x >= 0.0)
+                || r.verified_bytes != r.data_bytes * r.rounds as u64
+            {
                 return Err(format!("bad shuffle row {r:?}"));
             }
         }
