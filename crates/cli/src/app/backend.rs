@@ -340,7 +340,7 @@ enum Pool {
         mr: nprdma::Mr,
         region: vmem::Region,
         _pd: nprdma::Pd,
-        _ctx: nprdma::Context,
+        ctx: nprdma::Context,
     },
     #[cfg(feature = "odp")]
     Odp {
@@ -369,6 +369,7 @@ pub struct Backend {
     sampler: Sampler,
     host: rnic::Host,
     stats0: Option<vmem::PagerStats>,
+    served0: u64,
     init_us: f64,
     fill_us: f64,
 }
@@ -445,7 +446,7 @@ impl Backend {
                         mr,
                         region,
                         _pd: pd,
-                        _ctx: ctx,
+                        ctx,
                     },
                     Some(pager),
                 )
@@ -547,6 +548,7 @@ impl Backend {
             sampler,
             host,
             stats0,
+            served0: 0,
             init_us,
             fill_us,
         })
@@ -666,7 +668,16 @@ impl Backend {
 
     pub fn mark(&mut self) {
         self.stats0 = self.pager.as_ref().map(|p| p.stats());
+        self.served0 = self.np_served();
         self.sampler.mark();
+    }
+
+    /// Two-sided requests served by the NP-RDMA engine since start (0 otherwise).
+    fn np_served(&self) -> u64 {
+        match &self.pool {
+            Pool::Np { ctx, .. } => ctx.stats().served,
+            _ => 0,
+        }
     }
 
     pub fn stats(&self) -> BackendStats {
@@ -685,6 +696,8 @@ impl Backend {
             swap_outs: d(|s| s.swap_outs),
             major_faults: d(|s| s.major_faults),
             resident_pages: ps.as_ref().map_or(0, |s| s.resident_pages as u64),
+            evict_aborts: d(|s| s.evict_aborts),
+            np_served: self.np_served().saturating_sub(self.served0),
             rpcs: match &self.pool {
                 Pool::Copy {
                     server: Some(server),

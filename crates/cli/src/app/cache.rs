@@ -71,6 +71,12 @@ pub struct CacheResult {
     pub swap_ins: u64,
     pub swap_outs: u64,
     pub pool_rss_peak: u64,
+    /// Pager evictions aborted by a racing pin / access (measured window).
+    #[serde(default)]
+    pub evict_aborts: u64,
+    /// NP-RDMA: two-sided requests (fault path) the back-end served.
+    #[serde(default)]
+    pub np_served: u64,
     pub rpcs: u64,
     pub nonresident_dma: u64,
 }
@@ -217,6 +223,8 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         swap_ins: st.swap_ins,
         swap_outs: st.swap_outs,
         pool_rss_peak: st.pool_rss_peak,
+        evict_aborts: st.evict_aborts,
+        np_served: st.np_served,
         rpcs: st.rpcs,
         nonresident_dma: st.nonresident_dma,
     })

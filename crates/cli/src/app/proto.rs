@@ -216,6 +216,13 @@ pub struct BackendStats {
     pub swap_outs: u64,
     pub major_faults: u64,
     pub resident_pages: u64,
+    /// Evictions the pager aborted since the mark (a pin or access raced them).
+    #[serde(default)]
+    pub evict_aborts: u64,
+    /// Two-sided requests (fault path) the back-end's NP-RDMA engine served
+    /// since the mark.
+    #[serde(default)]
+    pub np_served: u64,
     /// Requests the copy-through server handled since start.
     pub rpcs: u64,
     /// Non-resident DMA attempts seen by the back-end's NIC (must be 0).
