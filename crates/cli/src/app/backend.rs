@@ -402,7 +402,13 @@ impl Backend {
         let page = page_size();
         let pool_len = crate::mem::round_up(spec.pool as usize, page);
         let budget_pages = (spec.budget as usize / page).max(1);
-        let host = rnic::Host::new(rnic::HostConfig::default())?;
+        // NP-RDMA maps every pool page in two IOVA views (Read and Write MRs):
+        // size the NIC's IOVA space for them (the default covers 4 GiB).
+        let dflt = rnic::HostConfig::default();
+        let iova_pages = dflt
+            .iova_pages
+            .max(2 * (pool_len / page) as u64 + (1 << 16));
+        let host = rnic::Host::new(rnic::HostConfig { iova_pages, ..dflt })?;
         let base = rss_bytes()?;
         let sampler = Sampler::start(base);
         let t0 = Instant::now();

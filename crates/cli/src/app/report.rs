@@ -379,7 +379,16 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
             f(n.zip(c).map(|(n, c)| n.kops / c.kops))
         );
     }
-    if let Some(pool) = a.shuffle.iter().map(|r| r.pool_bytes).max() {
+    // The largest pool both designs ran with.
+    let pool = a
+        .shuffle
+        .iter()
+        .map(|r| r.pool_bytes)
+        .filter(|&b| {
+            a.shuffle_at(Design::Pinned, b).is_some() && a.shuffle_at(Design::Nprdma, b).is_some()
+        })
+        .max();
+    if let Some(pool) = pool {
         if let (Some(p), Some(n)) = (
             a.shuffle_at(Design::Pinned, pool),
             a.shuffle_at(Design::Nprdma, pool),
