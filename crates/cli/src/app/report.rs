@@ -90,9 +90,9 @@ fn plan(size: Size) -> Plan {
         Size::Full => Plan {
             budget: 32 * m,
             ratios: vec![1, 2, 4, 5, 8],
-            warmup: Duration::from_millis(700),
-            run: Duration::from_millis(1500),
-            pools: vec![256 * m, 512 * m, 1024 * m, 2048 * m],
+            warmup: Duration::from_millis(500),
+            run: Duration::from_millis(1200),
+            pools: vec![256 * m, 1024 * m, 2048 * m],
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
             rounds: 3,
