@@ -68,9 +68,25 @@ fn u(v: &serde_json::Value, k: &str) -> u64 {
 #[test]
 fn tiny_cache_verifies_every_read_in_every_design() {
     // Uniform keys over a pool 4x the budget: the swapping designs take faults.
+    // Two front-end threads (two QPs), each owning half of the keys.
     let rows = json_lines(&[
-        "app", "cache", "--pool", "8M", "--budget", "2M", "--dist", "uniform", "--writes", "20",
-        "--secs", "0.4", "--warmup", "0.2", "--json",
+        "app",
+        "cache",
+        "--pool",
+        "8M",
+        "--budget",
+        "2M",
+        "--dist",
+        "uniform",
+        "--writes",
+        "20",
+        "--threads",
+        "2",
+        "--secs",
+        "0.4",
+        "--warmup",
+        "0.2",
+        "--json",
     ]);
     let designs: Vec<&str> = rows.iter().map(|r| r["design"].as_str().unwrap()).collect();
     assert_eq!(designs, ["nprdma", "pinned", "copy-through"]);
