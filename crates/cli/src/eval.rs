@@ -59,6 +59,9 @@ pub struct EvalResults {
     pub fault_rate: Vec<PerfResult>,
     pub control: CtrlPlane,
     pub reg: Vec<crate::reg::RegResult>,
+    /// The applications (remote cache, shuffle; `nprdma app`).
+    #[serde(default)]
+    pub apps: Option<crate::app::report::AppsEval>,
     /// Modes that could not run, with the reason.
     pub missing: BTreeMap<String, String>,
     /// Rows whose run failed (error completion, timeout), with the error; the
@@ -90,6 +93,9 @@ impl EvalResults {
             if !r.total_ms.is_finite() || !r.ms_per_gib.is_finite() {
                 return Err(format!("non-finite registration figure {r:?}"));
             }
+        }
+        if let Some(a) = &self.apps {
+            a.check()?;
         }
         Ok(())
     }
@@ -263,7 +269,13 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         groups.push(("fault-rate", mode, nprdma::Config::default(), v));
     }
 
-    let total: usize = groups.iter().map(|g| g.3.len()).sum::<usize>() + 4;
+    let apps_size = match lvl {
+        Level::Smoke => crate::app::report::Size::Smoke,
+        Level::Quick => crate::app::report::Size::Quick,
+        Level::Full => crate::app::report::Size::Full,
+    };
+    let total: usize =
+        groups.iter().map(|g| g.3.len()).sum::<usize>() + 4 + crate::app::report::runs(apps_size);
     let pb = ProgressBar::new(total as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -333,6 +345,10 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         res.reg.push(crate::reg::measure(mode, big)?);
         pb.inc(1);
     }
+    res.apps = Some(crate::app::report::measure(apps_size, |m| {
+        pb.set_message(m.to_string());
+        pb.inc(1);
+    }));
     pb.finish_with_message("done");
     res.seconds = t_start.elapsed().as_secs_f64();
 
@@ -341,12 +357,19 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         serde_json::to_string_pretty(&res)?,
     )?;
     let plots = write_plots(&a.out, &res)?;
-    let md = report(&res, &plots);
+    let mut md = report(&res, &plots);
+    let mut n_plots = plots.len();
+    if let Some(apps) = &res.apps {
+        let app_plots = crate::app::report::plots(&a.out, apps)?;
+        crate::app::report::section(&mut md, apps, &app_plots);
+        n_plots += app_plots.len();
+    }
     std::fs::write(a.out.join("report.md"), md)?;
-    if lvl == Level::Smoke && !res.failures.is_empty() {
+    let app_failures = res.apps.as_ref().map_or(&[][..], |a| &a.failures[..]);
+    if lvl == Level::Smoke && !(res.failures.is_empty() && app_failures.is_empty()) {
         return Err(CliError::Completion(format!(
-            "runs failed: {:?}",
-            res.failures
+            "runs failed: {:?} {:?}",
+            res.failures, app_failures
         )));
     }
     if let Err(e) = res.check_finite() {
@@ -358,7 +381,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         "nprdma eval ({}): {} data-plane rows, {} plots in {:.0} s -> {}",
         res.level,
         res.perf.len() + res.signature.len() + res.versioning.len() + res.fault_rate.len(),
-        plots.len(),
+        n_plots,
         res.seconds,
         a.out.join("report.md").display()
     );

@@ -1,7 +1,9 @@
 //! `nprdma`: perftest-style runs of pinned RDMA, NP-RDMA and the ODP model on the
 //! project's software RNIC (`perf`), MR registration cost (`reg`), and the paper's
-//! evaluation as a Markdown + SVG report (`eval`).
+//! evaluation as a Markdown + SVG report (`eval`), and applications on NP-RDMA
+//! beside today's designs (`app cache`, `app shuffle`).
 
+mod app;
 mod ctrlplane;
 mod error;
 mod eval;
@@ -43,9 +45,18 @@ enum Cmd {
     Reg(reg::RegArgs),
     /// The paper's evaluation, side by side: Markdown report + SVG plots.
     Eval(eval::EvalArgs),
+    /// Applications on NP-RDMA beside today's designs: a remote memory cache and
+    /// a Spark-like shuffle (the paper's Applications section, scaled to this machine).
+    App(app::AppArgs),
     /// (internal) the target process of a two-process shm run.
     #[command(hide = true, name = "serve-peer")]
     ServePeer {
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// (internal) the back-end process of an `app` run.
+    #[command(hide = true, name = "app-peer")]
+    AppPeer {
         #[arg(long, default_value_t = 0)]
         port: u16,
     },
@@ -103,6 +114,8 @@ fn main() {
         Cmd::Reg(a) => reg::cmd_reg(a),
         Cmd::Eval(a) => eval::cmd_eval(a),
         Cmd::ServePeer { port } => runner::cmd_serve_peer(port),
+        Cmd::App(a) => app::cmd_app(a),
+        Cmd::AppPeer { port } => app::cmd_app_peer(port),
     };
     if let Err(e) = r {
         eprintln!("nprdma: error: {e}");

@@ -123,8 +123,9 @@ pub struct Session {
     _peer: Option<PeerProcess>,
 }
 
-/// A spawned `nprdma serve-peer` process, waited for on drop.
-struct PeerProcess(Child);
+/// A spawned peer process (`nprdma serve-peer`, `nprdma app-peer`), waited for
+/// on drop.
+pub(crate) struct PeerProcess(pub(crate) Child);
 
 impl Drop for PeerProcess {
     fn drop(&mut self) {
@@ -181,7 +182,7 @@ impl Session {
                     "shm",
                 ),
                 (Transport::Shm, None) => {
-                    let (child, port) = spawn_peer()?;
+                    let (child, port) = spawn_peer("serve-peer")?;
                     let peer = PeerProcess(child);
                     let t = RemoteTarget::connect("127.0.0.1", port, mode, data_len, recv_len)?;
                     (Box::new(t), Some(peer), "shm (2 processes)")
@@ -204,11 +205,12 @@ impl Session {
     }
 }
 
-/// Re-exec this binary as `serve-peer --port 0` and read the port it listens on.
-fn spawn_peer() -> Result<(Child, u16)> {
+/// Re-exec this binary as `<cmd> --port 0` (a hidden peer subcommand) and read
+/// the port it listens on.
+pub(crate) fn spawn_peer(cmd: &str) -> Result<(Child, u16)> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
-        .args(["serve-peer", "--port", "0"])
+        .args([cmd, "--port", "0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -81,9 +81,17 @@ pub fn swap_buffered(v: Option<&str>) -> Result<bool> {
 /// A pager with a swap file large enough for the biggest window: O_DIRECT swap
 /// (like Linux swap), unless `NPRDMA_SWAP_BUFFERED=1`.
 pub fn new_pager() -> Result<vmem::Pager> {
+    pager_with(1 << 30, None)
+}
+
+/// A pager with a `swap_size`-byte swap file and a resident budget of
+/// `budget_pages` (`None`: unlimited); O_DIRECT swap unless
+/// `NPRDMA_SWAP_BUFFERED=1`.
+pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::Pager> {
     let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
     Ok(vmem::Pager::new(vmem::PagerConfig {
-        swap_size: 1 << 30,
+        swap_size,
+        budget_pages,
         o_direct: !buffered,
         ..vmem::PagerConfig::default()
     })?)

@@ -85,14 +85,14 @@ pub struct RemoteTarget {
     qp: QpAddr,
 }
 
-fn send<T: Serialize>(w: &mut TcpStream, m: &T) -> Result<()> {
+pub(crate) fn send<T: Serialize>(w: &mut TcpStream, m: &T) -> Result<()> {
     let mut s = serde_json::to_string(m)?;
     s.push('\n');
     w.write_all(s.as_bytes())?;
     Ok(())
 }
 
-fn recv<T: for<'a> Deserialize<'a>>(r: &mut BufReader<TcpStream>) -> Result<T> {
+pub(crate) fn recv<T: for<'a> Deserialize<'a>>(r: &mut BufReader<TcpStream>) -> Result<T> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Err(CliError::Peer("connection closed".into()));
