@@ -174,7 +174,7 @@ impl HostInner {
     /// Make the NIC thread re-evaluate its work (bump its futex word; wake it if it
     /// sleeps). The NIC thread reads the word before scanning, so nothing is lost.
     pub fn kick_nic(&self) {
-        let h = self.seg.hdr();
+        let h = self.seg.mbox();
         h.nic_seq.fetch_add(1, Ordering::SeqCst);
         if h.nic_sleeping.load(Ordering::SeqCst) != 0 {
             sys::futex_wake(&h.nic_seq);
@@ -197,7 +197,7 @@ impl Drop for HostShared {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Ordering::SeqCst);
         self.inner.kick_nic();
-        sys::futex_wake(&self.inner.seg.hdr().nic_seq);
+        sys::futex_wake(&self.inner.seg.mbox().nic_seq);
         if let Some(j) = self.nic.take() {
             // The last handle may be dropped by the NIC thread itself (it briefly holds
             // QPs); it then exits on its own after seeing `shutdown`.
@@ -329,7 +329,7 @@ impl Host {
     /// thread (NP-RDMA's). Turning it off serves what is pending, so no request
     /// waits for a wake-up that was skipped; returns whether it served any.
     pub fn set_ring_polling(&self, on: bool) -> bool {
-        let hdr = self.inner().seg.hdr();
+        let hdr = self.inner().seg.mbox();
         if on {
             hdr.ext_polling.store(1, Ordering::SeqCst);
             return false;

@@ -116,7 +116,7 @@ fn deferred(h: &HostInner, now: u64) -> Deferred {
 
 pub(crate) fn run(h: Arc<HostInner>) {
     let seg = h.seg.clone();
-    let hdr = seg.hdr();
+    let hdr = seg.mbox();
     h.odp.set_nic_thread();
     let base_spin = h.cfg.nic_spin.as_nanos() as u64;
     // Adaptive spin window: if a doorbell wakes us soon after we went to sleep, the

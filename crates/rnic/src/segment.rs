@@ -154,14 +154,6 @@ pub struct Header {
     /// sections there, 0 = free. A flush that finds a section of a dead owner
     /// still counted clears it (`iommu::flush_epoch`).
     pub slot_owner: [Line<AtomicU64>; EPOCH_SLOTS],
-    /// NIC thread futex word (bumped to wake it).
-    pub nic_seq: Line<AtomicU32>,
-    /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
-    pub nic_sleeping: Line<AtomicU32>,
-    /// 1 while another thread of the owner polls the doorbells in the NIC
-    /// thread's place (see `Host::set_ring_polling`): requesters then do not wake
-    /// the NIC thread for a doorbell.
-    pub ext_polling: Line<AtomicU32>,
     /// Per-host counters.
     pub stats: Line<StatsRec>,
     /// Range records in use in the residency map.
@@ -175,6 +167,31 @@ pub struct Header {
     pub pool_base: AtomicU64,
     /// The pool's length (0 = no pool).
     pub pool_len: AtomicU64,
+    /// The mailbox's memfd number in the owner (see [`MboxHeader`]).
+    pub mbox_fd: AtomicU32,
+    /// The mailbox's length.
+    pub mbox_len: AtomicU64,
+}
+
+/// The head of a host's **mailbox**: the only memory of a host that peers in other
+/// processes may write (a memfd of its own, mapped writable by peers). It holds this
+/// header (the NIC thread's doorbell futex and liveness token), the doorbell bitmap and
+/// the request rings. Everything else of the segment — MR, QP and CQ tables, receive
+/// queues, IOMMU, residency map — is sealed against writes by others
+/// (`F_SEAL_FUTURE_WRITE`: peers can only map it read-only) unless the owner trusts its
+/// peers (`HostConfig::trusted_peers`), so a process that bypasses this crate cannot
+/// rewrite another host's tables; whatever it writes in the mailbox is a request that
+/// the owner checks.
+#[repr(C)]
+pub struct MboxHeader {
+    /// NIC thread futex word (bumped to wake it).
+    pub nic_seq: Line<AtomicU32>,
+    /// 1 while the NIC thread is (about to be) blocked on `nic_seq`.
+    pub nic_sleeping: Line<AtomicU32>,
+    /// 1 while another thread of the owner polls the doorbells in the NIC
+    /// thread's place (see `Host::set_ring_polling`): requesters then do not wake
+    /// the NIC thread for a doorbell.
+    pub ext_polling: Line<AtomicU32>,
     /// Set when the owner's NIC thread stopped (orderly) or a peer found it dead.
     pub dead: AtomicU32,
     /// Liveness token (a process-shared robust `pthread_mutex_t`, see `sys::life`)
@@ -473,7 +490,7 @@ pub struct Layout {
     pub rq_stride: usize,
     /// Bytes per receive WQE.
     pub wqe_stride: usize,
-    /// Offset of the request rings.
+    /// Offset of the request rings (in the mailbox).
     pub ring: usize,
     /// Bytes per QP's request ring.
     pub ring_stride: usize,
@@ -493,10 +510,12 @@ pub struct Layout {
     pub ranges: usize,
     /// Offset of the residency bitmap.
     pub bitmap: usize,
-    /// Offset of the doorbell bitmap.
+    /// Offset of the doorbell bitmap (in the mailbox).
     pub doorbell: usize,
-    /// Length of the whole segment.
+    /// Length of the whole segment (without the mailbox).
     pub total: usize,
+    /// Length of the mailbox.
+    pub mbox_total: usize,
 }
 
 fn align(x: usize, a: usize) -> usize {
@@ -517,9 +536,6 @@ impl Layout {
         let wqe_stride = std::mem::size_of::<WqeHdr>() + p.max_sge as usize * std::mem::size_of::<SgeRec>();
         let rq_stride = align(wqe_stride.checked_mul(p.max_wr as usize)?, PAGE);
         let rq = region(rq_stride.checked_mul(p.max_qp as usize)?)?;
-        let slot_stride = align(std::mem::size_of::<SlotHdr>() + p.ring_max as usize, 64);
-        let ring_stride = align(slot_stride.checked_mul(p.ring_slots as usize)?, PAGE);
-        let ring = region(ring_stride.checked_mul(p.max_qp as usize)?)?;
         let cq = region((p.max_cq as usize).checked_mul(std::mem::size_of::<CqRec>())?)?;
         let wc_stride = align(std::mem::size_of::<WcRec>().checked_mul(p.max_cqe as usize)?, PAGE);
         let wc = region(wc_stride.checked_mul(p.max_cq as usize)?)?;
@@ -528,7 +544,13 @@ impl Layout {
         let iova_ranges = region((p.max_mr as usize).checked_mul(std::mem::size_of::<IovaRec>())?)?;
         let ranges = region((p.max_tracked_ranges as usize).checked_mul(std::mem::size_of::<RangeRec>())?)?;
         let bitmap = region((p.max_tracked_pages as usize).div_ceil(64).checked_mul(8)?)?;
-        let doorbell = region((p.max_qp as usize).div_ceil(64) * 8)?;
+        let total = off;
+        // The mailbox: its header, the doorbells, the request rings.
+        let doorbell = align(std::mem::size_of::<MboxHeader>(), PAGE);
+        let slot_stride = align(std::mem::size_of::<SlotHdr>() + p.ring_max as usize, 64);
+        let ring_stride = align(slot_stride.checked_mul(p.ring_slots as usize)?, PAGE);
+        let ring = align(doorbell + (p.max_qp as usize).div_ceil(64) * 8, PAGE);
+        let mbox_total = align(ring.checked_add(ring_stride.checked_mul(p.max_qp as usize)?)?, PAGE);
         Some(Layout {
             mr,
             qp,
@@ -546,7 +568,8 @@ impl Layout {
             ranges,
             bitmap,
             doorbell,
-            total: off,
+            total,
+            mbox_total,
         })
     }
 }
@@ -554,6 +577,9 @@ impl Layout {
 /// A mapped host segment (own or a peer's).
 pub struct Segment {
     map: Mapping,
+    /// The mailbox (see [`MboxHeader`]).
+    mbox: Mapping,
+    _mbox_fd: OwnedFd,
     /// Region offsets.
     pub lay: Layout,
     /// Sizing parameters.
@@ -596,8 +622,13 @@ impl Segment {
         };
         let p = Params::from_config(cfg);
         let lay = Layout::compute(&p).ok_or(Error::InvalidArgument("config too large"))?;
-        let fd = sys::memfd("rnic-host", lay.total)?;
+        let fd = sys::memfd_sealable("rnic-host", lay.total)?;
         let map = Mapping::map_shared(fd.as_raw_fd(), lay.total)?;
+        // Our writable mapping exists: from now on nobody else gets one, unless we
+        // trust our peers (they then perform our NIC's work in our tables).
+        sys::seal_size(fd.as_raw_fd(), !cfg.trusted_peers)?;
+        let mbox_fd = sys::memfd_fixed("rnic-mailbox", lay.mbox_total)?;
+        let mbox = Mapping::map_shared(mbox_fd.as_raw_fd(), lay.mbox_total)?;
         let base = map.ptr();
         // SAFETY: the mapping is fresh, page aligned, zero-filled and at least
         // size_of::<Header>() long; nobody else can see it yet.
@@ -606,6 +637,8 @@ impl Segment {
         }
         let seg = Segment {
             map,
+            mbox,
+            _mbox_fd: mbox_fd,
             lay,
             p,
             _fd: fd,
@@ -626,6 +659,8 @@ impl Segment {
         h.total_len.store(lay.total as u64, Ordering::Relaxed);
         h.pid.store(std::process::id(), Ordering::Relaxed);
         h.memfd.store(seg._fd.as_raw_fd() as u32, Ordering::Relaxed);
+        h.mbox_fd.store(seg._mbox_fd.as_raw_fd() as u32, Ordering::Relaxed);
+        h.mbox_len.store(lay.mbox_total as u64, Ordering::Relaxed);
         h.magic.store(SEG_MAGIC, Ordering::Release);
         Ok(seg)
     }
@@ -635,7 +670,6 @@ impl Segment {
         let path = format!("/proc/{pid}/fd/{fd}");
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .write(true)
             .open(&path)
             .map_err(|e| Error::Unreachable(format!("{path}: {e}")))?;
         let flen = file.metadata()?.len() as usize;
@@ -643,7 +677,9 @@ impl Segment {
             return Err(Error::Unreachable("segment too small".into()));
         }
         let fd: OwnedFd = file.into();
-        let map = Mapping::map_shared(fd.as_raw_fd(), flen)?;
+        // Read-only: the owner's tables are its own (sealed against writable
+        // mappings unless it trusts its peers, see `MboxHeader`).
+        let mut map = Mapping::map_shared_ro(fd.as_raw_fd(), flen)?;
         // SAFETY: the mapping is at least one page, larger than Header, page aligned;
         // Header consists of atomics and plain integers valid for any bit pattern.
         let h = unsafe { &*(map.ptr() as *const Header) };
@@ -655,6 +691,22 @@ impl Segment {
         if lay.total > flen || h.total_len.load(Ordering::Relaxed) as usize != lay.total {
             return Err(Error::Unreachable("peer segment layout mismatch".into()));
         }
+        let mpath = format!("/proc/{pid}/fd/{}", h.mbox_fd.load(Ordering::Relaxed));
+        let mfile = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&mpath)
+            .map_err(|e| Error::Unreachable(format!("{mpath}: {e}")))?;
+        // The mailbox memfd is sealed against size changes: once its length checks
+        // out, our mapping can never SIGBUS.
+        if mfile.metadata()?.len() as usize != lay.mbox_total
+            || h.mbox_len.load(Ordering::Relaxed) as usize != lay.mbox_total
+        {
+            return Err(Error::Unreachable("peer mailbox size mismatch".into()));
+        }
+        let mbox_fd: OwnedFd = mfile.into();
+        let mbox = Mapping::map_shared(mbox_fd.as_raw_fd(), lay.mbox_total)?;
+
         let pool = match h.pool_len.load(Ordering::Relaxed) {
             0 => None,
             len => {
@@ -679,8 +731,20 @@ impl Segment {
                 })
             }
         };
+        if p.trusted_by_owner() {
+            // A trusting owner lets us perform its NIC's work in its tables (`h`
+            // points into the read-only mapping: not used past this point).
+            let rw = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::Unreachable(format!("{path}: {e}")))?;
+            map = Mapping::map_shared(rw.as_raw_fd(), flen)?;
+        }
         Ok(Segment {
             map,
+            mbox,
+            _mbox_fd: mbox_fd,
             lay,
             p,
             _fd: fd,
@@ -691,7 +755,7 @@ impl Segment {
     }
 
     fn life_ptr(&self) -> *mut libc::pthread_mutex_t {
-        self.hdr().life.0.as_ptr() as *mut libc::pthread_mutex_t
+        self.mbox().life.0.as_ptr() as *mut libc::pthread_mutex_t
     }
 
     /// Take this host's liveness token (its NIC thread, for the host's whole life).
@@ -703,7 +767,7 @@ impl Segment {
 
     /// Orderly shutdown: mark the host dead and give the token back.
     pub(crate) fn release_life(&self) {
-        self.hdr().dead.store(1, Ordering::SeqCst);
+        self.mbox().dead.store(1, Ordering::SeqCst);
         // SAFETY: called on the thread that holds it (see `hold_life`).
         unsafe { sys::life::release(self.life_ptr()) }
     }
@@ -711,7 +775,7 @@ impl Segment {
     /// Whether the owning host's NIC is still alive (a CAS on the token's line; no
     /// syscall). A dead host stays dead.
     pub fn alive(&self) -> bool {
-        let h = self.hdr();
+        let h = self.mbox();
         if h.dead.load(Ordering::Acquire) != 0 {
             return false;
         }
@@ -759,6 +823,17 @@ impl Segment {
     pub fn hdr(&self) -> &Header {
         self.at(0)
     }
+    /// The mailbox header (the part of the host peers write, see [`MboxHeader`]).
+    pub fn mbox(&self) -> &MboxHeader {
+        self.at_mbox(0)
+    }
+    fn at_mbox<T>(&self, off: usize) -> &T {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.lay.mbox_total);
+        debug_assert!(off % std::mem::align_of::<T>() == 0);
+        // SAFETY: as `at`, inside the mailbox mapping (`lay.mbox_total` bytes): offsets
+        // come from the layout with checked indices; the records are atomics.
+        unsafe { &*(self.mbox.ptr().add(off) as *const T) }
+    }
     /// The host's nonce.
     pub fn nonce(&self) -> u64 {
         self.hdr().nonce.load(Ordering::Relaxed)
@@ -802,9 +877,10 @@ impl Segment {
     pub fn slot(&self, qp: u32, slot: u64) -> (&SlotHdr, *mut u8) {
         let s = (slot % self.p.ring_slots as u64) as usize;
         let off = self.lay.ring + qp as usize * self.lay.ring_stride + s * self.lay.slot_stride;
-        let hdr: &SlotHdr = self.at(off);
-        // SAFETY: the data area (ring_max bytes) follows the header within the stride.
-        let data = unsafe { self.map.ptr().add(off + std::mem::size_of::<SlotHdr>()) };
+        let hdr: &SlotHdr = self.at_mbox(off);
+        // SAFETY: the data area (ring_max bytes) follows the header within the stride,
+        // inside the mailbox mapping.
+        let data = unsafe { self.mbox.ptr().add(off + std::mem::size_of::<SlotHdr>()) };
         (hdr, data)
     }
     /// CQ table entry `idx`.
@@ -834,7 +910,7 @@ impl Segment {
     }
     /// Doorbell word `w` (modulo the word count).
     pub fn doorbell_word(&self, w: u32) -> &AtomicU64 {
-        self.at(self.lay.doorbell + (w as usize % (self.p.max_qp as usize).div_ceil(64)) * 8)
+        self.at_mbox(self.lay.doorbell + (w as usize % (self.p.max_qp as usize).div_ceil(64)) * 8)
     }
     /// Number of doorbell words.
     pub fn doorbell_words(&self) -> u32 {
@@ -846,13 +922,13 @@ impl Segment {
         self.doorbell_word(qp / 64).fetch_or(1 << (qp % 64), Ordering::SeqCst);
         // SeqCst pairs with `set_ring_polling(false)`: either the poller's final
         // pass sees our bit, or we see the flag cleared and wake the NIC thread.
-        if self.hdr().ext_polling.load(Ordering::SeqCst) == 0 {
+        if self.mbox().ext_polling.load(Ordering::SeqCst) == 0 {
             self.kick();
         }
     }
     /// Wake the NIC thread if it sleeps.
     pub fn kick(&self) {
-        let h = self.hdr();
+        let h = self.mbox();
         if h.nic_sleeping.load(Ordering::SeqCst) != 0 {
             h.nic_seq.fetch_add(1, Ordering::SeqCst);
             sys::futex_wake(&h.nic_seq);
@@ -914,18 +990,21 @@ mod tests {
             l.mr,
             l.qp,
             l.rq,
-            l.ring,
             l.cq,
             l.wc,
             l.iommu,
             l.iova_ranges,
             l.ranges,
             l.bitmap,
-            l.doorbell,
             l.total,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % PAGE == 0));
+        // The mailbox: header, doorbells, rings.
+        let mbox = [0, l.doorbell, l.ring, l.mbox_total];
+        assert!(mbox.windows(2).all(|w| w[0] < w[1]), "{mbox:?}");
+        assert!(mbox.iter().all(|o| o % PAGE == 0));
+        assert!(l.ring + l.ring_stride * p.max_qp as usize <= l.mbox_total);
         assert_eq!(std::mem::size_of::<MrRec>(), 64);
         assert_eq!(std::mem::size_of::<WcRec>(), 64);
         assert_eq!(std::mem::size_of::<SlotHdr>(), 64);

@@ -6,23 +6,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-/// Create an anonymous memory file of `len` bytes (sparse: untouched pages cost nothing).
-pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: valid fd, plain integer length.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
-}
-
 /// A MAP_SHARED mapping of a file; unmapped on drop.
 pub struct Mapping {
     ptr: *mut u8,
@@ -36,6 +19,16 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// Map `len` bytes of `fd` shared, read-only (a peer's sealed tables).
+    pub fn map_shared_ro(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: requesting a fresh mapping chosen by the kernel; fd validity is checked
+        // by the kernel.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p as *mut u8, len })
+    }
     pub fn map_shared(fd: RawFd, len: usize) -> io::Result<Mapping> {
         // SAFETY: requesting a fresh mapping chosen by the kernel; fd validity is checked
         // by the kernel.
@@ -271,6 +264,39 @@ pub fn memfd_fixed(name: &str, len: usize) -> io::Result<OwnedFd> {
         }
     }
     Ok(fd)
+}
+
+/// A memfd of `len` bytes that can be sealed later ([`seal_size`]), once its owner
+/// mapped it.
+pub fn memfd_sealable(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: valid fd, plain integer length.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Seal a [`memfd_sealable`] file's size for good and, with `no_more_writers`, every
+/// write but through the mappings that exist now (`F_SEAL_FUTURE_WRITE`: a later
+/// `mmap(PROT_WRITE, MAP_SHARED)` or `write` by anyone, through any fd, fails).
+pub fn seal_size(fd: RawFd, no_more_writers: bool) -> io::Result<()> {
+    let mut seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    if no_more_writers {
+        seals |= libc::F_SEAL_FUTURE_WRITE;
+    }
+    // SAFETY: valid fd, plain integer arguments.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Make `[ptr, ptr+len)` of a shared file mapping present and unswappable: write-fault

@@ -3,6 +3,9 @@
 //! * requests forged straight into the target's request ring, bypassing every check of
 //!   the requester (a WRITE outside any MR, a WRITE into a read-only MR, a shared-copy
 //!   job naming unregistered memory) are refused by the target and change nothing;
+//! * the target's tables (MR, QP, CQ, IOMMU) cannot be written by another process at
+//!   all: its segment memfd is sealed against writable mappings and writes, whatever
+//!   path the process opens it by (only the mailbox of requests is writable);
 //! * an initiator stopped (SIGSTOP) in the middle of a large WRITE, resumed after the
 //!   target deregistered the MR and mapped new memory at its address, reaches nothing:
 //!   deregistration returns at once and the rest of the WRITE is refused.
@@ -166,6 +169,40 @@ fn forged_requests_are_checked_by_the_target() {
         assert_eq!(st, want as u32, "{what}");
         assert_eq!(c.cmd("CHECK"), "STATE true true", "{what}: target memory unchanged");
     }
+}
+
+#[test]
+fn the_targets_tables_cannot_be_written_by_another_process() {
+    let host = Host::new(HostConfig::default()).unwrap();
+    let (_c, _e, f) = connect("target", &host);
+    let taddr = HostAddr::from_hex(&f[1]).unwrap();
+    let path = format!("/proc/{}/fd/{}", taddr.pid, taddr.fd);
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    // SAFETY: asking for a new shared writable mapping of the file (refused).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(p, libc::MAP_FAILED, "a writable mapping of the target's tables");
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+    let err = file.write_at(&[0u8; 8], 4096).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EPERM),
+        "write(2) into the target's tables"
+    );
+    // Reading stays possible (peers look up QPs and keys' kinds), and so does the
+    // mailbox (requests), which the target checks.
+    let seg = Segment::open(taddr.pid, taddr.fd, taddr.nonce).unwrap();
+    assert!(seg.find_qp(f[2].parse().unwrap()).is_some());
 }
 
 #[test]
