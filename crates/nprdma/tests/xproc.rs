@@ -281,6 +281,19 @@ fn a_dead_target_process_fails_wrs_with_retry_exceeded_then_flush() {
 /// on RC, nothing completes successfully behind the first failed WR.
 #[test]
 fn target_killed_at_random_points_of_traffic() {
+    peer_lost_at_random_points(libc::SIGKILL);
+}
+
+/// The same with the target stopped (SIGSTOP) instead of killed, and continued only
+/// after the survivor gave up on it and tore its side down: a stopped peer costs a
+/// bounded time (the transport and two-sided timeouts), and its resuming later touches
+/// nothing of the survivor's.
+#[test]
+fn target_stopped_at_random_points_of_traffic() {
+    peer_lost_at_random_points(libc::SIGSTOP);
+}
+
+fn peer_lost_at_random_points(sig: i32) {
     use std::collections::HashSet;
     use std::time::Instant;
     for round in 0..4u64 {
@@ -299,7 +312,7 @@ fn target_killed_at_random_points_of_traffic() {
             // SAFETY: signalling our own child process.
             #[allow(unsafe_code)]
             unsafe {
-                libc::kill(pid, libc::SIGKILL)
+                libc::kill(pid, sig)
             };
         });
         let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ (round + 1));
@@ -353,7 +366,6 @@ fn target_killed_at_random_points_of_traffic() {
             );
         }
         killer.join().unwrap();
-        child.kill();
         assert!(
             statuses.iter().all(|s| [0, 5, 12].contains(s)),
             "round {round}: statuses {statuses:?}"
@@ -378,5 +390,14 @@ fn target_killed_at_random_points_of_traffic() {
             t.elapsed()
         );
         assert_eq!(a.ctx.nic_stats().nonresident_dma, 0);
+        if sig == libc::SIGSTOP {
+            // SAFETY: signalling our own child process.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGCONT)
+            };
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill();
     }
 }
