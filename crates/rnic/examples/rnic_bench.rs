@@ -9,6 +9,11 @@
 //! page-aligned buffers registered plainly (identity MTT) and through IOVA ranges
 //! statically mapped to their own pages (the IOMMU in the path), alternating blocks of
 //! the two (`RNIC_BENCH_IOVA_ONLY=1` runs only these rows).
+//!
+//! Protection across processes: the default is target-enforced (every shm request
+//! served by the target's NIC thread, in parts of `RNIC_BENCH_RING_MAX` bytes, default
+//! rnic's 4096); `RNIC_BENCH_TRUSTED=1` runs both processes as trusting hosts (the
+//! initiator copies with process_vm_*). Run both back to back to compare.
 
 use hdrhistogram::Histogram;
 use rnic::*;
@@ -92,8 +97,21 @@ fn pinned_and_iova(host: &Host, pd: &Pd, fill: u8) -> Pair {
     }
 }
 
+/// The configuration of the two shm processes (see the module docs).
+fn shm_cfg() -> HostConfig {
+    let d = HostConfig::default();
+    HostConfig {
+        trusted_peers: std::env::var("RNIC_BENCH_TRUSTED").is_ok_and(|v| v == "1"),
+        ring_max: std::env::var("RNIC_BENCH_RING_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d.ring_max),
+        ..d
+    }
+}
+
 fn server() {
-    let host = Host::new(HostConfig::default()).unwrap();
+    let host = Host::new(shm_cfg()).unwrap();
     let s = side(&host);
     let mr = s.pd.reg_mr_owned(vec![7u8; BUF], all()).unwrap();
     let cmp = pinned_and_iova(&host, &s.pd, 7);
@@ -712,7 +730,7 @@ fn main() {
         (f[5].parse().unwrap(), (f[6].parse().unwrap(), f[7].parse().unwrap()));
     let h = Host::new(HostConfig {
         dma_help: std::env::var("RNIC_NO_HELP").is_err(),
-        ..HostConfig::default()
+        ..shm_cfg()
     })
     .unwrap();
     let a = side(&h);
@@ -733,11 +751,16 @@ fn main() {
         }
         return;
     }
+    let label = if shm_cfg().trusted_peers {
+        "shm (2 processes, trusted peers)".to_string()
+    } else {
+        format!("shm (2 processes, target-enforced, {} B parts)", shm_cfg().ring_max)
+    };
     if !iova_only {
-        suite("shm (2 processes)", &a, raddr, rkey, iters, &mut rows);
+        suite(&label, &a, raddr, rkey, iters, &mut rows);
     }
     let lp = pinned_and_iova(&h, &a.pd, 1);
-    compare("shm (2 processes)", &a, &lp, cmp_addr, cmp_rkeys, iters, &mut cmp_rows);
+    compare(&label, &a, &lp, cmp_addr, cmp_rkeys, iters, &mut cmp_rows);
     assert_eq!(h.stats().nonresident_dma, 0);
     if !iova_only {
         pvm_baseline(&mut rows, raddr_host.pid, raddr, iters);
