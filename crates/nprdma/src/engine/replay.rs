@@ -3,7 +3,10 @@
 //! are out, holding results until earlier conflicting ops are done, and
 //! discarding + re-queueing the ops a failed optimistic check replays.
 
-use super::{finish, go_two_sided, qp_at, Shared, Stage, State};
+use super::op::Stage;
+use super::retire::finish;
+use super::state::{qp_at, Shared, State};
+use super::two_sided::go_two_sided;
 
 /// Op `id` of QP `qi` has its NIC WRs posted: ops parked behind it that
 /// may pipeline now go to the ready queue.
