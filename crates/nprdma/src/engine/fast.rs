@@ -14,7 +14,7 @@ use super::one_sided::eval_one_sided;
 use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
 use super::qp::QpState;
 use super::retire::fail_qp;
-use super::state::{Shared, State};
+use super::state::{At, Shared, State};
 use super::types::{SendWr, PS, ST_FLUSH};
 use super::wrid::{enc, K_FAST};
 use crate::check::{check_read, check_readback, precheck_local};
@@ -25,11 +25,10 @@ use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strate
 /// Post `wr` on the lean path if QP `qi` is idle and `wr` qualifies;
 /// `false` (nothing done) sends it down the general path.
 pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &SendWr) -> bool {
-    let State { qps, gens, mrs, .. } = &mut *st;
-    if !wr.signaled || gens.get(qi) != Some(&gen) {
+    if !wr.signaled {
         return false;
     }
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    let Some(At { qp, mrs, .. }) = st.at_gen(qi, gen) else {
         return false;
     };
     if qp.errored
@@ -174,10 +173,9 @@ pub(super) fn on_wc(
     step: u64,
     wc: &rnic::Wc,
 ) -> Option<u32> {
-    let State {
-        qps, direct, stats, ..
-    } = &mut *st;
-    let qp = qps.get_mut(qi).and_then(|q| q.as_mut())?;
+    let At {
+        qp, direct, stats, ..
+    } = st.at(qi)?;
     let Some(f) = qp.fast.as_mut() else {
         return qp.fast_promoted;
     };

@@ -14,7 +14,7 @@ use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Scrat
 use super::pin::engine_pin;
 use super::replay;
 use super::retire::{fail_qp, finish};
-use super::state::{qp_at, Shared, State};
+use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::{PS, ST_FLUSH, ST_LOC_PROT, ST_REM_ACCESS};
 use super::wrid::{enc, K_OP, K_RB};
@@ -25,13 +25,13 @@ use crate::mem;
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
-    let State {
-        qps,
+    let Some(At {
+        qp,
         stats,
         next_req,
         ..
-    } = &mut *st;
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    }) = st.at(qi)
+    else {
         return;
     };
     let Some(op) = qp.ops.get_mut(id) else {
@@ -150,7 +150,7 @@ pub(super) fn post_steps(
     t: &Translation,
     lmr: &Arc<MrEntry>,
 ) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get(id) else { return };
     let (laddr, len, raddr) = (op.laddr, op.len, op.wr.remote_addr);
     let steps = nic_steps_small(strat, raddr, len, t);
@@ -263,7 +263,7 @@ pub(super) fn post_steps(
 }
 
 pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let Stage::OneSided {
         strat, err, vlen, ..
@@ -280,7 +280,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         op.stage = Stage::Deferred;
         let due = op.seq < qp.flush_seq;
         st.stats.deferred_writes += 1;
-        let Some(qp) = qp_at(st, qi) else { return };
+        let Some(qp) = st.qp(qi) else { return };
         qp.deferred.push(id);
         if due && !st.flush_qps.contains(&qi) {
             // After this poll batch, so that neighbours share a READ.
@@ -376,7 +376,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 /// Post the read-backs of the deferred WRITEs of QP `qi` (contiguous ones
 /// share a READ, [`crate::plan::batch_readbacks`]).
 pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let ids: Vec<u32> = std::mem::take(&mut qp.deferred);
     let mut list = Vec::new();
     let mut members = Vec::new();
@@ -467,7 +467,7 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
 
 /// A deferred read-back completed: check each WRITE it covers.
 pub(super) fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, status: WcStatus) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(mut b) = qp.batches.take(bid) else {
         return;
     };

@@ -6,7 +6,7 @@ use super::one_sided::{flush_deferred, start_op};
 use super::op::{is_atomic, Op, Stage, Versions};
 use super::pin::Hold;
 use super::serve::deliver_inbound;
-use super::state::{Shared, State};
+use super::state::{At, Shared, State};
 use super::types::{Error, RecvWr, SendWr, ST_LOC_LEN, ST_LOC_PROT};
 use crate::nic::Access;
 use crate::ordering::{Admit, Range};
@@ -24,17 +24,7 @@ pub(crate) fn post_send(
         if fast::try_post(_sh, st, qi, gen, wr) {
             continue;
         }
-        let State {
-            qps,
-            gens,
-            mrs,
-            ready,
-            ..
-        } = &mut *st;
-        if gens.get(qi) != Some(&gen) {
-            return Err((i, Error::QpState));
-        }
-        let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+        let Some(At { qp, mrs, ready, .. }) = st.at_gen(qi, gen) else {
             return Err((i, Error::QpState));
         };
         // Anything posted behind a lean-path operation is ordered after it.

@@ -16,8 +16,8 @@ use super::op::{Stage, TKind};
 use super::pin::engine_pin;
 use super::post::run_ready;
 use super::retire::{fail_qp, finish};
-use super::serve::{deliver_inbound, handle_msg};
-use super::state::{qp_at, Shared, State};
+use super::serve::{self, deliver_inbound, handle_msg};
+use super::state::{Shared, State};
 use super::types::{PS, ST_LOC_PROT, ST_RETRY_EXC};
 use super::ucq::UCq;
 use super::wrid::{dec, K_CRECV, K_CSEND, K_FAST, K_OP, K_RB, K_REV};
@@ -173,7 +173,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             None => return,
         }
     }
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let ok = wc.status == WcStatus::Success;
     match kind {
         K_OP => {
@@ -205,14 +205,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             match kind {
                 TKind::Retry => {}
                 TKind::Fault { len } => {
-                    qp.send_ctrl(
-                        &sh.cfg.ctrl,
-                        &Repr::Completion {
-                            req_id: reply,
-                            status,
-                            byte_len: if ok { len } else { 0 },
-                        },
-                    );
+                    serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
                 }
                 TKind::Rendezvous {
                     recv_wr_id,
@@ -232,14 +225,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                         imm,
                         qp_num: qp.qpn,
                     });
-                    qp.send_ctrl(
-                        &sh.cfg.ctrl,
-                        &Repr::Completion {
-                            req_id: reply,
-                            status,
-                            byte_len: if ok { len } else { 0 },
-                        },
-                    );
+                    serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
                     deliver_inbound(sh, st, qi);
                 }
             }
@@ -281,7 +267,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             // message was handled, so an answer leaves without waiting for
             // the NIC's receive post (the ring has slots to spare, and the
             // control QP retries on RNR forever).
-            if let Some(qp) = qp_at(st, qi).filter(|q| !q.dead) {
+            if let Some(qp) = st.qp(qi).filter(|q| !q.dead) {
                 if let Err(e) = qp.post_slot(id) {
                     tracing::warn!(error = %e, "re-posting a command slot failed");
                 }

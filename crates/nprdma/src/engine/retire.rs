@@ -6,7 +6,7 @@ use rnic::{QpAttr, QpAttrMask, QpState as NicQpState};
 
 use super::op::comp_op;
 use super::qp::QpState;
-use super::state::{qp_at, Shared, State};
+use super::state::{At, Shared, State};
 use super::types::Error;
 use crate::nic::Completion;
 use crate::trace::{mark, Step};
@@ -14,13 +14,13 @@ use crate::trace::{mark, Step};
 /// Complete application operation `id` of QP `qi` and release what waits
 /// behind it.
 pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
-    let State {
-        qps,
+    let Some(At {
+        qp,
         ready,
         released,
         ..
-    } = &mut *st;
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    }) = st.at(qi)
+    else {
         return;
     };
     let Some(mut op) = qp.ops.take(id) else {
@@ -54,7 +54,7 @@ pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: 
 /// outstanding operation completes with an error — the oldest with `first`
 /// (RETRY_EXC_ERR for a vanished peer), the rest WR_FLUSH_ERR.
 pub(super) fn fail_qp(st: &mut State, qi: usize, first: u32) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     qp.dead = true;
     qp.flush_ops_after(first);
     for (_, t) in qp.treqs.drain() {
@@ -96,7 +96,7 @@ pub(crate) fn set_error(st: &mut State, qi: usize, gen: u8) -> Result<(), Error>
     }
     st.ready.retain(|(q, _)| *q != qi);
     st.flush_qps.retain(|q| *q != qi);
-    let qp = qp_at(st, qi).ok_or(Error::QpState)?;
+    let qp = st.qp(qi).ok_or(Error::QpState)?;
     if qp.errored {
         return Ok(());
     }

@@ -15,13 +15,13 @@ use super::op::{is_atomic, local_fenced, Stage, TKind, TReq};
 use super::pin::{engine_pin, temp_mr, EnginePin};
 use super::qp::QpState;
 use super::retire::finish;
-use super::state::{Shared, State};
+use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::{PS, ST_LOC_LEN, ST_LOC_PROT, ST_REM_ACCESS};
 use super::wrid::{enc, K_REV};
 use crate::adapt::RnicIommu;
 use crate::check::page_span;
-use crate::ctrl::{FaultKind, FaultRequest, Repr, Status};
+use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
 use crate::nic::{Access, CompOp, Completion};
 use crate::plan::{AppOp, Strategy};
@@ -48,23 +48,13 @@ fn serve_fault(
         need,
         false,
     );
-    let reply = |qp: &mut QpState, status| {
-        qp.send_ctrl(
-            &sh.cfg.ctrl,
-            &Repr::Completion {
-                req_id: f.req_id,
-                status,
-                byte_len: 0,
-            },
-        )
-    };
     let pin = match res {
         Ok(g) => g,
-        Err(s) => return reply(qp, s),
+        Err(s) => return reply(qp, sh, f.req_id, s, 0),
     };
     let (m, _) = r.expect("admitted");
     if f.len == 0 {
-        return reply(qp, Status::Ok);
+        return reply(qp, sh, f.req_id, Status::Ok, 0);
     }
     if f.retry_mode {
         // Pages pinned and mapped: the initiator retries one-sided
@@ -100,7 +90,7 @@ fn serve_fault(
         f.len as u64,
         rnic::Access::LOCAL_WRITE,
     ) else {
-        return reply(qp, Status::NoResources);
+        return reply(qp, sh, f.req_id, Status::NoResources, 0);
     };
     let lkey = tmr.lkey();
     let Ok(tid) = qp.treqs.insert(TReq {
@@ -110,7 +100,7 @@ fn serve_fault(
         _pin: pin,
         _mr: m,
     }) else {
-        return reply(qp, Status::NoResources);
+        return reply(qp, sh, f.req_id, Status::NoResources, 0);
     };
     let sge = [rnic::Sge {
         addr: f.remote_addr,
@@ -122,7 +112,7 @@ fn serve_fault(
     if let Err(e) = qp.data.post_send(&[wr]) {
         tracing::warn!(error = %e.err, "reverse operation not posted");
         drop(qp.treqs.take(tid));
-        reply(qp, Status::RemoteOp);
+        reply(qp, sh, f.req_id, Status::RemoteOp, 0);
     }
 }
 
@@ -209,14 +199,7 @@ fn answer_zero_read(
             // like on a NIC error.
             tracing::error!(error = %e.err, "zero answer partly posted");
             drop(qp.treqs.take(tid));
-            qp.send_ctrl(
-                &sh.cfg.ctrl,
-                &Repr::Completion {
-                    req_id: f.req_id,
-                    status: Status::RemoteOp,
-                    byte_len: 0,
-                },
-            );
+            reply(qp, sh, f.req_id, Status::RemoteOp, 0);
             true
         }
     }
@@ -263,185 +246,229 @@ fn region<'a>(
     ))
 }
 
+/// The one answer of a served request or delivered SEND: a
+/// [`Repr::Completion`] for the initiator's request `req_id`.
+pub(super) fn reply(qp: &mut QpState, sh: &Shared, req_id: u32, status: Status, byte_len: u32) {
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::Completion {
+            req_id,
+            status,
+            byte_len,
+        },
+    );
+}
+
+/// Dispatch one control message from QP `qi`'s peer to its handler.
 pub(super) fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
-    let ctrl = sh.cfg.ctrl;
-    let State {
-        qps,
-        mrs,
-        keys,
-        stats,
-        ready,
-        post_answer,
-        zero,
-        ..
-    } = &mut *st;
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
-        return;
-    };
     match msg {
-        Repr::KeyQuery { req_id, .. } => {
-            qp.keys_served = true;
-            for m in keys.sync_messages(req_id, &ctrl) {
-                qp.send_ctrl(&ctrl, &m);
-            }
-        }
-        Repr::KeySync { .. } | Repr::KeyRevoke { .. } => {
-            let answer = match msg {
-                Repr::KeySync {
-                    more: false,
-                    req_id,
-                    ..
-                } => Some(req_id),
-                _ => None,
-            };
-            if let Err(e) = qp.peer.apply(&msg) {
-                tracing::warn!(error = %e, "bad key message from peer");
-            }
-            if let Some(r) = answer {
-                // Retry every waiting op; those whose query this answers
-                // fail if their key is still unknown.
-                for id in qp.key_wait.drain(..) {
-                    if let Some(op) = qp.ops.get_mut(id) {
-                        if r != 0 && op.key_req == r {
-                            op.key_answered = true;
-                        }
-                        op.stage = Stage::Queued;
-                        ready.push_back((qi, id));
-                    }
-                }
-            }
-        }
-        Repr::Fault(f) => {
-            stats.served += 1;
-            let need = if f.kind == FaultKind::Read {
-                Access::REMOTE_READ
-            } else {
-                Access::REMOTE_WRITE
-            };
-            let r = region(mrs, qp.pd, f.rkey);
-            // A READ of memory that was never populated reads zeroes: it is
-            // answered from the zero source at once, nothing faulted in (as
-            // Linux maps no page for a read of untouched anonymous memory);
-            // the READ linearises at the proof, like the inline answer.
-            if f.kind == FaultKind::Read
-                && !f.retry_mode
-                && qp.remote_access.contains(Access::REMOTE_READ)
-                && f.len as u64 <= ZERO_READ_MAX
-                && validate(
-                    r.as_ref().map(|x| &x.1),
-                    f.remote_addr,
-                    f.len as u64,
-                    Access::REMOTE_READ,
-                    false,
-                )
-                .is_ok()
-                && r.as_ref().is_some_and(|(m, _)| {
-                    m.range_reads_as_zero(&sh.mm.0, f.remote_addr, f.len as u64)
-                })
-            {
-                let (m, _) = r.expect("checked");
-                if answer_zero_read(sh, qp, zero, qi, &f, m) {
-                    return;
-                }
-                let r = region(mrs, qp.pd, f.rkey);
-                return serve_fault(sh, qp, qi, &f, need, r);
-            }
-            serve_fault(sh, qp, qi, &f, need, r)
-        }
+        Repr::KeyQuery { req_id, .. } => on_key_query(sh, st, qi, req_id),
+        Repr::KeySync { .. } | Repr::KeyRevoke { .. } => on_key_update(st, qi, &msg),
+        Repr::Fault(f) => on_fault(sh, st, qi, &f),
         Repr::ReadInline {
             req_id,
             remote_addr,
             rkey,
             len,
-        } => {
-            mark(Step::TParsed);
-            stats.served += 1;
-            let r = region(mrs, qp.pd, rkey);
-            // Pages whose content the target gets without pinning them —
-            // never populated (a remote minor fault: zeroes, proven by
-            // `MrEntry::reads_as_zero`), swapped out by the pager (a major
-            // fault: the bytes are read from the swap slot) or resident (a
-            // lazy swap-in: a CPU copy) — are answered first; the pin
-            // (zero-fill / swap-in) and map-in follow, off the initiator's
-            // critical path. Validation is the same as below, and
-            // the READ linearises at the proof / slot read (a racing local
-            // write may follow it).
-            let early = r.as_ref().filter(|_| {
-                len > 0
-                    && qp.remote_access.contains(Access::REMOTE_READ)
-                    && len as usize <= mem::STACK_COPY
-                    && validate(
-                        r.as_ref().map(|x| &x.1),
-                        remote_addr,
-                        len as u64,
-                        Access::REMOTE_READ,
-                        false,
-                    )
-                    .is_ok()
-            });
-            if let Some((m, _)) = early {
-                let mut data = [0u8; mem::STACK_COPY];
-                let n = len as usize;
-                let known = m.reads_as_zero(&sh.mm.0, remote_addr, len as u64)
-                    || matches!(
-                        sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
-                        Ok(true)
-                    )
-                    || (page_span(remote_addr, len as u64, PS as usize).is_some_and(|(p, k)| {
-                        (0..k).all(|i| sh.mm.0.is_resident((p + i * PS) as usize))
-                    }) && {
-                        // Resident (a lazy swap-in: the NIC views are
-                        // still unmapped): the CPU copies it now; were
-                        // it evicted meanwhile, the copy faults it back
-                        // in through the pager (slow, still exact).
-                        mem::read_into(remote_addr, &mut data[..n]);
-                        true
-                    });
-                if known {
-                    mark(Step::TValidated);
-                    mark(Step::TCopied);
-                    let status = Status::Ok;
-                    let data = Cow::Borrowed(&data[..n]);
-                    qp.send_ctrl(
-                        &ctrl,
-                        &Repr::ReadInlineResp {
-                            req_id,
-                            status,
-                            data,
-                        },
-                    );
-                    mark(Step::TSent);
-                    // Then fault them in and map them for the NIC, as the
-                    // pinned path would have, so that later READs go
-                    // one-sided: at the next idle progress pass (a bounded
-                    // queue; beyond it, now).
-                    if post_answer.len() < 256 {
-                        post_answer.push_back((m.clone(), remote_addr, len as u64));
-                    } else {
-                        drop(engine_pin(&sh.mm, m, remote_addr, len as u64));
-                    }
-                    return;
-                }
+        } => on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len),
+        Repr::WriteInline {
+            req_id,
+            remote_addr,
+            rkey,
+            data,
+        } => on_write_inline(sh, st, qi, req_id, remote_addr, rkey, &data),
+        Repr::Atomic(a) => on_atomic(sh, st, qi, &a),
+        Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
+            on_inbound(sh, st, qi, msg)
+        }
+        Repr::Completion {
+            req_id,
+            status,
+            byte_len,
+        } => on_completion(sh, st, qi, req_id, status, byte_len),
+        Repr::ReadInlineResp {
+            req_id,
+            status,
+            data,
+        } => on_read_inline_resp(sh, st, qi, req_id, status, &data),
+        Repr::AtomicResp {
+            req_id,
+            status,
+            original,
+        } => on_atomic_resp(sh, st, qi, req_id, status, original),
+        Repr::Release { req_id } => on_release(st, qi, req_id),
+        Repr::ReceiverReady { req_id, status } => on_receiver_ready(sh, st, qi, req_id, status),
+        other => {
+            if st.qp(qi).is_some() {
+                tracing::debug!(op = ?other.opcode(), "control message ignored");
             }
-            let res = grant(
-                sh,
-                qp.remote_access,
-                r.as_ref(),
+        }
+    }
+}
+
+/// [`Repr::KeyQuery`]: the peer syncs our key table (from now on it is
+/// told about new MRs and revocations).
+fn on_key_query(sh: &Shared, st: &mut State, qi: usize, req_id: u32) {
+    let Some(At { qp, keys, .. }) = st.at(qi) else {
+        return;
+    };
+    let ctrl = sh.cfg.ctrl;
+    qp.keys_served = true;
+    for m in keys.sync_messages(req_id, &ctrl) {
+        qp.send_ctrl(&ctrl, &m);
+    }
+}
+
+/// [`Repr::KeySync`] / [`Repr::KeyRevoke`]: the peer's key table changed;
+/// the last message answering a query retries the ops waiting for keys.
+fn on_key_update(st: &mut State, qi: usize, msg: &Repr<'_>) {
+    let Some(At { qp, ready, .. }) = st.at(qi) else {
+        return;
+    };
+    let answer = match msg {
+        Repr::KeySync {
+            more: false,
+            req_id,
+            ..
+        } => Some(*req_id),
+        _ => None,
+    };
+    if let Err(e) = qp.peer.apply(msg) {
+        tracing::warn!(error = %e, "bad key message from peer");
+    }
+    if let Some(r) = answer {
+        // Retry every waiting op; those whose query this answers
+        // fail if their key is still unknown.
+        for id in qp.key_wait.drain(..) {
+            if let Some(op) = qp.ops.get_mut(id) {
+                if r != 0 && op.key_req == r {
+                    op.key_answered = true;
+                }
+                op.stage = Stage::Queued;
+                ready.push_back((qi, id));
+            }
+        }
+    }
+}
+
+/// [`Repr::Fault`]: a two-sided READ/WRITE through a temporary MR (a READ
+/// of never-populated memory from the zero source).
+fn on_fault(sh: &Shared, st: &mut State, qi: usize, f: &FaultRequest) {
+    let Some(At {
+        qp,
+        mrs,
+        stats,
+        zero,
+        ..
+    }) = st.at(qi)
+    else {
+        return;
+    };
+    stats.served += 1;
+    let need = if f.kind == FaultKind::Read {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_WRITE
+    };
+    let r = region(mrs, qp.pd, f.rkey);
+    // A READ of memory that was never populated reads zeroes: it is
+    // answered from the zero source at once, nothing faulted in (as
+    // Linux maps no page for a read of untouched anonymous memory);
+    // the READ linearises at the proof, like the inline answer.
+    if f.kind == FaultKind::Read
+        && !f.retry_mode
+        && qp.remote_access.contains(Access::REMOTE_READ)
+        && f.len as u64 <= ZERO_READ_MAX
+        && validate(
+            r.as_ref().map(|x| &x.1),
+            f.remote_addr,
+            f.len as u64,
+            Access::REMOTE_READ,
+            false,
+        )
+        .is_ok()
+        && r.as_ref()
+            .is_some_and(|(m, _)| m.range_reads_as_zero(&sh.mm.0, f.remote_addr, f.len as u64))
+    {
+        let (m, _) = r.expect("checked");
+        if answer_zero_read(sh, qp, zero, qi, f, m) {
+            return;
+        }
+        let r = region(mrs, qp.pd, f.rkey);
+        return serve_fault(sh, qp, qi, f, need, r);
+    }
+    serve_fault(sh, qp, qi, f, need, r)
+}
+
+/// [`Repr::ReadInline`]: a small READ answered with its data.
+fn on_read_inline(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+) {
+    let Some(At {
+        qp,
+        mrs,
+        stats,
+        post_answer,
+        ..
+    }) = st.at(qi)
+    else {
+        return;
+    };
+    let ctrl = sh.cfg.ctrl;
+    mark(Step::TParsed);
+    stats.served += 1;
+    let r = region(mrs, qp.pd, rkey);
+    // Pages whose content the target gets without pinning them —
+    // never populated (a remote minor fault: zeroes, proven by
+    // `MrEntry::reads_as_zero`), swapped out by the pager (a major
+    // fault: the bytes are read from the swap slot) or resident (a
+    // lazy swap-in: a CPU copy) — are answered first; the pin
+    // (zero-fill / swap-in) and map-in follow, off the initiator's
+    // critical path. Validation is the same as below, and
+    // the READ linearises at the proof / slot read (a racing local
+    // write may follow it).
+    let early = r.as_ref().filter(|_| {
+        len > 0
+            && qp.remote_access.contains(Access::REMOTE_READ)
+            && len as usize <= mem::STACK_COPY
+            && validate(
+                r.as_ref().map(|x| &x.1),
                 remote_addr,
                 len as u64,
                 Access::REMOTE_READ,
                 false,
-            );
-            let mut stack = [0u8; mem::STACK_COPY];
-            let (status, data) = match res {
-                Ok(g) => {
-                    let d = mem::copy_out(remote_addr, len as usize, &mut stack);
-                    drop(g);
-                    (Status::Ok, d)
-                }
-                Err(s) => (s, Cow::Borrowed(&[][..])),
-            };
+            )
+            .is_ok()
+    });
+    if let Some((m, _)) = early {
+        let mut data = [0u8; mem::STACK_COPY];
+        let n = len as usize;
+        let known = m.reads_as_zero(&sh.mm.0, remote_addr, len as u64)
+            || matches!(
+                sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
+                Ok(true)
+            )
+            || (page_span(remote_addr, len as u64, PS as usize)
+                .is_some_and(|(p, k)| (0..k).all(|i| sh.mm.0.is_resident((p + i * PS) as usize)))
+                && {
+                    // Resident (a lazy swap-in: the NIC views are
+                    // still unmapped): the CPU copies it now; were
+                    // it evicted meanwhile, the copy faults it back
+                    // in through the pager (slow, still exact).
+                    mem::read_into(remote_addr, &mut data[..n]);
+                    true
+                });
+        if known {
+            mark(Step::TValidated);
             mark(Step::TCopied);
+            let status = Status::Ok;
+            let data = Cow::Borrowed(&data[..n]);
             qp.send_ctrl(
                 &ctrl,
                 &Repr::ReadInlineResp {
@@ -451,203 +478,278 @@ pub(super) fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) 
                 },
             );
             mark(Step::TSent);
-        }
-        Repr::WriteInline {
-            req_id,
-            remote_addr,
-            rkey,
-            data,
-        } => {
-            stats.served += 1;
-            let r = region(mrs, qp.pd, rkey);
-            let res = grant(
-                sh,
-                qp.remote_access,
-                r.as_ref(),
-                remote_addr,
-                data.len() as u64,
-                Access::REMOTE_WRITE,
-                false,
-            );
-            let status = match res {
-                Ok(g) => {
-                    mem::write(remote_addr, &data);
-                    drop(g);
-                    Status::Ok
-                }
-                Err(s) => s,
-            };
-            qp.send_ctrl(
-                &ctrl,
-                &Repr::Completion {
-                    req_id,
-                    status,
-                    byte_len: data.len() as u32,
-                },
-            );
-        }
-        Repr::Atomic(a) => {
-            stats.served += 1;
-            let r = region(mrs, qp.pd, a.rkey);
-            let res = grant(
-                sh,
-                qp.remote_access,
-                r.as_ref(),
-                a.remote_addr,
-                8,
-                Access::REMOTE_ATOMIC,
-                true,
-            );
-            let (status, original) = match res {
-                Ok(g) => match mem::atomic_at(a.remote_addr) {
-                    Some(w) => {
-                        let v = apply_atomic(a.kind, a.compare_add, a.swap, w);
-                        drop(g);
-                        (Status::Ok, v)
-                    }
-                    None => (Status::RemoteInvalid, 0),
-                },
-                Err(s) => (s, 0),
-            };
-            qp.send_ctrl(
-                &ctrl,
-                &Repr::AtomicResp {
-                    req_id: a.req_id,
-                    status,
-                    original,
-                },
-            );
-        }
-        Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
-            qp.inbound.push_back(msg.into_owned());
-            deliver_inbound(sh, st, qi);
-        }
-        Repr::Completion {
-            req_id,
-            status,
-            byte_len,
-        } => {
-            let Some(op) = qp.ops.get_mut(req_id) else {
-                return;
-            };
-            match op.stage {
-                Stage::TwoSided => {
-                    if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
-                        start_notify(sh, st, qi, req_id);
-                    } else if matches!(
-                        op.wr.op,
-                        AppOp::Read | AppOp::Write | AppOp::Send | AppOp::SendImm(_)
-                    ) {
-                        let len = if status == Status::Ok { byte_len } else { 0 };
-                        finish(st, qi, req_id, wc_status(status), len);
-                    }
-                }
-                Stage::ImmNotify => {
-                    let len = op.len as u32;
-                    finish(st, qi, req_id, wc_status(status), len);
-                }
-                _ => {}
-            }
-        }
-        Repr::ReadInlineResp {
-            req_id,
-            status,
-            data,
-        } => {
-            let Some(op) = qp.ops.get_mut(req_id) else {
-                return;
-            };
-            if !matches!(op.stage, Stage::TwoSided) || op.wr.op != AppOp::Read {
-                return;
-            }
-            let mut s = wc_status(status);
-            // A later READ of the same destination may already have landed
-            // (it did not wait for this one): this answer is dead then.
-            let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
-            if local_fenced(&sh.mm, op) {
-                // Deregistered meanwhile: its memory is not ours to write.
-                s = ST_LOC_PROT;
-            } else if status == Status::Ok {
-                if data.len() as u64 == op.len {
-                    if !dead {
-                        mem::write(op.laddr, &data);
-                    }
-                } else {
-                    s = wc_status(Status::RemoteInvalid);
-                }
-            }
-            let len = op.len as u32;
-            finish(st, qi, req_id, s, len);
-        }
-        Repr::AtomicResp {
-            req_id,
-            status,
-            original,
-        } => {
-            let Some(op) = qp.ops.get_mut(req_id) else {
-                return;
-            };
-            if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
-                return;
-            }
-            let mut s = wc_status(status);
-            if local_fenced(&sh.mm, op) {
-                s = ST_LOC_PROT;
-            } else if status == Status::Ok {
-                mem::write(op.laddr, &original.to_le_bytes());
-            }
-            finish(st, qi, req_id, s, 8);
-        }
-        Repr::Release { req_id } => {
-            let hit = qp
-                .treqs
-                .iter()
-                .find(|(_, t)| t.reply == req_id && matches!(t.kind, TKind::Retry))
-                .map(|(tid, _)| tid);
-            if let Some(tid) = hit {
-                drop(qp.treqs.take(tid));
-            }
-        }
-        Repr::ReceiverReady { req_id, status } => {
-            let Some(op) = qp.ops.get_mut(req_id) else {
-                return;
-            };
-            if !matches!(op.stage, Stage::TwoSided) || op.retry != 1 {
-                return;
-            }
-            if status != Status::Ok {
-                finish(st, qi, req_id, wc_status(status), 0);
-                return;
-            }
-            op.retry = 2;
-            stats.retries += 1;
-            let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
-                Ok(t) => t,
-                Err(_) => {
-                    finish(st, qi, req_id, ST_REM_ACCESS, 0);
-                    return;
-                }
-            };
-            // Both sides are pinned and mapped; page versions prove it.
-            let strat = if op.wr.op == AppOp::Read {
-                Strategy::ReadVersioned
+            // Then fault them in and map them for the NIC, as the
+            // pinned path would have, so that later READs go
+            // one-sided: at the next idle progress pass (a bounded
+            // queue; beyond it, now).
+            if post_answer.len() < 256 {
+                post_answer.push_back((m.clone(), remote_addr, len as u64));
             } else {
-                Strategy::WriteVersioned
-            };
-            let lmr = op.lmr.clone().expect("READ/WRITE with data has a local MR");
-            post_steps(sh, st, qi, req_id, strat, &t, &lmr);
-        }
-        other => {
-            tracing::debug!(op = ?other.opcode(), "control message ignored");
+                drop(engine_pin(&sh.mm, m, remote_addr, len as u64));
+            }
+            return;
         }
     }
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        remote_addr,
+        len as u64,
+        Access::REMOTE_READ,
+        false,
+    );
+    let mut stack = [0u8; mem::STACK_COPY];
+    let (status, data) = match res {
+        Ok(g) => {
+            let d = mem::copy_out(remote_addr, len as usize, &mut stack);
+            drop(g);
+            (Status::Ok, d)
+        }
+        Err(s) => (s, Cow::Borrowed(&[][..])),
+    };
+    mark(Step::TCopied);
+    qp.send_ctrl(
+        &ctrl,
+        &Repr::ReadInlineResp {
+            req_id,
+            status,
+            data,
+        },
+    );
+    mark(Step::TSent);
+}
+
+/// [`Repr::WriteInline`]: a small WRITE carrying its data.
+fn on_write_inline(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    remote_addr: u64,
+    rkey: u32,
+    data: &[u8],
+) {
+    let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    stats.served += 1;
+    let r = region(mrs, qp.pd, rkey);
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        remote_addr,
+        data.len() as u64,
+        Access::REMOTE_WRITE,
+        false,
+    );
+    let status = match res {
+        Ok(g) => {
+            mem::write(remote_addr, data);
+            drop(g);
+            Status::Ok
+        }
+        Err(s) => s,
+    };
+    reply(qp, sh, req_id, status, data.len() as u32);
+}
+
+/// [`Repr::Atomic`]: a compare-and-swap or fetch-and-add, done by this CPU.
+fn on_atomic(sh: &Shared, st: &mut State, qi: usize, a: &AtomicRequest) {
+    let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    stats.served += 1;
+    let r = region(mrs, qp.pd, a.rkey);
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        a.remote_addr,
+        8,
+        Access::REMOTE_ATOMIC,
+        true,
+    );
+    let (status, original) = match res {
+        Ok(g) => match mem::atomic_at(a.remote_addr) {
+            Some(w) => {
+                let v = apply_atomic(a.kind, a.compare_add, a.swap, w);
+                drop(g);
+                (Status::Ok, v)
+            }
+            None => (Status::RemoteInvalid, 0),
+        },
+        Err(s) => (s, 0),
+    };
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::AtomicResp {
+            req_id: a.req_id,
+            status,
+            original,
+        },
+    );
+}
+
+/// [`Repr::SendInline`], [`Repr::SendRendezvous`],
+/// [`Repr::WriteImmNotify`]: queued for the posted RECVs.
+fn on_inbound(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    qp.inbound.push_back(msg.into_owned());
+    deliver_inbound(sh, st, qi);
+}
+
+/// [`Repr::Completion`]: the peer's answer to our two-sided READ/WRITE/SEND
+/// or WRITE_WITH_IMM notice.
+fn on_completion(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    byte_len: u32,
+) {
+    let Some(op) = st.op_mut(qi, req_id) else {
+        return;
+    };
+    match op.stage {
+        Stage::TwoSided => {
+            if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
+                start_notify(sh, st, qi, req_id);
+            } else if matches!(
+                op.wr.op,
+                AppOp::Read | AppOp::Write | AppOp::Send | AppOp::SendImm(_)
+            ) {
+                let len = if status == Status::Ok { byte_len } else { 0 };
+                finish(st, qi, req_id, wc_status(status), len);
+            }
+        }
+        Stage::ImmNotify => {
+            let len = op.len as u32;
+            finish(st, qi, req_id, wc_status(status), len);
+        }
+        _ => {}
+    }
+}
+
+/// [`Repr::ReadInlineResp`]: the data of our inline READ.
+fn on_read_inline_resp(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    data: &[u8],
+) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    let Some(op) = qp.ops.get_mut(req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || op.wr.op != AppOp::Read {
+        return;
+    }
+    let mut s = wc_status(status);
+    // A later READ of the same destination may already have landed
+    // (it did not wait for this one): this answer is dead then.
+    let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
+    if local_fenced(&sh.mm, op) {
+        // Deregistered meanwhile: its memory is not ours to write.
+        s = ST_LOC_PROT;
+    } else if status == Status::Ok {
+        if data.len() as u64 == op.len {
+            if !dead {
+                mem::write(op.laddr, data);
+            }
+        } else {
+            s = wc_status(Status::RemoteInvalid);
+        }
+    }
+    let len = op.len as u32;
+    finish(st, qi, req_id, s, len);
+}
+
+/// [`Repr::AtomicResp`]: the original value of our atomic.
+fn on_atomic_resp(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    original: u64,
+) {
+    let Some(op) = st.op_mut(qi, req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
+        return;
+    }
+    let mut s = wc_status(status);
+    if local_fenced(&sh.mm, op) {
+        s = ST_LOC_PROT;
+    } else if status == Status::Ok {
+        mem::write(op.laddr, &original.to_le_bytes());
+    }
+    finish(st, qi, req_id, s, 8);
+}
+
+/// [`Repr::Release`]: the initiator's retry-mode retry is done; unpin.
+fn on_release(st: &mut State, qi: usize, req_id: u32) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    let hit = qp
+        .treqs
+        .iter()
+        .find(|(_, t)| t.reply == req_id && matches!(t.kind, TKind::Retry))
+        .map(|(tid, _)| tid);
+    if let Some(tid) = hit {
+        drop(qp.treqs.take(tid));
+    }
+}
+
+/// [`Repr::ReceiverReady`] (retry mode): the target pinned and mapped the
+/// pages; retry one-sided with page versions.
+fn on_receiver_ready(sh: &Shared, st: &mut State, qi: usize, req_id: u32, status: Status) {
+    let Some(At { qp, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    let Some(op) = qp.ops.get_mut(req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || op.retry != 1 {
+        return;
+    }
+    if status != Status::Ok {
+        finish(st, qi, req_id, wc_status(status), 0);
+        return;
+    }
+    op.retry = 2;
+    stats.retries += 1;
+    let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
+        Ok(t) => t,
+        Err(_) => {
+            finish(st, qi, req_id, ST_REM_ACCESS, 0);
+            return;
+        }
+    };
+    // Both sides are pinned and mapped; page versions prove it.
+    let strat = if op.wr.op == AppOp::Read {
+        Strategy::ReadVersioned
+    } else {
+        Strategy::WriteVersioned
+    };
+    let lmr = op.lmr.clone().expect("READ/WRITE with data has a local MR");
+    post_steps(sh, st, qi, req_id, strat, &t, &lmr);
 }
 
 /// Match inbound messages (SEND, WRITE_WITH_IMM notices) with posted RECVs.
 pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
-    let ctrl = sh.cfg.ctrl;
-    let State { qps, mrs, .. } = &mut *st;
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    let Some(At { qp, mrs, .. }) = st.at(qi) else {
         return;
     };
     while !qp.rdv_busy && !qp.inbound.is_empty() && !qp.recvs.is_empty() {
@@ -669,16 +771,6 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
             imm: None,
             qp_num: qp.qpn,
         };
-        let reply = |qp: &mut QpState, req_id, status, byte_len| {
-            qp.send_ctrl(
-                &ctrl,
-                &Repr::Completion {
-                    req_id,
-                    status,
-                    byte_len,
-                },
-            )
-        };
         match msg {
             Repr::SendInline {
                 req_id, imm, data, ..
@@ -690,16 +782,16 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 if !valid {
                     cqe.status = ST_LOC_PROT;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::RemoteOp, 0);
+                    reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else if data.len() as u64 > rlen {
                     cqe.status = ST_LOC_LEN;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::RemoteInvalid, 0);
+                    reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                 } else {
                     mem::write(raddr, &data);
                     cqe.byte_len = data.len() as u32;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::Ok, data.len() as u32);
+                    reply(qp, sh, req_id, Status::Ok, data.len() as u32);
                 }
             }
             Repr::WriteImmNotify {
@@ -709,7 +801,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 cqe.imm = Some(imm);
                 cqe.byte_len = len;
                 qp.recv_cq.push(cqe);
-                reply(qp, req_id, Status::Ok, len);
+                reply(qp, sh, req_id, Status::Ok, len);
             }
             Repr::SendRendezvous {
                 req_id,
@@ -722,13 +814,13 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
                     cqe.status = if valid { ST_LOC_LEN } else { ST_LOC_PROT };
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::RemoteInvalid, 0);
+                    reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                     continue;
                 };
                 if len == 0 {
                     cqe.imm = imm;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::Ok, 0);
+                    reply(qp, sh, req_id, Status::Ok, 0);
                     continue;
                 }
                 let pinned = engine_pin(&sh.mm, &m, raddr, len as u64).and_then(|p| {
@@ -737,7 +829,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 let Ok((pin, tmr)) = pinned else {
                     cqe.status = ST_LOC_PROT;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::NoResources, 0);
+                    reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
                 };
                 let lkey = tmr.lkey();
@@ -754,7 +846,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 }) else {
                     cqe.status = ST_LOC_PROT;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::NoResources, 0);
+                    reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
                 };
                 let sge = [rnic::Sge {
@@ -769,7 +861,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     drop(qp.treqs.take(tid));
                     cqe.status = ST_LOC_PROT;
                     qp.recv_cq.push(cqe);
-                    reply(qp, req_id, Status::RemoteOp, 0);
+                    reply(qp, sh, req_id, Status::RemoteOp, 0);
                     continue;
                 }
                 qp.rdv_busy = true;

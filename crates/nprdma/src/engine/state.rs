@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::dev::Dev;
 use super::idhash::IdMap;
 use super::mr::MrEntry;
+use super::op::Op;
 use super::qp::QpState;
 use super::types::{Stats, PS};
 use super::ucq::Direct;
@@ -118,14 +119,80 @@ impl State {
         (i, gen)
     }
 
+    /// QP `i` if it is still the one of generation `gen` (the application's
+    /// handle; a destroyed QP's slot may hold a new one).
     pub fn qp_mut(&mut self, i: usize, gen: u8) -> Option<&mut QpState> {
         if self.gens.get(i) != Some(&gen) {
             return None;
         }
-        self.qps.get_mut(i).and_then(|q| q.as_mut())
+        self.qp(i)
+    }
+
+    /// QP `qi` (the engine's own index: NIC completions and queued work of
+    /// a destroyed QP were dropped with it, or fail the generation check).
+    #[inline]
+    pub(super) fn qp(&mut self, qi: usize) -> Option<&mut QpState> {
+        self.qps.get_mut(qi).and_then(|q| q.as_mut())
+    }
+
+    /// Operation `id` of QP `qi`.
+    #[inline]
+    pub(super) fn op_mut(&mut self, qi: usize, id: u32) -> Option<&mut Op> {
+        self.qp(qi)?.ops.get_mut(id)
+    }
+
+    /// QP `qi` with the rest of the state beside it ([`At`]).
+    #[inline]
+    pub(super) fn at(&mut self, qi: usize) -> Option<At<'_>> {
+        let State {
+            qps,
+            mrs,
+            keys,
+            stats,
+            ready,
+            released,
+            next_req,
+            direct,
+            post_answer,
+            zero,
+            ..
+        } = self;
+        Some(At {
+            qp: qps.get_mut(qi).and_then(|q| q.as_mut())?,
+            mrs,
+            keys,
+            stats,
+            ready,
+            released,
+            next_req,
+            direct,
+            post_answer,
+            zero,
+        })
+    }
+
+    /// [`State::at`] for the application's handle of generation `gen`.
+    #[inline]
+    pub(super) fn at_gen(&mut self, qi: usize, gen: u8) -> Option<At<'_>> {
+        if self.gens.get(qi) != Some(&gen) {
+            return None;
+        }
+        self.at(qi)
     }
 }
 
-pub(super) fn qp_at(st: &mut State, qi: usize) -> Option<&mut QpState> {
-    st.qps.get_mut(qi).and_then(|q| q.as_mut())
+/// QP `qi` and the parts of the state its handlers use beside it, borrowed
+/// apart ([`State::at`]): the one opening of every handler that needs more
+/// than the QP.
+pub(super) struct At<'a> {
+    pub qp: &'a mut QpState,
+    pub mrs: &'a IdMap<Arc<MrEntry>>,
+    pub keys: &'a KeyTable,
+    pub stats: &'a mut Stats,
+    pub ready: &'a mut VecDeque<(usize, u32)>,
+    pub released: &'a mut Vec<(Ticket, u32)>,
+    pub next_req: &'a mut u32,
+    pub direct: &'a mut Direct,
+    pub post_answer: &'a mut VecDeque<(Arc<MrEntry>, u64, u64)>,
+    pub zero: &'a mut Option<rnic::OwnedMr>,
 }

@@ -9,7 +9,7 @@ use super::dev::inline_max;
 use super::op::{local_fenced, Op, Stage};
 use super::pin::{engine_pin, temp_mr, EnginePin, Hold};
 use super::retire::finish;
-use super::state::{qp_at, Shared, State};
+use super::state::{Shared, State};
 use super::types::ST_LOC_PROT;
 use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, Repr};
 use crate::mem;
@@ -17,7 +17,7 @@ use crate::plan::AppOp;
 use crate::trace::{mark, Step};
 
 pub(super) fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let AppOp::WriteImm(imm) = op.wr.op else {
         return;
@@ -47,7 +47,7 @@ pub(super) fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
 pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     mark(Step::ICheckFail);
     st.stats.two_sided += 1;
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     if local_fenced(&sh.mm, op) {
         // Deregistered (or unmapped) since it was posted: no temporary MR
