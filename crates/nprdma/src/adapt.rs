@@ -38,6 +38,11 @@ impl NicMr for RnicMr {
     }
 }
 
+/// `rnic::WcStatus` → `nic::WcStatus` (same `ibv_wc_status` numbering).
+pub fn nic_wc_status(s: rnic::WcStatus) -> nic::WcStatus {
+    nic::WcStatus::from_code(s as u32)
+}
+
 /// `nic::Access` → `rnic::Access` (same ibverbs numbering).
 pub fn rnic_access(a: Access) -> rnic::Access {
     rnic::Access::from_bits_truncate(a.0)
@@ -275,7 +280,15 @@ impl vmem::SwapListener for ListenerBridge {
 
 #[cfg(test)]
 mod tests {
-    use super::PageRuns;
+    use super::{nic_wc_status, PageRuns};
+
+    #[test]
+    fn rnic_statuses_keep_their_number() {
+        for code in 0..22 {
+            let s = rnic::WcStatus::from_u32(code);
+            assert_eq!(nic_wc_status(s).code(), s as u32);
+        }
+    }
 
     #[test]
     fn page_runs_match_their_flags() {

@@ -115,6 +115,73 @@ pub enum CompOp {
     RecvWithImm,
 }
 
+/// Status of a work completion (`enum ibv_wc_status`, same numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcStatus {
+    #[default]
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    const ALL: [WcStatus; 22] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::LocRddViolErr,
+        WcStatus::RemInvRdReqErr,
+        WcStatus::RemAbortErr,
+        WcStatus::InvEecnErr,
+        WcStatus::InvEecStateErr,
+        WcStatus::FatalErr,
+        WcStatus::RespTimeoutErr,
+        WcStatus::GeneralErr,
+    ];
+    /// The `ibv_wc_status` number ([`Completion::status`]).
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+    /// The status of number `code`; an unknown number is `GeneralErr`.
+    pub fn from_code(code: u32) -> WcStatus {
+        Self::ALL
+            .get(code as usize)
+            .copied()
+            .unwrap_or(WcStatus::GeneralErr)
+    }
+}
+
 /// A work completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
@@ -129,9 +196,9 @@ pub struct Completion {
 
 impl Completion {
     /// `IBV_WC_SUCCESS`.
-    pub const SUCCESS: u32 = 0;
+    pub const SUCCESS: u32 = WcStatus::Success.code();
     /// `IBV_WC_WR_FLUSH_ERR`.
-    pub const WR_FLUSH_ERR: u32 = 5;
+    pub const WR_FLUSH_ERR: u32 = WcStatus::WrFlushErr.code();
     /// Whether the WR succeeded.
     pub fn is_ok(&self) -> bool {
         self.status == Self::SUCCESS

@@ -8,18 +8,19 @@
 //! it enters those structures exactly as if it had been posted through the
 //! general path, and the general path takes over.
 
-use rnic::{WcStatus, WrOpcode};
+use rnic::WrOpcode;
 
 use super::one_sided::eval_one_sided;
 use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
 use super::qp::QpState;
 use super::retire::fail_qp;
 use super::state::{At, Shared, State};
-use super::types::{SendWr, PS, ST_FLUSH};
-use super::wrid::{enc, K_FAST};
+use super::types::{SendWr, PS};
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::nic_wc_status;
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::mem;
-use crate::nic::{Access, Completion};
+use crate::nic::{Access, Completion, WcStatus};
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 /// Post `wr` on the lean path if QP `qi` is idle and `wr` qualifies;
@@ -114,8 +115,12 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
             crate::nic::WrOp::Read => WrOpcode::Read,
             _ => WrOpcode::Write,
         };
-        let mut w = rnic::SendWr::new(enc(qi, gen, K_FAST, k as u64, 0), opc, &sges[k])
-            .remote(s.remote_addr, s.rkey);
+        let mut w = rnic::SendWr::new(
+            WrTag::new(qi, gen, WrKind::Fast, k as u8, 0).wr_id(),
+            opc,
+            &sges[k],
+        )
+        .remote(s.remote_addr, s.rkey);
         if k != last {
             w.flags.remove(rnic::SendFlags::SIGNALED);
         }
@@ -148,7 +153,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         strat,
         steps: posted as u8,
         left: posted as u8,
-        err: 0,
+        err: WcStatus::Success,
         vlen,
         scratch,
         lver,
@@ -158,7 +163,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         // one; the QP fails (every operation completes, flushed).
         tracing::error!(posted, "partial post of an operation's NIC WRs");
         qp.promote_fast();
-        fail_qp(st, qi, ST_FLUSH);
+        fail_qp(st, qi, WcStatus::WrFlushErr);
     }
     true
 }
@@ -170,7 +175,7 @@ pub(super) fn on_wc(
     sh: &Shared,
     st: &mut State,
     qi: usize,
-    step: u64,
+    step: u8,
     wc: &rnic::Wc,
 ) -> Option<u32> {
     let At {
@@ -179,17 +184,18 @@ pub(super) fn on_wc(
     let Some(f) = qp.fast.as_mut() else {
         return qp.fast_promoted;
     };
-    let behind = (f.steps as u64).saturating_sub(step + 1) as u8;
+    let behind = (f.steps as u64).saturating_sub(u64::from(step) + 1) as u8;
     f.left = f.left.min(behind);
-    if wc.status != WcStatus::Success && f.err == 0 {
-        f.err = wc.status as u32;
+    let status = nic_wc_status(wc.status);
+    if status != WcStatus::Success && f.err == WcStatus::Success {
+        f.err = status;
     }
     if f.left > 0 {
         return None;
     }
     crate::trace::mark(crate::trace::Step::IOptDone);
     let err = f.err;
-    if err == 0 && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
+    if err == WcStatus::Success && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
         let f = qp.fast.take().expect("checked above");
         qp.release_scratch(f.scratch);
         let c = Completion {

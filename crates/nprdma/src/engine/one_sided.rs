@@ -6,22 +6,23 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rnic::{WcStatus, WrOpcode};
+use rnic::WrOpcode;
 use smallvec::SmallVec;
 
 use super::mr::MrEntry;
-use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Scratch, Stage};
+use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Retry, Scratch, Stage};
 use super::pin::engine_pin;
 use super::replay;
 use super::retire::{fail_qp, finish};
 use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
-use super::types::{PS, ST_FLUSH, ST_LOC_PROT, ST_REM_ACCESS};
-use super::wrid::{enc, K_OP, K_RB};
+use super::types::PS;
+use super::wrid::{WrKind, WrTag};
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::ctrl::Repr;
 use crate::keymap::{KeyMapError, SyncState, Translation};
 use crate::mem;
+use crate::nic::WcStatus;
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
@@ -48,7 +49,7 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             return;
         }
         Stage::HeldOk(len) => {
-            finish(st, qi, id, 0, len);
+            finish(st, qi, id, WcStatus::Success, len);
             return;
         }
         Stage::HeldTwoSided => {
@@ -100,7 +101,7 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             return;
         }
         Err(_) => {
-            finish(st, qi, id, ST_REM_ACCESS, 0);
+            finish(st, qi, id, WcStatus::RemAccessErr, 0);
             return;
         }
     };
@@ -108,13 +109,13 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         if let AppOp::WriteImm(_) = op.wr.op {
             start_notify(sh, st, qi, id);
         } else {
-            finish(st, qi, id, 0, 0);
+            finish(st, qi, id, WcStatus::Success, 0);
         }
         return;
     }
     let lmr = op.lmr.clone().expect("len > 0 has a local MR");
     if local_fenced(&sh.mm, op) {
-        finish(st, qi, id, ST_LOC_PROT, 0);
+        finish(st, qi, id, WcStatus::LocProtErr, 0);
         return;
     }
     let (laddr, len) = (op.laddr, op.len);
@@ -123,13 +124,13 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         match engine_pin(&sh.mm, &lmr, laddr, len) {
             Ok(p) => drop(p),
             Err(()) => {
-                finish(st, qi, id, ST_LOC_PROT, 0);
+                finish(st, qi, id, WcStatus::LocProtErr, 0);
                 return;
             }
         }
     }
     let large = probes_first(op.wr.op, len, &sh.cfg.plan);
-    let strat = if op.retry == 0 && large && qp.probe_hint {
+    let strat = if op.retry == Retry::NotTried && large && qp.probe_hint {
         Strategy::VersionProbe
     } else {
         choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan)
@@ -173,7 +174,7 @@ pub(super) fn post_steps(
             Ok(m) => Some(Scratch::Own(m)),
             Err(e) => {
                 tracing::warn!(error = %e, "scratch MR failed");
-                finish(st, qi, id, ST_LOC_PROT, 0);
+                finish(st, qi, id, WcStatus::LocProtErr, 0);
                 return;
             }
         }
@@ -210,8 +211,12 @@ pub(super) fn post_steps(
                 crate::nic::WrOp::Read => WrOpcode::Read,
                 _ => WrOpcode::Write,
             };
-            let mut w = rnic::SendWr::new(enc(qi, gen, K_OP, k as u64, id), opc, sge)
-                .remote(s.remote_addr, s.rkey);
+            let mut w = rnic::SendWr::new(
+                WrTag::new(qi, gen, WrKind::Op, k as u8, id).wr_id(),
+                opc,
+                sge,
+            )
+            .remote(s.remote_addr, s.rkey);
             // One NIC completion per operation: on the RC QP the last WR
             // completes after the others; a failing WR and the flushed
             // ones behind it still complete (errors are always reported).
@@ -223,10 +228,10 @@ pub(super) fn post_steps(
         .collect();
     let lver = local_versions(&lmr.shadow, laddr, len);
     let (posted, err) = match qp.data.post_send(&wrs) {
-        Ok(()) => (wrs.len(), 0),
+        Ok(()) => (wrs.len(), WcStatus::Success),
         Err(e) => {
             tracing::debug!(error = %e.err, "data QP post failed");
-            (e.bad_wr_index, ST_LOC_PROT)
+            (e.bad_wr_index, WcStatus::LocProtErr)
         }
     };
     if posted == 0 {
@@ -241,7 +246,7 @@ pub(super) fn post_steps(
         // like on a NIC error (every operation completes, flushed).
         tracing::error!(posted, "partial post of an operation's NIC WRs");
         qp.release_scratch(scratch);
-        fail_qp(st, qi, ST_FLUSH);
+        fail_qp(st, qi, WcStatus::WrFlushErr);
         return;
     }
     let Some(op) = qp.ops.get_mut(id) else { return };
@@ -257,7 +262,7 @@ pub(super) fn post_steps(
     };
     // A probe moves no data: nothing may pipeline behind it until the
     // operation's data WRs are out (then `on_nic`).
-    if op.retry == 0 && strat != Strategy::VersionProbe {
+    if op.retry == Retry::NotTried && strat != Strategy::VersionProbe {
         replay::on_nic(st, qi, id);
     }
 }
@@ -275,7 +280,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         replay::stale_done(st, qi, id);
         return;
     }
-    if strat == (Strategy::WriteReadback { deferred: true }) && err == 0 {
+    if strat == (Strategy::WriteReadback { deferred: true }) && err == WcStatus::Success {
         // The read-back waits for the next signaled WR (or an idle QP).
         op.stage = Stage::Deferred;
         let due = op.seq < qp.flush_seq;
@@ -292,7 +297,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     let lver = std::mem::take(&mut op.lver);
     let (laddr, len, raddr, wop) = (op.laddr, op.len, op.wr.remote_addr, op.wr.op);
     let lmr = op.lmr.clone().expect("one-sided ops have a local MR");
-    if err != 0 {
+    if err != WcStatus::Success {
         qp.release_scratch(scratch);
         finish(st, qi, id, err, 0);
         return;
@@ -343,7 +348,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 let real = choose(op.wr.op, len, op.wr.signaled, &sh.cfg.plan);
                 match qp.peer.lookup(op.wr.rkey, raddr, len) {
                     Ok(t) => return post_steps(sh, st, qi, id, real, &t, &lmr),
-                    Err(_) => return finish(st, qi, id, ST_REM_ACCESS, 0),
+                    Err(_) => return finish(st, qi, id, WcStatus::RemAccessErr, 0),
                 }
             }
             return;
@@ -353,8 +358,8 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         return;
     }
     if let Some(op) = qp.ops.get_mut(id) {
-        if op.retry == 2 {
-            op.retry = 3;
+        if op.retry == Retry::InFlight {
+            op.retry = Retry::Done;
             qp.send_ctrl(&sh.cfg.ctrl, &Repr::Release { req_id: id });
         }
     }
@@ -441,8 +446,12 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
     let wrs: Vec<rnic::SendWr> = chain
         .iter()
         .map(|(bid, sge, raddr, rkey)| {
-            rnic::SendWr::new(enc(qi, gen, K_RB, 0, *bid), WrOpcode::Read, sge)
-                .remote(*raddr, *rkey)
+            rnic::SendWr::new(
+                WrTag::new(qi, gen, WrKind::Readback, 0, *bid).wr_id(),
+                WrOpcode::Read,
+                sge,
+            )
+            .remote(*raddr, *rkey)
         })
         .collect();
     let posted = match qp.data.post_send(&wrs) {
@@ -487,7 +496,7 @@ pub(super) fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, stat
             continue;
         }
         if status != WcStatus::Success {
-            results.push((id, Err(status as u32)));
+            results.push((id, Err(status)));
             continue;
         }
         let lmr = op.lmr.clone().expect("WRITE with data");

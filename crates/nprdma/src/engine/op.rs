@@ -13,7 +13,7 @@ use super::pin::{EnginePin, Hold};
 use super::types::{SendWr, PS};
 use crate::adapt::{RnicIommu, VmemMm};
 use crate::check::page_span;
-use crate::nic::CompOp;
+use crate::nic::{CompOp, WcStatus};
 use crate::ordering::Ticket;
 use crate::plan::{AppOp, Strategy};
 use crate::shadow::MrShadow;
@@ -25,7 +25,7 @@ pub(super) enum Scratch {
 
 pub(super) enum Stage {
     Queued,
-    Failed(u32),
+    Failed(WcStatus),
     KeyWait,
     OneSided {
         strat: Strategy,
@@ -33,7 +33,7 @@ pub(super) enum Stage {
         steps: u8,
         /// NIC completions still expected.
         left: u8,
-        err: u32,
+        err: WcStatus,
         vlen: u64,
     },
     TwoSided,
@@ -46,6 +46,24 @@ pub(super) enum Stage {
     HeldOk(u32),
     /// Needs the two-sided path once earlier conflicting ops are done.
     HeldTwoSided,
+}
+
+/// Retry mode's round of a two-sided READ/WRITE (`Config::retry_mode`):
+/// the fault request asks the target for Receiver-Ready (pages pinned and
+/// mapped), the initiator retries one-sided with page versions, then
+/// releases the target's pins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Retry {
+    /// No retry-mode request sent (the op's first attempts).
+    #[default]
+    NotTried,
+    /// A fault request asking for Receiver-Ready is out.
+    AwaitingReady,
+    /// The one-sided retry is in flight.
+    InFlight,
+    /// Retried (and Release sent): a further failure takes the reverse
+    /// path.
+    Done,
 }
 
 pub(super) struct Op {
@@ -66,9 +84,8 @@ pub(super) struct Op {
     pub(super) key_answered: bool,
     pub(super) scratch: Option<Scratch>,
     pub(super) lver: Versions,
-    /// Retry mode: 0 = not tried, 1 = waiting for Receiver-Ready, 2 = the
-    /// one-sided retry is in flight, 3 = retried (use the reverse path).
-    pub(super) retry: u8,
+    /// Where the op is in retry mode's Receiver-Ready round ([`Retry`]).
+    pub(super) retry: Retry,
     /// Replayed while its NIC WRs (or read-back) were still out: the
     /// result is discarded when they complete ([`replay`]).
     pub(super) stale: bool,
@@ -116,7 +133,7 @@ pub(super) struct FastOp {
     pub(super) steps: u8,
     /// NIC completions still expected.
     pub(super) left: u8,
-    pub(super) err: u32,
+    pub(super) err: WcStatus,
     pub(super) vlen: u64,
     pub(super) scratch: Option<Scratch>,
     pub(super) lver: Versions,

@@ -3,12 +3,13 @@
 
 use super::fast;
 use super::one_sided::{flush_deferred, start_op};
-use super::op::{is_atomic, Op, Stage, Versions};
+use super::op::{is_atomic, Op, Retry, Stage, Versions};
 use super::pin::Hold;
 use super::serve::deliver_inbound;
 use super::state::{At, Shared, State};
-use super::types::{Error, RecvWr, SendWr, ST_LOC_LEN, ST_LOC_PROT};
+use super::types::{Error, RecvWr, SendWr};
 use crate::nic::Access;
+use crate::nic::WcStatus;
 use crate::ordering::{Admit, Range};
 use crate::plan::{order_desc, AppOp};
 
@@ -44,26 +45,26 @@ pub(crate) fn post_send(
             .map(|s| (s.addr, s.length as u64, s.lkey))
             .unwrap_or((0, 0, 0));
         let lmr = wr.sge.and_then(|_| mrs.get(&lkey).cloned());
-        let mut status = 0;
+        let mut status = WcStatus::Success;
         let local_write = matches!(wr.op, AppOp::Read) || is_atomic(wr.op);
         if wr.sge.is_some() {
             match &lmr {
-                None => status = ST_LOC_PROT,
+                None => status = WcStatus::LocProtErr,
                 Some(m) => {
                     if m.pd != qp.pd
                         || !m.contains(laddr, len)
                         || (local_write && !m.access.contains(Access::LOCAL_WRITE))
                     {
-                        status = ST_LOC_PROT;
+                        status = WcStatus::LocProtErr;
                     }
                 }
             }
         }
         if is_atomic(wr.op) && len != 8 {
-            status = ST_LOC_LEN;
+            status = WcStatus::LocLenErr;
         }
         if len > i32::MAX as u64 {
-            status = ST_LOC_LEN;
+            status = WcStatus::LocLenErr;
         }
         let seq = qp.rob.post(wr.signaled);
         qp.next_seq = seq + 1;
@@ -79,7 +80,7 @@ pub(crate) fn post_send(
             stage: Stage::Queued,
             key_req: 0,
             key_answered: false,
-            retry: 0,
+            retry: Retry::NotTried,
             stale: false,
             restart: false,
             scratch: None,
@@ -91,7 +92,7 @@ pub(crate) fn post_send(
             Err(_) => return Err((i, Error::QueueFull)),
         };
         let mut issue = false;
-        if status == 0 {
+        if status == WcStatus::Success {
             let desc = order_desc(
                 wr.op,
                 Range::new(laddr, len),
@@ -104,7 +105,7 @@ pub(crate) fn post_send(
                 Ok(Admit::Issue(t, _)) => (Some(t), true),
                 Ok(Admit::Parked(t)) => (Some(t), false),
                 Err(_) => {
-                    status = ST_LOC_PROT;
+                    status = WcStatus::LocProtErr;
                     (None, false)
                 }
             };
@@ -113,7 +114,7 @@ pub(crate) fn post_send(
                 o.ticket = ticket;
             }
         }
-        if status != 0 {
+        if status != WcStatus::Success {
             if let Some(o) = qp.ops.get_mut(id) {
                 o.stage = Stage::Failed(status);
             }

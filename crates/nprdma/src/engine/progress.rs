@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rnic::WcStatus;
 use smallvec::SmallVec;
 
 use super::fast;
@@ -18,11 +17,12 @@ use super::post::run_ready;
 use super::retire::{fail_qp, finish};
 use super::serve::{self, deliver_inbound, handle_msg};
 use super::state::{Shared, State};
-use super::types::{PS, ST_LOC_PROT, ST_RETRY_EXC};
+use super::types::PS;
 use super::ucq::UCq;
-use super::wrid::{dec, K_CRECV, K_CSEND, K_FAST, K_OP, K_RB, K_REV};
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::nic_wc_status;
 use crate::ctrl::{Repr, Status, SLOT};
-use crate::nic::{CompOp, Completion};
+use crate::nic::{CompOp, Completion, WcStatus};
 use crate::trace::{mark, Step};
 
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
@@ -147,7 +147,7 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
     }
     for (qi, id) in late {
         tracing::warn!(qi, id, "two-sided request timed out");
-        finish(st, qi, id, ST_RETRY_EXC, 0);
+        finish(st, qi, id, WcStatus::RetryExcErr, 0);
     }
     // Deferred read-backs are not left waiting for a signaled WR forever.
     let idle: Vec<usize> = st
@@ -163,20 +163,30 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
 }
 
 pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
-    let (qi, gen, mut kind, step, mut id) = dec(wc.wr_id);
+    let Some(WrTag {
+        qi,
+        gen,
+        mut kind,
+        step,
+        mut id,
+    }) = WrTag::from_wr_id(wc.wr_id)
+    else {
+        return;
+    };
     if st.gens.get(qi) != Some(&gen) {
         return;
     }
-    if kind == K_FAST {
+    if kind == WrKind::Fast {
         match fast::on_wc(sh, st, qi, step, wc) {
-            Some(pid) => (kind, id) = (K_OP, pid),
+            Some(pid) => (kind, id) = (WrKind::Op, pid),
             None => return,
         }
     }
     let Some(qp) = st.qp(qi) else { return };
-    let ok = wc.status == WcStatus::Success;
+    let status = nic_wc_status(wc.status);
+    let ok = status == WcStatus::Success;
     match kind {
-        K_OP => {
+        WrKind::Op => {
             let Some(op) = qp.ops.get_mut(id) else { return };
             if let Stage::OneSided {
                 steps, left, err, ..
@@ -185,10 +195,10 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                 // Completions still due after step `step`: none on success
                 // (only the last WR is signaled), the flushed WRs behind a
                 // failed one otherwise.
-                let behind = (*steps as u64).saturating_sub(step + 1) as u8;
+                let behind = (*steps as u64).saturating_sub(u64::from(step) + 1) as u8;
                 *left = (*left).min(behind);
-                if !ok && *err == 0 {
-                    *err = wc.status as u32;
+                if !ok && *err == WcStatus::Success {
+                    *err = status;
                 }
                 if *left == 0 {
                     mark(Step::IOptDone);
@@ -196,7 +206,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                 }
             }
         }
-        K_REV => {
+        WrKind::Rev => {
             let Some(t) = qp.treqs.take(id) else { return };
             let status = if ok { Status::Ok } else { Status::RemoteOp };
             let (reply, kind) = (t.reply, t.kind);
@@ -215,7 +225,12 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                     qp.rdv_busy = false;
                     qp.recv_cq.push(Completion {
                         wr_id: recv_wr_id,
-                        status: if ok { 0 } else { ST_LOC_PROT },
+                        status: if ok {
+                            WcStatus::Success
+                        } else {
+                            WcStatus::LocProtErr
+                        }
+                        .code(),
                         op: if imm.is_some() {
                             CompOp::RecvWithImm
                         } else {
@@ -230,17 +245,17 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                 }
             }
         }
-        K_CSEND => {
+        WrKind::CtrlSend => {
             qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
-            if !ok && wc.status != WcStatus::WrFlushErr {
-                tracing::warn!(status = ?wc.status, qpn = qp.qpn, "control send failed: peer gone");
-                fail_qp(st, qi, ST_RETRY_EXC);
+            if !ok && status != WcStatus::WrFlushErr {
+                tracing::warn!(status = ?status, qpn = qp.qpn, "control send failed: peer gone");
+                fail_qp(st, qi, WcStatus::RetryExcErr);
                 return;
             }
             qp.flush_ctrl();
         }
-        K_RB => check_batch(sh, st, qi, id, wc.status),
-        K_CRECV => {
+        WrKind::Readback => check_batch(sh, st, qi, id, status),
+        WrKind::CtrlRecv => {
             if !ok {
                 return;
             }
@@ -273,7 +288,8 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
                 }
             }
         }
-        _ => {}
+        // Routed above: to the lean path, or as `Op` once promoted.
+        WrKind::Fast => {}
     }
 }
 

@@ -11,14 +11,14 @@ use smallvec::SmallVec;
 
 use super::ctrlbuf::CtrlBuf;
 use super::dev::{inline_max, zero_sges, Dev};
-use super::op::{comp_op, FastOp, Op, RbBatch, Scratch, Stage, TReq};
-use super::types::{Endpoint, Error, RecvWr, SendWr, PS, ST_FLUSH};
+use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
+use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
 use super::ucq::UCq;
-use super::wrid::{enc, K_CRECV, K_CSEND};
+use super::wrid::{WrKind, WrTag};
 use crate::cmdq::{self, Reassembler};
 use crate::ctrl::{Repr, SLOT};
 use crate::keymap::PeerKeys;
-use crate::nic::{Access, CompOp, Completion};
+use crate::nic::{Access, CompOp, Completion, WcStatus};
 use crate::ordering::{Admit, OrderTable, Range};
 use crate::pending::Pending;
 use crate::plan::order_desc;
@@ -225,20 +225,20 @@ impl QpState {
     /// order (ops already finished out of order keep their status) and
     /// release their pins, scratch and ordering state.
     pub(super) fn flush_ops(&mut self) {
-        self.flush_ops_after(ST_FLUSH);
+        self.flush_ops_after(WcStatus::WrFlushErr);
     }
 
     /// [`QpState::flush_ops`], the oldest outstanding operation completing
     /// with `first` instead (RETRY_EXC_ERR when the peer vanished, as an RC
     /// transport reports it).
-    pub(super) fn flush_ops_after(&mut self, first: u32) {
+    pub(super) fn flush_ops_after(&mut self, first: WcStatus) {
         self.promote_fast();
         let mut ops: Vec<(u32, Op)> = self.ops.drain();
         ops.sort_by_key(|(_, o)| o.seq);
         for (k, (_, mut op)) in ops.into_iter().enumerate() {
             let c = Completion {
                 wr_id: op.wr.wr_id,
-                status: if k == 0 { first } else { ST_FLUSH },
+                status: if k == 0 { first } else { WcStatus::WrFlushErr }.code(),
                 op: comp_op(op.wr.op),
                 byte_len: 0,
                 imm: None,
@@ -261,7 +261,7 @@ impl QpState {
         for r in self.recvs.drain(..) {
             self.recv_cq.push(Completion {
                 wr_id: r.wr_id,
-                status: ST_FLUSH,
+                status: WcStatus::WrFlushErr.code(),
                 op: CompOp::Recv,
                 byte_len: 0,
                 imm: None,
@@ -283,9 +283,11 @@ impl QpState {
         let errored = &mut self.errored;
         self.rob.drain_ready_with(|mut c| {
             if *errored {
-                c.status = ST_FLUSH;
+                c.status = WcStatus::WrFlushErr.code();
                 c.byte_len = 0;
-            } else if c.status != 0 && c.status != ST_FLUSH {
+            } else if c.status != WcStatus::Success.code()
+                && c.status != WcStatus::WrFlushErr.code()
+            {
                 *errored = true;
             }
             cq.push(c)
@@ -301,7 +303,7 @@ impl QpState {
         self.next_seq = seq + 1;
         let c = Completion {
             wr_id: wr.wr_id,
-            status: ST_FLUSH,
+            status: WcStatus::WrFlushErr.code(),
             op: comp_op(wr.op),
             byte_len: 0,
             imm: None,
@@ -356,7 +358,7 @@ impl QpState {
         let sge = self.ring.sge(s as usize * SLOT, SLOT as u32);
         self.ctrl
             .post_recv(&[rnic::RecvWr {
-                wr_id: enc(self.idx, self.gen, K_CRECV, 0, s),
+                wr_id: WrTag::new(self.idx, self.gen, WrKind::CtrlRecv, 0, s).wr_id(),
                 sg_list: &[sge],
             }])
             .map_err(|e| Error::Nic(e.err))
@@ -377,7 +379,7 @@ impl QpState {
         mark(Step::CtrlEmitted);
         let n = buf.len() / SLOT;
         if self.backlog.is_empty() && n <= (self.nslots - self.ctrl_out) as usize && n <= 8 {
-            let wr_id = enc(self.idx, self.gen, K_CSEND, 0, 0);
+            let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
             let wrs: SmallVec<[rnic::SendWr; 8]> = cmdq::slots(&buf)
                 .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
                 .collect();
@@ -414,7 +416,7 @@ impl QpState {
                 .min((self.nslots - self.ctrl_out) as usize)
                 .min(64);
             let slots: Vec<[u8; SLOT]> = self.backlog.drain(..n).collect();
-            let wr_id = enc(self.idx, self.gen, K_CSEND, 0, 0);
+            let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
             let wrs: Vec<rnic::SendWr> = slots
                 .iter()
                 .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
@@ -494,7 +496,7 @@ impl QpState {
             key_answered: false,
             scratch: f.scratch,
             lver: f.lver,
-            retry: 0,
+            retry: Retry::NotTried,
             stale: false,
             restart: false,
         };

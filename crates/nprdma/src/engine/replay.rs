@@ -7,6 +7,7 @@ use super::op::Stage;
 use super::retire::finish;
 use super::state::{At, Shared, State};
 use super::two_sided::go_two_sided;
+use crate::nic::WcStatus;
 
 /// Op `id` of QP `qi` has its NIC WRs posted: ops parked behind it that
 /// may pipeline now go to the ready queue.
@@ -64,7 +65,7 @@ pub(super) fn finish_ok(st: &mut State, qi: usize, id: u32, len: u32) {
         return;
     }
     if !hold(st, qi, id, Stage::HeldOk(len)) {
-        finish(st, qi, id, 0, len);
+        finish(st, qi, id, WcStatus::Success, len);
     }
 }
 

@@ -8,12 +8,12 @@ use super::op::comp_op;
 use super::qp::QpState;
 use super::state::{At, Shared, State};
 use super::types::Error;
-use crate::nic::Completion;
+use crate::nic::{Completion, WcStatus};
 use crate::trace::{mark, Step};
 
 /// Complete application operation `id` of QP `qi` and release what waits
 /// behind it.
-pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: u32) {
+pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: WcStatus, byte_len: u32) {
     let Some(At {
         qp,
         ready,
@@ -31,13 +31,17 @@ pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: 
     qp.key_wait.retain(|x| *x != id);
     let c = Completion {
         wr_id: op.wr.wr_id,
-        status,
+        status: status.code(),
         op: comp_op(op.wr.op),
-        byte_len: if status == 0 { byte_len } else { 0 },
+        byte_len: if status == WcStatus::Success {
+            byte_len
+        } else {
+            0
+        },
         imm: None,
         qp_num: qp.qpn,
     };
-    if let Err(e) = qp.rob.finish(op.seq, status == 0, c) {
+    if let Err(e) = qp.rob.finish(op.seq, status == WcStatus::Success, c) {
         tracing::error!(error = %e, "reorder buffer");
     }
     qp.deliver();
@@ -53,7 +57,7 @@ pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: u32, byte_len: 
 /// The QP fails (its peer is gone, or its NIC work broke): every
 /// outstanding operation completes with an error — the oldest with `first`
 /// (RETRY_EXC_ERR for a vanished peer), the rest WR_FLUSH_ERR.
-pub(super) fn fail_qp(st: &mut State, qi: usize, first: u32) {
+pub(super) fn fail_qp(st: &mut State, qi: usize, first: WcStatus) {
     let Some(qp) = st.qp(qi) else { return };
     qp.dead = true;
     qp.flush_ops_after(first);

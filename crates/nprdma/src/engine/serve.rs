@@ -11,19 +11,19 @@ use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
 use super::mr::MrEntry;
 use super::one_sided::post_steps;
-use super::op::{is_atomic, local_fenced, Stage, TKind, TReq};
+use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
 use super::pin::{engine_pin, temp_mr, EnginePin};
 use super::qp::QpState;
 use super::retire::finish;
 use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
-use super::types::{PS, ST_LOC_LEN, ST_LOC_PROT, ST_REM_ACCESS};
-use super::wrid::{enc, K_REV};
+use super::types::PS;
+use super::wrid::{WrKind, WrTag};
 use crate::adapt::RnicIommu;
 use crate::check::page_span;
 use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
-use crate::nic::{Access, CompOp, Completion};
+use crate::nic::{Access, CompOp, Completion, WcStatus};
 use crate::plan::{AppOp, Strategy};
 use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
 use crate::trace::{mark, Step};
@@ -107,8 +107,12 @@ fn serve_fault(
         length: f.len,
         lkey,
     }];
-    let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), opc, &sge)
-        .remote(f.local_addr, f.local_key);
+    let wr = rnic::SendWr::new(
+        WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+        opc,
+        &sge,
+    )
+    .remote(f.local_addr, f.local_key);
     if let Err(e) = qp.data.post_send(&[wr]) {
         tracing::warn!(error = %e.err, "reverse operation not posted");
         drop(qp.treqs.take(tid));
@@ -178,9 +182,12 @@ fn answer_zero_read(
         .enumerate()
         .map(|(w, (sg, &n))| {
             let last = w as u64 == nwr - 1;
-            let mut wr =
-                rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), WrOpcode::Write, &sg[..n])
-                    .remote(f.local_addr + w as u64 * per_wr, f.local_key);
+            let mut wr = rnic::SendWr::new(
+                WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+                WrOpcode::Write,
+                &sg[..n],
+            )
+            .remote(f.local_addr + w as u64 * per_wr, f.local_key);
             if !last {
                 wr.flags.remove(rnic::SendFlags::SIGNALED);
             }
@@ -244,6 +251,11 @@ fn region<'a>(
             shadow: &m.shadow,
         },
     ))
+}
+
+/// The completion status of a peer's answer `s`.
+fn answered(s: Status) -> WcStatus {
+    WcStatus::from_code(wc_status(s))
 }
 
 /// The one answer of a served request or delivered SEND: a
@@ -624,12 +636,12 @@ fn on_completion(
                 AppOp::Read | AppOp::Write | AppOp::Send | AppOp::SendImm(_)
             ) {
                 let len = if status == Status::Ok { byte_len } else { 0 };
-                finish(st, qi, req_id, wc_status(status), len);
+                finish(st, qi, req_id, answered(status), len);
             }
         }
         Stage::ImmNotify => {
             let len = op.len as u32;
-            finish(st, qi, req_id, wc_status(status), len);
+            finish(st, qi, req_id, answered(status), len);
         }
         _ => {}
     }
@@ -653,20 +665,20 @@ fn on_read_inline_resp(
     if !matches!(op.stage, Stage::TwoSided) || op.wr.op != AppOp::Read {
         return;
     }
-    let mut s = wc_status(status);
+    let mut s = answered(status);
     // A later READ of the same destination may already have landed
     // (it did not wait for this one): this answer is dead then.
     let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
     if local_fenced(&sh.mm, op) {
         // Deregistered meanwhile: its memory is not ours to write.
-        s = ST_LOC_PROT;
+        s = WcStatus::LocProtErr;
     } else if status == Status::Ok {
         if data.len() as u64 == op.len {
             if !dead {
                 mem::write(op.laddr, data);
             }
         } else {
-            s = wc_status(Status::RemoteInvalid);
+            s = answered(Status::RemoteInvalid);
         }
     }
     let len = op.len as u32;
@@ -688,9 +700,9 @@ fn on_atomic_resp(
     if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
         return;
     }
-    let mut s = wc_status(status);
+    let mut s = answered(status);
     if local_fenced(&sh.mm, op) {
-        s = ST_LOC_PROT;
+        s = WcStatus::LocProtErr;
     } else if status == Status::Ok {
         mem::write(op.laddr, &original.to_le_bytes());
     }
@@ -721,19 +733,19 @@ fn on_receiver_ready(sh: &Shared, st: &mut State, qi: usize, req_id: u32, status
     let Some(op) = qp.ops.get_mut(req_id) else {
         return;
     };
-    if !matches!(op.stage, Stage::TwoSided) || op.retry != 1 {
+    if !matches!(op.stage, Stage::TwoSided) || op.retry != Retry::AwaitingReady {
         return;
     }
     if status != Status::Ok {
-        finish(st, qi, req_id, wc_status(status), 0);
+        finish(st, qi, req_id, answered(status), 0);
         return;
     }
-    op.retry = 2;
+    op.retry = Retry::InFlight;
     stats.retries += 1;
     let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
         Ok(t) => t,
         Err(_) => {
-            finish(st, qi, req_id, ST_REM_ACCESS, 0);
+            finish(st, qi, req_id, WcStatus::RemAccessErr, 0);
             return;
         }
     };
@@ -780,11 +792,11 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     cqe.op = CompOp::RecvWithImm;
                 }
                 if !valid {
-                    cqe.status = ST_LOC_PROT;
+                    cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else if data.len() as u64 > rlen {
-                    cqe.status = ST_LOC_LEN;
+                    cqe.status = WcStatus::LocLenErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                 } else {
@@ -812,7 +824,11 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 ..
             } => {
                 let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
-                    cqe.status = if valid { ST_LOC_LEN } else { ST_LOC_PROT };
+                    cqe.status = if valid {
+                        WcStatus::LocLenErr.code()
+                    } else {
+                        WcStatus::LocProtErr.code()
+                    };
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                     continue;
@@ -827,7 +843,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     temp_mr(&sh.pd, raddr, len as u64, rnic::Access::LOCAL_WRITE).map(|t| (p, t))
                 });
                 let Ok((pin, tmr)) = pinned else {
-                    cqe.status = ST_LOC_PROT;
+                    cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
@@ -844,7 +860,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     _pin: Some(pin),
                     _mr: m,
                 }) else {
-                    cqe.status = ST_LOC_PROT;
+                    cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
@@ -854,12 +870,16 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     length: len,
                     lkey,
                 }];
-                let wr = rnic::SendWr::new(enc(qi, qp.gen, K_REV, 0, tid), WrOpcode::Read, &sge)
-                    .remote(addr, key);
+                let wr = rnic::SendWr::new(
+                    WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+                    WrOpcode::Read,
+                    &sge,
+                )
+                .remote(addr, key);
                 if let Err(e) = qp.data.post_send(&[wr]) {
                     tracing::warn!(error = %e.err, "rendezvous READ not posted");
                     drop(qp.treqs.take(tid));
-                    cqe.status = ST_LOC_PROT;
+                    cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                     continue;

@@ -6,13 +6,14 @@
 use std::time::Instant;
 
 use super::dev::inline_max;
-use super::op::{local_fenced, Op, Stage};
+use super::op::{local_fenced, Op, Retry, Stage};
 use super::pin::{engine_pin, temp_mr, EnginePin, Hold};
 use super::retire::finish;
 use super::state::{Shared, State};
-use super::types::ST_LOC_PROT;
+
 use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, Repr};
 use crate::mem;
+use crate::nic::WcStatus;
 use crate::plan::AppOp;
 use crate::trace::{mark, Step};
 
@@ -52,7 +53,7 @@ pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     if local_fenced(&sh.mm, op) {
         // Deregistered (or unmapped) since it was posted: no temporary MR
         // may open that memory to the peer again.
-        finish(st, qi, id, ST_LOC_PROT, 0);
+        finish(st, qi, id, WcStatus::LocProtErr, 0);
         return;
     }
     let inline_max = inline_max(sh);
@@ -69,7 +70,7 @@ pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             // brings it back (it never needs the engine lock).
             if len > inline_max {
                 let Ok(pin) = pin_local(sh, op) else {
-                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    finish(st, qi, id, WcStatus::LocProtErr, 0);
                     return;
                 };
                 hold.pin = pin;
@@ -99,14 +100,14 @@ pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 };
                 let Ok(mr) = temp_mr(&sh.pd, laddr, len, acc) else {
                     drop(hold);
-                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    finish(st, qi, id, WcStatus::LocProtErr, 0);
                     return;
                 };
                 let key = mr.rkey();
                 hold.mr = Some(mr);
-                let retry_mode = sh.cfg.retry_mode && op.retry == 0;
+                let retry_mode = sh.cfg.retry_mode && op.retry == Retry::NotTried;
                 if retry_mode {
-                    op.retry = 1;
+                    op.retry = Retry::AwaitingReady;
                 }
                 Repr::Fault(FaultRequest {
                     req_id: id,
@@ -155,13 +156,13 @@ pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
                 }
             } else {
                 let Ok(pin) = pin_local(sh, op) else {
-                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    finish(st, qi, id, WcStatus::LocProtErr, 0);
                     return;
                 };
                 hold.pin = pin;
                 let Ok(mr) = temp_mr(&sh.pd, laddr, len, rnic::Access::REMOTE_READ) else {
                     drop(hold);
-                    finish(st, qi, id, ST_LOC_PROT, 0);
+                    finish(st, qi, id, WcStatus::LocProtErr, 0);
                     return;
                 };
                 let key = mr.rkey();

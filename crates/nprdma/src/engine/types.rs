@@ -1,6 +1,5 @@
 //! The engine's vocabulary at the bottom of its tower: configuration,
-//! errors, the application's work requests, counters, endpoints, and the
-//! `ibv_wc_status` numbers completions carry.
+//! errors, the application's work requests, counters and endpoints.
 
 use std::time::Duration;
 
@@ -12,12 +11,6 @@ use crate::plan::PlanConfig;
 
 /// Bytes per page (the pager's and the NIC's).
 pub(super) const PS: u64 = vmem::PAGE_SIZE as u64;
-
-pub(super) const ST_LOC_LEN: u32 = 1;
-pub(super) const ST_LOC_PROT: u32 = 4;
-pub(super) const ST_FLUSH: u32 = 5;
-pub(super) const ST_REM_ACCESS: u32 = 10;
-pub(super) const ST_RETRY_EXC: u32 = 12;
 
 /// Engine errors (post-time and setup); execution errors are completions.
 #[derive(Debug, thiserror::Error)]
