@@ -16,7 +16,7 @@ pub(super) enum WrKind {
     CtrlRecv = 3,
     /// A read-back READ of deferred WRITEs (its id is the batch).
     Readback = 4,
-    /// A step of the QP's lean-path operation ([`super::fast`]).
+    /// A step of the QP's lean-path operation (the `fast` file).
     Fast = 5,
 }
 
