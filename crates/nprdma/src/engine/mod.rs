@@ -36,6 +36,9 @@ mod types;
 mod ucq;
 mod wrid;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
