@@ -38,6 +38,21 @@ impl NicMr for RnicMr {
     }
 }
 
+/// `nic::WrOp` → `rnic::WrOpcode`: the one place the engine's verbs
+/// vocabulary meets the software NIC's (the same operations and operands).
+#[inline]
+pub fn rnic_opcode(op: nic::WrOp) -> rnic::WrOpcode {
+    match op {
+        nic::WrOp::Write => rnic::WrOpcode::Write,
+        nic::WrOp::WriteImm(i) => rnic::WrOpcode::WriteImm(i),
+        nic::WrOp::Send => rnic::WrOpcode::Send,
+        nic::WrOp::SendImm(i) => rnic::WrOpcode::SendImm(i),
+        nic::WrOp::Read => rnic::WrOpcode::Read,
+        nic::WrOp::CmpSwap { compare, swap } => rnic::WrOpcode::CmpSwap { compare, swap },
+        nic::WrOp::FetchAdd { add } => rnic::WrOpcode::FetchAdd { add },
+    }
+}
+
 /// `rnic::WcStatus` → `nic::WcStatus` (same `ibv_wc_status` numbering).
 pub fn nic_wc_status(s: rnic::WcStatus) -> nic::WcStatus {
     nic::WcStatus::from_code(s as u32)
@@ -280,7 +295,36 @@ impl vmem::SwapListener for ListenerBridge {
 
 #[cfg(test)]
 mod tests {
-    use super::{nic_wc_status, PageRuns};
+    use super::{nic_wc_status, rnic_opcode, PageRuns};
+    use crate::nic::WrOp;
+
+    #[test]
+    fn opcodes_map_one_to_one_with_their_operands() {
+        let pairs = [
+            (WrOp::Write, rnic::WrOpcode::Write),
+            (WrOp::WriteImm(7), rnic::WrOpcode::WriteImm(7)),
+            (WrOp::Send, rnic::WrOpcode::Send),
+            (WrOp::SendImm(8), rnic::WrOpcode::SendImm(8)),
+            (WrOp::Read, rnic::WrOpcode::Read),
+            (
+                WrOp::CmpSwap {
+                    compare: 1,
+                    swap: 2,
+                },
+                rnic::WrOpcode::CmpSwap {
+                    compare: 1,
+                    swap: 2,
+                },
+            ),
+            (
+                WrOp::FetchAdd { add: 3 },
+                rnic::WrOpcode::FetchAdd { add: 3 },
+            ),
+        ];
+        for (n, r) in pairs {
+            assert_eq!(rnic_opcode(n), r);
+        }
+    }
 
     #[test]
     fn rnic_statuses_keep_their_number() {

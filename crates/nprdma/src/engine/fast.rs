@@ -8,8 +8,6 @@
 //! it enters those structures exactly as if it had been posted through the
 //! general path, and the general path takes over.
 
-use rnic::WrOpcode;
-
 use super::one_sided::eval_one_sided;
 use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
 use super::qp::QpState;
@@ -17,7 +15,7 @@ use super::retire::fail_qp;
 use super::state::{At, Shared, State};
 use super::types::{SendWr, PS};
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::nic_wc_status;
+use crate::adapt::{nic_wc_status, rnic_opcode};
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::mem;
 use crate::nic::{Access, Completion, WcStatus};
@@ -111,10 +109,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let last = n - 1;
     let mk = |k: usize| {
         let s = &steps[k];
-        let opc = match s.op {
-            crate::nic::WrOp::Read => WrOpcode::Read,
-            _ => WrOpcode::Write,
-        };
+        let opc = rnic_opcode(s.op);
         let mut w = rnic::SendWr::new(
             WrTag::new(qi, gen, WrKind::Fast, k as u8, 0).wr_id(),
             opc,

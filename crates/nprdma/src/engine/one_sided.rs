@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rnic::WrOpcode;
 use smallvec::SmallVec;
 
 use super::mr::MrEntry;
@@ -18,11 +17,12 @@ use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::PS;
 use super::wrid::{WrKind, WrTag};
+use crate::adapt::rnic_opcode;
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::ctrl::Repr;
 use crate::keymap::{KeyMapError, SyncState, Translation};
 use crate::mem;
-use crate::nic::WcStatus;
+use crate::nic::{WcStatus, WrOp};
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
@@ -207,10 +207,7 @@ pub(super) fn post_steps(
         .zip(&sges)
         .enumerate()
         .map(|(k, (s, sge))| {
-            let opc = match s.op {
-                crate::nic::WrOp::Read => WrOpcode::Read,
-                _ => WrOpcode::Write,
-            };
+            let opc = rnic_opcode(s.op);
             let mut w = rnic::SendWr::new(
                 WrTag::new(qi, gen, WrKind::Op, k as u8, id).wr_id(),
                 opc,
@@ -448,7 +445,7 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
         .map(|(bid, sge, raddr, rkey)| {
             rnic::SendWr::new(
                 WrTag::new(qi, gen, WrKind::Readback, 0, *bid).wr_id(),
-                WrOpcode::Read,
+                rnic_opcode(WrOp::Read),
                 sge,
             )
             .remote(*raddr, *rkey)

@@ -162,6 +162,7 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
     run_ready(sh, st);
 }
 
+/// Dispatch one NIC completion by its [`WrTag`].
 pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
     let Some(WrTag {
         qi,
@@ -182,114 +183,135 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             None => return,
         }
     }
-    let Some(qp) = st.qp(qi) else { return };
     let status = nic_wc_status(wc.status);
-    let ok = status == WcStatus::Success;
     match kind {
-        WrKind::Op => {
-            let Some(op) = qp.ops.get_mut(id) else { return };
-            if let Stage::OneSided {
-                steps, left, err, ..
-            } = &mut op.stage
-            {
-                // Completions still due after step `step`: none on success
-                // (only the last WR is signaled), the flushed WRs behind a
-                // failed one otherwise.
-                let behind = (*steps as u64).saturating_sub(u64::from(step) + 1) as u8;
-                *left = (*left).min(behind);
-                if !ok && *err == WcStatus::Success {
-                    *err = status;
-                }
-                if *left == 0 {
-                    mark(Step::IOptDone);
-                    eval_one_sided(sh, st, qi, id);
-                }
+        WrKind::Op => on_op_wc(sh, st, qi, id, step, status),
+        WrKind::Rev => on_rev_wc(sh, st, qi, id, status == WcStatus::Success),
+        WrKind::CtrlSend => on_ctrl_send_wc(st, qi, status),
+        WrKind::Readback => {
+            if st.qp(qi).is_some() {
+                check_batch(sh, st, qi, id, status);
             }
         }
-        WrKind::Rev => {
-            let Some(t) = qp.treqs.take(id) else { return };
-            let status = if ok { Status::Ok } else { Status::RemoteOp };
-            let (reply, kind) = (t.reply, t.kind);
-            // Temporary MR first (waits for DMA), then the pin.
-            drop(t);
-            match kind {
-                TKind::Retry => {}
-                TKind::Fault { len } => {
-                    serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
-                }
-                TKind::Rendezvous {
-                    recv_wr_id,
-                    len,
-                    imm,
-                } => {
-                    qp.rdv_busy = false;
-                    qp.recv_cq.push(Completion {
-                        wr_id: recv_wr_id,
-                        status: if ok {
-                            WcStatus::Success
-                        } else {
-                            WcStatus::LocProtErr
-                        }
-                        .code(),
-                        op: if imm.is_some() {
-                            CompOp::RecvWithImm
-                        } else {
-                            CompOp::Recv
-                        },
-                        byte_len: if ok { len } else { 0 },
-                        imm,
-                        qp_num: qp.qpn,
-                    });
-                    serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
-                    deliver_inbound(sh, st, qi);
-                }
-            }
-        }
-        WrKind::CtrlSend => {
-            qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
-            if !ok && status != WcStatus::WrFlushErr {
-                tracing::warn!(status = ?status, qpn = qp.qpn, "control send failed: peer gone");
-                fail_qp(st, qi, WcStatus::RetryExcErr);
-                return;
-            }
-            qp.flush_ctrl();
-        }
-        WrKind::Readback => check_batch(sh, st, qi, id, status),
-        WrKind::CtrlRecv => {
-            if !ok {
-                return;
-            }
-            mark(Step::CtrlRecv);
-            let mut slot = [0u8; SLOT];
-            qp.ring.read(id as usize * SLOT, &mut slot);
-            // The message is copied out of the reassembler (it lives in the
-            // engine state the handler mutates) onto the stack: parsing
-            // borrows from it, so no allocation for any message up to the
-            // default inline limit.
-            let mut bytes: SmallVec<[u8; 2048]> = SmallVec::new();
-            match qp.reasm.push(&slot) {
-                Ok(Some(b)) => bytes.extend_from_slice(b),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "broken control stream"),
-            }
-            if !bytes.is_empty() {
-                match Repr::parse_bytes(&bytes, &sh.cfg.ctrl) {
-                    Ok(msg) => handle_msg(sh, st, qi, msg),
-                    Err(e) => tracing::warn!(error = %e, "malformed control message"),
-                }
-            }
-            // The slot was copied out above; it is re-posted only after the
-            // message was handled, so an answer leaves without waiting for
-            // the NIC's receive post (the ring has slots to spare, and the
-            // control QP retries on RNR forever).
-            if let Some(qp) = st.qp(qi).filter(|q| !q.dead) {
-                if let Err(e) = qp.post_slot(id) {
-                    tracing::warn!(error = %e, "re-posting a command slot failed");
-                }
-            }
-        }
+        WrKind::CtrlRecv => on_ctrl_recv_wc(sh, st, qi, id, status == WcStatus::Success),
         // Routed above: to the lean path, or as `Op` once promoted.
         WrKind::Fast => {}
+    }
+}
+
+/// NIC WR `step` of operation `id`'s one-sided attempt completed: once no
+/// completion is due any more, evaluate the attempt.
+fn on_op_wc(sh: &Shared, st: &mut State, qi: usize, id: u32, step: u8, status: WcStatus) {
+    let Some(op) = st.op_mut(qi, id) else { return };
+    if let Stage::OneSided {
+        steps, left, err, ..
+    } = &mut op.stage
+    {
+        // Completions still due after step `step`: none on success
+        // (only the last WR is signaled), the flushed WRs behind a
+        // failed one otherwise.
+        let behind = (*steps as u64).saturating_sub(u64::from(step) + 1) as u8;
+        *left = (*left).min(behind);
+        if status != WcStatus::Success && *err == WcStatus::Success {
+            *err = status;
+        }
+        if *left == 0 {
+            mark(Step::IOptDone);
+            eval_one_sided(sh, st, qi, id);
+        }
+    }
+}
+
+/// Reverse operation `tid` (target side) completed: answer the fault
+/// request, or complete the RECV of a rendezvous SEND.
+fn on_rev_wc(sh: &Shared, st: &mut State, qi: usize, tid: u32, ok: bool) {
+    let Some(qp) = st.qp(qi) else { return };
+    let Some(t) = qp.treqs.take(tid) else { return };
+    let status = if ok { Status::Ok } else { Status::RemoteOp };
+    let (reply, kind) = (t.reply, t.kind);
+    // Temporary MR first (waits for DMA), then the pin.
+    drop(t);
+    match kind {
+        TKind::Retry => {}
+        TKind::Fault { len } => {
+            serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
+        }
+        TKind::Rendezvous {
+            recv_wr_id,
+            len,
+            imm,
+        } => {
+            qp.rdv_busy = false;
+            qp.recv_cq.push(Completion {
+                wr_id: recv_wr_id,
+                status: if ok {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                }
+                .code(),
+                op: if imm.is_some() {
+                    CompOp::RecvWithImm
+                } else {
+                    CompOp::Recv
+                },
+                byte_len: if ok { len } else { 0 },
+                imm,
+                qp_num: qp.qpn,
+            });
+            serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
+            deliver_inbound(sh, st, qi);
+        }
+    }
+}
+
+/// A control SEND completed: a send credit is back (a failure other than
+/// a flush means the peer is gone).
+fn on_ctrl_send_wc(st: &mut State, qi: usize, status: WcStatus) {
+    let Some(qp) = st.qp(qi) else { return };
+    qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
+    if status != WcStatus::Success && status != WcStatus::WrFlushErr {
+        tracing::warn!(status = ?status, qpn = qp.qpn, "control send failed: peer gone");
+        fail_qp(st, qi, WcStatus::RetryExcErr);
+        return;
+    }
+    qp.flush_ctrl();
+}
+
+/// Command slot `slot` received: reassemble, handle a complete message,
+/// re-post the slot.
+fn on_ctrl_recv_wc(sh: &Shared, st: &mut State, qi: usize, slot: u32, ok: bool) {
+    let Some(qp) = st.qp(qi) else { return };
+    if !ok {
+        return;
+    }
+    mark(Step::CtrlRecv);
+    let mut buf = [0u8; SLOT];
+    qp.ring.read(slot as usize * SLOT, &mut buf);
+    // The message is copied out of the reassembler (it lives in the
+    // engine state the handler mutates) onto the stack: parsing
+    // borrows from it, so no allocation for any message up to the
+    // default inline limit.
+    let mut bytes: SmallVec<[u8; 2048]> = SmallVec::new();
+    match qp.reasm.push(&buf) {
+        Ok(Some(b)) => bytes.extend_from_slice(b),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "broken control stream"),
+    }
+    if !bytes.is_empty() {
+        match Repr::parse_bytes(&bytes, &sh.cfg.ctrl) {
+            Ok(msg) => handle_msg(sh, st, qi, msg),
+            Err(e) => tracing::warn!(error = %e, "malformed control message"),
+        }
+    }
+    // The slot was copied out above; it is re-posted only after the
+    // message was handled, so an answer leaves without waiting for
+    // the NIC's receive post (the ring has slots to spare, and the
+    // control QP retries on RNR forever).
+    if let Some(qp) = st.qp(qi).filter(|q| !q.dead) {
+        if let Err(e) = qp.post_slot(slot) {
+            tracing::warn!(error = %e, "re-posting a command slot failed");
+        }
     }
 }
 

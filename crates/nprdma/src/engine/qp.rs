@@ -15,16 +15,17 @@ use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
 use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
 use super::ucq::UCq;
 use super::wrid::{WrKind, WrTag};
+use crate::adapt::rnic_opcode;
 use crate::cmdq::{self, Reassembler};
 use crate::ctrl::{Repr, SLOT};
 use crate::keymap::PeerKeys;
-use crate::nic::{Access, CompOp, Completion, WcStatus};
+use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
 use crate::ordering::{Admit, OrderTable, Range};
 use crate::pending::Pending;
 use crate::plan::order_desc;
 use crate::rob::CompletionOrder;
 use crate::trace::{mark, Step};
-use rnic::{QpInitAttr, WrOpcode};
+use rnic::QpInitAttr;
 
 /// The control QP's number: the data QP's with this bit set.
 pub const CTRL_QPN_BIT: u32 = 1 << 23;
@@ -381,7 +382,7 @@ impl QpState {
         if self.backlog.is_empty() && n <= (self.nslots - self.ctrl_out) as usize && n <= 8 {
             let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
             let wrs: SmallVec<[rnic::SendWr; 8]> = cmdq::slots(&buf)
-                .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
+                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
                 .collect();
             match self.ctrl.post_send(&wrs) {
                 Ok(()) => self.ctrl_out += n as u32,
@@ -419,7 +420,7 @@ impl QpState {
             let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
             let wrs: Vec<rnic::SendWr> = slots
                 .iter()
-                .map(|s| rnic::SendWr::new(wr_id, WrOpcode::Send, &[]).inline(s))
+                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
                 .collect();
             match self.ctrl.post_send(&wrs) {
                 Ok(()) => self.ctrl_out += n as u32,

@@ -5,8 +5,6 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use rnic::WrOpcode;
-
 use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
 use super::mr::MrEntry;
@@ -19,11 +17,11 @@ use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::PS;
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::RnicIommu;
+use crate::adapt::{rnic_opcode, RnicIommu};
 use crate::check::page_span;
 use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
-use crate::nic::{Access, CompOp, Completion, WcStatus};
+use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
 use crate::plan::{AppOp, Strategy};
 use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
 use crate::trace::{mark, Step};
@@ -80,9 +78,9 @@ fn serve_fault(
         return;
     }
     let opc = if f.kind == FaultKind::Read {
-        WrOpcode::Write
+        rnic_opcode(WrOp::Write)
     } else {
-        WrOpcode::Read
+        rnic_opcode(WrOp::Read)
     };
     let Ok(tmr) = temp_mr(
         &sh.pd,
@@ -184,7 +182,7 @@ fn answer_zero_read(
             let last = w as u64 == nwr - 1;
             let mut wr = rnic::SendWr::new(
                 WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
-                WrOpcode::Write,
+                rnic_opcode(WrOp::Write),
                 &sg[..n],
             )
             .remote(f.local_addr + w as u64 * per_wr, f.local_key);
@@ -872,7 +870,7 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                 }];
                 let wr = rnic::SendWr::new(
                     WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
-                    WrOpcode::Read,
+                    rnic_opcode(WrOp::Read),
                     &sge,
                 )
                 .remote(addr, key);
