@@ -1,11 +1,15 @@
 //! Adapters of the narrow [`crate::nic`] traits to the project's concrete
-//! crates: the software RNIC's host IOMMU + frame map ([`RnicIommu`]) and
-//! the `vmem` pager ([`VmemMm`], [`ListenerBridge`]).
+//! crates: the software RNIC's verbs ([`RnicNic`], [`RnicQp`], [`RnicCq`],
+//! in `verbs`), its host IOMMU + frame map ([`RnicIommu`]) and the `vmem`
+//! pager ([`VmemMm`], [`ListenerBridge`]).
 
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, OnceLock};
 
 use crate::nic::{self, Access, Frame, IommuControl, MemoryManager, NicMr};
+
+mod verbs;
+pub use verbs::{completion, RnicCq, RnicNic, RnicQp};
 
 /// The IOMMU-control capability of one `rnic` host.
 pub struct RnicIommu {
