@@ -78,3 +78,11 @@ fn wc_status_numbers_are_ibv_wc_status() {
     assert_eq!(WcStatus::from_code(22), WcStatus::GeneralErr);
     assert_eq!(WcStatus::from_code(u32::MAX), WcStatus::GeneralErr);
 }
+
+#[test]
+fn the_fake_nic_keeps_the_verbs_contract() {
+    let (a, b) = crate::testutil::FakeNic::pair();
+    assert!(!a.caps().iommu && a.iommu().is_none());
+    assert_ne!(a.addr(), b.addr());
+    crate::testutil::verbs_contract(&a, &b);
+}
