@@ -119,28 +119,50 @@ pub enum CompOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
 pub enum WcStatus {
+    /// The WR completed.
     #[default]
     Success = 0,
+    /// Local length error (a RECV too short, a bad length).
     LocLenErr = 1,
+    /// Local QP operation error.
     LocQpOpErr = 2,
+    /// Local EE context operation error (unused: no RD).
     LocEecOpErr = 3,
+    /// Local protection error (a bad lkey or range).
     LocProtErr = 4,
+    /// Flushed: the QP was in ERR.
     WrFlushErr = 5,
+    /// Memory-window bind error (unused).
     MwBindErr = 6,
+    /// Bad response from the responder.
     BadRespErr = 7,
+    /// Local access error.
     LocAccessErr = 8,
+    /// Remote invalid request (rights of the QP, misaligned atomic, ...).
     RemInvReqErr = 9,
+    /// Remote access error (a bad rkey, range or MR right).
     RemAccessErr = 10,
+    /// Remote operation error (the responder could not do it).
     RemOpErr = 11,
+    /// Transport retries exceeded (the peer is gone).
     RetryExcErr = 12,
+    /// RNR retries exceeded (no RECV posted at the peer).
     RnrRetryExcErr = 13,
+    /// Local RDD violation (unused: no RD).
     LocRddViolErr = 14,
+    /// Remote invalid RD request (unused).
     RemInvRdReqErr = 15,
+    /// Remote aborted error.
     RemAbortErr = 16,
+    /// Invalid EE context number (unused).
     InvEecnErr = 17,
+    /// Invalid EE context state (unused).
     InvEecStateErr = 18,
+    /// Fatal error.
     FatalErr = 19,
+    /// Response timeout.
     RespTimeoutErr = 20,
+    /// General error (also: a number outside this list).
     GeneralErr = 21,
 }
 

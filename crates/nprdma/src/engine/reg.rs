@@ -26,18 +26,23 @@ pub struct Mr {
 }
 
 impl Mr {
+    /// The key of local SGEs over this MR.
     pub fn lkey(&self) -> u32 {
         self.key
     }
+    /// The key peers use to reach this MR (the same number as the lkey).
     pub fn rkey(&self) -> u32 {
         self.key
     }
+    /// Start of the registered range.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// Bytes registered.
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// Whether the MR covers nothing (never: registration refuses it).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -15,16 +15,22 @@ pub(super) const PS: u64 = vmem::PAGE_SIZE as u64;
 /// Engine errors (post-time and setup); execution errors are completions.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The NIC refused a setup step (resources, connection).
     #[error("NIC: {0}")]
     Nic(#[from] rnic::Error),
+    /// The pager refused (registration of the MR's range).
     #[error("pager: {0}")]
     Pager(#[from] vmem::Error),
+    /// An argument out of range (what is wrong is said).
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// The send or receive queue holds its depth already.
     #[error("queue full")]
     QueueFull,
+    /// The QP is not connected, was destroyed, or its peer is gone.
     #[error("QP is not connected or in error")]
     QpState,
+    /// Anything else (a lower layer's message).
     #[error("{0}")]
     Other(String),
 }
@@ -86,11 +92,17 @@ impl Default for Config {
 /// local range).
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr {
+    /// The application's id, returned in the completion.
     pub wr_id: u64,
+    /// What to do.
     pub op: Opcode,
+    /// The local range (an NP-RDMA MR's key), if any.
     pub sge: Option<Sge>,
+    /// Remote address (READ/WRITE/atomics).
     pub remote_addr: u64,
+    /// The remote MR's key (the peer's NP-RDMA `Mr::rkey`).
     pub rkey: u32,
+    /// Complete it on success too (errors always complete).
     pub signaled: bool,
     /// Wait until nothing of this QP is in flight before issuing.
     pub order_before: bool,
@@ -117,7 +129,9 @@ impl SendWr {
 /// One application receive WR.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvWr {
+    /// The application's id, returned in the completion.
     pub wr_id: u64,
+    /// Where the SEND's data lands (none: zero-length SENDs only).
     pub sge: Option<Sge>,
 }
 
@@ -151,7 +165,9 @@ pub struct Stats {
 /// Where a peer QP lives (exchange it out of band, like a GID + QPN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The peer host's address (`rnic::HostAddr` bytes).
     pub addr: [u8; 16],
+    /// The peer's application QP number ([`crate::Qp::qpn`]).
     pub qpn: u32,
 }
 
@@ -163,6 +179,7 @@ impl Endpoint {
         b[16..].copy_from_slice(&self.qpn.to_le_bytes());
         b
     }
+    /// The endpoint of [`Endpoint::to_bytes`]'s 20 bytes.
     pub fn from_bytes(b: &[u8; 20]) -> Endpoint {
         let mut addr = [0u8; 16];
         addr.copy_from_slice(&b[..16]);
