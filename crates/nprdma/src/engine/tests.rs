@@ -1,5 +1,5 @@
 //! Unit tests of the engine's two-sided paths, its control-message handlers
-//! (`serve`) and the exit of operations (`retire`), driven the way smoltcp
+//! (`serve`), the exit of operations (`retire`) and replay, driven the way smoltcp
 //! drives its TCP socket: one engine QP faces a hand-driven peer — a bare
 //! pair of software-NIC QPs on another host — that sends hand-made control
 //! messages and reads what the engine answers. No second engine is
@@ -28,6 +28,7 @@ const WAIT: Duration = Duration::from_secs(10);
 struct Peer {
     host: rnic::Host,
     _ctx: rnic::Context,
+    pd: rnic::Pd,
     cq: rnic::Cq,
     data: rnic::Qp,
     ctrl: rnic::Qp,
@@ -65,6 +66,7 @@ impl Peer {
         Peer {
             host,
             _ctx: ctx,
+            pd,
             cq,
             data,
             ctrl,
@@ -717,4 +719,97 @@ fn local_protection_errors_complete_without_reaching_the_peer() {
         ]
     );
     assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+}
+
+// ---- replay: a failed optimistic check replays what pipelined behind it ----
+
+/// Memory of the hand-driven peer reachable one-sided: one MR (the
+/// application's Read and Write MR at once) and its page-version table.
+struct PeerMem {
+    mr: rnic::OwnedMr,
+    _versions: rnic::OwnedMr,
+    mapping: crate::ctrl::KeyMapping,
+}
+
+impl Peer {
+    fn mem(&self, len: usize) -> PeerMem {
+        let pd = &self.pd;
+        let acc =
+            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ | rnic::Access::REMOTE_WRITE;
+        let mr = pd.reg_mr_owned(vec![0; len], acc).expect("peer mr");
+        let (_, pages) = crate::check::page_span(mr.addr() as u64, len as u64, 4096).expect("span");
+        let versions = pd
+            .reg_mr_owned(vec![1; pages as usize * 4], acc)
+            .expect("peer versions");
+        let mapping = crate::ctrl::KeyMapping {
+            app_rkey: mr.rkey(),
+            write_rkey: mr.rkey(),
+            version_rkey: versions.rkey(),
+            page_count: pages as u32,
+            region_va: mr.addr() as u64,
+            region_len: len as u64,
+            version_va: versions.addr() as u64,
+        };
+        PeerMem {
+            mr,
+            _versions: versions,
+            mapping,
+        }
+    }
+}
+
+#[test]
+fn a_failed_check_replays_the_write_that_pipelined_behind_it() {
+    let mut r = rig();
+    let pm = r.peer.mem(4 * 4096);
+    // The READ's source holds the signature page's magic: its one-sided
+    // result cannot be told from an absent page, the check fails.
+    let magic = r.peer.host.query_device().signature_magic;
+    let words: Vec<u8> = (0..16).flat_map(|_| magic.to_le_bytes()).collect();
+    pm.mr.write(0, &words);
+    let (base, rkey) = (pm.mr.addr() as u64, pm.mr.rkey());
+    // A: READ peer[0..64] into local[0..64]; B: WRITE local[0..64] to
+    // peer[2048..]. B reads what A writes: it pipelines behind A's NIC WR.
+    let a = SendWr::new(1, Opcode::Read, Some(r.mr.sge(0, 64)), base, rkey);
+    let b = SendWr::new(2, Opcode::Write, Some(r.mr.sge(0, 64)), base + 2048, rkey);
+    r.qp.post_send(&[a, b]).expect("post");
+    match r.peer.recv() {
+        Repr::KeyQuery { req_id, .. } => r.peer.send(&Repr::KeySync {
+            req_id,
+            more: false,
+            entries: Cow::Owned(vec![pm.mapping]),
+        }),
+        m => panic!("expected a key query, got {m:?}"),
+    }
+    // A failed its check and went two-sided; the peer answers with the
+    // page's real content.
+    let real: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(7) | 1).collect();
+    match r.peer.recv() {
+        Repr::ReadInline {
+            req_id,
+            remote_addr,
+            len,
+            ..
+        } => {
+            assert_eq!((remote_addr, len), (base, 64));
+            r.peer.send(&Repr::ReadInlineResp {
+                req_id,
+                status: Status::Ok,
+                data: Cow::Borrowed(&real),
+            });
+        }
+        m => panic!("expected A two-sided, got {m:?}"),
+    }
+    let v = r.wait(&r.cq, 2);
+    assert_eq!(
+        v.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, 0), (2, 0)]
+    );
+    assert_eq!(r.bytes(0, 64), real);
+    // B ran again after A: the peer holds A's real data, not the magic
+    // words B's first (discarded) attempt carried.
+    assert_eq!(pm.mr.to_vec(2048, 64), real);
+    let s = r.ctx.stats();
+    assert!(s.replayed >= 1, "{s:?}");
+    assert_eq!(s.two_sided, 1);
 }
