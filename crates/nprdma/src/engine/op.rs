@@ -42,7 +42,7 @@ pub(super) enum Stage {
     Deferred,
     /// Its read-back is in flight (batch).
     Checking,
-    /// Passed its check, waiting for earlier conflicting ops ([`replay`]).
+    /// Passed its check, waiting for earlier conflicting ops (the `replay` file).
     HeldOk(u32),
     /// Needs the two-sided path once earlier conflicting ops are done.
     HeldTwoSided,
@@ -87,7 +87,7 @@ pub(super) struct Op {
     /// Where the op is in retry mode's Receiver-Ready round ([`Retry`]).
     pub(super) retry: Retry,
     /// Replayed while its NIC WRs (or read-back) were still out: the
-    /// result is discarded when they complete ([`replay`]).
+    /// result is discarded when they complete (the `replay` file).
     pub(super) stale: bool,
     /// Re-issued by the ordering table while stale: start again then.
     pub(super) restart: bool,

@@ -42,7 +42,7 @@ pub(crate) struct QpState {
     pub(super) pd: u32,
     /// The application's remote access flags of this QP (`qp_access_flags`):
     /// the data QP's NIC access flags (one-sided requests) and checked by the
-    /// target CPU for two-sided ones (see [`grant`]).
+    /// target CPU for two-sided ones (see `serve::grant`).
     pub(super) remote_access: Access,
     pub(super) depth: u32,
     pub(super) nslots: u32,
@@ -52,7 +52,7 @@ pub(crate) struct QpState {
     pub(super) recv_cq: Arc<UCq>,
     pub(super) connected: bool,
     pub(super) dead: bool,
-    /// Moved to ERR by the application ([`set_error`]): later posts are
+    /// Moved to ERR by the application (`retire::set_error`): later posts are
     /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
     pub(super) errored: bool,
     pub(super) peer: PeerKeys,
@@ -84,7 +84,7 @@ pub(crate) struct QpState {
     /// sequence number (the last signaled WR's).
     pub(super) flush_seq: u64,
     pub(super) batches: Pending<RbBatch>,
-    /// The operation on the lean path, if any ([`fast`]).
+    /// The operation on the lean path, if any (the `fast` file).
     pub(super) fast: Option<FastOp>,
     /// Pending id of the last lean-path operation promoted to the general
     /// path (its NIC completions are routed there).
@@ -277,7 +277,7 @@ impl QpState {
     /// operation may have run on another channel (two-sided) and succeeded,
     /// but on RC a WR behind a failed one never completes successfully.
     /// Later posts, and the posted RECVs, are flushed as for
-    /// [`set_error`].
+    /// `retire::set_error`.
     pub(super) fn deliver(&mut self) {
         let was = self.errored;
         let cq = &self.send_cq;
@@ -341,7 +341,7 @@ impl QpState {
 
     /// Set the application's remote access flags (`ibv_modify_qp` with
     /// `IBV_QP_ACCESS_FLAGS`): enforced from now on, by the data QP's NIC for
-    /// one-sided requests and by [`grant`] for two-sided ones.
+    /// one-sided requests and by `serve::grant` for two-sided ones.
     pub fn set_remote_access(&mut self, access: Access) -> Result<(), Error> {
         let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         self.remote_access = Access(access.0 & rights.0);

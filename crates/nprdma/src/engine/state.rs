@@ -60,14 +60,14 @@ pub(crate) struct State {
     pub(super) next_req: u32,
     pub(super) last_sweep: Instant,
     pub(super) progress_calls: u32,
-    /// The NIC completion buffer of [`progress`] (allocated once).
+    /// The NIC completion buffer of `progress::progress` (allocated once).
     pub(super) wcs: Vec<rnic::Wc>,
     pub(super) flush_qps: Vec<usize>,
     pub(super) cq_failed: bool,
     /// Ops the ordering table releases on a completion (reused buffer).
     pub(super) released: Vec<(Ticket, u32)>,
     /// Lean-path completions for the user CQ an application thread is
-    /// polling right now ([`progress_app_into`]), handed straight to its
+    /// polling right now (`progress::progress_app_into`), handed straight to its
     /// array instead of through the CQ's queue.
     pub(super) direct: Direct,
     /// Pins + map-ins owed after an answer-first inline READ (target side):
