@@ -1,11 +1,15 @@
 //! Adapters of the narrow [`crate::nic`] traits to the project's concrete
-//! crates: the software RNIC's host IOMMU + frame map ([`RnicIommu`]) and
-//! the `vmem` pager ([`VmemMm`], [`ListenerBridge`]).
+//! crates: the software RNIC's verbs ([`RnicNic`], [`RnicQp`], [`RnicCq`],
+//! in `verbs`), its host IOMMU + frame map ([`RnicIommu`]) and the `vmem`
+//! pager ([`VmemMm`], [`ListenerBridge`]).
 
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, OnceLock};
 
 use crate::nic::{self, Access, Frame, IommuControl, MemoryManager, NicMr};
+
+mod verbs;
+pub use verbs::{completion, RnicCq, RnicNic, RnicQp};
 
 /// The IOMMU-control capability of one `rnic` host.
 pub struct RnicIommu {
@@ -36,6 +40,26 @@ impl NicMr for RnicMr {
     fn len(&self) -> u64 {
         self.0.len() as u64
     }
+}
+
+/// `nic::WrOp` → `rnic::WrOpcode`: the one place the engine's verbs
+/// vocabulary meets the software NIC's (the same operations and operands).
+#[inline]
+pub fn rnic_opcode(op: nic::WrOp) -> rnic::WrOpcode {
+    match op {
+        nic::WrOp::Write => rnic::WrOpcode::Write,
+        nic::WrOp::WriteImm(i) => rnic::WrOpcode::WriteImm(i),
+        nic::WrOp::Send => rnic::WrOpcode::Send,
+        nic::WrOp::SendImm(i) => rnic::WrOpcode::SendImm(i),
+        nic::WrOp::Read => rnic::WrOpcode::Read,
+        nic::WrOp::CmpSwap { compare, swap } => rnic::WrOpcode::CmpSwap { compare, swap },
+        nic::WrOp::FetchAdd { add } => rnic::WrOpcode::FetchAdd { add },
+    }
+}
+
+/// `rnic::WcStatus` → `nic::WcStatus` (same `ibv_wc_status` numbering).
+pub fn nic_wc_status(s: rnic::WcStatus) -> nic::WcStatus {
+    nic::WcStatus::from_code(s as u32)
 }
 
 /// `nic::Access` → `rnic::Access` (same ibverbs numbering).
@@ -275,7 +299,44 @@ impl vmem::SwapListener for ListenerBridge {
 
 #[cfg(test)]
 mod tests {
-    use super::PageRuns;
+    use super::{nic_wc_status, rnic_opcode, PageRuns};
+    use crate::nic::WrOp;
+
+    #[test]
+    fn opcodes_map_one_to_one_with_their_operands() {
+        let pairs = [
+            (WrOp::Write, rnic::WrOpcode::Write),
+            (WrOp::WriteImm(7), rnic::WrOpcode::WriteImm(7)),
+            (WrOp::Send, rnic::WrOpcode::Send),
+            (WrOp::SendImm(8), rnic::WrOpcode::SendImm(8)),
+            (WrOp::Read, rnic::WrOpcode::Read),
+            (
+                WrOp::CmpSwap {
+                    compare: 1,
+                    swap: 2,
+                },
+                rnic::WrOpcode::CmpSwap {
+                    compare: 1,
+                    swap: 2,
+                },
+            ),
+            (
+                WrOp::FetchAdd { add: 3 },
+                rnic::WrOpcode::FetchAdd { add: 3 },
+            ),
+        ];
+        for (n, r) in pairs {
+            assert_eq!(rnic_opcode(n), r);
+        }
+    }
+
+    #[test]
+    fn rnic_statuses_keep_their_number() {
+        for code in 0..22 {
+            let s = rnic::WcStatus::from_u32(code);
+            assert_eq!(nic_wc_status(s).code(), s as u32);
+        }
+    }
 
     #[test]
     fn page_runs_match_their_flags() {

@@ -63,7 +63,7 @@
 //!   one-sided path at all; BENCHMARKS.md). An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
-//! * **Lean path** (`engine/core/fast.rs`): a signaled one-sided READ or
+//! * **Lean path** (`engine/fast.rs`): a signaled one-sided READ or
 //!   WRITE (magic check, read-back or page versions) posted while nothing
 //!   else of its QP is outstanding goes straight to the NIC and its
 //!   completion straight to the user CQ — no ordering table, reorder buffer
@@ -73,7 +73,7 @@
 //!   there, so §5's guarantees hold unchanged.
 //! * **Pipelining overlapping one-sided ops, with replay**
 //!   (`Config::order.pipeline`, on by default; off = the paper's parking). Beyond the
-//!   paper, `engine/core/replay.rs`, [`ordering`] module docs: the paper
+//!   paper, `engine/replay.rs`, [`ordering`] module docs: the paper
 //!   parks an op behind every overlapping in-flight op, which turns a
 //!   perftest-style window on the same buffers into one op at a time. Here
 //!   a READ/WRITE that overlaps only in-flight READ/WRITEs still in their

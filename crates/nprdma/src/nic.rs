@@ -151,6 +151,95 @@ pub enum CompOp {
     RecvWithImm,
 }
 
+/// Status of a work completion (`enum ibv_wc_status`, same numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// The WR completed.
+    #[default]
+    Success = 0,
+    /// Local length error (a RECV too short, a bad length).
+    LocLenErr = 1,
+    /// Local QP operation error.
+    LocQpOpErr = 2,
+    /// Local EE context operation error (unused: no RD).
+    LocEecOpErr = 3,
+    /// Local protection error (a bad lkey or range).
+    LocProtErr = 4,
+    /// Flushed: the QP was in ERR.
+    WrFlushErr = 5,
+    /// Memory-window bind error (unused).
+    MwBindErr = 6,
+    /// Bad response from the responder.
+    BadRespErr = 7,
+    /// Local access error.
+    LocAccessErr = 8,
+    /// Remote invalid request (rights of the QP, misaligned atomic, ...).
+    RemInvReqErr = 9,
+    /// Remote access error (a bad rkey, range or MR right).
+    RemAccessErr = 10,
+    /// Remote operation error (the responder could not do it).
+    RemOpErr = 11,
+    /// Transport retries exceeded (the peer is gone).
+    RetryExcErr = 12,
+    /// RNR retries exceeded (no RECV posted at the peer).
+    RnrRetryExcErr = 13,
+    /// Local RDD violation (unused: no RD).
+    LocRddViolErr = 14,
+    /// Remote invalid RD request (unused).
+    RemInvRdReqErr = 15,
+    /// Remote aborted error.
+    RemAbortErr = 16,
+    /// Invalid EE context number (unused).
+    InvEecnErr = 17,
+    /// Invalid EE context state (unused).
+    InvEecStateErr = 18,
+    /// Fatal error.
+    FatalErr = 19,
+    /// Response timeout.
+    RespTimeoutErr = 20,
+    /// General error (also: a number outside this list).
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    const ALL: [WcStatus; 22] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::LocRddViolErr,
+        WcStatus::RemInvRdReqErr,
+        WcStatus::RemAbortErr,
+        WcStatus::InvEecnErr,
+        WcStatus::InvEecStateErr,
+        WcStatus::FatalErr,
+        WcStatus::RespTimeoutErr,
+        WcStatus::GeneralErr,
+    ];
+    /// The `ibv_wc_status` number ([`Completion::status`]).
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+    /// The status of number `code`; an unknown number is `GeneralErr`.
+    pub fn from_code(code: u32) -> WcStatus {
+        Self::ALL
+            .get(code as usize)
+            .copied()
+            .unwrap_or(WcStatus::GeneralErr)
+    }
+}
+
 /// A work completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
@@ -170,9 +259,9 @@ pub struct Completion {
 
 impl Completion {
     /// `IBV_WC_SUCCESS`.
-    pub const SUCCESS: u32 = 0;
+    pub const SUCCESS: u32 = WcStatus::Success.code();
     /// `IBV_WC_WR_FLUSH_ERR`.
-    pub const WR_FLUSH_ERR: u32 = 5;
+    pub const WR_FLUSH_ERR: u32 = WcStatus::WrFlushErr.code();
     /// Whether the WR succeeded.
     pub fn is_ok(&self) -> bool {
         self.status == Self::SUCCESS

@@ -2,26 +2,23 @@
 //! (never by the NIC directly), with an eventfd as completion channel.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::core::{self, Shared};
-use super::Error;
 use crate::nic::Completion;
 
 pub(crate) struct UCq {
-    q: Mutex<VecDeque<Completion>>,
+    pub(super) q: Mutex<VecDeque<Completion>>,
     /// Entries in `q` (updated under its lock): an empty poll reads this
     /// instead of taking the lock.
-    len: AtomicUsize,
-    depth: usize,
-    armed: AtomicBool,
-    efd: OwnedFd,
-    overflowed: AtomicBool,
+    pub(super) len: AtomicUsize,
+    pub(super) depth: usize,
+    pub(super) armed: AtomicBool,
+    pub(super) efd: OwnedFd,
+    pub(super) overflowed: AtomicBool,
 }
 
 impl UCq {
@@ -54,137 +51,49 @@ impl UCq {
     }
 }
 
-/// An application completion queue.
-#[derive(Clone)]
-pub struct Cq {
-    sh: Arc<Shared>,
-    u: Arc<UCq>,
+/// Completions handed straight to the array of the application thread that
+/// is polling (see `progress_app_into`).
+#[derive(Default)]
+pub(super) struct Direct {
+    /// The user CQ being polled (by address; only compared), if any.
+    pub(super) cq: usize,
+    pub(super) room: usize,
+    pub(super) buf: Vec<Completion>,
 }
 
-impl Cq {
-    pub(crate) fn new(sh: Arc<Shared>, depth: u32) -> Result<Cq, Error> {
-        if depth == 0 {
-            return Err(Error::Invalid("CQ depth 0"));
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: plain eventfd creation; the fd is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(Error::Other(std::io::Error::last_os_error().to_string()));
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: fd was just created and is owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Cq {
-            sh,
-            u: Arc::new(UCq {
-                q: Mutex::new(VecDeque::new()),
-                len: AtomicUsize::new(0),
-                depth: depth as usize,
-                armed: AtomicBool::new(false),
-                efd,
-                overflowed: AtomicBool::new(false),
-            }),
-        })
+impl Direct {
+    /// Take nothing (completions go through the queues).
+    pub(super) fn stop(&mut self) {
+        self.cq = 0;
     }
 
-    pub(crate) fn inner(&self) -> Arc<UCq> {
-        self.u.clone()
+    pub(super) fn begin(&mut self, cq: &Arc<UCq>, room: usize) {
+        self.cq = Arc::as_ptr(cq) as usize;
+        self.room = room;
+        self.buf.clear();
     }
 
-    /// Non-blocking poll; also progresses the engine in this thread (so a
-    /// polling application never waits for the polling thread).
-    pub fn poll(&self, out: &mut [Completion]) -> usize {
-        // Even a poll served from the queue: otherwise, once the polling
-        // thread is the one filling it, it never steps aside and fights the
-        // application's posts for the context lock.
-        self.sh.mark_app_active();
-        let n = self.take(out);
-        if n > 0 {
-            return n;
+    /// Take `c` for the polling thread if it is for its CQ, there is room,
+    /// and the CQ's queue is empty (nothing older is waiting there) and not
+    /// armed (a notification is due then: the queue path signals it).
+    pub(super) fn offer(&mut self, cq: &Arc<UCq>, c: Completion) -> bool {
+        if self.cq == 0
+            || self.cq != Arc::as_ptr(cq) as usize
+            || self.buf.len() >= self.room
+            || !cq.bypassable()
+        {
+            return false;
         }
-        if let Some(mut st) = self.sh.st.try_lock() {
-            let k = core::progress_app_into(&self.sh, &mut st, &self.u, out);
-            drop(st);
-            if k > 0 {
-                // Anything queued meanwhile was completed after these.
-                return k + self.take(&mut out[k..]);
-            }
-        }
-        self.take(out)
+        self.buf.push(c);
+        true
     }
 
-    fn take(&self, out: &mut [Completion]) -> usize {
-        if self.u.len.load(Ordering::Acquire) == 0 || out.is_empty() {
-            return 0;
-        }
-        let mut q = self.u.q.lock();
-        let n = out.len().min(q.len());
-        for o in out.iter_mut().take(n) {
-            *o = q.pop_front().expect("counted");
-        }
-        self.u.len.store(q.len(), Ordering::Release);
+    /// Copy the taken completions to `out` and stop taking.
+    pub(super) fn end(&mut self, out: &mut [Completion]) -> usize {
+        self.cq = 0;
+        let n = self.buf.len().min(out.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        self.buf.clear();
         n
-    }
-
-    /// Poll until `n` completions arrived or `timeout` passed.
-    pub fn poll_wait(&self, n: usize, timeout: Duration) -> Vec<Completion> {
-        let t0 = Instant::now();
-        let mut v = Vec::with_capacity(n);
-        let mut buf = [Completion::default(); 16];
-        while v.len() < n && t0.elapsed() < timeout {
-            let want = (n - v.len()).min(buf.len());
-            let k = self.poll(&mut buf[..want]);
-            v.extend_from_slice(&buf[..k]);
-            if k == 0 {
-                std::hint::spin_loop();
-            }
-        }
-        v
-    }
-
-    /// Arm: the next completion makes [`Cq::event_fd`] readable.
-    pub fn req_notify(&self) {
-        self.u.armed.store(true, Ordering::Release);
-        if !self.u.q.lock().is_empty() && self.u.armed.swap(false, Ordering::AcqRel) {
-            let one: u64 = 1;
-            #[allow(unsafe_code)]
-            // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
-            unsafe {
-                libc::write(self.u.efd.as_raw_fd(), &one as *const u64 as *const _, 8);
-            }
-        }
-    }
-
-    /// The completion channel (eventfd; read it to reset).
-    pub fn event_fd(&self) -> RawFd {
-        self.u.efd.as_raw_fd()
-    }
-
-    /// Block (no spinning) until an event or `timeout`; drains the eventfd.
-    pub fn wait_event(&self, timeout: Duration) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.event_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        #[allow(unsafe_code)]
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
-        if r > 0 {
-            let mut v: u64 = 0;
-            #[allow(unsafe_code)]
-            // SAFETY: reading 8 bytes into a local u64 from our own eventfd.
-            unsafe {
-                libc::read(self.event_fd(), &mut v as *mut u64 as *mut _, 8);
-            }
-            return true;
-        }
-        false
-    }
-
-    /// Whether more completions arrived than the depth at some point.
-    pub fn overflowed(&self) -> bool {
-        self.u.overflowed.load(Ordering::Relaxed)
     }
 }

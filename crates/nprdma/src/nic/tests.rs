@@ -67,3 +67,22 @@ fn access_flags_compose() {
     assert_eq!(a.0, 5);
     assert!(Completion::default().is_ok());
 }
+
+#[test]
+fn wc_status_numbers_are_ibv_wc_status() {
+    for code in 0..22 {
+        assert_eq!(WcStatus::from_code(code).code(), code);
+    }
+    assert_eq!(WcStatus::LocProtErr.code(), 4);
+    assert_eq!(WcStatus::WrFlushErr.code(), Completion::WR_FLUSH_ERR);
+    assert_eq!(WcStatus::from_code(22), WcStatus::GeneralErr);
+    assert_eq!(WcStatus::from_code(u32::MAX), WcStatus::GeneralErr);
+}
+
+#[test]
+fn the_fake_nic_keeps_the_verbs_contract() {
+    let (a, b) = crate::testutil::FakeNic::pair();
+    assert!(!a.caps().iommu && a.iommu().is_none());
+    assert_ne!(a.addr(), b.addr());
+    crate::testutil::verbs_contract(&a, &b);
+}

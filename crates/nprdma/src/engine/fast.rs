@@ -4,51 +4,30 @@
 //! without the ordering table, reorder buffer or pending table — with
 //! nothing else in flight on the QP all three are trivially satisfied. As
 //! soon as anything else happens on the QP (another post, an error, a failed
-//! check, a flush) the operation is *promoted*: it enters those structures
-//! exactly as if it had been posted through the general path, and the
-//! general path takes over.
+//! check, a flush) the operation is *promoted* ([`QpState::promote_fast`]):
+//! it enters those structures exactly as if it had been posted through the
+//! general path, and the general path takes over.
 
-use std::sync::Arc;
-
-use rnic::{WcStatus, WrOpcode};
-
-use super::super::ucq::UCq;
-use super::{
-    comp_op, enc, eval_one_sided, fail_qp, local_versions, versions_unchanged, MrEntry, Op,
-    QpState, Scratch, Shared, Stage, State, Versions, K_FAST, PS,
-};
+use super::one_sided::eval_one_sided;
+use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
+use super::qp::QpState;
+use super::retire::fail_qp;
+use super::state::{At, Shared, State};
+use super::types::{SendWr, PS};
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::{nic_wc_status, rnic_opcode};
 use crate::check::{check_read, check_readback, precheck_local};
-use crate::engine::SendWr;
 use crate::mem;
-use crate::nic::{Access, Completion};
-use crate::ordering::{Admit, Range};
-use crate::plan::{choose, nic_steps_small, order_desc, probes_first, AppOp, LocalBuf, Strategy};
-
-/// An operation on the lean path (at most one per QP).
-pub(super) struct FastOp {
-    wr: SendWr,
-    laddr: u64,
-    len: u64,
-    lmr: Arc<MrEntry>,
-    strat: Strategy,
-    /// NIC WRs posted (only the last one is signaled).
-    steps: u8,
-    /// NIC completions still expected.
-    left: u8,
-    err: u32,
-    vlen: u64,
-    scratch: Option<Scratch>,
-    lver: Versions,
-}
+use crate::nic::{Access, Completion, WcStatus};
+use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 /// Post `wr` on the lean path if QP `qi` is idle and `wr` qualifies;
 /// `false` (nothing done) sends it down the general path.
 pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &SendWr) -> bool {
-    let State { qps, gens, mrs, .. } = &mut *st;
-    if !wr.signaled || gens.get(qi) != Some(&gen) {
+    if !wr.signaled {
         return false;
     }
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    let Some(At { qp, mrs, .. }) = st.at_gen(qi, gen) else {
         return false;
     };
     if qp.errored
@@ -130,12 +109,13 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let last = n - 1;
     let mk = |k: usize| {
         let s = &steps[k];
-        let opc = match s.op {
-            crate::nic::WrOp::Read => WrOpcode::Read,
-            _ => WrOpcode::Write,
-        };
-        let mut w = rnic::SendWr::new(enc(qi, gen, K_FAST, k as u64, 0), opc, &sges[k])
-            .remote(s.remote_addr, s.rkey);
+        let opc = rnic_opcode(s.op);
+        let mut w = rnic::SendWr::new(
+            WrTag::new(qi, gen, WrKind::Fast, k as u8, 0).wr_id(),
+            opc,
+            &sges[k],
+        )
+        .remote(s.remote_addr, s.rkey);
         if k != last {
             w.flags.remove(rnic::SendFlags::SIGNALED);
         }
@@ -168,7 +148,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         strat,
         steps: posted as u8,
         left: posted as u8,
-        err: 0,
+        err: WcStatus::Success,
         vlen,
         scratch,
         lver,
@@ -178,80 +158,9 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         // one; the QP fails (every operation completes, flushed).
         tracing::error!(posted, "partial post of an operation's NIC WRs");
         qp.promote_fast();
-        fail_qp(st, qi, super::ST_FLUSH);
+        fail_qp(st, qi, WcStatus::WrFlushErr);
     }
     true
-}
-
-impl QpState {
-    /// Move the lean-path operation (if any) into the general structures,
-    /// as if it had been posted there: pending table (stage `OneSided`),
-    /// reorder buffer, ordering table (it issues: nothing else is in flight).
-    pub(super) fn promote_fast(&mut self) {
-        let Some(f) = self.fast.take() else { return };
-        let seq = self.rob.post(true);
-        self.next_seq = seq + 1;
-        let op = Op {
-            hold: Default::default(),
-            sent: None,
-            wr: f.wr,
-            laddr: f.laddr,
-            len: f.len,
-            seq,
-            ticket: None,
-            lmr: Some(f.lmr),
-            stage: Stage::OneSided {
-                strat: f.strat,
-                steps: f.steps,
-                left: f.left,
-                err: f.err,
-                vlen: f.vlen,
-            },
-            key_req: 0,
-            key_answered: false,
-            scratch: f.scratch,
-            lver: f.lver,
-            retry: 0,
-            stale: false,
-            restart: false,
-        };
-        let id = match self.ops.insert(op) {
-            Ok(id) => id,
-            Err(e) => {
-                // Unreachable: the table was empty when the op was posted.
-                tracing::error!(error = %e, "promoting a lean-path op");
-                return;
-            }
-        };
-        self.fast_promoted = Some(id);
-        let desc = order_desc(
-            f.wr.op,
-            Range::new(f.laddr, f.len),
-            Range::new(f.wr.remote_addr, f.len),
-            f.wr.order_before,
-            f.wr.order_after,
-            self.inline_max,
-        );
-        match self.order.submit(desc, id) {
-            Ok(Admit::Issue(t, _)) => {
-                if let Some(o) = self.ops.get_mut(id) {
-                    o.ticket = Some(t);
-                }
-                // Its NIC WRs are out: conflicting ops may pipeline behind
-                // it (nothing is parked: the table was idle).
-                let mut none = Vec::new();
-                let _ = self.order.on_nic(t, &mut none);
-            }
-            Ok(Admit::Parked(_)) | Err(_) => {
-                tracing::error!("lean-path op not admitted at promotion");
-            }
-        }
-    }
-
-    /// Operations outstanding on the lean path (0 or 1).
-    pub(super) fn fast_outstanding(&self) -> usize {
-        usize::from(self.fast.is_some())
-    }
 }
 
 /// A NIC completion of a lean-path WR (step `step`). Returns the pending
@@ -261,27 +170,27 @@ pub(super) fn on_wc(
     sh: &Shared,
     st: &mut State,
     qi: usize,
-    step: u64,
+    step: u8,
     wc: &rnic::Wc,
 ) -> Option<u32> {
-    let State {
-        qps, direct, stats, ..
-    } = &mut *st;
-    let qp = qps.get_mut(qi).and_then(|q| q.as_mut())?;
+    let At {
+        qp, direct, stats, ..
+    } = st.at(qi)?;
     let Some(f) = qp.fast.as_mut() else {
         return qp.fast_promoted;
     };
-    let behind = (f.steps as u64).saturating_sub(step + 1) as u8;
+    let behind = (f.steps as u64).saturating_sub(u64::from(step) + 1) as u8;
     f.left = f.left.min(behind);
-    if wc.status != WcStatus::Success && f.err == 0 {
-        f.err = wc.status as u32;
+    let status = nic_wc_status(wc.status);
+    if status != WcStatus::Success && f.err == WcStatus::Success {
+        f.err = status;
     }
     if f.left > 0 {
         return None;
     }
     crate::trace::mark(crate::trace::Step::IOptDone);
     let err = f.err;
-    if err == 0 && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
+    if err == WcStatus::Success && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
         let f = qp.fast.take().expect("checked above");
         qp.release_scratch(f.scratch);
         let c = Completion {
@@ -342,52 +251,5 @@ fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
             })
         }
         _ => false,
-    }
-}
-
-/// Completions handed straight to the array of the application thread that
-/// is polling (see `progress_app_into`).
-#[derive(Default)]
-pub(super) struct Direct {
-    /// The user CQ being polled (by address; only compared), if any.
-    cq: usize,
-    room: usize,
-    buf: Vec<Completion>,
-}
-
-impl Direct {
-    /// Take nothing (completions go through the queues).
-    pub(super) fn stop(&mut self) {
-        self.cq = 0;
-    }
-
-    pub(super) fn begin(&mut self, cq: &Arc<UCq>, room: usize) {
-        self.cq = Arc::as_ptr(cq) as usize;
-        self.room = room;
-        self.buf.clear();
-    }
-
-    /// Take `c` for the polling thread if it is for its CQ, there is room,
-    /// and the CQ's queue is empty (nothing older is waiting there) and not
-    /// armed (a notification is due then: the queue path signals it).
-    pub(super) fn offer(&mut self, cq: &Arc<UCq>, c: Completion) -> bool {
-        if self.cq == 0
-            || self.cq != Arc::as_ptr(cq) as usize
-            || self.buf.len() >= self.room
-            || !cq.bypassable()
-        {
-            return false;
-        }
-        self.buf.push(c);
-        true
-    }
-
-    /// Copy the taken completions to `out` and stop taking.
-    pub(super) fn end(&mut self, out: &mut [Completion]) -> usize {
-        self.cq = 0;
-        let n = self.buf.len().min(out.len());
-        out[..n].copy_from_slice(&self.buf[..n]);
-        self.buf.clear();
-        n
     }
 }

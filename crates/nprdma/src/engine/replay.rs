@@ -3,18 +3,22 @@
 //! are out, holding results until earlier conflicting ops are done, and
 //! discarding + re-queueing the ops a failed optimistic check replays.
 
-use super::{finish, go_two_sided, qp_at, Shared, Stage, State};
+use super::op::Stage;
+use super::retire::finish;
+use super::state::{At, Shared, State};
+use super::two_sided::go_two_sided;
+use crate::nic::WcStatus;
 
 /// Op `id` of QP `qi` has its NIC WRs posted: ops parked behind it that
 /// may pipeline now go to the ready queue.
 pub(super) fn on_nic(st: &mut State, qi: usize, id: u32) {
-    let State {
-        qps,
+    let Some(At {
+        qp,
         ready,
         released,
         ..
-    } = &mut *st;
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    }) = st.at(qi)
+    else {
         return;
     };
     let Some(t) = qp.ops.get(id).and_then(|o| o.ticket) else {
@@ -29,7 +33,7 @@ pub(super) fn on_nic(st: &mut State, qi: usize, id: u32) {
 /// If an earlier conflicting op of op `id` is still in flight, park the
 /// op's result as `held` (the ordering table hands it back) and say so.
 fn hold(st: &mut State, qi: usize, id: u32, held: Stage) -> bool {
-    let Some(qp) = qp_at(st, qi) else {
+    let Some(qp) = st.qp(qi) else {
         return false;
     };
     let Some(op) = qp.ops.get_mut(id) else {
@@ -46,9 +50,7 @@ fn hold(st: &mut State, qi: usize, id: u32, held: Stage) -> bool {
 /// A result of op `id` arrived after a replay made it stale (another
 /// member of the same read-back batch failed first): drop it.
 fn stale(st: &mut State, qi: usize, id: u32) -> bool {
-    let is = qp_at(st, qi)
-        .and_then(|qp| qp.ops.get(id))
-        .is_some_and(|o| o.stale);
+    let is = st.op_mut(qi, id).is_some_and(|o| o.stale);
     if is {
         stale_done(st, qi, id);
     }
@@ -63,7 +65,7 @@ pub(super) fn finish_ok(st: &mut State, qi: usize, id: u32, len: u32) {
         return;
     }
     if !hold(st, qi, id, Stage::HeldOk(len)) {
-        finish(st, qi, id, 0, len);
+        finish(st, qi, id, WcStatus::Success, len);
     }
 }
 
@@ -77,7 +79,7 @@ pub(super) fn two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     if hold(st, qi, id, Stage::HeldTwoSided) {
         return;
     }
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     if let Some(t) = qp.ops.get(id).and_then(|o| o.ticket) {
         let mut replay = Vec::new();
         if qp.order.fail(t, &mut replay).is_ok() {
@@ -94,9 +96,8 @@ pub(super) fn two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 /// mark it stale: their completion is dropped ([`stale_done`]).
 fn discard(st: &mut State, qi: usize, id: u32) {
     st.stats.replayed += 1;
-    let State { qps, ready, .. } = &mut *st;
-    ready.retain(|&(q, i)| !(q == qi && i == id));
-    let Some(qp) = qps.get_mut(qi).and_then(|q| q.as_mut()) else {
+    st.ready.retain(|&(q, i)| !(q == qi && i == id));
+    let Some(qp) = st.qp(qi) else {
         return;
     };
     qp.key_wait.retain(|x| *x != id);
@@ -116,7 +117,7 @@ fn discard(st: &mut State, qi: usize, id: u32) {
 /// The NIC is done with stale op `id`'s old WRs (or read-back): drop the
 /// result; start it again if the ordering table re-issued it meanwhile.
 pub(super) fn stale_done(st: &mut State, qi: usize, id: u32) {
-    let Some(qp) = qp_at(st, qi) else { return };
+    let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     op.stale = false;
     op.stage = Stage::Queued;

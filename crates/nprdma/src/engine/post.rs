@@ -1,0 +1,170 @@
+//! Posting: the application's send WRs (admission, local checks, the
+//! ordering table) and receive WRs, and starting the admitted operations.
+
+use super::fast;
+use super::one_sided::{flush_deferred, start_op};
+use super::op::{is_atomic, Op, Retry, Stage, Versions};
+use super::pin::Hold;
+use super::serve::deliver_inbound;
+use super::state::{At, Shared, State};
+use super::types::{Error, RecvWr, SendWr};
+use crate::nic::Access;
+use crate::nic::WcStatus;
+use crate::ordering::{Admit, Range};
+use crate::plan::{order_desc, AppOp};
+
+/// Post application send WRs (see `Qp::post_send`).
+pub(crate) fn post_send(
+    _sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    gen: u8,
+    wrs: &[SendWr],
+) -> Result<(), (usize, Error)> {
+    for (i, wr) in wrs.iter().enumerate() {
+        if fast::try_post(_sh, st, qi, gen, wr) {
+            continue;
+        }
+        let Some(At { qp, mrs, ready, .. }) = st.at_gen(qi, gen) else {
+            return Err((i, Error::QpState));
+        };
+        // Anything posted behind a lean-path operation is ordered after it.
+        qp.promote_fast();
+        if qp.errored {
+            qp.flush_posted_send(wr);
+            continue;
+        }
+        if !qp.connected || qp.dead {
+            return Err((i, Error::QpState));
+        }
+        if qp.ops.len() >= qp.depth as usize {
+            return Err((i, Error::QueueFull));
+        }
+        let (laddr, len, lkey) = wr
+            .sge
+            .map(|s| (s.addr, s.length as u64, s.lkey))
+            .unwrap_or((0, 0, 0));
+        let lmr = wr.sge.and_then(|_| mrs.get(&lkey).cloned());
+        let mut status = WcStatus::Success;
+        let local_write = matches!(wr.op, AppOp::Read) || is_atomic(wr.op);
+        if wr.sge.is_some() {
+            match &lmr {
+                None => status = WcStatus::LocProtErr,
+                Some(m) => {
+                    if m.pd != qp.pd
+                        || !m.contains(laddr, len)
+                        || (local_write && !m.access.contains(Access::LOCAL_WRITE))
+                    {
+                        status = WcStatus::LocProtErr;
+                    }
+                }
+            }
+        }
+        if is_atomic(wr.op) && len != 8 {
+            status = WcStatus::LocLenErr;
+        }
+        if len > i32::MAX as u64 {
+            status = WcStatus::LocLenErr;
+        }
+        let seq = qp.rob.post(wr.signaled);
+        qp.next_seq = seq + 1;
+        let rlen = if is_atomic(wr.op) { 8 } else { len };
+        let op = Op {
+            sent: None,
+            wr: *wr,
+            laddr,
+            len,
+            seq,
+            ticket: None,
+            lmr,
+            stage: Stage::Queued,
+            key_req: 0,
+            key_answered: false,
+            retry: Retry::NotTried,
+            stale: false,
+            restart: false,
+            scratch: None,
+            lver: Versions::new(),
+            hold: Hold::default(),
+        };
+        let id = match qp.ops.insert(op) {
+            Ok(id) => id,
+            Err(_) => return Err((i, Error::QueueFull)),
+        };
+        let mut issue = false;
+        if status == WcStatus::Success {
+            let desc = order_desc(
+                wr.op,
+                Range::new(laddr, len),
+                Range::new(wr.remote_addr, rlen),
+                wr.order_before,
+                wr.order_after,
+                qp.inline_max,
+            );
+            let (ticket, now) = match qp.order.submit(desc, id) {
+                Ok(Admit::Issue(t, _)) => (Some(t), true),
+                Ok(Admit::Parked(t)) => (Some(t), false),
+                Err(_) => {
+                    status = WcStatus::LocProtErr;
+                    (None, false)
+                }
+            };
+            issue = now;
+            if let Some(o) = qp.ops.get_mut(id) {
+                o.ticket = ticket;
+            }
+        }
+        if status != WcStatus::Success {
+            if let Some(o) = qp.ops.get_mut(id) {
+                o.stage = Stage::Failed(status);
+            }
+            issue = true;
+        }
+        if issue {
+            ready.push_back((qi, id));
+        }
+        if wr.signaled {
+            qp.flush_seq = seq;
+            if !qp.deferred.is_empty() {
+                flush_deferred(_sh, st, qi);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Post application receive WRs.
+pub(crate) fn post_recv(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    gen: u8,
+    wrs: &[RecvWr],
+) -> Result<(), (usize, Error)> {
+    for (i, wr) in wrs.iter().enumerate() {
+        let Some(qp) = st.qp_mut(qi, gen) else {
+            return Err((i, Error::QpState));
+        };
+        if qp.errored {
+            qp.recvs.push_back(*wr);
+            qp.flush_recvs();
+            continue;
+        }
+        if qp.dead {
+            return Err((i, Error::QpState));
+        }
+        if qp.recvs.len() >= qp.depth as usize {
+            return Err((i, Error::QueueFull));
+        }
+        qp.recvs.push_back(*wr);
+    }
+    deliver_inbound(sh, st, qi);
+    Ok(())
+}
+
+/// Start the operations admitted so far.
+pub(crate) fn run_ready(sh: &Shared, st: &mut State) {
+    while let Some((qi, id)) = st.ready.pop_front() {
+        start_op(sh, st, qi, id);
+    }
+}

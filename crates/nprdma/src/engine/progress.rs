@@ -1,0 +1,423 @@
+//! Progress: polling the NIC CQs and dispatching each completion by its
+//! [`WrTag`](super::wrid), the periodic sweep (timeouts, deferred
+//! read-backs), the pins owed after answer-first READs, and the context's
+//! polling thread.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::fast;
+use super::one_sided::{check_batch, eval_one_sided, flush_deferred};
+use super::op::{Stage, TKind};
+use super::pin::engine_pin;
+use super::post::run_ready;
+use super::retire::{fail_qp, finish};
+use super::serve::{self, deliver_inbound, handle_msg};
+use super::state::{Shared, State};
+use super::types::PS;
+use super::ucq::UCq;
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::nic_wc_status;
+use crate::ctrl::{Repr, Status, SLOT};
+use crate::nic::{CompOp, Completion, WcStatus};
+use crate::trace::{mark, Step};
+
+/// Drive the engine: poll the NIC CQ and handle everything. Returns the
+/// number of NIC completions handled.
+pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
+    // No application array to fill here (even if an earlier
+    // `progress_app_into` unwound without clearing it).
+    st.direct.stop();
+    progress_inner(sh, st, false)
+}
+
+/// [`progress`] from an application thread spinning on user CQ `cq` with
+/// room for `out.len()` completions: an idle poll reads the clock (for the
+/// timeout sweep) only every 32nd time, and lean-path completions for `cq`
+/// go straight into `out` while its queue is empty (so post order holds).
+/// Returns how many were put into `out`.
+pub(crate) fn progress_app_into(
+    sh: &Shared,
+    st: &mut State,
+    cq: &Arc<UCq>,
+    out: &mut [Completion],
+) -> usize {
+    st.direct.begin(cq, out.len());
+    progress_inner(sh, st, true);
+    st.direct.end(out)
+}
+
+fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
+    let mut wcs = std::mem::take(&mut st.wcs);
+    if wcs.is_empty() {
+        wcs = vec![rnic::Wc::default(); 64];
+    }
+    let mut total = 0;
+    for (k, cq) in [&sh.ncq, &sh.rcq].into_iter().enumerate() {
+        // An application thread that just got data-QP completions leaves
+        // the control CQ for the next idle poll (at the latest every 16th
+        // call): a one-sided op's completion never arrives there.
+        if k == 1 && app && total > 0 && st.progress_calls % 16 != 0 {
+            break;
+        }
+        loop {
+            let n = match cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    if !st.cq_failed {
+                        st.cq_failed = true;
+                        tracing::error!(error = %e, "NIC CQ failed");
+                    }
+                    0
+                }
+            };
+            for wc in &wcs[..n] {
+                handle_wc(sh, st, wc);
+                run_ready(sh, st);
+            }
+            total += n;
+            if n < wcs.len() {
+                break;
+            }
+        }
+    }
+    st.wcs = wcs;
+    if !st.flush_qps.is_empty() {
+        for qi in std::mem::take(&mut st.flush_qps) {
+            flush_deferred(sh, st, qi);
+        }
+    }
+    run_ready(sh, st);
+    st.progress_calls = st.progress_calls.wrapping_add(1);
+    let idle_check = total == 0 && (!app || st.progress_calls % 32 == 0);
+    if (idle_check || st.progress_calls % 256 == 0)
+        && st.last_sweep.elapsed() >= std::time::Duration::from_millis(10)
+    {
+        st.last_sweep = Instant::now();
+        sweep_timeouts(sh, st);
+    }
+    if total == 0 && !st.post_answer.is_empty() {
+        // Nothing new arrived: the owed pins + map-ins (counts as work).
+        return map_in_owed(sh, st);
+    }
+    total
+}
+
+/// The pins + map-ins owed by answer-first inline READs, all in one pass:
+/// page-adjacent ranges of one MR merge into a run that is faulted in
+/// with one range pin (one zero-fill / swap-in per run of pages, see
+/// `vmem`'s range pin) and mapped with one shadow pass. Returns the
+/// number of runs.
+fn map_in_owed(sh: &Shared, st: &mut State) -> usize {
+    let mut owed: Vec<_> = st.post_answer.drain(..).collect();
+    owed.sort_unstable_by_key(|(m, addr, _)| (Arc::as_ptr(m) as usize, *addr));
+    let mut runs = 0;
+    let mut i = 0;
+    while i < owed.len() {
+        let (m, start, len) = &owed[i];
+        let mut end = start + len;
+        let mut j = i + 1;
+        while j < owed.len() && Arc::ptr_eq(&owed[j].0, m) && owed[j].1 <= end.next_multiple_of(PS)
+        {
+            end = end.max(owed[j].1 + owed[j].2);
+            j += 1;
+        }
+        drop(engine_pin(&sh.mm, m, *start, end - start));
+        runs += 1;
+        i = j;
+    }
+    runs
+}
+
+/// Two-sided requests the peer never answered (it destroyed its QP or
+/// died) complete with RETRY_EXC_ERR, like an RC transport timeout.
+fn sweep_timeouts(sh: &Shared, st: &mut State) {
+    let limit = sh.cfg.two_sided_timeout;
+    let mut late = Vec::new();
+    for (qi, q) in st.qps.iter_mut().enumerate() {
+        let Some(qp) = q else { continue };
+        for (id, op) in qp.ops.iter() {
+            if op.sent.is_some_and(|t| t.elapsed() > limit) {
+                late.push((qi, id));
+            }
+        }
+    }
+    for (qi, id) in late {
+        tracing::warn!(qi, id, "two-sided request timed out");
+        finish(st, qi, id, WcStatus::RetryExcErr, 0);
+    }
+    // Deferred read-backs are not left waiting for a signaled WR forever.
+    let idle: Vec<usize> = st
+        .qps
+        .iter()
+        .enumerate()
+        .filter_map(|(qi, q)| q.as_ref().filter(|q| !q.deferred.is_empty()).map(|_| qi))
+        .collect();
+    for qi in idle {
+        flush_deferred(sh, st, qi);
+    }
+    run_ready(sh, st);
+}
+
+/// Dispatch one NIC completion by its [`WrTag`].
+pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
+    let Some(WrTag {
+        qi,
+        gen,
+        mut kind,
+        step,
+        mut id,
+    }) = WrTag::from_wr_id(wc.wr_id)
+    else {
+        return;
+    };
+    if st.gens.get(qi) != Some(&gen) {
+        return;
+    }
+    if kind == WrKind::Fast {
+        match fast::on_wc(sh, st, qi, step, wc) {
+            Some(pid) => (kind, id) = (WrKind::Op, pid),
+            None => return,
+        }
+    }
+    let status = nic_wc_status(wc.status);
+    match kind {
+        WrKind::Op => on_op_wc(sh, st, qi, id, step, status),
+        WrKind::Rev => on_rev_wc(sh, st, qi, id, status == WcStatus::Success),
+        WrKind::CtrlSend => on_ctrl_send_wc(st, qi, status),
+        WrKind::Readback => {
+            if st.qp(qi).is_some() {
+                check_batch(sh, st, qi, id, status);
+            }
+        }
+        WrKind::CtrlRecv => on_ctrl_recv_wc(sh, st, qi, id, status == WcStatus::Success),
+        // Routed above: to the lean path, or as `Op` once promoted.
+        WrKind::Fast => {}
+    }
+}
+
+/// NIC WR `step` of operation `id`'s one-sided attempt completed: once no
+/// completion is due any more, evaluate the attempt.
+fn on_op_wc(sh: &Shared, st: &mut State, qi: usize, id: u32, step: u8, status: WcStatus) {
+    let Some(op) = st.op_mut(qi, id) else { return };
+    if let Stage::OneSided {
+        steps, left, err, ..
+    } = &mut op.stage
+    {
+        // Completions still due after step `step`: none on success
+        // (only the last WR is signaled), the flushed WRs behind a
+        // failed one otherwise.
+        let behind = (*steps as u64).saturating_sub(u64::from(step) + 1) as u8;
+        *left = (*left).min(behind);
+        if status != WcStatus::Success && *err == WcStatus::Success {
+            *err = status;
+        }
+        if *left == 0 {
+            mark(Step::IOptDone);
+            eval_one_sided(sh, st, qi, id);
+        }
+    }
+}
+
+/// Reverse operation `tid` (target side) completed: answer the fault
+/// request, or complete the RECV of a rendezvous SEND.
+fn on_rev_wc(sh: &Shared, st: &mut State, qi: usize, tid: u32, ok: bool) {
+    let Some(qp) = st.qp(qi) else { return };
+    let Some(t) = qp.treqs.take(tid) else { return };
+    let status = if ok { Status::Ok } else { Status::RemoteOp };
+    let (reply, kind) = (t.reply, t.kind);
+    // Temporary MR first (waits for DMA), then the pin.
+    drop(t);
+    match kind {
+        TKind::Retry => {}
+        TKind::Fault { len } => {
+            serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
+        }
+        TKind::Rendezvous {
+            recv_wr_id,
+            len,
+            imm,
+        } => {
+            qp.rdv_busy = false;
+            qp.recv_cq.push(Completion {
+                wr_id: recv_wr_id,
+                status: if ok {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                }
+                .code(),
+                op: if imm.is_some() {
+                    CompOp::RecvWithImm
+                } else {
+                    CompOp::Recv
+                },
+                byte_len: if ok { len } else { 0 },
+                imm,
+                qp_num: qp.qpn,
+            });
+            serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
+            deliver_inbound(sh, st, qi);
+        }
+    }
+}
+
+/// A control SEND completed: a send credit is back (a failure other than
+/// a flush means the peer is gone).
+fn on_ctrl_send_wc(st: &mut State, qi: usize, status: WcStatus) {
+    let Some(qp) = st.qp(qi) else { return };
+    qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
+    if status != WcStatus::Success && status != WcStatus::WrFlushErr {
+        tracing::warn!(status = ?status, qpn = qp.qpn, "control send failed: peer gone");
+        fail_qp(st, qi, WcStatus::RetryExcErr);
+        return;
+    }
+    qp.flush_ctrl();
+}
+
+/// Command slot `slot` received: reassemble, handle a complete message,
+/// re-post the slot.
+fn on_ctrl_recv_wc(sh: &Shared, st: &mut State, qi: usize, slot: u32, ok: bool) {
+    let Some(qp) = st.qp(qi) else { return };
+    if !ok {
+        return;
+    }
+    mark(Step::CtrlRecv);
+    let mut buf = [0u8; SLOT];
+    qp.ring.read(slot as usize * SLOT, &mut buf);
+    // The message is copied out of the reassembler (it lives in the
+    // engine state the handler mutates) onto the stack: parsing
+    // borrows from it, so no allocation for any message up to the
+    // default inline limit.
+    let mut bytes: SmallVec<[u8; 2048]> = SmallVec::new();
+    match qp.reasm.push(&buf) {
+        Ok(Some(b)) => bytes.extend_from_slice(b),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "broken control stream"),
+    }
+    if !bytes.is_empty() {
+        match Repr::parse_bytes(&bytes, &sh.cfg.ctrl) {
+            Ok(msg) => handle_msg(sh, st, qi, msg),
+            Err(e) => tracing::warn!(error = %e, "malformed control message"),
+        }
+    }
+    // The slot was copied out above; it is re-posted only after the
+    // message was handled, so an answer leaves without waiting for
+    // the NIC's receive post (the ring has slots to spare, and the
+    // control QP retries on RNR forever).
+    if let Some(qp) = st.qp(qi).filter(|q| !q.dead) {
+        if let Err(e) = qp.post_slot(slot) {
+            tracing::warn!(error = %e, "re-posting a command slot failed");
+        }
+    }
+}
+
+/// The polling thread: progress while there is work, spin briefly, then
+/// block on the NIC completion channel. While an application thread is
+/// polling its CQ (and so progressing inline), it stays out of the way.
+///
+/// The spin window adapts: work that arrives only after the thread blocked
+/// doubles it (up to 40 × `Config::spin`), so a peer whose requests come a
+/// little slower than `spin` apart (e.g. two-sided fault requests on a loaded
+/// machine) is not served through a sleep/wake (~40–50 µs here, ms under
+/// load) every time; a blocking wait that times out idle resets it.
+pub(super) fn poller(sh: Arc<Shared>) {
+    let mut last_work = Instant::now();
+    let mut window = sh.cfg.spin;
+    let max_window = sh.cfg.spin.saturating_mul(40);
+    let mut seen = sh.app_polls.load(Ordering::Relaxed);
+    // While spinning, this thread also serves the NIC's request rings (peers'
+    // small READ/WRITE and atomics) so the NIC thread need not spin as well: a
+    // second spinner per process on a 2-core machine turns µs into ms.
+    let mut rings = RingPolling::new(&sh.host, !sh.cfg.interrupt_mode);
+    while !sh.stop.load(Ordering::Acquire) {
+        let polls = sh.app_polls.load(Ordering::Relaxed);
+        if polls != seen {
+            seen = polls;
+            rings.stop();
+            std::thread::sleep(Duration::from_micros(500));
+            continue;
+        }
+        let n = {
+            let mut st = sh.st.lock();
+            progress(&sh, &mut st)
+        };
+        if n > 0 || rings.serve() {
+            last_work = Instant::now();
+            continue;
+        }
+        if !sh.cfg.interrupt_mode && last_work.elapsed() < window {
+            rings.start();
+            std::hint::spin_loop();
+            continue;
+        }
+        if rings.stop() {
+            last_work = Instant::now();
+            continue;
+        }
+        for cq in [&sh.ncq, &sh.rcq] {
+            if let Err(e) = cq.req_notify(false) {
+                tracing::error!(error = %e, "arming a NIC CQ failed");
+            }
+        }
+        let n = {
+            let mut st = sh.st.lock();
+            progress(&sh, &mut st)
+        };
+        if n > 0 {
+            last_work = Instant::now();
+            continue;
+        }
+        match sh.chan.get_event(Some(Duration::from_millis(20))) {
+            Ok(_) => {
+                last_work = Instant::now();
+                window = window.saturating_mul(2).min(max_window);
+            }
+            Err(rnic::Error::Timeout) => window = sh.cfg.spin,
+            Err(e) => {
+                tracing::error!(error = %e, "completion channel failed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    rings.stop();
+}
+
+/// The polling thread's turn at serving the NIC's request rings
+/// (`rnic::Host::set_ring_polling`): on while it spins, off before it blocks.
+pub(super) struct RingPolling<'a> {
+    pub(super) host: &'a rnic::Host,
+    pub(super) enabled: bool,
+    pub(super) on: bool,
+}
+
+impl<'a> RingPolling<'a> {
+    pub(super) fn new(host: &'a rnic::Host, enabled: bool) -> Self {
+        RingPolling {
+            host,
+            enabled,
+            on: false,
+        }
+    }
+    pub(super) fn start(&mut self) {
+        if self.enabled && !self.on {
+            self.on = true;
+            self.host.set_ring_polling(true);
+        }
+    }
+    /// Serve pending ring requests (while on); whether any was served.
+    pub(super) fn serve(&mut self) -> bool {
+        self.on && self.host.serve_rings()
+    }
+    /// Hand the rings back to the NIC thread; whether pending ones were served.
+    pub(super) fn stop(&mut self) -> bool {
+        if !self.on {
+            return false;
+        }
+        self.on = false;
+        self.host.set_ring_polling(false)
+    }
+}

@@ -1,0 +1,541 @@
+//! Per-QP state ([`QpState`]): the NIC data and control QPs, the command
+//! ring, the ordering table, the reorder buffer, outstanding operations and
+//! target requests; sending control messages, delivering completions in
+//! post order (RC's error rule), flushing, and promoting the lean-path
+//! operation into the general structures.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::ctrlbuf::CtrlBuf;
+use super::dev::{inline_max, zero_sges, Dev};
+use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
+use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
+use super::ucq::UCq;
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::rnic_opcode;
+use crate::cmdq::{self, Reassembler};
+use crate::ctrl::{Repr, SLOT};
+use crate::keymap::PeerKeys;
+use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
+use crate::ordering::{Admit, OrderTable, Range};
+use crate::pending::Pending;
+use crate::plan::order_desc;
+use crate::rob::CompletionOrder;
+use crate::trace::{mark, Step};
+use rnic::QpInitAttr;
+
+/// The control QP's number: the data QP's with this bit set.
+pub const CTRL_QPN_BIT: u32 = 1 << 23;
+
+pub(crate) struct QpState {
+    pub(super) data: rnic::Qp,
+    pub(super) ctrl: rnic::Qp,
+    /// Command-slot receive ring (from the NIC-shared DMA pool if possible).
+    pub(super) ring: CtrlBuf,
+    pub(super) scratch: rnic::OwnedMr,
+    pub(super) idx: usize,
+    pub(super) gen: u8,
+    pub(super) qpn: u32,
+    pub(super) pd: u32,
+    /// The application's remote access flags of this QP (`qp_access_flags`):
+    /// the data QP's NIC access flags (one-sided requests) and checked by the
+    /// target CPU for two-sided ones (see `serve::grant`).
+    pub(super) remote_access: Access,
+    pub(super) depth: u32,
+    pub(super) nslots: u32,
+    pub(super) slot_size: usize,
+    pub(super) scratch_free: Vec<u32>,
+    pub(super) send_cq: Arc<UCq>,
+    pub(super) recv_cq: Arc<UCq>,
+    pub(super) connected: bool,
+    pub(super) dead: bool,
+    /// Moved to ERR by the application (`retire::set_error`): later posts are
+    /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
+    pub(super) errored: bool,
+    pub(super) peer: PeerKeys,
+    /// The peer has queried our key table (its initial sync happened): from
+    /// then on new MRs and revocations are pushed to it. Before that its QP
+    /// may not even be connected, and its first use syncs everything.
+    pub(super) keys_served: bool,
+    pub(super) key_wait: Vec<u32>,
+    /// Sequence number the next posted WR gets.
+    pub(super) next_seq: u64,
+    /// WRs posted before the pending initial KeyQuery was sent (`seq` below
+    /// this) may wait for its answer; later ones need their own query.
+    pub(super) sync_cover: u64,
+    pub(super) reasm: Reassembler,
+    /// Emit buffer of [`QpState::send_ctrl`] (reused: no allocation per message).
+    pub(super) emit_buf: Vec<u8>,
+    pub(super) backlog: VecDeque<[u8; SLOT]>,
+    pub(super) ctrl_out: u32,
+    pub(super) order: OrderTable<u32>,
+    pub(super) rob: CompletionOrder<Completion>,
+    pub(super) ops: Pending<Op>,
+    pub(super) recvs: VecDeque<RecvWr>,
+    pub(super) inbound: VecDeque<Repr<'static>>,
+    pub(super) rdv_busy: bool,
+    pub(super) treqs: Pending<TReq>,
+    /// Unsignaled WRITEs waiting for their read-back, in post order.
+    pub(super) deferred: Vec<u32>,
+    /// Read-backs of deferred WRITEs are due for ops posted before this
+    /// sequence number (the last signaled WR's).
+    pub(super) flush_seq: u64,
+    pub(super) batches: Pending<RbBatch>,
+    /// The operation on the lean path, if any (the `fast` file).
+    pub(super) fast: Option<FastOp>,
+    /// Pending id of the last lean-path operation promoted to the general
+    /// path (its NIC completions are routed there).
+    pub(super) fast_promoted: Option<u32>,
+    /// Largest READ/WRITE the two-sided path carries inline.
+    pub(super) inline_max: u64,
+    /// The last large READ (≥ `PlanConfig::probe_min`) of this QP found a
+    /// target page out: the next ones probe versions first. A probe that
+    /// finds every page in clears it, so a QP without faults never probes.
+    pub(super) probe_hint: bool,
+}
+
+impl QpState {
+    pub fn create(
+        sh: &Dev,
+        pd: u32,
+        send_cq: Arc<UCq>,
+        recv_cq: Arc<UCq>,
+        depth: u32,
+    ) -> Result<QpState, Error> {
+        if depth == 0 || depth > 1000 {
+            return Err(Error::Invalid("QP depth must be 1..=1000"));
+        }
+        let data = sh.pd.create_qp(
+            &sh.ncq,
+            &sh.ncq,
+            &QpInitAttr {
+                qpn: None,
+                max_send_wr: 4 * depth + 16,
+                max_recv_wr: 4,
+                max_send_sge: zero_sges(sh) as u32,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+                sq_sig_all: false,
+            },
+        )?;
+        let qpn = data.qpn();
+        let nslots = (16 * depth).clamp(256, 4000);
+        // The control QP completes sends and receives on `rcq`: `ncq` then
+        // holds data-QP completions only, and an application thread waiting
+        // for a one-sided operation polls (and progresses) just that.
+        let ctrl = sh.pd.create_qp(
+            &sh.rcq,
+            &sh.rcq,
+            &QpInitAttr {
+                qpn: Some(qpn | CTRL_QPN_BIT),
+                max_send_wr: nslots,
+                max_recv_wr: nslots,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: SLOT as u32,
+                sq_sig_all: false,
+            },
+        )?;
+        let ring = CtrlBuf::new(
+            &sh.host,
+            &sh.pd,
+            nslots as usize * SLOT,
+            rnic::Access::LOCAL_WRITE,
+        )?;
+        // Small WRITEs are read back into a per-op scratch slot of the QP.
+        // Slots are page-aligned with a page of slack: a read-back lands at
+        // the remote address's page offset (see `readback_addr`).
+        const MAX_SCRATCH: u64 = 1 << 30;
+        let slot_size = sh.cfg.plan.write_version_threshold.max(4096);
+        let scratch_len = (slot_size.div_ceil(PS) + 1)
+            .checked_mul(PS)
+            .and_then(|n| n.checked_mul(u64::from(depth)))
+            .and_then(|n| n.checked_add(PS))
+            .filter(|&n| n <= MAX_SCRATCH)
+            .ok_or(Error::Invalid(
+                "QP depth x plan.write_version_threshold exceeds the 1 GiB read-back scratch limit",
+            ))?;
+        let slot_size = slot_size as usize;
+        let scratch = sh
+            .pd
+            .reg_mr_owned(vec![0; scratch_len as usize], rnic::Access::LOCAL_WRITE)?;
+        Ok(QpState {
+            data,
+            ctrl,
+            ring,
+            scratch,
+            idx: 0,
+            gen: 0,
+            qpn,
+            pd,
+            // Until the application says otherwise (`set_remote_access`):
+            // every remote right, as before the flags were modelled.
+            remote_access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            depth,
+            nslots,
+            slot_size,
+            scratch_free: (0..depth).rev().collect(),
+            send_cq,
+            recv_cq,
+            connected: false,
+            dead: false,
+            errored: false,
+            peer: PeerKeys::new(PS as usize).expect("page size"),
+            keys_served: false,
+            key_wait: Vec::new(),
+            next_seq: 0,
+            sync_cover: 0,
+            reasm: Reassembler::new(&sh.cfg.ctrl),
+            emit_buf: Vec::with_capacity(sh.cfg.ctrl.max_message_slots() * SLOT),
+            backlog: VecDeque::new(),
+            ctrl_out: 0,
+            order: OrderTable::new(sh.cfg.order),
+            rob: CompletionOrder::new(),
+            ops: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
+            recvs: VecDeque::new(),
+            inbound: VecDeque::new(),
+            rdv_busy: false,
+            treqs: Pending::new(4096).map_err(|e| Error::Other(e.to_string()))?,
+            deferred: Vec::new(),
+            flush_seq: 0,
+            batches: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
+            fast: None,
+            fast_promoted: None,
+            inline_max: inline_max(sh),
+            probe_hint: false,
+        })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.ops.len() + self.fast_outstanding()
+    }
+
+    /// Whether the application moved this QP to ERR.
+    pub fn is_error(&self) -> bool {
+        self.errored
+    }
+
+    /// Complete every outstanding operation with WR_FLUSH_ERR in post
+    /// order (ops already finished out of order keep their status) and
+    /// release their pins, scratch and ordering state.
+    pub(super) fn flush_ops(&mut self) {
+        self.flush_ops_after(WcStatus::WrFlushErr);
+    }
+
+    /// [`QpState::flush_ops`], the oldest outstanding operation completing
+    /// with `first` instead (RETRY_EXC_ERR when the peer vanished, as an RC
+    /// transport reports it).
+    pub(super) fn flush_ops_after(&mut self, first: WcStatus) {
+        self.promote_fast();
+        let mut ops: Vec<(u32, Op)> = self.ops.drain();
+        ops.sort_by_key(|(_, o)| o.seq);
+        for (k, (_, mut op)) in ops.into_iter().enumerate() {
+            let c = Completion {
+                wr_id: op.wr.wr_id,
+                status: if k == 0 { first } else { WcStatus::WrFlushErr }.code(),
+                op: comp_op(op.wr.op),
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            };
+            let _ = self.rob.finish(op.seq, false, c);
+            let s = op.scratch.take();
+            self.release_scratch(s);
+            // The op's hold (temporary MR, then pin) drops here.
+        }
+        self.deliver();
+        for (_, _) in self.order.drain_parked() {}
+        self.order = OrderTable::new(*self.order.config());
+        self.key_wait.clear();
+        self.deferred.clear();
+    }
+
+    /// Complete every posted RECV with WR_FLUSH_ERR in post order.
+    pub(super) fn flush_recvs(&mut self) {
+        for r in self.recvs.drain(..) {
+            self.recv_cq.push(Completion {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr.code(),
+                op: CompOp::Recv,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+            });
+        }
+    }
+
+    /// Deliver the completions the reorder buffer has in post order, with
+    /// RC's error rule: the first one that failed (other than a flush) moves
+    /// the QP to ERR, and every completion behind it is WR_FLUSH_ERR — its
+    /// operation may have run on another channel (two-sided) and succeeded,
+    /// but on RC a WR behind a failed one never completes successfully.
+    /// Later posts, and the posted RECVs, are flushed as for
+    /// `retire::set_error`.
+    pub(super) fn deliver(&mut self) {
+        let was = self.errored;
+        let cq = &self.send_cq;
+        let errored = &mut self.errored;
+        self.rob.drain_ready_with(|mut c| {
+            if *errored {
+                c.status = WcStatus::WrFlushErr.code();
+                c.byte_len = 0;
+            } else if c.status != WcStatus::Success.code()
+                && c.status != WcStatus::WrFlushErr.code()
+            {
+                *errored = true;
+            }
+            cq.push(c)
+        });
+        if self.errored && !was {
+            self.flush_recvs();
+        }
+    }
+
+    /// A WR posted to a QP in ERR: accepted, completed with WR_FLUSH_ERR.
+    pub(super) fn flush_posted_send(&mut self, wr: &SendWr) {
+        let seq = self.rob.post(wr.signaled);
+        self.next_seq = seq + 1;
+        let c = Completion {
+            wr_id: wr.wr_id,
+            status: WcStatus::WrFlushErr.code(),
+            op: comp_op(wr.op),
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+        };
+        let _ = self.rob.finish(seq, false, c);
+        self.deliver();
+    }
+
+    pub fn connect(&mut self, peer: &Endpoint) -> Result<(), Error> {
+        if self.connected {
+            return Err(Error::Invalid("already connected"));
+        }
+        let dest = rnic::HostAddr::from_bytes(&peer.addr);
+        let acc = rnic::Access::LOCAL_WRITE
+            | rnic::Access::REMOTE_READ
+            | rnic::Access::REMOTE_WRITE
+            | rnic::Access::REMOTE_ATOMIC;
+        // The peer's one-sided requests reach the application's MR views
+        // through the data QP: its NIC enforces the application's flags (the
+        // protocol's own MRs are `ANY_QP`). The control QP only receives SENDs.
+        self.data.connect(self.data_access(), dest, peer.qpn, 7)?;
+        self.ctrl.connect(acc, dest, peer.qpn | CTRL_QPN_BIT, 7)?;
+        for s in 0..self.nslots {
+            self.post_slot(s)?;
+        }
+        self.connected = true;
+        Ok(())
+    }
+
+    pub(super) fn data_access(&self) -> rnic::Access {
+        rnic::Access::LOCAL_WRITE | crate::adapt::rnic_access(self.remote_access)
+    }
+
+    /// Set the application's remote access flags (`ibv_modify_qp` with
+    /// `IBV_QP_ACCESS_FLAGS`): enforced from now on, by the data QP's NIC for
+    /// one-sided requests and by `serve::grant` for two-sided ones.
+    pub fn set_remote_access(&mut self, access: Access) -> Result<(), Error> {
+        let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        self.remote_access = Access(access.0 & rights.0);
+        if self.connected && !self.dead && !self.errored {
+            let a = rnic::QpAttr {
+                qp_access_flags: self.data_access(),
+                ..Default::default()
+            };
+            self.data.modify(&a, rnic::QpAttrMask::ACCESS_FLAGS)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_slot(&self, s: u32) -> Result<(), Error> {
+        let sge = self.ring.sge(s as usize * SLOT, SLOT as u32);
+        self.ctrl
+            .post_recv(&[rnic::RecvWr {
+                wr_id: WrTag::new(self.idx, self.gen, WrKind::CtrlRecv, 0, s).wr_id(),
+                sg_list: &[sge],
+            }])
+            .map_err(|e| Error::Nic(e.err))
+    }
+
+    /// Send one control message. With nothing queued ahead and enough send
+    /// credits (the common case) its slots are posted straight from the
+    /// reused emit buffer as one chain of inline SENDs: no allocation, no
+    /// copy through the backlog.
+    pub(super) fn send_ctrl(&mut self, ctrl: &crate::ctrl::CtrlConfig, msg: &Repr<'_>) {
+        let mut buf = std::mem::take(&mut self.emit_buf);
+        buf.resize(msg.buffer_len(), 0);
+        if let Err(e) = msg.emit(&mut buf, ctrl) {
+            tracing::error!(error = %e, "control message not emitted");
+            self.emit_buf = buf;
+            return;
+        }
+        mark(Step::CtrlEmitted);
+        let n = buf.len() / SLOT;
+        if self.backlog.is_empty() && n <= (self.nslots - self.ctrl_out) as usize && n <= 8 {
+            let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
+            let wrs: SmallVec<[rnic::SendWr; 8]> = cmdq::slots(&buf)
+                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
+                .collect();
+            match self.ctrl.post_send(&wrs) {
+                Ok(()) => self.ctrl_out += n as u32,
+                Err(e) => {
+                    // The first `bad_wr_index` slots went out; queue the
+                    // rest in order and let `flush_ctrl` decide.
+                    self.ctrl_out += e.bad_wr_index as u32;
+                    for sl in cmdq::slots(&buf).skip(e.bad_wr_index) {
+                        let mut a = [0u8; SLOT];
+                        a.copy_from_slice(sl);
+                        self.backlog.push_back(a);
+                    }
+                    self.flush_ctrl();
+                }
+            }
+        } else {
+            for sl in cmdq::slots(&buf) {
+                let mut a = [0u8; SLOT];
+                a.copy_from_slice(sl);
+                self.backlog.push_back(a);
+            }
+            self.flush_ctrl();
+        }
+        self.emit_buf = buf;
+    }
+
+    pub(super) fn flush_ctrl(&mut self) {
+        while !self.backlog.is_empty() && self.ctrl_out < self.nslots {
+            let n = self
+                .backlog
+                .len()
+                .min((self.nslots - self.ctrl_out) as usize)
+                .min(64);
+            let slots: Vec<[u8; SLOT]> = self.backlog.drain(..n).collect();
+            let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
+            let wrs: Vec<rnic::SendWr> = slots
+                .iter()
+                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
+                .collect();
+            match self.ctrl.post_send(&wrs) {
+                Ok(()) => self.ctrl_out += n as u32,
+                Err(e) => {
+                    self.ctrl_out += e.bad_wr_index as u32;
+                    for s in slots[e.bad_wr_index..].iter().rev() {
+                        self.backlog.push_front(*s);
+                    }
+                    if e.bad_wr_index == 0 && self.ctrl_out == 0 {
+                        tracing::error!(error = %e.err, "control QP refuses sends");
+                        self.dead = true;
+                        self.backlog.clear();
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(super) fn scratch_addr(&self, s: &Scratch) -> (u64, u32) {
+        match s {
+            Scratch::Slot(i) => {
+                let base = (self.scratch.addr() as u64).next_multiple_of(PS);
+                let stride = (self.slot_size as u64).div_ceil(PS) * PS + PS;
+                (base + *i as u64 * stride, self.scratch.lkey())
+            }
+            Scratch::Own(m) => (m.addr() as u64, m.lkey()),
+        }
+    }
+
+    /// Where the read-back of remote `raddr` lands in scratch `s`: at the
+    /// same page offset as `raddr` (slots and own buffers have a page of
+    /// slack for it). Source and destination then share their alignment
+    /// modulo the page, which keeps the NIC's copy on this CPU's fast path
+    /// (`rep movsb` here is ~30× slower for some relative misalignments,
+    /// e.g. a page-aligned source and a destination 16 bytes into a page,
+    /// which is exactly what a heap scratch buffer gave).
+    pub(super) fn readback_addr(&self, s: &Scratch, raddr: u64) -> u64 {
+        self.scratch_addr(s).0 + (raddr & (PS - 1))
+    }
+
+    pub(super) fn release_scratch(&mut self, s: Option<Scratch>) {
+        if let Some(Scratch::Slot(i)) = s {
+            self.scratch_free.push(i);
+        }
+    }
+}
+
+impl QpState {
+    /// Move the lean-path operation (if any) into the general structures,
+    /// as if it had been posted there: pending table (stage `OneSided`),
+    /// reorder buffer, ordering table (it issues: nothing else is in flight).
+    pub(super) fn promote_fast(&mut self) {
+        let Some(f) = self.fast.take() else { return };
+        let seq = self.rob.post(true);
+        self.next_seq = seq + 1;
+        let op = Op {
+            hold: Default::default(),
+            sent: None,
+            wr: f.wr,
+            laddr: f.laddr,
+            len: f.len,
+            seq,
+            ticket: None,
+            lmr: Some(f.lmr),
+            stage: Stage::OneSided {
+                strat: f.strat,
+                steps: f.steps,
+                left: f.left,
+                err: f.err,
+                vlen: f.vlen,
+            },
+            key_req: 0,
+            key_answered: false,
+            scratch: f.scratch,
+            lver: f.lver,
+            retry: Retry::NotTried,
+            stale: false,
+            restart: false,
+        };
+        let id = match self.ops.insert(op) {
+            Ok(id) => id,
+            Err(e) => {
+                // Unreachable: the table was empty when the op was posted.
+                tracing::error!(error = %e, "promoting a lean-path op");
+                return;
+            }
+        };
+        self.fast_promoted = Some(id);
+        let desc = order_desc(
+            f.wr.op,
+            Range::new(f.laddr, f.len),
+            Range::new(f.wr.remote_addr, f.len),
+            f.wr.order_before,
+            f.wr.order_after,
+            self.inline_max,
+        );
+        match self.order.submit(desc, id) {
+            Ok(Admit::Issue(t, _)) => {
+                if let Some(o) = self.ops.get_mut(id) {
+                    o.ticket = Some(t);
+                }
+                // Its NIC WRs are out: conflicting ops may pipeline behind
+                // it (nothing is parked: the table was idle).
+                let mut none = Vec::new();
+                let _ = self.order.on_nic(t, &mut none);
+            }
+            Ok(Admit::Parked(_)) | Err(_) => {
+                tracing::error!("lean-path op not admitted at promotion");
+            }
+        }
+    }
+
+    /// Operations outstanding on the lean path (0 or 1).
+    pub(super) fn fast_outstanding(&self) -> usize {
+        usize::from(self.fast.is_some())
+    }
+}

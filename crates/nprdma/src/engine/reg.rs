@@ -1,0 +1,249 @@
+//! Registration and deregistration of application MRs: the application's
+//! [`Mr`] handle, [`register`] (shadow, NIC MRs, key table, peers told) and
+//! the fence that deregistration puts on everything still using the MR.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::keysync::{broadcast_keysync, broadcast_revoke};
+use super::mr::{MrEntry, NicMrs};
+use super::state::{Shared, State};
+use super::types::Error;
+use crate::adapt::rnic_access;
+use crate::ctrl::KeyMapping;
+use crate::nic::{self, Access, IommuControl, MemoryManager, NicMr};
+use crate::shadow::MrShadow;
+
+/// The application's handle of a registered MR. Dropping it deregisters
+/// (peers are told to forget its key).
+pub struct Mr {
+    pub(super) sh: Arc<Shared>,
+    pub(super) key: u32,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+}
+
+impl Mr {
+    /// The key of local SGEs over this MR.
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+    /// The key peers use to reach this MR (the same number as the lkey).
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+    /// Start of the registered range.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Bytes registered.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the MR covers nothing (never: registration refuses it).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// An SGE over `[addr()+off, +len)`.
+    pub fn sge(&self, off: u64, len: u32) -> nic::Sge {
+        nic::Sge {
+            addr: self.addr + off,
+            length: len,
+            lkey: self.key,
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let entry = {
+            let mut st = self.sh.st.lock();
+            let e = st.mrs.remove(&self.key);
+            st.keys.remove(self.key);
+            broadcast_revoke(&self.sh, &mut st, self.key);
+            if let Some(e) = &e {
+                fence_mr(&mut st, e);
+            }
+            e
+        };
+        drop(entry);
+    }
+}
+
+/// See `Pd::reg_mr`.
+///
+/// # Safety
+/// As `Pd::reg_mr`.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn register(
+    sh: &Arc<Shared>,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+) -> Result<Mr, Error> {
+    const PS: u64 = vmem::PAGE_SIZE as u64;
+    if len == 0 || addr == 0 || addr.checked_add(len).is_none() {
+        return Err(Error::Invalid("empty or wrapping MR"));
+    }
+    // As ibv_reg_mr (and the NIC's own registration): remote writes and
+    // atomics need local write access too.
+    if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(Error::Invalid(
+            "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
+        ));
+    }
+    let first = addr & !(PS - 1);
+    let npages = (addr + len - 1) / PS - addr / PS + 1;
+    // SAFETY: forwarded contract (private anonymous memory that stays mapped).
+    let region = unsafe { sh.mm.0.register_raw(addr as usize, len as usize)? };
+    let unreg = |e: Error| {
+        let _ = sh.mm.0.unregister(region);
+        e
+    };
+    if let Err(e) = sh
+        .host
+        .frames()
+        .track(first as usize, (npages * PS) as usize, false)
+    {
+        return Err(unreg(e.into()));
+    }
+    let untrack = |e: Error| {
+        let _ = sh.host.frames().untrack(first as usize);
+        unreg(e)
+    };
+    let mut resident = Vec::new();
+    if let Err(e) = sh.mm.residency(first, npages * PS, &mut resident) {
+        return Err(untrack(e.into()));
+    }
+    let unpopulated = crate::adapt::unpopulated_runs(first, npages);
+    let shadow = match MrShadow::new(sh.iommu.clone(), addr, len, PS, &resident) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return Err(untrack(Error::Other(e.to_string()))),
+    };
+    let listener = sh
+        .mm
+        .add_swap_listener(shadow.clone() as Arc<dyn nic::SwapListener>);
+    // Pages evicted between the residency scan and the listener: treat as a
+    // swap-out now (a page announced absent that is resident just goes
+    // two-sided on its first access).
+    let mut again = Vec::new();
+    if sh.mm.residency(first, npages * PS, &mut again).is_ok() {
+        let gone: Vec<u64> = resident
+            .iter()
+            .zip(&again)
+            .enumerate()
+            .filter(|(_, (a, b))| **a && !**b)
+            .map(|(i, _)| first + i as u64 * PS)
+            .collect();
+        if !gone.is_empty() {
+            let _ = shadow.swap_out(&gone);
+        }
+    }
+    let mut entry = MrEntry {
+        pd,
+        addr,
+        len,
+        access,
+        key: 0,
+        mapping: KeyMapping {
+            app_rkey: 0,
+            write_rkey: 0,
+            version_rkey: 0,
+            page_count: npages as u32,
+            region_va: addr,
+            region_len: len,
+            version_va: shadow.versions().addr(),
+        },
+        nic: Mutex::new(None),
+        read_lkey: 0,
+        write_lkey: 0,
+        fenced: AtomicBool::new(false),
+        shadow: shadow.clone(),
+        listener,
+        mm: sh.mm.clone(),
+        region,
+        host: sh.host.clone(),
+        track: first as usize,
+        unpopulated,
+    };
+    let vers = shadow.versions();
+    // SAFETY: the version table is heap memory owned by the shadow, which
+    // the entry keeps alive until after the MR is dropped (`nic` goes first).
+    let ver = unsafe {
+        sh.pd.reg_mr(
+            vers.addr() as usize,
+            vers.byte_len() as usize,
+            // ANY_QP: peers read versions to check their one-sided ops
+            // whatever the application's QP flags (READ-only data).
+            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ | rnic::Access::ANY_QP,
+        )?
+    };
+    let read_access = Access(access.0 & Access::REMOTE_READ.0);
+    let write_access = Access(Access::LOCAL_WRITE.0 | (access.0 & Access::REMOTE_WRITE.0));
+    // SAFETY: forwarded contract; the IOVA entries are maintained by the shadow.
+    let read = unsafe {
+        sh.iommu
+            .reg_mr_iova(addr, len, read_access, shadow.read_range())?
+    };
+    // SAFETY: as above.
+    let write = unsafe {
+        sh.iommu
+            .reg_mr_iova(addr, len, write_access, shadow.write_range())?
+    };
+    let _ = rnic_access;
+    entry.key = read.rkey();
+    entry.mapping.app_rkey = read.rkey();
+    entry.mapping.write_rkey = write.rkey();
+    entry.mapping.version_rkey = ver.rkey();
+    entry.read_lkey = read.lkey();
+    entry.write_lkey = write.lkey();
+    *entry.nic.get_mut() = Some(NicMrs {
+        _read: read.0,
+        _write: write.0,
+        _ver: ver,
+    });
+    let key = entry.key;
+    let mapping = entry.mapping;
+    {
+        let mut st = sh.st.lock();
+        st.keys
+            .insert(mapping)
+            .map_err(|e| Error::Other(e.to_string()))?;
+        st.mrs.insert(key, Arc::new(entry));
+        broadcast_keysync(sh, &mut st, mapping);
+    }
+    Ok(Mr {
+        sh: sh.clone(),
+        key,
+        addr,
+        len,
+    })
+}
+
+/// Deregistration of `mr` (its entry already left the table): the
+/// temporary MRs over its memory — a two-sided op's local one, a served
+/// request's target one — and its own NIC MRs are dropped now, each
+/// waiting for the DMA in flight through it. Operations still in flight on
+/// it complete with an error: their NIC work fails at the NIC, and their
+/// answers are no longer copied in ([`MrEntry::is_fenced`]).
+pub(crate) fn fence_mr(st: &mut State, mr: &Arc<MrEntry>) {
+    for qp in st.qps.iter_mut().flatten() {
+        for (_, t) in qp.treqs.iter_mut() {
+            if Arc::ptr_eq(&t._mr, mr) {
+                t._tmr = None;
+            }
+        }
+        for (_, op) in qp.ops.iter_mut() {
+            if op.lmr.as_ref().is_some_and(|l| Arc::ptr_eq(l, mr)) {
+                op.hold.mr = None;
+            }
+        }
+    }
+    st.post_answer.retain(|(m, _, _)| !Arc::ptr_eq(m, mr));
+    mr.fence();
+}

@@ -1,0 +1,890 @@
+//! The control messages a peer sends: the target's side of its two-sided
+//! requests (validate, pin, answer or reverse operation), its answers to
+//! ours, key-table traffic, and inbound SENDs matched with posted RECVs.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
+use super::idhash::IdMap;
+use super::mr::MrEntry;
+use super::one_sided::post_steps;
+use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
+use super::pin::{engine_pin, temp_mr, EnginePin};
+use super::qp::QpState;
+use super::retire::finish;
+use super::state::{At, Shared, State};
+use super::two_sided::start_notify;
+use super::types::PS;
+use super::wrid::{WrKind, WrTag};
+use crate::adapt::{rnic_opcode, RnicIommu};
+use crate::check::page_span;
+use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
+use crate::mem;
+use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
+use crate::plan::{AppOp, Strategy};
+use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
+use crate::trace::{mark, Step};
+
+/// Target side of a two-sided READ/WRITE ([`Repr::Fault`]): validate, pin
+/// and map in, then the reverse operation through a temporary MR (or, in
+/// retry mode, Receiver-Ready).
+fn serve_fault(
+    sh: &Shared,
+    qp: &mut QpState,
+    qi: usize,
+    f: &FaultRequest,
+    need: Access,
+    r: Option<(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+) {
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        f.remote_addr,
+        f.len as u64,
+        need,
+        false,
+    );
+    let pin = match res {
+        Ok(g) => g,
+        Err(s) => return reply(qp, sh, f.req_id, s, 0),
+    };
+    let (m, _) = r.expect("admitted");
+    if f.len == 0 {
+        return reply(qp, sh, f.req_id, Status::Ok, 0);
+    }
+    if f.retry_mode {
+        // Pages pinned and mapped: the initiator retries one-sided
+        // and releases them.
+        let ok = qp
+            .treqs
+            .insert(TReq {
+                reply: f.req_id,
+                kind: TKind::Retry,
+                _tmr: None,
+                _pin: pin,
+                _mr: m,
+            })
+            .is_ok();
+        let status = if ok { Status::Ok } else { Status::NoResources };
+        qp.send_ctrl(
+            &sh.cfg.ctrl,
+            &Repr::ReceiverReady {
+                req_id: f.req_id,
+                status,
+            },
+        );
+        return;
+    }
+    let opc = if f.kind == FaultKind::Read {
+        rnic_opcode(WrOp::Write)
+    } else {
+        rnic_opcode(WrOp::Read)
+    };
+    let Ok(tmr) = temp_mr(
+        &sh.pd,
+        f.remote_addr,
+        f.len as u64,
+        rnic::Access::LOCAL_WRITE,
+    ) else {
+        return reply(qp, sh, f.req_id, Status::NoResources, 0);
+    };
+    let lkey = tmr.lkey();
+    let Ok(tid) = qp.treqs.insert(TReq {
+        reply: f.req_id,
+        kind: TKind::Fault { len: f.len },
+        _tmr: Some(tmr),
+        _pin: pin,
+        _mr: m,
+    }) else {
+        return reply(qp, sh, f.req_id, Status::NoResources, 0);
+    };
+    let sge = [rnic::Sge {
+        addr: f.remote_addr,
+        length: f.len,
+        lkey,
+    }];
+    let wr = rnic::SendWr::new(
+        WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+        opc,
+        &sge,
+    )
+    .remote(f.local_addr, f.local_key);
+    if let Err(e) = qp.data.post_send(&[wr]) {
+        tracing::warn!(error = %e.err, "reverse operation not posted");
+        drop(qp.treqs.take(tid));
+        reply(qp, sh, f.req_id, Status::RemoteOp, 0);
+    }
+}
+
+/// Answer READ `f` of never-populated memory of `m` with zeroes: a reverse
+/// WRITE from the zero source (made on first use), nothing pinned or faulted
+/// in. `false` if it could not be posted (the caller serves it the ordinary
+/// way).
+fn answer_zero_read(
+    sh: &Shared,
+    qp: &mut QpState,
+    zero: &mut Option<rnic::OwnedMr>,
+    qi: usize,
+    f: &FaultRequest,
+    m: Arc<MrEntry>,
+) -> bool {
+    if zero.is_none() {
+        match sh
+            .pd
+            .reg_mr_owned(vec![0; ZERO_BUF], rnic::Access::LOCAL_WRITE)
+        {
+            Ok(z) => *zero = Some(z),
+            Err(e) => {
+                tracing::warn!(error = %e, "zero source not registered");
+                return false;
+            }
+        }
+    }
+    let Some(z) = zero.as_ref() else { return false };
+    let Ok(tid) = qp.treqs.insert(TReq {
+        reply: f.req_id,
+        kind: TKind::Fault { len: f.len },
+        _tmr: None,
+        _pin: None,
+        _mr: m,
+    }) else {
+        return false;
+    };
+    let per_wr = (ZERO_BUF * zero_sges(sh)) as u64;
+    let total = f.len as u64;
+    let nwr = total.div_ceil(per_wr);
+    if nwr > 8 {
+        return false;
+    }
+    let mut sges: Vec<[rnic::Sge; ZERO_SGES]> = Vec::with_capacity(nwr as usize);
+    let mut lens = Vec::with_capacity(nwr as usize);
+    for w in 0..nwr {
+        let len = (total - w * per_wr).min(per_wr);
+        let mut a = [rnic::Sge {
+            addr: z.addr() as u64,
+            length: 0,
+            lkey: z.lkey(),
+        }; ZERO_SGES];
+        let n = len.div_ceil(ZERO_BUF as u64) as usize; // ≤ zero_sges
+        for (k, sg) in a.iter_mut().enumerate().take(n) {
+            sg.length = (len - k as u64 * ZERO_BUF as u64).min(ZERO_BUF as u64) as u32;
+        }
+        sges.push(a);
+        lens.push(n);
+    }
+    let wrs: Vec<rnic::SendWr> = sges
+        .iter()
+        .zip(&lens)
+        .enumerate()
+        .map(|(w, (sg, &n))| {
+            let last = w as u64 == nwr - 1;
+            let mut wr = rnic::SendWr::new(
+                WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+                rnic_opcode(WrOp::Write),
+                &sg[..n],
+            )
+            .remote(f.local_addr + w as u64 * per_wr, f.local_key);
+            if !last {
+                wr.flags.remove(rnic::SendFlags::SIGNALED);
+            }
+            wr
+        })
+        .collect();
+    match qp.data.post_send(&wrs) {
+        Ok(()) => true,
+        Err(e) if e.bad_wr_index == 0 => {
+            tracing::debug!(error = %e.err, "zero answer not posted");
+            drop(qp.treqs.take(tid));
+            false
+        }
+        Err(e) => {
+            // Part of it is out without its signaled last WR: the QP fails
+            // like on a NIC error.
+            tracing::error!(error = %e.err, "zero answer partly posted");
+            drop(qp.treqs.take(tid));
+            reply(qp, sh, f.req_id, Status::RemoteOp, 0);
+            true
+        }
+    }
+}
+
+/// Target side: validate like the NIC would — the QP's access flags first
+/// (`qp_access`: REM_INV_REQ, as rxe/mlx5 and the pinned NIC), then key,
+/// bounds and the MR's rights — then pin and map in.
+fn grant(
+    sh: &Shared,
+    qp_access: Access,
+    r: Option<&(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+    addr: u64,
+    len: u64,
+    need: Access,
+    atomic: bool,
+) -> Result<Option<EnginePin>, Status> {
+    if !qp_access.contains(need) {
+        return Err(Status::RemoteInvalid);
+    }
+    validate(r.map(|x| &x.1), addr, len, need, atomic)?;
+    mark(Step::TValidated);
+    let (m, _) = r.ok_or(Status::RemoteAccess)?;
+    if len == 0 {
+        return Ok(None);
+    }
+    engine_pin(&sh.mm, m, addr, len)
+        .map(Some)
+        .map_err(|()| Status::NoResources)
+}
+
+fn region<'a>(
+    mrs: &'a IdMap<Arc<MrEntry>>,
+    pd: u32,
+    rkey: u32,
+) -> Option<(Arc<MrEntry>, LocalRegion<'a, RnicIommu>)> {
+    let m = mrs.get(&rkey).filter(|m| m.pd == pd)?;
+    Some((
+        m.clone(),
+        LocalRegion {
+            access: m.access,
+            shadow: &m.shadow,
+        },
+    ))
+}
+
+/// The completion status of a peer's answer `s`.
+fn answered(s: Status) -> WcStatus {
+    WcStatus::from_code(wc_status(s))
+}
+
+/// The one answer of a served request or delivered SEND: a
+/// [`Repr::Completion`] for the initiator's request `req_id`.
+pub(super) fn reply(qp: &mut QpState, sh: &Shared, req_id: u32, status: Status, byte_len: u32) {
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::Completion {
+            req_id,
+            status,
+            byte_len,
+        },
+    );
+}
+
+/// Dispatch one control message from QP `qi`'s peer to its handler.
+pub(super) fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
+    match msg {
+        Repr::KeyQuery { req_id, .. } => on_key_query(sh, st, qi, req_id),
+        Repr::KeySync { .. } | Repr::KeyRevoke { .. } => on_key_update(st, qi, &msg),
+        Repr::Fault(f) => on_fault(sh, st, qi, &f),
+        Repr::ReadInline {
+            req_id,
+            remote_addr,
+            rkey,
+            len,
+        } => on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len),
+        Repr::WriteInline {
+            req_id,
+            remote_addr,
+            rkey,
+            data,
+        } => on_write_inline(sh, st, qi, req_id, remote_addr, rkey, &data),
+        Repr::Atomic(a) => on_atomic(sh, st, qi, &a),
+        Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
+            on_inbound(sh, st, qi, msg)
+        }
+        Repr::Completion {
+            req_id,
+            status,
+            byte_len,
+        } => on_completion(sh, st, qi, req_id, status, byte_len),
+        Repr::ReadInlineResp {
+            req_id,
+            status,
+            data,
+        } => on_read_inline_resp(sh, st, qi, req_id, status, &data),
+        Repr::AtomicResp {
+            req_id,
+            status,
+            original,
+        } => on_atomic_resp(sh, st, qi, req_id, status, original),
+        Repr::Release { req_id } => on_release(st, qi, req_id),
+        Repr::ReceiverReady { req_id, status } => on_receiver_ready(sh, st, qi, req_id, status),
+        other => {
+            if st.qp(qi).is_some() {
+                tracing::debug!(op = ?other.opcode(), "control message ignored");
+            }
+        }
+    }
+}
+
+/// [`Repr::KeyQuery`]: the peer syncs our key table (from now on it is
+/// told about new MRs and revocations).
+fn on_key_query(sh: &Shared, st: &mut State, qi: usize, req_id: u32) {
+    let Some(At { qp, keys, .. }) = st.at(qi) else {
+        return;
+    };
+    let ctrl = sh.cfg.ctrl;
+    qp.keys_served = true;
+    for m in keys.sync_messages(req_id, &ctrl) {
+        qp.send_ctrl(&ctrl, &m);
+    }
+}
+
+/// [`Repr::KeySync`] / [`Repr::KeyRevoke`]: the peer's key table changed;
+/// the last message answering a query retries the ops waiting for keys.
+fn on_key_update(st: &mut State, qi: usize, msg: &Repr<'_>) {
+    let Some(At { qp, ready, .. }) = st.at(qi) else {
+        return;
+    };
+    let answer = match msg {
+        Repr::KeySync {
+            more: false,
+            req_id,
+            ..
+        } => Some(*req_id),
+        _ => None,
+    };
+    if let Err(e) = qp.peer.apply(msg) {
+        tracing::warn!(error = %e, "bad key message from peer");
+    }
+    if let Some(r) = answer {
+        // Retry every waiting op; those whose query this answers
+        // fail if their key is still unknown.
+        for id in qp.key_wait.drain(..) {
+            if let Some(op) = qp.ops.get_mut(id) {
+                if r != 0 && op.key_req == r {
+                    op.key_answered = true;
+                }
+                op.stage = Stage::Queued;
+                ready.push_back((qi, id));
+            }
+        }
+    }
+}
+
+/// [`Repr::Fault`]: a two-sided READ/WRITE through a temporary MR (a READ
+/// of never-populated memory from the zero source).
+fn on_fault(sh: &Shared, st: &mut State, qi: usize, f: &FaultRequest) {
+    let Some(At {
+        qp,
+        mrs,
+        stats,
+        zero,
+        ..
+    }) = st.at(qi)
+    else {
+        return;
+    };
+    stats.served += 1;
+    let need = if f.kind == FaultKind::Read {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_WRITE
+    };
+    let r = region(mrs, qp.pd, f.rkey);
+    // A READ of memory that was never populated reads zeroes: it is
+    // answered from the zero source at once, nothing faulted in (as
+    // Linux maps no page for a read of untouched anonymous memory);
+    // the READ linearises at the proof, like the inline answer.
+    if f.kind == FaultKind::Read
+        && !f.retry_mode
+        && qp.remote_access.contains(Access::REMOTE_READ)
+        && f.len as u64 <= ZERO_READ_MAX
+        && validate(
+            r.as_ref().map(|x| &x.1),
+            f.remote_addr,
+            f.len as u64,
+            Access::REMOTE_READ,
+            false,
+        )
+        .is_ok()
+        && r.as_ref()
+            .is_some_and(|(m, _)| m.range_reads_as_zero(&sh.mm.0, f.remote_addr, f.len as u64))
+    {
+        let (m, _) = r.expect("checked");
+        if answer_zero_read(sh, qp, zero, qi, f, m) {
+            return;
+        }
+        let r = region(mrs, qp.pd, f.rkey);
+        return serve_fault(sh, qp, qi, f, need, r);
+    }
+    serve_fault(sh, qp, qi, f, need, r)
+}
+
+/// [`Repr::ReadInline`]: a small READ answered with its data.
+fn on_read_inline(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+) {
+    let Some(At {
+        qp,
+        mrs,
+        stats,
+        post_answer,
+        ..
+    }) = st.at(qi)
+    else {
+        return;
+    };
+    let ctrl = sh.cfg.ctrl;
+    mark(Step::TParsed);
+    stats.served += 1;
+    let r = region(mrs, qp.pd, rkey);
+    // Pages whose content the target gets without pinning them —
+    // never populated (a remote minor fault: zeroes, proven by
+    // `MrEntry::reads_as_zero`), swapped out by the pager (a major
+    // fault: the bytes are read from the swap slot) or resident (a
+    // lazy swap-in: a CPU copy) — are answered first; the pin
+    // (zero-fill / swap-in) and map-in follow, off the initiator's
+    // critical path. Validation is the same as below, and
+    // the READ linearises at the proof / slot read (a racing local
+    // write may follow it).
+    let early = r.as_ref().filter(|_| {
+        len > 0
+            && qp.remote_access.contains(Access::REMOTE_READ)
+            && len as usize <= mem::STACK_COPY
+            && validate(
+                r.as_ref().map(|x| &x.1),
+                remote_addr,
+                len as u64,
+                Access::REMOTE_READ,
+                false,
+            )
+            .is_ok()
+    });
+    if let Some((m, _)) = early {
+        let mut data = [0u8; mem::STACK_COPY];
+        let n = len as usize;
+        let known = m.reads_as_zero(&sh.mm.0, remote_addr, len as u64)
+            || matches!(
+                sh.mm.0.read_swapped(remote_addr as usize, &mut data[..n]),
+                Ok(true)
+            )
+            || (page_span(remote_addr, len as u64, PS as usize)
+                .is_some_and(|(p, k)| (0..k).all(|i| sh.mm.0.is_resident((p + i * PS) as usize)))
+                && {
+                    // Resident (a lazy swap-in: the NIC views are
+                    // still unmapped): the CPU copies it now; were
+                    // it evicted meanwhile, the copy faults it back
+                    // in through the pager (slow, still exact).
+                    mem::read_into(remote_addr, &mut data[..n]);
+                    true
+                });
+        if known {
+            mark(Step::TValidated);
+            mark(Step::TCopied);
+            let status = Status::Ok;
+            let data = Cow::Borrowed(&data[..n]);
+            qp.send_ctrl(
+                &ctrl,
+                &Repr::ReadInlineResp {
+                    req_id,
+                    status,
+                    data,
+                },
+            );
+            mark(Step::TSent);
+            // Then fault them in and map them for the NIC, as the
+            // pinned path would have, so that later READs go
+            // one-sided: at the next idle progress pass (a bounded
+            // queue; beyond it, now).
+            if post_answer.len() < 256 {
+                post_answer.push_back((m.clone(), remote_addr, len as u64));
+            } else {
+                drop(engine_pin(&sh.mm, m, remote_addr, len as u64));
+            }
+            return;
+        }
+    }
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        remote_addr,
+        len as u64,
+        Access::REMOTE_READ,
+        false,
+    );
+    let mut stack = [0u8; mem::STACK_COPY];
+    let (status, data) = match res {
+        Ok(g) => {
+            let d = mem::copy_out(remote_addr, len as usize, &mut stack);
+            drop(g);
+            (Status::Ok, d)
+        }
+        Err(s) => (s, Cow::Borrowed(&[][..])),
+    };
+    mark(Step::TCopied);
+    qp.send_ctrl(
+        &ctrl,
+        &Repr::ReadInlineResp {
+            req_id,
+            status,
+            data,
+        },
+    );
+    mark(Step::TSent);
+}
+
+/// [`Repr::WriteInline`]: a small WRITE carrying its data.
+fn on_write_inline(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    remote_addr: u64,
+    rkey: u32,
+    data: &[u8],
+) {
+    let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    stats.served += 1;
+    let r = region(mrs, qp.pd, rkey);
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        remote_addr,
+        data.len() as u64,
+        Access::REMOTE_WRITE,
+        false,
+    );
+    let status = match res {
+        Ok(g) => {
+            mem::write(remote_addr, data);
+            drop(g);
+            Status::Ok
+        }
+        Err(s) => s,
+    };
+    reply(qp, sh, req_id, status, data.len() as u32);
+}
+
+/// [`Repr::Atomic`]: a compare-and-swap or fetch-and-add, done by this CPU.
+fn on_atomic(sh: &Shared, st: &mut State, qi: usize, a: &AtomicRequest) {
+    let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    stats.served += 1;
+    let r = region(mrs, qp.pd, a.rkey);
+    let res = grant(
+        sh,
+        qp.remote_access,
+        r.as_ref(),
+        a.remote_addr,
+        8,
+        Access::REMOTE_ATOMIC,
+        true,
+    );
+    let (status, original) = match res {
+        Ok(g) => match mem::atomic_at(a.remote_addr) {
+            Some(w) => {
+                let v = apply_atomic(a.kind, a.compare_add, a.swap, w);
+                drop(g);
+                (Status::Ok, v)
+            }
+            None => (Status::RemoteInvalid, 0),
+        },
+        Err(s) => (s, 0),
+    };
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::AtomicResp {
+            req_id: a.req_id,
+            status,
+            original,
+        },
+    );
+}
+
+/// [`Repr::SendInline`], [`Repr::SendRendezvous`],
+/// [`Repr::WriteImmNotify`]: queued for the posted RECVs.
+fn on_inbound(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    qp.inbound.push_back(msg.into_owned());
+    deliver_inbound(sh, st, qi);
+}
+
+/// [`Repr::Completion`]: the peer's answer to our two-sided READ/WRITE/SEND
+/// or WRITE_WITH_IMM notice.
+fn on_completion(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    byte_len: u32,
+) {
+    let Some(op) = st.op_mut(qi, req_id) else {
+        return;
+    };
+    match op.stage {
+        Stage::TwoSided => {
+            if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
+                start_notify(sh, st, qi, req_id);
+            } else if matches!(
+                op.wr.op,
+                AppOp::Read | AppOp::Write | AppOp::Send | AppOp::SendImm(_)
+            ) {
+                let len = if status == Status::Ok { byte_len } else { 0 };
+                finish(st, qi, req_id, answered(status), len);
+            }
+        }
+        Stage::ImmNotify => {
+            let len = op.len as u32;
+            finish(st, qi, req_id, answered(status), len);
+        }
+        _ => {}
+    }
+}
+
+/// [`Repr::ReadInlineResp`]: the data of our inline READ.
+fn on_read_inline_resp(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    data: &[u8],
+) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    let Some(op) = qp.ops.get_mut(req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || op.wr.op != AppOp::Read {
+        return;
+    }
+    let mut s = answered(status);
+    // A later READ of the same destination may already have landed
+    // (it did not wait for this one): this answer is dead then.
+    let dead = op.ticket.is_some_and(|t| qp.order.data_dead(t));
+    if local_fenced(&sh.mm, op) {
+        // Deregistered meanwhile: its memory is not ours to write.
+        s = WcStatus::LocProtErr;
+    } else if status == Status::Ok {
+        if data.len() as u64 == op.len {
+            if !dead {
+                mem::write(op.laddr, data);
+            }
+        } else {
+            s = answered(Status::RemoteInvalid);
+        }
+    }
+    let len = op.len as u32;
+    finish(st, qi, req_id, s, len);
+}
+
+/// [`Repr::AtomicResp`]: the original value of our atomic.
+fn on_atomic_resp(
+    sh: &Shared,
+    st: &mut State,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+    original: u64,
+) {
+    let Some(op) = st.op_mut(qi, req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || !is_atomic(op.wr.op) {
+        return;
+    }
+    let mut s = answered(status);
+    if local_fenced(&sh.mm, op) {
+        s = WcStatus::LocProtErr;
+    } else if status == Status::Ok {
+        mem::write(op.laddr, &original.to_le_bytes());
+    }
+    finish(st, qi, req_id, s, 8);
+}
+
+/// [`Repr::Release`]: the initiator's retry-mode retry is done; unpin.
+fn on_release(st: &mut State, qi: usize, req_id: u32) {
+    let Some(qp) = st.qp(qi) else {
+        return;
+    };
+    let hit = qp
+        .treqs
+        .iter()
+        .find(|(_, t)| t.reply == req_id && matches!(t.kind, TKind::Retry))
+        .map(|(tid, _)| tid);
+    if let Some(tid) = hit {
+        drop(qp.treqs.take(tid));
+    }
+}
+
+/// [`Repr::ReceiverReady`] (retry mode): the target pinned and mapped the
+/// pages; retry one-sided with page versions.
+fn on_receiver_ready(sh: &Shared, st: &mut State, qi: usize, req_id: u32, status: Status) {
+    let Some(At { qp, stats, .. }) = st.at(qi) else {
+        return;
+    };
+    let Some(op) = qp.ops.get_mut(req_id) else {
+        return;
+    };
+    if !matches!(op.stage, Stage::TwoSided) || op.retry != Retry::AwaitingReady {
+        return;
+    }
+    if status != Status::Ok {
+        finish(st, qi, req_id, answered(status), 0);
+        return;
+    }
+    op.retry = Retry::InFlight;
+    stats.retries += 1;
+    let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
+        Ok(t) => t,
+        Err(_) => {
+            finish(st, qi, req_id, WcStatus::RemAccessErr, 0);
+            return;
+        }
+    };
+    // Both sides are pinned and mapped; page versions prove it.
+    let strat = if op.wr.op == AppOp::Read {
+        Strategy::ReadVersioned
+    } else {
+        Strategy::WriteVersioned
+    };
+    let lmr = op.lmr.clone().expect("READ/WRITE with data has a local MR");
+    post_steps(sh, st, qi, req_id, strat, &t, &lmr);
+}
+
+/// Match inbound messages (SEND, WRITE_WITH_IMM notices) with posted RECVs.
+pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
+    let Some(At { qp, mrs, .. }) = st.at(qi) else {
+        return;
+    };
+    while !qp.rdv_busy && !qp.inbound.is_empty() && !qp.recvs.is_empty() {
+        let msg = qp.inbound.pop_front().expect("non-empty");
+        let rwr = qp.recvs.pop_front().expect("non-empty");
+        let (raddr, rlen, rkey) = rwr
+            .sge
+            .map(|s| (s.addr, s.length as u64, s.lkey))
+            .unwrap_or((0, 0, 0));
+        let rmr = rwr.sge.and_then(|_| mrs.get(&rkey).cloned()).filter(|m| {
+            m.pd == qp.pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
+        });
+        let valid = rwr.sge.is_none() || rmr.is_some();
+        let mut cqe = Completion {
+            wr_id: rwr.wr_id,
+            status: 0,
+            op: CompOp::Recv,
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+        };
+        match msg {
+            Repr::SendInline {
+                req_id, imm, data, ..
+            } => {
+                cqe.imm = imm;
+                if imm.is_some() {
+                    cqe.op = CompOp::RecvWithImm;
+                }
+                if !valid {
+                    cqe.status = WcStatus::LocProtErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::RemoteOp, 0);
+                } else if data.len() as u64 > rlen {
+                    cqe.status = WcStatus::LocLenErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::RemoteInvalid, 0);
+                } else {
+                    mem::write(raddr, &data);
+                    cqe.byte_len = data.len() as u32;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::Ok, data.len() as u32);
+                }
+            }
+            Repr::WriteImmNotify {
+                req_id, len, imm, ..
+            } => {
+                cqe.op = CompOp::RecvWithImm;
+                cqe.imm = Some(imm);
+                cqe.byte_len = len;
+                qp.recv_cq.push(cqe);
+                reply(qp, sh, req_id, Status::Ok, len);
+            }
+            Repr::SendRendezvous {
+                req_id,
+                addr,
+                len,
+                key,
+                imm,
+                ..
+            } => {
+                let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
+                    cqe.status = if valid {
+                        WcStatus::LocLenErr.code()
+                    } else {
+                        WcStatus::LocProtErr.code()
+                    };
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::RemoteInvalid, 0);
+                    continue;
+                };
+                if len == 0 {
+                    cqe.imm = imm;
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::Ok, 0);
+                    continue;
+                }
+                let pinned = engine_pin(&sh.mm, &m, raddr, len as u64).and_then(|p| {
+                    temp_mr(&sh.pd, raddr, len as u64, rnic::Access::LOCAL_WRITE).map(|t| (p, t))
+                });
+                let Ok((pin, tmr)) = pinned else {
+                    cqe.status = WcStatus::LocProtErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::NoResources, 0);
+                    continue;
+                };
+                let lkey = tmr.lkey();
+                let Ok(tid) = qp.treqs.insert(TReq {
+                    reply: req_id,
+                    kind: TKind::Rendezvous {
+                        recv_wr_id: rwr.wr_id,
+                        len,
+                        imm,
+                    },
+                    _tmr: Some(tmr),
+                    _pin: Some(pin),
+                    _mr: m,
+                }) else {
+                    cqe.status = WcStatus::LocProtErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::NoResources, 0);
+                    continue;
+                };
+                let sge = [rnic::Sge {
+                    addr: raddr,
+                    length: len,
+                    lkey,
+                }];
+                let wr = rnic::SendWr::new(
+                    WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
+                    rnic_opcode(WrOp::Read),
+                    &sge,
+                )
+                .remote(addr, key);
+                if let Err(e) = qp.data.post_send(&[wr]) {
+                    tracing::warn!(error = %e.err, "rendezvous READ not posted");
+                    drop(qp.treqs.take(tid));
+                    cqe.status = WcStatus::LocProtErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::RemoteOp, 0);
+                    continue;
+                }
+                qp.rdv_busy = true;
+            }
+            _ => {}
+        }
+    }
+}
