@@ -9,6 +9,7 @@ use crate::mr::Pd;
 use crate::peer::Peer;
 use crate::requester::{self, Outcome};
 use crate::responder;
+use crate::scratch::{scratch_slot, Scratch};
 use crate::segment::{self, shm_lock, QpRec};
 use crate::small::Small;
 use crate::verbs::*;
@@ -639,9 +640,10 @@ impl QpInner {
         let mut changed = false;
         let mut i = 0;
         let mut earlier_issued = false;
-        // An issued READ/atomic writes local memory only when it completes; a ring
-        // WRITE gathers local memory when issued, so it waits (implicit fence).
-        let mut earlier_local_writer = false;
+        // An issued READ/atomic writes local memory only when it completes; a ring WR
+        // that gathers local memory when issued waits for those whose local ranges it
+        // overlaps (an implicit fence where the data would be stale; IB needs FENCE).
+        let mut local_writes = Scratch::take(&LOCAL_WRITES);
         let mut odp_retries = 0;
         let slots = hi(self).seg.p.ring_slots as u64;
         while i < sq.entries.len() {
@@ -655,7 +657,7 @@ impl QpInner {
                 }
                 EState::Issued { sent, .. } => {
                     earlier_issued = true;
-                    earlier_local_writer |= writes_local(&sq.entries[i].op);
+                    note_local_writes(&sq.entries[i], &mut local_writes);
                     let odp = requester::ring_odp(sq, &sq.entries[i]);
                     let parts = requester::ring_parts(&sq.entries[i], chunk(sq));
                     if sent < parts {
@@ -685,11 +687,12 @@ impl QpInner {
             if requester::uses_ring(self, sq, &sq.entries[i]) {
                 let op = sq.entries[i].op;
                 // A ring WR gathers its payload from local memory when issued: it waits
-                // for earlier READs/atomics, whose data lands when they complete.
+                // for earlier READs/atomics into the same memory, whose data lands when
+                // they complete.
                 let gathers = !writes_local(&op);
                 let odp = requester::ring_odp(sq, &sq.entries[i]);
                 if (sq.entries[i].flags.contains(SendFlags::FENCE) && earlier_issued)
-                    || (gathers && earlier_local_writer)
+                    || (gathers && overlaps_local(&sq.entries[i], &local_writes))
                     || (odp && earlier_issued)
                 {
                     break;
@@ -703,7 +706,7 @@ impl QpInner {
                 match requester::issue_ring(self, sq, i, now) {
                     requester::Issue::Issued => {
                         earlier_issued = true;
-                        earlier_local_writer |= writes_local(&op);
+                        note_local_writes(&sq.entries[i], &mut local_writes);
                         changed = true;
                         let parts = requester::ring_parts(&sq.entries[i], chunk(sq));
                         if odp || matches!(sq.entries[i].st, EState::Issued { sent, .. } if sent < parts) {
@@ -887,6 +890,31 @@ impl QpInner {
 /// that gathers local memory at issue waits for it.
 fn writes_local(op: &WrOpcode) -> bool {
     matches!(op, WrOpcode::Read) || op.is_atomic()
+}
+
+scratch_slot!(LOCAL_WRITES: (u64, u64));
+
+/// Record the local ranges an issued READ / atomic `e` writes when it completes.
+fn note_local_writes(e: &Entry, out: &mut Vec<(u64, u64)>) {
+    if writes_local(&e.op) && !e.flags.contains(SendFlags::INLINE) {
+        out.extend(
+            e.sges
+                .iter()
+                .filter(|s| s.length > 0)
+                .map(|s| (s.addr, s.length as u64)),
+        );
+    }
+}
+
+/// Whether a WR that gathers local memory (`e`'s gather list) reads any of `writes`.
+fn overlaps_local(e: &Entry, writes: &[(u64, u64)]) -> bool {
+    !writes.is_empty()
+        && !e.flags.contains(SendFlags::INLINE)
+        && e.sges.iter().any(|s| {
+            writes
+                .iter()
+                .any(|&(a, l)| s.addr < a + l && a < s.addr + s.length as u64)
+        })
 }
 
 /// Bytes per ring part towards the SQ's peer.

@@ -383,3 +383,38 @@ fn loopback_same_host() {
     assert_eq!(wait1(&a.cq).status, WcStatus::Success);
     assert_eq!(d.to_vec(0, 100), vec![7; 100]);
 }
+
+/// A WRITE posted right after a READ into the buffer it sends from sends the READ's
+/// data (the requester holds the gather until the READ landed), while a WRITE from
+/// other memory does not wait for the READ.
+#[test]
+fn write_after_read_into_its_source_sends_the_read_data() {
+    each_path(|a, b| {
+        for &len in &[8usize, 4096, 200_000] {
+            let remote = buf(&b.pd, 2 * len, 0);
+            remote.write(0, &pattern(len, 3));
+            let local = buf(&a.pd, 2 * len, 0x55);
+            let rs = [local.sge(0, len as u32)];
+            let ws = [local.sge(0, len as u32)];
+            let other = [local.sge(len, len as u32)];
+            a.qp.post_send(&[
+                SendWr::new(1, WrOpcode::Read, &rs).remote(remote.addr() as u64, remote.rkey()),
+                SendWr::new(2, WrOpcode::Write, &ws).remote(remote.addr() as u64 + len as u64, remote.rkey()),
+                SendWr::new(3, WrOpcode::Write, &other).remote(remote.addr() as u64, remote.rkey()),
+            ])
+            .unwrap();
+            let wcs = a.cq.poll_wait(3, T).unwrap();
+            assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+            assert_eq!(
+                remote.to_vec(len, len),
+                pattern(len, 3),
+                "{len} B: the WRITE sent the READ's data"
+            );
+            assert_eq!(
+                remote.to_vec(0, len),
+                vec![0x55; len],
+                "{len} B: the last WRITE landed last"
+            );
+        }
+    });
+}
