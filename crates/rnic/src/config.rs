@@ -33,9 +33,13 @@ pub struct HostConfig {
     pub nic_spin: Duration,
     /// Outstanding READs/atomics per QP served by the target's NIC thread (ring slots).
     pub ring_slots: u32,
-    /// Size of a ring slot's data area (bytes): bounds the READ/WRITE served through
-    /// the target's NIC thread ring and the jobs of shared large copies (24 B per
-    /// 128 KiB unit). Atomics never use it and always go through the ring.
+    /// Size of a ring slot's data area (bytes, default 64 KiB): with target-enforced
+    /// protection the part size of every cross-process payload (at least 4 KiB; 64 KiB
+    /// parts move 12x the bytes per request of 4 KiB ones, BENCHMARKS.md); between
+    /// trusting hosts it bounds the READ/WRITE served through the target's NIC thread
+    /// ring and the jobs of shared large copies (24 B per 128 KiB unit). Atomics never
+    /// use it and always go through the ring. Each QP's ring takes `ring_slots` slots
+    /// of the mailbox memfd (sparse: untouched slots cost no memory).
     pub ring_max: u32,
     /// Largest READ/WRITE served through the target's NIC thread ring, if lower than
     /// `ring_max` (`None`: `ring_max`, the old behaviour). `Some(0)` sends every
@@ -91,7 +95,7 @@ impl Default for HostConfig {
             max_tracked_pages: 1 << 23,
             nic_spin: Duration::from_micros(100),
             ring_slots: 16,
-            ring_max: 4096,
+            ring_max: 64 * 1024,
             ring_rw_max: None,
             inproc_ring: false,
             dma_help: true,

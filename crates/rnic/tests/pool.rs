@@ -90,9 +90,12 @@ fn pool_child() {
     if std::env::var("RNIC_POOL_CHILD").is_err() {
         return;
     }
-    // The pool's memcpy path is between trusting hosts only (see `connect_child`).
+    // The pool's memcpy path is between trusting hosts only (see `connect_child`);
+    // 4 KiB ring slots (the trusted protocol's former default): READ/WRITE above
+    // that size go direct, through the pool mapping.
     let host = Host::new(HostConfig {
         trusted_peers: true,
+        ring_max: 4096,
         ..Default::default()
     })
     .unwrap();

@@ -133,10 +133,6 @@ impl Mode {
 /// protection (the default) every request is served by the target's NIC thread, in
 /// parts of rnic's default slot size.
 pub const DEFAULT_RING_MAX: u32 = 8;
-/// Default ring-slot size with target-enforced protection (the default): every payload
-/// crosses in parts of this size; 64 KiB parts move ~5x more bytes per NIC-thread
-/// wake-up than rnic's 4 KiB (BENCHMARKS.md, "target-enforced protection").
-pub const SECURE_RING_MAX: u32 = 64 * 1024;
 /// Default NIC-thread spin window: 0 (it sleeps right after serving; see above).
 pub const DEFAULT_NIC_SPIN_US: u64 = 0;
 
@@ -172,11 +168,9 @@ pub fn host_config_from_env() -> Result<rnic::HostConfig> {
         nic_spin: std::time::Duration::from_micros(DEFAULT_NIC_SPIN_US),
         ..Default::default()
     };
-    c.ring_max = if trusted_peers {
-        DEFAULT_RING_MAX
-    } else {
-        SECURE_RING_MAX
-    };
+    if trusted_peers {
+        c.ring_max = DEFAULT_RING_MAX;
+    }
     if let Some(v) = env_num("NPRDMA_RING_MAX")? {
         c.ring_max = u32::try_from(v)
             .map_err(|_| ShimError::InvalidArgument("NPRDMA_RING_MAX too large".into()))?;
