@@ -198,6 +198,11 @@ impl Cq {
             }
         }
         let hi = self.inner.host.inner();
+        // A polling application thread serves the requests of peers that rang while
+        // it polls (a doorbell word load when none did; skipped while another thread
+        // serves): messages between two polling applications then need no NIC-thread
+        // hand-off (a wake-up, or a spinning thread more per process).
+        crate::nic::serve_doorbells(hi);
         let seg = &hi.seg;
         let c = seg.cq(self.inner.idx).expect("own CQ");
         let h0 = c.head.load(Ordering::Acquire);

@@ -186,7 +186,7 @@ impl Qp {
         r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
         let t = r.rq_tail.load(Ordering::Relaxed);
         r.rq_head.store(t, Ordering::Relaxed);
-        reset_ring(&h, idx, r);
+        reset_ring(&h, idx, r, true);
         r.in_use.store(1, Ordering::Release);
         let inner = Arc::new_cyclic(|me| QpInner {
             host,
@@ -271,9 +271,23 @@ impl Qp {
     }
 }
 
-fn reset_ring(h: &HostInner, idx: u32, r: &QpRec) {
+/// Restart QP `idx`'s request ring at slot 0. A new QP (`fresh`) starts with every
+/// slot free. A QP moved to RESET keeps the answers it already gave (its initiator may
+/// still be taking them: a SEND delivered before the reset completes as delivered) and
+/// answers the requests it had not served with RETRY_EXC_ERR, as a RESET QP drops
+/// packets; the initiator frees those slots (`requester::issue_ring` frees an answer
+/// left in a slot it is about to use). Excludes the thread serving the rings.
+fn reset_ring(h: &HostInner, idx: u32, r: &QpRec, fresh: bool) {
+    let _srv = h.ring_server.lock();
     for s in 0..h.seg.p.ring_slots as u64 {
-        h.seg.slot(idx, s).0.state.store(segment::SLOT_FREE, Ordering::Release);
+        let slot = h.seg.slot(idx, s).0;
+        let st = slot.state.load(Ordering::Acquire);
+        if fresh {
+            slot.state.store(segment::SLOT_FREE, Ordering::Release);
+        } else if st == segment::SLOT_REQ || st == segment::SLOT_BUSY {
+            slot.status.store(WcStatus::RetryExcErr as u32, Ordering::Relaxed);
+            slot.state.store(segment::SLOT_DONE, Ordering::Release);
+        }
     }
     r.ring_cons.0.store(0, Ordering::Release);
 }
@@ -391,7 +405,7 @@ impl QpInner {
                 r.state.store(QpState::Reset as u32, Ordering::Release);
                 let t = r.rq_tail.load(Ordering::Acquire);
                 r.rq_head.store(t, Ordering::Release);
-                reset_ring(h, self.idx, r);
+                reset_ring(h, self.idx, r, false);
                 r.peer_nonce.store(0, Ordering::Release);
                 r.peer_qpn.store(0, Ordering::Release);
                 r.incarnation.fetch_add(1, Ordering::Relaxed);

@@ -254,8 +254,12 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
         }
         let slot = sq.ring_prod;
         let (h, data) = peer.seg.slot(tq, slot);
-        if h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
-            break;
+        match h.state.load(Ordering::Acquire) {
+            segment::SLOT_FREE => {}
+            // The next slot is never one of ours in flight (`ring_prod - ring_cons <
+            // slots`): an answer there was left by a connection before a reset.
+            segment::SLOT_DONE => h.state.store(segment::SLOT_FREE, Ordering::Release),
+            _ => break,
         }
         let (off, plen) = part(&sq.entries[i], sent, len, chunk);
         let first = if sent == 0 { segment::RING_F_FIRST } else { 0 };
