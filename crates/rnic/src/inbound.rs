@@ -50,27 +50,43 @@ impl RingServer {
     }
 }
 
-/// The pieces of the gather list `sges` that cover `[off, off + len)` of the message.
-pub(crate) fn window(sges: &[RecvSge], off: u64, len: u64) -> Vec<RecvSge> {
-    let mut out = Vec::new();
+/// The pieces of a list of `pieces` (each `len_of` bytes long) that cover
+/// `[off, off + len)` of their concatenation, cut with `cut(piece, skip, n)` (the `n`
+/// bytes of `piece` after its first `skip`), pushed to `out`.
+pub(crate) fn window_of<T>(
+    pieces: &[T],
+    off: u64,
+    len: u64,
+    len_of: impl Fn(&T) -> u64,
+    cut: impl Fn(&T, u64, u64) -> T,
+    out: &mut Vec<T>,
+) {
     let (mut skip, mut left) = (off, len);
-    for s in sges {
+    for p in pieces {
         if left == 0 {
             break;
         }
-        if skip >= s.len {
-            skip -= s.len;
+        let plen = len_of(p);
+        if skip >= plen {
+            skip -= plen;
             continue;
         }
-        let n = (s.len - skip).min(left);
-        out.push(RecvSge {
-            addr: s.addr + skip,
-            len: n,
-            lkey: s.lkey,
-        });
+        let n = (plen - skip).min(left);
+        out.push(cut(p, skip, n));
         skip = 0;
         left -= n;
     }
+}
+
+/// The pieces of the gather list `sges` that cover `[off, off + len)` of the message.
+pub(crate) fn window(sges: &[RecvSge], off: u64, len: u64) -> Vec<RecvSge> {
+    let mut out = Vec::new();
+    let cut = |s: &RecvSge, skip: u64, n: u64| RecvSge {
+        addr: s.addr + skip,
+        len: n,
+        lkey: s.lkey,
+    };
+    window_of(sges, off, len, |s| s.len, cut, &mut out);
     out
 }
 

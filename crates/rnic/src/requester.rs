@@ -190,24 +190,12 @@ fn target<'a>(q: &QpInner, sq: &mut Sq, peer: &'a Peer) -> Option<(u32, &'a QpRe
 /// The pieces of `spans` covering `[off, off + len)` of the transfer.
 fn window(spans: &[Span], off: u64, len: u64) -> Scratch<Span> {
     let mut out = Scratch::take(&WINDOW);
-    let (mut skip, mut left) = (off, len);
-    for s in spans {
-        if left == 0 {
-            break;
-        }
-        if skip >= s.len {
-            skip -= s.len;
-            continue;
-        }
-        let n = (s.len - skip).min(left);
-        out.push(Span {
-            mr: s.mr,
-            addr: s.addr + skip,
-            len: n,
-        });
-        skip = 0;
-        left -= n;
-    }
+    let cut = |s: &Span, skip: u64, n: u64| Span {
+        mr: s.mr,
+        addr: s.addr + skip,
+        len: n,
+    };
+    crate::inbound::window_of(spans, off, len, |s| s.len, cut, &mut out);
     out
 }
 

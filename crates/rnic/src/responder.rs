@@ -466,16 +466,19 @@ fn serve_rw(seg: &Segment, r: &QpRec, q: &Request, data: *mut u8, section: usize
             return (s as u32, 0);
         }
     }
-    let mr = match remote_check(seg, r, q.rkey, q.raddr, q.len, need) {
-        Ok(mr) => mr,
+    // This part's own range (checked again inside the copy's epoch section below).
+    let target = || {
+        remote_check(seg, r, q.rkey, q.raddr, q.len, need).map(|mr| Span {
+            mr,
+            addr: q.raddr,
+            len: q.len,
+        })
+    };
+    let t = match target() {
+        Ok(t) => [t],
         Err(s) => return (s as u32, 0),
     };
-    let t = [Span {
-        mr,
-        addr: q.raddr,
-        len: q.len,
-    }];
-    if mr.odp {
+    if t[0].mr.odp {
         // ODP model: a non-present page of this host's ON_DEMAND MR is a page fault
         // raised to this host; the request is NAKed (the initiator retransmits).
         let miss = crate::odp::missing(seg, &t, !read);
@@ -497,15 +500,10 @@ fn serve_rw(seg: &Segment, r: &QpRec, q: &Request, data: *mut u8, section: usize
     // Check and copy inside one epoch section: a deregistration that returned before
     // this is refused, one that starts during it waits for the copy (its flush).
     let _g = crate::iommu::enter(seg);
-    let mr = match remote_check(seg, r, q.rkey, q.raddr, q.len, need) {
-        Ok(mr) => mr,
+    let t = match target() {
+        Ok(t) => [t],
         Err(s) => return (s as u32, 0),
     };
-    let t = [Span {
-        mr,
-        addr: q.raddr,
-        len: q.len,
-    }];
     let tside = Side {
         seg,
         port: Port::Local,

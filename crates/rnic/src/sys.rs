@@ -243,26 +243,8 @@ pub fn now_ns() -> u64 {
 /// A sealed anonymous memory file of `len` bytes: its size can never change, so a
 /// peer's mapping of it can never SIGBUS (used for the NIC-shared DMA pool).
 pub fn memfd_fixed(name: &str, len: usize) -> io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: valid fd, plain integer arguments.
-    unsafe {
-        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0
-            || libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-    }
+    let fd = memfd_sealable(name, len)?;
+    seal_size(fd.as_raw_fd(), false)?;
     Ok(fd)
 }
 
