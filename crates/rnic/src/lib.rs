@@ -52,6 +52,9 @@
 //!   dead or stopped peer holds none of this host's flushes, a resumed one meets the
 //!   checks of the moment, a reused PID reaches nothing. Requesters check the target's
 //!   liveness after 1 ms without an answer (RETRY_EXC_ERR at once for a dead one).
+//!   `Cq::poll` serves the host's rings too, so two polling applications exchange
+//!   messages without waking a NIC thread; a target QP moved to RESET keeps the answers
+//!   its initiator has not taken and answers unserved requests with RETRY_EXC_ERR.
 //! * **Trusting hosts** (`HostConfig::trusted_peers` on both sides, the labelled
 //!   opt-in; `NicStats::direct_remote` counts its WRs): the older, faster path below,
 //!   where the initiator performs the target NIC's work itself. Within one process both
