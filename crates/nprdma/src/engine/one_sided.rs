@@ -52,6 +52,12 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
             finish(st, qi, id, WcStatus::Success, len);
             return;
         }
+        _ if qp.errored => {
+            // RC: behind a failed WR the QP is in ERR; an operation not sent yet is
+            // flushed, never sent (it could land at the peer while reported flushed).
+            finish(st, qi, id, WcStatus::WrFlushErr, 0);
+            return;
+        }
         Stage::HeldTwoSided => {
             replay::two_sided(sh, st, qi, id);
             return;

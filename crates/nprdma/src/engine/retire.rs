@@ -101,7 +101,10 @@ pub(crate) fn set_error(st: &mut State, qi: usize, gen: u8) -> Result<(), Error>
     st.ready.retain(|(q, _)| *q != qi);
     st.flush_qps.retain(|q| *q != qi);
     let qp = st.qp(qi).ok_or(Error::QpState)?;
-    if qp.errored {
+    // Done already (this call, or a failure plus RC's error rule). A QP errored only
+    // by the error rule still has operations out and NIC QPs up: move them to ERR and
+    // flush what is outstanding now.
+    if qp.errored && qp.dead {
         return Ok(());
     }
     let err = QpAttr {

@@ -813,3 +813,40 @@ fn a_failed_check_replays_the_write_that_pipelined_behind_it() {
     assert!(s.replayed >= 1, "{s:?}");
     assert_eq!(s.two_sided, 1);
 }
+
+#[test]
+fn set_error_after_a_failed_answer_flushes_what_is_still_out_and_sends_nothing_more() {
+    let mut r = rig();
+    r.qp.post_send(&[
+        r.fetch_add(1, 0, 0x1000),
+        r.fetch_add(2, 8, 0x2000),
+        r.send_wr(3, 0, 4),
+    ])
+    .expect("post");
+    let a1 = r.peer_gets_atomic();
+    r.peer_gets_atomic();
+    // The first fails at the peer; the second is never answered.
+    r.peer.send(&Repr::AtomicResp {
+        req_id: a1.req_id,
+        status: Status::RemoteInvalid,
+        original: 0,
+    });
+    let c = r.wait(&r.cq, 1)[0];
+    assert_eq!((c.wr_id, c.status), (1, code(WcStatus::RemInvReqErr)));
+    assert!(r.qp.is_error());
+    // The application moves the QP to ERR: what is still out completes now (not at
+    // the two-sided timeout), and the SEND behind it never reaches the peer.
+    let t = std::time::Instant::now();
+    r.qp.set_error().expect("set_error");
+    let v = r.wait(&r.cq, 2);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(
+        v.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (2, code(WcStatus::WrFlushErr)),
+            (3, code(WcStatus::WrFlushErr))
+        ]
+    );
+    assert_eq!(r.qp.outstanding(), 0);
+    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+}
