@@ -850,3 +850,24 @@ fn set_error_after_a_failed_answer_flushes_what_is_still_out_and_sends_nothing_m
     assert_eq!(r.qp.outstanding(), 0);
     assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
 }
+
+#[test]
+fn a_send_parked_behind_a_failed_send_is_flushed_not_sent() {
+    let mut r = rig();
+    r.write(0, b"first...second..");
+    r.qp.post_send(&[r.send_wr(1, 0, 8), r.send_wr(2, 8, 8)])
+        .expect("post");
+    let (id1, _) = r.peer_gets_send();
+    // The second waits for the first; the first fails at the peer.
+    r.peer.send(&Repr::Completion {
+        req_id: id1,
+        status: Status::RemoteInvalid,
+        byte_len: 0,
+    });
+    let v = r.wait(&r.cq, 2);
+    assert_eq!(v[0].wr_id, 1);
+    assert_ne!(v[0].status, code(WcStatus::Success));
+    assert_eq!((v[1].wr_id, v[1].status), (2, code(WcStatus::WrFlushErr)));
+    // Reported flushed, so never delivered: the peer sees no second SEND.
+    assert_eq!(r.peer.recv_within(Duration::from_millis(100)), None);
+}
