@@ -169,6 +169,23 @@ pub struct Span {
     pub len: u64,
 }
 
+/// A span of this process's own memory outside any MR (a slot, an inline payload, a
+/// result word): identity translation over exactly `[addr, addr + len)`.
+pub(crate) fn passthrough(addr: u64, len: u64) -> Span {
+    Span {
+        mr: MrView {
+            kind: MR_PASSTHROUGH,
+            va: addr,
+            len,
+            iova_base: 0,
+            iova_slot: 0,
+            odp: false,
+        },
+        addr,
+        len,
+    }
+}
+
 /// One side of a transfer.
 pub struct Side<'a> {
     /// The segment whose IOMMU translates.

@@ -24,11 +24,13 @@ pub(crate) enum EState {
     Pending,
     /// In the target's request ring: parts in slots `slot..slot + sent` (of
     /// `requester::ring_parts`); `since` = when the last answer (or the first part)
-    /// arrived, for the transport timeout.
+    /// arrived, for the transport timeout; `alone`: nothing behind it issues until it
+    /// is answered (ODP model, decided once at its first part).
     Issued {
         slot: u64,
         sent: u32,
         since: u64,
+        alone: bool,
     },
     Rnr {
         until: u64,
@@ -71,6 +73,15 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Give up the ring parts still out (their answers go to `zombies`, freed when they
+    /// arrive or time out); the next issue starts from the first part again.
+    pub fn abandon_parts(&mut self, zombies: &mut Vec<(u64, u64)>, now: u64) {
+        if let EState::Issued { slot, sent, .. } = self.st {
+            zombies.extend((self.parts_done..sent).map(|k| (slot + k as u64, now)));
+        }
+        self.parts_done = 0;
+    }
+
     pub fn len(&self) -> u64 {
         if self.flags.contains(SendFlags::INLINE) {
             self.inline.len() as u64
@@ -563,11 +574,9 @@ impl QpInner {
             match e.st {
                 EState::Done { .. } if e.inflight => self.complete(&e, WcStatus::WrFlushErr, 0),
                 EState::Done { status, byte_len } => self.complete(&e, status, byte_len),
-                EState::Issued { slot, sent, .. } => {
-                    let now = sys::now_ns();
-                    for k in e.parts_done..sent {
-                        sq.zombies.push((slot + k as u64, now));
-                    }
+                EState::Issued { .. } => {
+                    let mut e = e;
+                    e.abandon_parts(&mut sq.zombies, sys::now_ns());
                     self.complete(&e, WcStatus::WrFlushErr, 0);
                 }
                 _ => self.complete(&e, WcStatus::WrFlushErr, 0),
@@ -669,15 +678,14 @@ impl QpInner {
                     i += 1;
                     continue;
                 }
-                EState::Issued { sent, .. } => {
+                EState::Issued { sent, alone, .. } => {
                     earlier_issued = true;
                     note_local_writes(&sq.entries[i], &mut local_writes);
-                    let odp = requester::ring_odp(sq, &sq.entries[i]);
                     let parts = requester::ring_parts(&sq.entries[i], chunk(sq));
                     if sent < parts {
                         // Partly issued: its next parts first, nothing behind it before
                         // its last part.
-                        match requester::issue_ring(self, sq, i, now) {
+                        match requester::issue_ring(self, sq, i, now, alone) {
                             requester::Issue::Issued => changed = true,
                             requester::Issue::Full => {}
                             requester::Issue::Failed(status) => {
@@ -689,7 +697,7 @@ impl QpInner {
                             break;
                         }
                     }
-                    if odp {
+                    if alone {
                         break;
                     }
                     i += 1;
@@ -717,7 +725,7 @@ impl QpInner {
                 if matches!(sq.entries[i].st, EState::OdpNak { .. }) {
                     self.go_back_n(sq, i);
                 }
-                match requester::issue_ring(self, sq, i, now) {
+                match requester::issue_ring(self, sq, i, now, odp) {
                     requester::Issue::Issued => {
                         earlier_issued = true;
                         note_local_writes(&sq.entries[i], &mut local_writes);
@@ -726,12 +734,9 @@ impl QpInner {
                         if odp || matches!(sq.entries[i].st, EState::Issued { sent, .. } if sent < parts) {
                             break;
                         }
-                        if matches!(sq.entries[i].st, EState::Done { .. }) {
-                            return true;
-                        }
                     }
                     requester::Issue::Failed(status) => {
-                        sq.entries[i].st = EState::Done { status, byte_len: 0 };
+                        self.fail_issued(sq, i, status, now);
                         return true;
                     }
                     requester::Issue::Full => break,
@@ -797,16 +802,12 @@ impl QpInner {
         e.st = EState::Rnr { until: now + d };
     }
 
-    /// A partly issued ring WR `i` failed locally: its parts still out are answered
-    /// into zombie slots.
+    /// Ring WR `i` failed locally (before or between its parts): the parts still out
+    /// are answered into zombie slots.
     fn fail_issued(&self, sq: &mut Sq, i: usize, status: WcStatus, now: u64) {
-        let e = &mut sq.entries[i];
-        if let EState::Issued { slot, sent, .. } = e.st {
-            for k in e.parts_done..sent {
-                sq.zombies.push((slot + k as u64, now));
-            }
-        }
-        e.parts_done = 0;
+        let Sq { entries, zombies, .. } = sq;
+        let e = &mut entries[i];
+        e.abandon_parts(zombies, now);
         e.st = EState::Done { status, byte_len: 0 };
     }
 

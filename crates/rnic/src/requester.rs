@@ -3,7 +3,7 @@
 //! tables: in-process memcpy or process_vm_*), or through the target QP's request ring
 //! served by the target's NIC thread (small READ/WRITE and atomics across processes).
 
-use crate::dma::{self, check_key, AtomicOp, DmaErr, Fault, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::dma::{self, check_key, passthrough, AtomicOp, DmaErr, Fault, Port, Side, Span};
 use crate::host::HostInner;
 use crate::odp;
 use crate::peer::Peer;
@@ -59,21 +59,6 @@ pub(crate) enum Issue {
 
 const MAX_MSG: u64 = 1 << 31;
 
-fn passthrough(addr: u64, len: u64) -> Span {
-    Span {
-        mr: MrView {
-            kind: MR_PASSTHROUGH,
-            va: addr,
-            len,
-            iova_base: 0,
-            iova_slot: 0,
-            odp: false,
-        },
-        addr,
-        len,
-    }
-}
-
 scratch_slot!(SPANS: Span);
 
 /// Validate the local side of a WR (lkeys against this host's MR table).
@@ -127,12 +112,9 @@ pub(crate) fn direct_ok(me: &HostInner, peer: &Peer) -> bool {
 pub(crate) fn uses_ring(q: &QpInner, sq: &Sq, e: &Entry) -> bool {
     let Some(peer) = sq.peer.as_ref() else { return false };
     let me = q.host.inner();
-    if peer.port != Port::Local && !direct_ok(me, peer) {
-        // Target-enforced protection: the target executes every request itself.
-        return true;
-    }
-    if peer.port == Port::Local && me.cfg.inproc_ring && !me.cfg.trusted_peers {
-        // The cross-process protocol inside one process (tests).
+    if !direct_ok(me, peer) || (me.cfg.inproc_ring && !me.cfg.trusted_peers) {
+        // Target-enforced protection (or its protocol inside one process, for tests):
+        // the target executes every request itself.
         return true;
     }
     let far = peer.port != Port::Local || me.cfg.inproc_ring;
@@ -203,8 +185,9 @@ scratch_slot!(WINDOW: Span);
 
 /// Put the next parts of WR `i` into the target's request ring, as many as there are
 /// free slots (a WR's parts take consecutive slots; nothing behind it issues before
-/// its last part).
-pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue {
+/// its last part). `alone` ([`ring_odp`], known to the caller) is recorded when the WR
+/// starts.
+pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64, alone: bool) -> Issue {
     let Some(peer) = sq.peer.clone() else {
         return Issue::Failed(WcStatus::RetryExcErr);
     };
@@ -230,9 +213,14 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
         Err(s) => return Issue::Failed(s),
     };
     let parts = ring_parts(e, chunk);
-    let (first_slot, mut sent, since) = match e.st {
-        EState::Issued { slot, sent, since } => (slot, sent, since),
-        _ => (sq.ring_prod, 0, now),
+    let (first_slot, mut sent, since, alone) = match e.st {
+        EState::Issued {
+            slot,
+            sent,
+            since,
+            alone,
+        } => (slot, sent, since, alone),
+        _ => (sq.ring_prod, 0, now, alone),
     };
     let mut atoms = 0;
     let sent_before = sent;
@@ -311,18 +299,17 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
             };
             match dma::copy(&src, &dst, plen, me.cfg.dma_section) {
                 Ok(a) => atoms += a,
-                Err(_) if sent == 0 => return Issue::Failed(WcStatus::LocProtErr),
                 Err(_) => {
-                    // Parts already out: they are answered into zombie slots.
-                    let e = &mut sq.entries[i];
-                    for k in e.parts_done..sent {
-                        sq.zombies.push((first_slot + k as u64, now));
+                    // Parts already out (if any) are the caller's to abandon.
+                    if sent > 0 {
+                        sq.entries[i].st = EState::Issued {
+                            slot: first_slot,
+                            sent,
+                            since,
+                            alone,
+                        };
                     }
-                    e.st = EState::Done {
-                        status: WcStatus::LocProtErr,
-                        byte_len: 0,
-                    };
-                    return Issue::Issued;
+                    return Issue::Failed(WcStatus::LocProtErr);
                 }
             }
             if inline {
@@ -343,6 +330,7 @@ pub(crate) fn issue_ring(q: &QpInner, sq: &mut Sq, i: usize, now: u64) -> Issue 
         slot: first_slot,
         sent,
         since,
+        alone,
     };
     Issue::Issued
 }
@@ -377,7 +365,13 @@ pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, now: u64) -> Option<RingDone
     let tq = sq.tq?;
     let me = q.host.inner();
     let chunk = peer.seg.p.ring_max as u64;
-    let EState::Issued { slot, sent, since } = sq.entries[0].st else {
+    let EState::Issued {
+        slot,
+        sent,
+        since,
+        alone,
+    } = sq.entries[0].st
+    else {
         return None;
     };
     let parts = ring_parts(&sq.entries[0], chunk);
@@ -459,13 +453,14 @@ pub(crate) fn finish_ring(q: &QpInner, sq: &mut Sq, now: u64) -> Option<RingDone
         outcome = Some(RingDone::Done(WcStatus::Success, byte_len));
     }
     if outcome.is_some() {
-        // Parts still out are answered into zombie slots (freed when they arrive).
-        for k in e.parts_done..sent {
-            sq.zombies.push((slot + k as u64, now));
-        }
-        e.parts_done = 0;
+        e.abandon_parts(&mut sq.zombies, now);
     } else {
-        e.st = EState::Issued { slot, sent, since };
+        e.st = EState::Issued {
+            slot,
+            sent,
+            since,
+            alone,
+        };
     }
     advance_ring(sq, tq);
     outcome

@@ -4,7 +4,7 @@
 //! the target's NIC thread).
 
 use crate::cq;
-use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span, MR_PASSTHROUGH};
+use crate::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span};
 use crate::inbound::{window, Inbound, RecvSge, RingServer};
 use crate::peer::Peer;
 use crate::scratch::{scratch_slot, Scratch};
@@ -98,16 +98,17 @@ pub(crate) fn remote_check(
         return Err(WcStatus::RemInvReqErr);
     }
     if len == 0 {
-        return Ok(MrView {
-            kind: MR_PASSTHROUGH,
-            va: addr,
-            len: 0,
-            iova_base: 0,
-            iova_slot: 0,
-            odp: false,
-        });
+        return Ok(dma::passthrough(addr, 0).mr);
     }
     check_key(seg, rkey, r.pd.load(Ordering::Relaxed), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
+}
+
+/// The receive WQE at `head` of QP `idx` cannot take a message: it completes with
+/// `wc` (an error) and the QP fails (RQ lock held by the caller).
+fn refuse_recv(seg: &Segment, via: &Peer, idx: u32, r: &QpRec, head: u64, wc: &Wc) {
+    r.rq_head.store(head + 1, Ordering::Release);
+    let _ = cq::push(seg, via, r.recv_cq.load(Ordering::Relaxed), wc, false);
+    qp_error_locked(seg, via, idx, r);
 }
 
 /// What the initiator sends for a message that consumes a receive WQE.
@@ -152,9 +153,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     };
     let fail = |recv_status: WcStatus, req: WcStatus, wc: &mut Wc| {
         wc.status = recv_status;
-        r.rq_head.store(head + 1, Ordering::Release);
-        let _ = cq::push(seg, peer, cqi, wc, false);
-        qp_error_locked(seg, peer, idx, r);
+        refuse_recv(seg, peer, idx, r, head, wc);
         Delivery::Done(req)
     };
     let result = if let Some((rkey, raddr)) = m.write_to {
@@ -365,7 +364,7 @@ pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv:
             }
             segment::RING_SEND => (serve_send(seg, me, idx, r, &req, data, section, srv), 0),
             segment::RING_WRITE_IMM => {
-                let slot_span = [slot_span(data, len, ring_max)];
+                let slot_span = [dma::passthrough(data as u64, len)];
                 let m = Message {
                     src: Side {
                         seg,
@@ -428,22 +427,6 @@ struct Request {
     swp: u64,
 }
 
-/// The slot's data area as a span (`cap` bytes of it exist).
-fn slot_span(data: *mut u8, len: u64, cap: u64) -> Span {
-    Span {
-        mr: MrView {
-            kind: MR_PASSTHROUGH,
-            va: data as u64,
-            len: cap.max(len),
-            iova_base: 0,
-            iova_slot: 0,
-            odp: false,
-        },
-        addr: data as u64,
-        len,
-    }
-}
-
 fn delivery_code(d: Delivery) -> u32 {
     match d {
         Delivery::Done(s) => s as u32,
@@ -491,7 +474,7 @@ fn serve_rw(seg: &Segment, r: &QpRec, q: &Request, data: *mut u8, section: usize
     let mut small = q.cmp.to_le_bytes();
     let inline = q.len <= 8;
     let buf = if inline { small.as_mut_ptr() } else { data };
-    let slot = [slot_span(buf, q.len, if inline { 8 } else { seg.p.ring_max as u64 })];
+    let slot = [dma::passthrough(buf as u64, q.len)];
     let slot_side = Side {
         seg,
         port: Port::Local,
@@ -542,7 +525,7 @@ fn serve_send(
     let imm = (q.flags & segment::RING_F_IMM != 0).then_some(q.cmp as u32);
     let solicited = q.flags & segment::RING_F_SOLICITED != 0;
     let (off, total) = (q.raddr, q.swp);
-    let slot = [slot_span(data, q.len, seg.p.ring_max as u64)];
+    let slot = [dma::passthrough(data as u64, q.len)];
     let src = Side {
         seg,
         port: Port::Local,
@@ -590,9 +573,7 @@ fn serve_send(
     };
     // A receive that cannot take the message completes in error and the QP fails.
     let fail = |recv: WcStatus, req: WcStatus, wr_id: u64| {
-        r.rq_head.store(head + 1, Ordering::Release);
-        let _ = cq::push(seg, me, r.recv_cq.load(Ordering::Relaxed), &recv_wc(recv, wr_id), false);
-        qp_error_locked(seg, me, idx, r);
+        refuse_recv(seg, me, idx, r, head, &recv_wc(recv, wr_id));
         req as u32
     };
     if first {
