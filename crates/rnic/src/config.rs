@@ -41,8 +41,10 @@ pub struct HostConfig {
     /// use it and always go through the ring. Each QP's ring takes `ring_slots` slots
     /// of the mailbox memfd (sparse: untouched slots cost no memory).
     pub ring_max: u32,
-    /// Largest READ/WRITE served through the target's NIC thread ring, if lower than
-    /// `ring_max` (`None`: `ring_max`, the old behaviour). `Some(0)` sends every
+    /// Between trusting hosts, the largest READ/WRITE served through the target's NIC
+    /// thread ring, if lower than `ring_max` (default 4 KiB, what it was when
+    /// `ring_max` defaulted to 4 KiB; `None`: `ring_max`). Target-enforced protection
+    /// ignores it (every op goes through the ring). `Some(0)` sends every
     /// READ/WRITE direct (process_vm across processes) while atomics still go through
     /// the ring and large copies can still be shared with the NIC thread.
     pub ring_rw_max: Option<u32>,
@@ -96,7 +98,7 @@ impl Default for HostConfig {
             nic_spin: Duration::from_micros(100),
             ring_slots: 16,
             ring_max: 64 * 1024,
-            ring_rw_max: None,
+            ring_rw_max: Some(4096),
             inproc_ring: false,
             dma_help: true,
             dma_section: 1 << 20,

@@ -69,7 +69,7 @@
 //!   channel signalled through `pidfd_getfd`). In-process atomics are real CPU atomics
 //!   on the target frame.
 //! * **The target's NIC thread** (one per host) serves, across processes, small READ
-//!   and WRITE (≤ `ring_rw_max`, default `ring_max` = 64 KiB; `Some(0)` = all direct)
+//!   and WRITE (≤ `ring_rw_max`, default 4 KiB; `Some(0)` = all direct)
 //!   and all atomics (whatever the limits) through the target QP's
 //!   request ring (process_vm costs ~1.1 µs per call; a ring round trip ~0.3 µs), so
 //!   atomics execute on one thread of the target (`IBV_ATOMIC_HCA`). It spins only for
