@@ -432,8 +432,11 @@ fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
     let pages = len.div_ceil(page_size());
     let pager = new_pager()?;
     // The first region / registration of each kind (one page, kept to the
-    // end) sets up what is per pager / device / context, not per page.
-    let warm = pager.alloc(page_size())?;
+    // end) sets up what is per pager / device / context, not per page —
+    // including the fault thread's fault-around buffer (a first touch of a
+    // two-page region faults both in through it).
+    let mut warm = pager.alloc(2 * page_size())?;
+    warm.as_mut_slice()[0] = 1;
     // The pager's own state for a region nobody registered.
     let before = state_rss(&[])?;
     let mut r = pager.alloc(len)?;

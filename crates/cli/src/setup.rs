@@ -57,6 +57,7 @@ impl RunQp<'_> {
             RunQp::Np(qp) => qp.connect(&nprdma::Endpoint {
                 addr: addr.to_bytes(),
                 qpn: peer.qpn,
+                ctrl_qpn: 0,
             })?,
         }
         Ok(())
@@ -84,15 +85,24 @@ pub fn new_pager() -> Result<vmem::Pager> {
     pager_with(1 << 30, None)
 }
 
+/// Pages a first-touch fault fills at once (`vmem::PagerConfig::fault_around`):
+/// 64 KiB, Linux's `fault_around_bytes`.
+pub const FAULT_AROUND: usize = 16;
+
 /// A pager with a `swap_size`-byte swap file and a resident budget of
 /// `budget_pages` (`None`: unlimited); O_DIRECT swap unless
-/// `NPRDMA_SWAP_BUFFERED=1`.
+/// `NPRDMA_SWAP_BUFFERED=1`. It notifies swap-ins eagerly, so NP-RDMA maps
+/// pages into the NIC's views in the pass that brings them in (a CPU
+/// fault, pin or prefetch) rather than on their first RDMA access, and
+/// faults around first touches ([`FAULT_AROUND`] pages).
 pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::Pager> {
     let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
     Ok(vmem::Pager::new(vmem::PagerConfig {
         swap_size,
         budget_pages,
         o_direct: !buffered,
+        eager_swap_in_notify: true,
+        fault_around: FAULT_AROUND,
         ..vmem::PagerConfig::default()
     })?)
 }
@@ -183,6 +193,36 @@ mod tests {
             (cap.max_send_wr, cap.max_recv_wr),
             (64, RECV_DEPTH as u32 + 8)
         );
+    }
+
+    /// Records the pages of eager swap-in notices.
+    #[derive(Default)]
+    struct Ins(std::sync::Mutex<Vec<usize>>);
+    impl vmem::SwapListener for Ins {
+        fn before_swap_out(&self, _pages: &[usize]) {}
+        fn after_swap_in(&self, pages: &[usize]) {
+            self.0.lock().unwrap().extend_from_slice(pages);
+        }
+    }
+
+    /// The CLI's pagers notify swap-ins (NP-RDMA maps pages in at once) and
+    /// fault around first touches.
+    #[test]
+    fn pagers_notify_swap_ins_and_fault_around() {
+        let pager = pager_with(16 << 20, None).unwrap();
+        let ins = std::sync::Arc::new(Ins::default());
+        pager.add_listener(ins.clone());
+        let ps = vmem::PAGE_SIZE;
+        let mut r = pager.alloc(2 * FAULT_AROUND * ps).unwrap();
+        r.as_mut_slice()[0] = 1;
+        let s = pager.stats();
+        assert_eq!((s.minor_faults, s.zero_fills), (1, FAULT_AROUND as u64 - 1));
+        let t = std::time::Instant::now();
+        while ins.0.lock().unwrap().len() < FAULT_AROUND && t.elapsed().as_secs() < 5 {
+            std::thread::yield_now();
+        }
+        let want: Vec<usize> = (0..FAULT_AROUND).map(|i| r.addr() + i * ps).collect();
+        assert_eq!(*ins.0.lock().unwrap(), want);
     }
 
     #[test]

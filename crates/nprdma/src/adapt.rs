@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use crate::nic::{self, Access, Frame, IommuControl, MemoryManager, NicMr};
 
 mod verbs;
-pub use verbs::{completion, RnicCq, RnicNic, RnicQp};
+pub use verbs::{completion, RnicBuf, RnicCq, RnicNic, RnicQp};
 
 /// The IOMMU-control capability of one `rnic` host.
 pub struct RnicIommu {
@@ -28,15 +28,19 @@ impl RnicIommu {
 pub struct RnicMr(pub rnic::Mr);
 
 impl NicMr for RnicMr {
+    #[inline]
     fn lkey(&self) -> u32 {
         self.0.lkey()
     }
+    #[inline]
     fn rkey(&self) -> u32 {
         self.0.rkey()
     }
+    #[inline]
     fn addr(&self) -> u64 {
         self.0.addr() as u64
     }
+    #[inline]
     fn len(&self) -> u64 {
         self.0.len() as u64
     }
@@ -99,6 +103,9 @@ impl IommuControl for RnicIommu {
     fn flush(&self) -> Result<(), Self::Error> {
         self.host.iommu().flush()
     }
+    fn test_and_clear_young(&self, range: &Self::Range, index: u64) -> Result<bool, Self::Error> {
+        self.host.iommu().test_and_clear_young(range, index)
+    }
     #[allow(unsafe_code)]
     unsafe fn reg_mr_iova(
         &self,
@@ -119,6 +126,12 @@ impl IommuControl for RnicIommu {
             .frames()
             .set_resident(addr as usize, len as usize, resident);
         Ok(())
+    }
+    fn track_frames(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        self.host.frames().track(addr as usize, len as usize, false)
+    }
+    fn untrack_frames(&self, addr: u64) -> Result<(), Self::Error> {
+        self.host.frames().untrack(addr as usize)
     }
 }
 
@@ -291,6 +304,10 @@ impl vmem::SwapListener for ListenerBridge {
     fn after_swap_in(&self, pages: &[usize]) {
         let p: Vec<u64> = pages.iter().map(|&a| a as u64).collect();
         self.0.after_swap_in(&p);
+    }
+    fn test_and_clear_young(&self, pages: &[usize], young: &mut [bool]) {
+        let p: Vec<u64> = pages.iter().map(|&a| a as u64).collect();
+        self.0.test_and_clear_young(&p, young);
     }
     fn after_unmap(&self, start: usize, end: usize) {
         self.0.after_unmap(start as u64, end as u64);

@@ -8,8 +8,8 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`engine`] | **the application API** (context, PD, MR, CQ, QP, post/poll) and the polling thread; the operation state machine |
-//! | [`adapt`] | adapters of [`nic`]'s traits to `rnic` (IOMMU, frame map) and `vmem` (pager, swap listeners) |
+//! | [`engine`] | **the application API** (context, PD, MR, CQ, QP, post/poll) and the polling thread; the operation state machine, generic over its NIC backend ([`engine::Backend`], default: the software RNIC) |
+//! | [`adapt`] | adapters of [`nic`]'s traits to `rnic` (verbs, owned and DMA-pool buffers, IOMMU, frame map) and `vmem` (pager, swap listeners) |
 //! | [`ctrl`] | control-channel wire format (64-byte command slots) |
 //! | [`cmdq`] | control-channel framing: messages ↔ slots, reassembly |
 //! | [`ordering`] | per-QP in-flight table of configurable ordering |
@@ -28,6 +28,8 @@
 //!
 //! ```text
 //! Context::new(&rnic::Host, &vmem::Pager, Config) -> Context   // starts the polling thread
+//!   (Context::with_nic(N, &vmem::Pager, Config) -> Context<N> for any engine::Backend N;
+//!    one without IOMMU control runs the user-space mode)
 //!   .alloc_pd() -> Pd    .create_cq(depth) -> Cq    .stats() / .nic_stats() / .progress()
 //! Pd: unsafe reg_mr(addr, len, Access) -> Mr          // registers with the pager, never pins
 //!     create_qp(&send_cq, &recv_cq, depth) -> Qp
@@ -122,16 +124,21 @@
 //!   swapped in) and mapped in right after the answer, off the initiator's
 //!   critical path.
 //! * The control channel's pinned command-slot receive rings (64 B × depth)
-//!   are buffers of rnic's NIC-shared DMA pool (`engine/ctrlbuf.rs`;
-//!   `rnic::Host::alloc_dma_buffer`), so the peer's software NIC delivers a
+//!   are buffers of rnic's NIC-shared DMA pool (`nic::Nic::alloc_ring_buf`,
+//!   `adapt::RnicBuf`; `rnic::Host::alloc_dma_buffer`), so the peer's software NIC delivers a
 //!   control SEND with a memcpy instead of a cross-process copy syscall; a
 //!   QP whose pool is off or full falls back to an owned heap ring.
 //! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
 //!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
 //!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no
 //!   RECV), instead of the paper's RNR policy / RNR_RETRY_EXC_ERR.
-//! * Rendezvous receives of a QP are served one at a time; the IOMMU-less
-//!   user-space mode and the eager swap-in hook are not wired.
+//! * Rendezvous receives of a QP are served one at a time; the eager
+//!   swap-in hook is not wired.
+//! * On a NIC without IOMMU control (`ibverbs-nic`: any libibverbs device)
+//!   the engine runs the paper's user-space mode (`Context::with_nic`):
+//!   every READ/WRITE two-sided over MRs registered on the fly, with a
+//!   bounded registration cache (`Config::reg_cache_bytes`) beyond the
+//!   paper, dropped by a swap listener before eviction.
 //! * Execution errors caught before the NIC (unknown key, bounds, rights)
 //!   complete the WR with the verbs status but leave the QP usable; NIC
 //!   errors follow the NIC (QP to ERR, WR_FLUSH_ERR behind).
@@ -179,8 +186,18 @@
 //! where the target pins the page (which makes it resident), maps R and W
 //! back to `Ram`, and bumps the version to odd — mapping first, version
 //! second, so a peer that reads an odd version finds the real frame. The
-//! page stays mapped after the unpin until its next swap-out. (An opt-in
-//! eager `after_swap_in` hook can do the same immediately.)
+//! page stays mapped after the unpin until its next swap-out. With a pager
+//! that notifies swap-ins (`vmem::PagerConfig::eager_swap_in_notify`, what
+//! the `nprdma` CLI runs) the listener does the same at once, in the pass
+//! that brought the pages in (a CPU fault, a pin, a prefetch): the first
+//! RDMA access after it is one-sided.
+//!
+//! **Reclaim sees the NIC's accesses**: the software RNIC's IOMMU records an
+//! accessed bit per IOVA page when DMA translates through it (as AMD/Intel
+//! IOMMU page tables do), and the listener answers the pager's CLOCK
+//! `test_and_clear_young` question from both views' bits, so pages peers
+//! keep reading or writing get the second chance of referenced pages
+//! instead of being evicted in FIFO order.
 //!
 //! **User-space mode** (no IOMMU capability, e.g. a real NIC without the
 //! kernel module): no Read/Write views exist, so every operation takes the

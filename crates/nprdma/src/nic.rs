@@ -31,6 +31,12 @@ impl Access {
     pub const REMOTE_READ: Access = Access(4);
     /// `IBV_ACCESS_REMOTE_ATOMIC`.
     pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Not an ibverbs flag (bit 30, outside their range): the MR is reachable
+    /// by a peer's requests whatever the receiving QP's access flags (the
+    /// protocol's own MRs: version tables, reverse-operation buffers). Only
+    /// a backend whose QPs filter remote requests by their flags *before*
+    /// the MR's rights needs it; others ignore the bit.
+    pub const ANY_QP: Access = Access(1 << 30);
     /// Whether all bits of `other` are set.
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
@@ -61,10 +67,14 @@ pub struct DeviceCaps {
     pub max_inline: u32,
     /// Whether [`Nic::iommu`] returns a capability (else: user-space mode).
     pub iommu: bool,
+    /// Max entries of one CQ.
+    pub max_cqe: u32,
 }
 
-/// Scatter/gather element (`struct ibv_sge`).
+/// Scatter/gather element (`struct ibv_sge`, its C layout: a backend whose
+/// own SGE type is `struct ibv_sge` too may post an array of these as is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address.
     pub addr: u64,
@@ -74,8 +84,9 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// Work-request operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Work-request operation (the one verbs vocabulary: NIC WRs and the
+/// application's, `plan::AppOp`, alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WrOp {
     /// RDMA WRITE.
     Write,
@@ -120,6 +131,43 @@ pub struct WorkRequest<'a> {
     pub fence: bool,
     /// Copy the data at post time (no lkey needed).
     pub inline: bool,
+}
+
+impl<'a> WorkRequest<'a> {
+    /// A signaled, unfenced, not inline WR of `op` over `sg_list` (no remote
+    /// side yet: [`WorkRequest::remote`]).
+    #[inline]
+    pub fn new(wr_id: u64, op: WrOp, sg_list: &'a [Sge]) -> Self {
+        WorkRequest {
+            wr_id,
+            op,
+            sg_list,
+            remote_addr: 0,
+            rkey: 0,
+            signaled: true,
+            fence: false,
+            inline: false,
+        }
+    }
+    /// With remote address `addr` under key `rkey`.
+    #[inline]
+    pub fn remote(mut self, addr: u64, rkey: u32) -> Self {
+        self.remote_addr = addr;
+        self.rkey = rkey;
+        self
+    }
+    /// Signaled or not.
+    #[inline]
+    pub fn signaled(mut self, signaled: bool) -> Self {
+        self.signaled = signaled;
+        self
+    }
+    /// Its data copied at post time (`IBV_SEND_INLINE`).
+    #[inline]
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
 }
 
 /// A receive-queue work request.
@@ -317,6 +365,25 @@ pub trait NicMr: Send + Sync {
     }
 }
 
+/// A buffer the backend owns, registered for its whole life (zeroed at
+/// allocation): read-back scratch, the zero source, control rings. Dropping
+/// it deregisters (waiting for DMA through it), then frees the memory.
+pub trait NicBuf: NicMr {
+    /// Copy `out.len()` bytes at offset `off` of the buffer into `out`.
+    ///
+    /// # Panics
+    /// If the range is outside the buffer (a caller bug).
+    fn read(&self, off: usize, out: &mut [u8]);
+    /// The SGE of `len` bytes at offset `off`.
+    fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr() + off as u64,
+            length: len,
+            lkey: self.lkey(),
+        }
+    }
+}
+
 /// A completion queue.
 pub trait NicCq: Send + Sync {
     /// The NIC's error.
@@ -349,6 +416,16 @@ pub trait NicQp: Send + Sync {
     fn post_recv(&self, wrs: &[RecvRequest<'_>]) -> Result<(), PostError<Self::Error>>;
     /// Move the QP to ERR: outstanding WRs complete with WR_FLUSH_ERR.
     fn set_error(&self) -> Result<(), Self::Error>;
+    /// Change the rights the QP grants the peer's requests
+    /// (`ibv_modify_qp` with `IBV_QP_ACCESS_FLAGS`; REMOTE_* bits count).
+    fn set_access(&self, access: Access) -> Result<(), Self::Error>;
+    /// Whether the connected peer is known to be gone (its process exited). A NIC
+    /// notices a dead peer only on requests it has outstanding; the engine asks
+    /// while it waits for the peer's answer to a control message. Default: never
+    /// known (the transport timeout and the engine's own timeout then bound the wait).
+    fn peer_gone(&self) -> bool {
+        false
+    }
 }
 
 /// Where an IOVA page points.
@@ -384,6 +461,14 @@ pub trait IommuControl: Send + Sync {
     fn map(&self, range: &Self::Range, index: u64, frame: Frame) -> Result<(), Self::Error>;
     /// Return only when no DMA atom that used a replaced entry is in flight.
     fn flush(&self) -> Result<(), Self::Error>;
+    /// Whether DMA reached page `index` of `range` since it was mapped or
+    /// last asked, clearing that record: the IOMMU page table's accessed
+    /// bit, which the pager's reclaim asks about through
+    /// [`SwapListener::test_and_clear_young`]. Default: an IOMMU without
+    /// accessed bits, never young.
+    fn test_and_clear_young(&self, _range: &Self::Range, _index: u64) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
     /// Register `[addr, addr+len)` with MTT page i → IOVA page `range`+i.
     ///
     /// # Safety
@@ -401,6 +486,17 @@ pub trait IommuControl: Send + Sync {
     /// host-OS role; the software NIC counts and refuses DMA to
     /// non-resident frames). A real IOMMU driver ignores it.
     fn set_resident(&self, addr: u64, len: u64, resident: bool) -> Result<(), Self::Error>;
+    /// Start tracking the residency of `[addr, addr+len)` (page-aligned),
+    /// all pages non-resident until [`IommuControl::set_resident`] says
+    /// otherwise: the host-OS role of a NIC model (default: nothing).
+    fn track_frames(&self, _addr: u64, _len: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
+    /// Stop tracking the range [`IommuControl::track_frames`] started at
+    /// `addr` (default: nothing).
+    fn untrack_frames(&self, _addr: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// One protection domain of a NIC.
@@ -413,8 +509,12 @@ pub trait Nic: Send + Sync {
     type Cq: NicCq<Error = Self::Error>;
     /// Its QPs.
     type Qp: NicQp<Error = Self::Error>;
+    /// Its owned registered buffers.
+    type Buf: NicBuf;
     /// Its IOMMU control.
     type Iommu: IommuControl<Error = Self::Error>;
+    /// The NIC's own counters ([`Nic::stats`]; `()` if it has none).
+    type Stats: Clone + std::fmt::Debug + Send;
     /// Device capabilities.
     fn caps(&self) -> DeviceCaps;
     /// Standard (pinned, identity-translated) registration: control rings,
@@ -424,6 +524,15 @@ pub trait Nic: Send + Sync {
     /// The memory must stay mapped while the MR exists.
     #[allow(unsafe_code)] // declaration only: the caller upholds the contract
     unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Self::Mr, Self::Error>;
+    /// `len` zeroed bytes the backend allocates and registers with `access`
+    /// ([`NicBuf`]).
+    fn alloc_buf(&self, len: usize, access: Access) -> Result<Self::Buf, Self::Error>;
+    /// [`Nic::alloc_buf`] for a buffer peers' SENDs land in (a control
+    /// ring): a backend with a NIC-shared DMA pool serves it from there, so
+    /// a peer's SEND into it is cheap (default: [`Nic::alloc_buf`]).
+    fn alloc_ring_buf(&self, len: usize, access: Access) -> Result<Self::Buf, Self::Error> {
+        self.alloc_buf(len, access)
+    }
     /// A CQ of `depth` entries (overflow is an error, as on hardware).
     fn create_cq(&self, depth: u32) -> Result<Self::Cq, Self::Error>;
     /// An RC QP in RESET.
@@ -436,7 +545,25 @@ pub trait Nic: Send + Sync {
     /// This host's address for peers.
     fn addr(&self) -> PeerAddr;
     /// The IOMMU-control capability, if available.
-    fn iommu(&self) -> Option<&Self::Iommu>;
+    fn iommu(&self) -> Option<Arc<Self::Iommu>>;
+    /// Block until an armed CQ of this NIC ([`NicCq::arm`]) signals its
+    /// completion channel, or `timeout` passes: `true` on an event, `false`
+    /// on the timeout.
+    fn wait_event(&self, timeout: std::time::Duration) -> Result<bool, Self::Error>;
+    /// The NIC's counters.
+    fn stats(&self) -> Self::Stats;
+    /// Software-NIC hook: let the calling thread serve the NIC's request
+    /// rings (`on`) or hand them back; whether handing back served pending
+    /// requests. A hardware NIC needs no CPU to serve its peers (default:
+    /// nothing, `false`).
+    fn set_ring_polling(&self, _on: bool) -> bool {
+        false
+    }
+    /// Software-NIC hook: serve pending ring requests now (while ring
+    /// polling is on); whether any was served (default: `false`).
+    fn serve_rings(&self) -> bool {
+        false
+    }
 }
 
 /// Opaque handle of a registered swap listener.
@@ -454,6 +581,11 @@ pub trait SwapListener: Send + Sync {
     /// Optional eager swap-in notice (beyond the paper; Linux has none, so
     /// the default relies on lazy swap-in through the two-sided path).
     fn after_swap_in(&self, _pages: &[u64]) {}
+    /// Secondary-MMU accessed bits (Linux's `mmu_notifier` `clear_young`):
+    /// set `young[i]` for each of `pages` (resident eviction candidates)
+    /// the NIC reached since last asked, clearing that record; the pager
+    /// spares young pages as referenced ones. Default: reports nothing.
+    fn test_and_clear_young(&self, _pages: &[u64], _young: &mut [bool]) {}
     /// The application unmapped `[start, end)` (page-aligned): the memory
     /// registered there is gone and its address may be reused; NP-RDMA
     /// takes the pages out of both NIC views, as for a swap-out, so no DMA
@@ -550,5 +682,7 @@ impl<M: MemoryManager> Drop for Pinned<M> {
     }
 }
 
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
 #[cfg(test)]
 mod tests;

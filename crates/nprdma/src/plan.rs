@@ -12,32 +12,10 @@ use crate::ordering::{OpDesc, Range};
 /// Most NIC WRs one application WR turns into on the data QP.
 pub const MAX_NIC_WRS: usize = 3;
 
-/// Application operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppOp {
-    /// RDMA READ.
-    Read,
-    /// RDMA WRITE.
-    Write,
-    /// WRITE with immediate data.
-    WriteImm(u32),
-    /// SEND.
-    Send,
-    /// SEND with immediate data.
-    SendImm(u32),
-    /// Compare-and-swap.
-    CmpSwap {
-        /// The value expected at the remote address.
-        compare: u64,
-        /// The value stored there if it matched.
-        swap: u64,
-    },
-    /// Fetch-and-add.
-    FetchAdd {
-        /// The addend.
-        add: u64,
-    },
-}
+/// Application operation: the verbs operation itself ([`WrOp`]). The
+/// planner maps one onto at most [`MAX_NIC_WRS`] NIC WRs of the same
+/// vocabulary.
+pub use crate::nic::WrOp as AppOp;
 
 /// Tuning of the planner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +91,7 @@ pub enum TwoSided {
 }
 
 /// First strategy for an operation of `len` bytes.
+#[inline]
 pub fn choose(op: AppOp, len: u64, signaled: bool, cfg: &PlanConfig) -> Strategy {
     match op {
         AppOp::CmpSwap { .. } | AppOp::FetchAdd { .. } => Strategy::TwoSided(TwoSided::Atomic),
@@ -136,6 +115,7 @@ pub fn choose(op: AppOp, len: u64, signaled: bool, cfg: &PlanConfig) -> Strategy
 }
 
 /// Whether an operation of `len` bytes starts with a [`Strategy::VersionProbe`].
+#[inline]
 pub fn probes_first(op: AppOp, len: u64, cfg: &PlanConfig) -> bool {
     !cfg.user_space_mode && op == AppOp::Read && cfg.probe_min.is_some_and(|m| len >= m)
 }
@@ -206,6 +186,7 @@ pub fn nic_steps(s: Strategy, remote_addr: u64, len: u64, t: &Translation) -> Ve
 
 /// [`nic_steps`] without a heap allocation (at most 3 steps), for the
 /// engine's per-operation fast path.
+#[inline]
 pub fn nic_steps_small(
     s: Strategy,
     remote_addr: u64,

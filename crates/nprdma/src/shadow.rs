@@ -80,11 +80,13 @@ impl VersionTable {
         self.words.len() as u64 * 4
     }
     /// Version of page `i`.
+    #[inline]
     pub fn get(&self, i: usize) -> Option<u32> {
         self.words.get(i).map(|w| w.load(Ordering::Acquire))
     }
     /// Copy versions of pages `first..first + out.len()` (local version
     /// snapshots around an operation). False if out of range.
+    #[inline]
     pub fn snapshot(&self, first: usize, out: &mut [u32]) -> bool {
         let Some(ws) = first
             .checked_add(out.len())
@@ -450,12 +452,67 @@ impl<I: IommuControl> MrShadow<I> {
     }
 }
 
+impl<I: IommuControl> MrShadow<I> {
+    /// For each of `pages` in the region, whether DMA reached it through
+    /// either view since last asked (both views' accessed bits are read and
+    /// cleared); ORed into `young`.
+    pub fn test_and_clear_young(&self, pages: &[u64], young: &mut [bool]) -> Res<(), I> {
+        for (&p, y) in pages.iter().zip(young.iter_mut()) {
+            let Some(i) = self.page_index(p) else {
+                continue;
+            };
+            let r = self
+                .iommu
+                .test_and_clear_young(&self.read, i as u64)
+                .map_err(ShadowError::Iommu)?;
+            let w = self
+                .iommu
+                .test_and_clear_young(&self.write, i as u64)
+                .map_err(ShadowError::Iommu)?;
+            *y |= r || w;
+        }
+        Ok(())
+    }
+
+    /// Eager map-in of pages the pager just brought in (its eager swap-in
+    /// notice, on the thread that brought them in; the pager keeps them
+    /// resident until this returns): the pages of the region among `pages`
+    /// are mapped into both views (real frame, then odd version), so the
+    /// first one-sided access after a CPU fault, pin or prefetch needs no
+    /// two-sided round. Nothing is done once part of the region was
+    /// unmapped (a page brought in just before its unmap must not be
+    /// mapped after it; the two-sided path asks the pager).
+    pub fn swapped_in(&self, pages: &[u64]) -> Res<usize, I> {
+        if self.some_unmapped() {
+            return Ok(0);
+        }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = 0;
+        for &p in pages {
+            if self.page_index(p).is_some() {
+                changed += self.map_in_locked(p & !(self.page_size - 1), 1, true)?;
+            }
+        }
+        Ok(changed)
+    }
+}
+
 impl<I: IommuControl> SwapListener for MrShadow<I> {
     fn before_swap_out(&self, pages: &[u64]) {
         if let Err(e) = self.swap_out(pages) {
             // Nothing can be returned to the pager; on the software RNIC the
             // only failures are caller bugs (bad index), so shout.
             tracing::error!(error = %e, "NP-RDMA swap-out remap failed");
+        }
+    }
+    fn after_swap_in(&self, pages: &[u64]) {
+        if let Err(e) = self.swapped_in(pages) {
+            tracing::error!(error = %e, "NP-RDMA eager map-in failed");
+        }
+    }
+    fn test_and_clear_young(&self, pages: &[u64], young: &mut [bool]) {
+        if let Err(e) = MrShadow::test_and_clear_young(self, pages, young) {
+            tracing::error!(error = %e, "NP-RDMA accessed-bit query failed");
         }
     }
     fn after_unmap(&self, start: u64, end: u64) {

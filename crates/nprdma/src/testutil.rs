@@ -7,11 +7,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::ctrl::AtomicKind;
 use crate::nic::{
     Access, CompOp, Completion, DeviceCaps, Frame, IommuControl, ListenerId, MemoryManager, Nic,
-    NicCq, NicMr, NicQp, PeerAddr, PostError, QpSpec, RecvRequest, Sge, SwapListener, WcStatus,
+    NicBuf, NicCq, NicMr, NicQp, PeerAddr, PostError, QpSpec, RecvRequest, SwapListener, WcStatus,
     WorkRequest, WrOp,
 };
 use crate::shadow::VersionTable;
@@ -64,9 +65,15 @@ pub(crate) struct FakeIommu {
     pub(crate) live: Mutex<HashSet<u64>>,
     pub(crate) log: Mutex<Vec<Ev>>,
     pub(crate) probe: OnceLock<Arc<VersionTable>>,
+    /// Accessed bits: (range, index) pages DMA reached ([`FakeIommu::touch`]).
+    pub(crate) accessed: Mutex<HashSet<(u64, u64)>>,
 }
 
 impl FakeIommu {
+    /// A DMA reached page `idx` of `r` (sets its accessed bit).
+    pub(crate) fn touch(&self, r: &FakeRange, idx: u64) {
+        self.accessed.lock().unwrap().insert((r.id, idx));
+    }
     pub(crate) fn frame(&self, r: &FakeRange, idx: u64) -> Frame {
         *self
             .frames
@@ -113,6 +120,12 @@ impl IommuControl for FakeIommu {
     fn flush(&self) -> Result<(), FakeErr> {
         self.log.lock().unwrap().push(Ev::Flush);
         Ok(())
+    }
+    fn test_and_clear_young(&self, r: &FakeRange, idx: u64) -> Result<bool, FakeErr> {
+        if idx >= r.npages {
+            return Err(FakeErr("bad index"));
+        }
+        Ok(self.accessed.lock().unwrap().remove(&(r.id, idx)))
     }
     #[allow(unsafe_code)]
     unsafe fn reg_mr_iova(
@@ -213,172 +226,11 @@ impl MemoryManager for FakeMem {
     }
 }
 
-// ---- The verbs contract NP-RDMA relies on ----
+// ---- The verbs contract NP-RDMA relies on: `nic::contract` ----
 
-/// Wait for one completion on `cq` (panics after 5 s).
-fn one<C: NicCq>(cq: &C) -> Completion {
-    let t0 = Instant::now();
-    let mut c = [Completion::default(); 1];
-    while t0.elapsed() < Duration::from_secs(5) {
-        if cq.poll(&mut c).expect("poll") == 1 {
-            return c[0];
-        }
-        std::thread::yield_now();
-    }
-    panic!("no completion within 5 s");
-}
-
-fn wr(wr_id: u64, op: WrOp, sg: &[Sge], raddr: u64, rkey: u32) -> WorkRequest<'_> {
-    WorkRequest {
-        wr_id,
-        op,
-        sg_list: sg,
-        remote_addr: raddr,
-        rkey,
-        signaled: true,
-        fence: false,
-        inline: false,
-    }
-}
-
-/// The verbs contract NP-RDMA relies on, for any [`Nic`]: one-sided
-/// WRITE/READ/atomic, SEND with immediate (gathered and inline) into
-/// posted RECVs, remote access errors as completions, flush on ERR.
-pub(crate) fn verbs_contract<N: Nic>(a: &N, b: &N) {
-    let spec = QpSpec {
-        qpn: None,
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_sge: 2,
-        max_inline: 64,
-    };
-    let (ca, cb) = (
-        a.create_cq(64).expect("cq a"),
-        b.create_cq(64).expect("cq b"),
-    );
-    let qa = a.create_qp(&spec, &ca, &ca).expect("qp a");
-    let qb = b.create_qp(&spec, &cb, &cb).expect("qp b");
-    let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-    qa.connect(b.addr(), qb.qpn(), rights).expect("connect a");
-    qb.connect(a.addr(), qa.qpn(), rights).expect("connect b");
-    let mut la = vec![0u8; 4096];
-    let mut lb = vec![0u8; 4096];
-    let acc = Access::LOCAL_WRITE | rights;
-    // SAFETY: both vectors outlive their MRs (dropped at the end of
-    // this function, MRs first: declared later).
-    #[allow(unsafe_code)]
-    let (ma, mb) = unsafe {
-        (
-            a.reg_mr(la.as_mut_ptr() as u64, 4096, acc).expect("mr a"),
-            b.reg_mr(lb.as_mut_ptr() as u64, 4096, acc).expect("mr b"),
-        )
-    };
-    let sge = |m: &N::Mr, off: u64, len: u32| Sge {
-        addr: m.addr() + off,
-        length: len,
-        lkey: m.lkey(),
-    };
-    for (i, x) in la.iter_mut().enumerate().take(64) {
-        *x = i as u8 + 1;
-    }
-    // WRITE a[0..64] → b[100..164].
-    let s = [sge(&ma, 0, 64)];
-    qa.post_send(&[wr(1, WrOp::Write, &s, mb.addr() + 100, mb.rkey())])
-        .expect("post write");
-    let c = one(&ca);
-    assert_eq!((c.wr_id, c.status, c.op), (1, 0, CompOp::Write));
-    assert_eq!(&lb[100..164], &la[..64]);
-    // READ b[100..164] → a[1000..1064], gathered into two SGEs.
-    let s = [sge(&ma, 1000, 32), sge(&ma, 2000, 32)];
-    qa.post_send(&[wr(2, WrOp::Read, &s, mb.addr() + 100, mb.rkey())])
-        .expect("post read");
-    let c = one(&ca);
-    assert_eq!(
-        (c.wr_id, c.status, c.op, c.byte_len),
-        (2, 0, CompOp::Read, 64)
-    );
-    assert_eq!(&la[1000..1032], &la[..32]);
-    assert_eq!(&la[2000..2032], &la[32..64]);
-    // FETCH_ADD on b[512] (8-aligned in the MR).
-    lb[512..520].copy_from_slice(&5u64.to_le_bytes());
-    let s = [sge(&ma, 3000, 8)];
-    qa.post_send(&[wr(
-        3,
-        WrOp::FetchAdd { add: 2 },
-        &s,
-        mb.addr() + 512,
-        mb.rkey(),
-    )])
-    .expect("post atomic");
-    let c = one(&ca);
-    assert_eq!((c.wr_id, c.status, c.op), (3, 0, CompOp::FetchAdd));
-    assert_eq!(la[3000..3008], 5u64.to_le_bytes());
-    assert_eq!(lb[512..520], 7u64.to_le_bytes());
-    // SEND with immediate into a posted RECV, then an inline SEND.
-    let r = [sge(&mb, 1024, 128)];
-    let r2 = [sge(&mb, 2048, 128)];
-    qb.post_recv(&[
-        RecvRequest {
-            wr_id: 40,
-            sg_list: &r,
-        },
-        RecvRequest {
-            wr_id: 41,
-            sg_list: &r2,
-        },
-    ])
-    .expect("post recv");
-    let s = [sge(&ma, 0, 16)];
-    // Inline: no lkey, the bytes are copied at post time.
-    let data = [Sge {
-        addr: la.as_ptr() as u64 + 16,
-        length: 8,
-        lkey: 0,
-    }];
-    let inline = WorkRequest {
-        inline: true,
-        ..wr(5, WrOp::Send, &data, 0, 0)
-    };
-    qa.post_send(&[wr(4, WrOp::SendImm(99), &s, 0, 0), inline])
-        .expect("post sends");
-    let (c1, c2) = (one(&ca), one(&ca));
-    assert_eq!((c1.wr_id, c1.status, c2.wr_id, c2.status), (4, 0, 5, 0));
-    let r1 = one(&cb);
-    assert_eq!(
-        (r1.wr_id, r1.status, r1.op, r1.byte_len, r1.imm),
-        (40, 0, CompOp::RecvWithImm, 16, Some(99))
-    );
-    let r2 = one(&cb);
-    assert_eq!(
-        (r2.wr_id, r2.status, r2.op, r2.byte_len),
-        (41, 0, CompOp::Recv, 8)
-    );
-    assert_eq!(&lb[1024..1040], &la[..16]);
-    assert_eq!(&lb[2048..2056], &la[16..24]);
-    // In ERR, posted RECVs flush (a second pair: ERR is for good).
-    let qa2 = a.create_qp(&spec, &ca, &ca).expect("qp a2");
-    let qb2 = b.create_qp(&spec, &cb, &cb).expect("qp b2");
-    qa2.connect(b.addr(), qb2.qpn(), rights)
-        .expect("connect a2");
-    qb2.connect(a.addr(), qa2.qpn(), rights)
-        .expect("connect b2");
-    qb2.post_recv(&[RecvRequest {
-        wr_id: 42,
-        sg_list: &r,
-    }])
-    .expect("post recv");
-    qb2.set_error().expect("to ERR");
-    let c = one(&cb);
-    assert_eq!((c.wr_id, c.status), (42, Completion::WR_FLUSH_ERR));
-    // A bad rkey fails at the responder: an error completion.
-    let s = [sge(&ma, 0, 8)];
-    qa.post_send(&[wr(6, WrOp::Write, &s, mb.addr(), mb.rkey() ^ 0x4000)])
-        .expect("post bad write");
-    let c = one(&ca);
-    assert_eq!(c.wr_id, 6);
-    assert_eq!(WcStatus::from_code(c.status), WcStatus::RemAccessErr);
-    drop((ma, mb));
-}
+pub(crate) use crate::nic::contract::{
+    buffers_and_access_contract, iommu_contract, verbs_contract,
+};
 
 // ---- A fake NIC: verbs executed synchronously on this CPU ----
 
@@ -392,7 +244,15 @@ struct FakeRegion {
     addr: u64,
     len: u64,
     access: Access,
+    /// Translated through this IOVA range of the fabric (MTT page i → range
+    /// page i, counted from `addr`'s page); `None`: identity.
+    iova: Option<u64>,
 }
+
+/// Page size of the fake NIC's IOMMU.
+const FAKE_PS: u64 = 4096;
+/// The magic word of the fake NIC's signature page.
+pub(crate) const FAKE_MAGIC: u32 = 0x6e70_7264;
 
 impl FakeRegion {
     fn covers(&self, addr: u64, len: u64) -> bool {
@@ -420,6 +280,10 @@ struct Fabric {
     mrs: HashMap<u32, (u8, FakeRegion)>,
     qps: HashMap<u32, FakeQpRec>,
     cqs: HashMap<u64, VecDeque<Completion>>,
+    /// IOVA ranges: their pages' frames.
+    ranges: HashMap<u64, Vec<Frame>>,
+    /// Signaled on every completion (the completion channels of all NICs).
+    wake: Arc<std::sync::Condvar>,
 }
 
 impl Fabric {
@@ -435,29 +299,184 @@ impl Fabric {
     }
     fn complete(&mut self, cq: u64, c: Completion) {
         self.cqs.entry(cq).or_default().push_back(c);
+        self.wake.notify_all();
+    }
+    /// Calls `f(chunk_addr, chunk_len, frame)` for the page-bounded chunks
+    /// of `[addr, addr+len)` of region `r` (validated): the process address
+    /// the DMA reaches (`Ram`), or the special frame. False if a page is
+    /// unmapped (nothing was called for it or after it).
+    fn walk(
+        &self,
+        r: &FakeRegion,
+        addr: u64,
+        len: u64,
+        mut f: impl FnMut(u64, u64, Frame),
+    ) -> bool {
+        let Some(range) = r.iova else {
+            f(addr, len, Frame::Ram(addr));
+            return true;
+        };
+        let frames = &self.ranges[&range];
+        let mut at = addr;
+        let end = addr + len;
+        while at < end {
+            let n = (FAKE_PS - at % FAKE_PS).min(end - at);
+            let page = (at / FAKE_PS - r.addr / FAKE_PS) as usize;
+            match frames.get(page).copied().unwrap_or(Frame::Unmapped) {
+                Frame::Unmapped => return false,
+                Frame::Ram(p) => f(p + at % FAKE_PS, n, Frame::Ram(p)),
+                other => f(at, n, other),
+            }
+            at += n;
+        }
+        true
+    }
+    /// The DMA read of `[addr, addr+len)` through region `r`.
+    fn dma_read(&self, r: &FakeRegion, addr: u64, len: u64) -> Option<Vec<u8>> {
+        let mut d = Vec::with_capacity(len as usize);
+        let mut mapped = true;
+        let walked = self.walk(r, addr, len, |a, n, fr| match fr {
+            Frame::Ram(_) => match crate::mem::read(a, n as usize) {
+                Ok(v) => d.extend(v),
+                Err(_) => mapped = false,
+            },
+            Frame::Signature => {
+                let m = FAKE_MAGIC.to_le_bytes();
+                d.extend((a..a + n).map(|x| m[(x % 4) as usize]));
+            }
+            _ => d.extend(std::iter::repeat_n(0, n as usize)),
+        });
+        (walked && mapped).then_some(d)
+    }
+    /// The DMA write of `data` to `addr` through region `r`.
+    fn dma_write(&self, r: &FakeRegion, addr: u64, data: &[u8]) -> bool {
+        let mut off = 0usize;
+        let mut mapped = true;
+        let walked = self.walk(r, addr, data.len() as u64, |a, n, fr| {
+            if let Frame::Ram(_) = fr {
+                mapped &= crate::mem::write(a, &data[off..off + n as usize]).is_ok();
+            }
+            off += n as usize;
+        });
+        walked && mapped
     }
 }
 
 /// One PD of a fake NIC on a shared in-memory fabric ([`FakeNic::pair`]):
 /// WRs execute at post time, on the posting thread, against this process's
 /// memory, with the verbs' checks (keys, bounds, rights, RECVs) and
-/// completions. No IOMMU control (user-space mode).
+/// completions. Without IOMMU control (user-space mode), or with it
+/// ([`FakeNic::pair_with_iommu`]: MRs over IOVA ranges whose pages name
+/// process memory or the signature / black-hole page, what the engine runs
+/// on).
 pub(crate) struct FakeNic {
+    id: u8,
+    fabric: Arc<Mutex<Fabric>>,
+    iommu: Option<Arc<FakeNicIommu>>,
+}
+
+impl FakeNic {
+    /// Two NICs on one fabric, without IOMMU control.
+    pub(crate) fn pair() -> (FakeNic, FakeNic) {
+        Self::pair_of(false)
+    }
+    /// Two NICs on one fabric, with IOMMU control.
+    pub(crate) fn pair_with_iommu() -> (FakeNic, FakeNic) {
+        Self::pair_of(true)
+    }
+    /// Two NICs on one fabric, the first with IOMMU control, the second
+    /// without (kernel-module mode facing user-space mode).
+    pub(crate) fn pair_mixed() -> (FakeNic, FakeNic) {
+        let (a, _) = Self::pair_of(true);
+        let (_, mut b) = Self::pair_of(false);
+        b.fabric = a.fabric.clone();
+        (a, b)
+    }
+    fn pair_of(iommu: bool) -> (FakeNic, FakeNic) {
+        let fabric = Arc::new(Mutex::new(Fabric::default()));
+        let nic = |id| FakeNic {
+            id,
+            fabric: fabric.clone(),
+            iommu: iommu.then(|| {
+                Arc::new(FakeNicIommu {
+                    id,
+                    fabric: fabric.clone(),
+                })
+            }),
+        };
+        (nic(1), nic(2))
+    }
+}
+
+/// The IOMMU control of a [`FakeNic`]: ranges of frames in the fabric,
+/// consulted page by page by every DMA through an IOVA MR. A DMA runs under
+/// the fabric's lock, so a remap is never concurrent with one and `flush`
+/// has nothing to wait for.
+pub(crate) struct FakeNicIommu {
     id: u8,
     fabric: Arc<Mutex<Fabric>>,
 }
 
-impl FakeNic {
-    /// Two NICs on one fabric.
-    pub(crate) fn pair() -> (FakeNic, FakeNic) {
-        let fabric = Arc::new(Mutex::new(Fabric::default()));
-        (
-            FakeNic {
-                id: 1,
-                fabric: fabric.clone(),
-            },
-            FakeNic { id: 2, fabric },
-        )
+impl IommuControl for FakeNicIommu {
+    type Error = FakeNicErr;
+    type Range = FakeRange;
+    type Mr = FakeNicMr;
+    const ENTRY_BYTES: usize = 8;
+    fn alloc_range(&self, npages: u64) -> Result<FakeRange, FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let id = u64::from(f.id());
+        f.ranges.insert(id, vec![Frame::Unmapped; npages as usize]);
+        Ok(FakeRange { id, npages })
+    }
+    fn free_range(&self, r: FakeRange) -> Result<(), FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        f.ranges
+            .remove(&r.id)
+            .map(drop)
+            .ok_or(FakeNicErr("no such range"))
+    }
+    fn map(&self, r: &FakeRange, idx: u64, frame: Frame) -> Result<(), FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let p = f
+            .ranges
+            .get_mut(&r.id)
+            .and_then(|v| v.get_mut(idx as usize))
+            .ok_or(FakeNicErr("bad IOVA page"))?;
+        *p = frame;
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), FakeNicErr> {
+        Ok(())
+    }
+    #[allow(unsafe_code)]
+    unsafe fn reg_mr_iova(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        r: &FakeRange,
+    ) -> Result<FakeNicMr, FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let pages = (addr + len).div_ceil(FAKE_PS) - addr / FAKE_PS;
+        if len == 0 || !f.ranges.contains_key(&r.id) || pages > r.npages {
+            return Err(FakeNicErr("bad IOVA registration"));
+        }
+        let key = f.id();
+        let region = FakeRegion {
+            addr,
+            len,
+            access,
+            iova: Some(r.id),
+        };
+        f.mrs.insert(key, (self.id, region));
+        Ok(FakeNicMr {
+            key,
+            region,
+            fabric: self.fabric.clone(),
+        })
+    }
+    fn set_resident(&self, _addr: u64, _len: u64, _resident: bool) -> Result<(), FakeNicErr> {
+        Ok(())
     }
 }
 
@@ -486,6 +505,41 @@ impl NicMr for FakeNicMr {
 impl Drop for FakeNicMr {
     fn drop(&mut self) {
         self.fabric.lock().expect("fabric").mrs.remove(&self.key);
+    }
+}
+
+/// An owned registered buffer of a [`FakeNic`] (heap memory; the
+/// registration drops first).
+pub(crate) struct FakeBuf {
+    mr: FakeNicMr,
+    mem: Box<[std::cell::UnsafeCell<u8>]>,
+}
+
+// SAFETY: the bytes are only reached through raw-pointer copies (the fake
+// NIC's DMA and `read`), like a NIC-written buffer.
+#[allow(unsafe_code)]
+unsafe impl Sync for FakeBuf {}
+
+impl NicMr for FakeBuf {
+    fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+    fn addr(&self) -> u64 {
+        self.mr.addr()
+    }
+    fn len(&self) -> u64 {
+        self.mr.len()
+    }
+}
+
+impl NicBuf for FakeBuf {
+    fn read(&self, off: usize, out: &mut [u8]) {
+        assert!(off + out.len() <= self.mem.len(), "read out of bounds");
+        crate::mem::read_into(self.addr() + off as u64, out)
+            .expect("the fake's own buffer is mapped");
     }
 }
 
@@ -520,14 +574,21 @@ pub(crate) struct FakeQp {
     fabric: Arc<Mutex<Fabric>>,
 }
 
-/// Scatter `data` over `sges` (already validated).
-fn scatter(sges: &[crate::nic::Sge], data: &[u8]) {
+/// Scatter `data` over the SGEs `sges` of NIC `nic` (validated: their
+/// regions exist); false if a page is unmapped.
+fn scatter(f: &Fabric, nic: u8, sges: &[crate::nic::Sge], data: &[u8]) -> bool {
     let mut off = 0;
     for s in sges {
         let n = (s.length as usize).min(data.len() - off);
-        crate::mem::write(s.addr, &data[off..off + n]);
+        let Some(r) = f.region(nic, s.lkey, s.addr, n as u64, Access(0)) else {
+            return false;
+        };
+        if !f.dma_write(&r, s.addr, &data[off..off + n]) {
+            return false;
+        }
         off += n;
     }
+    true
 }
 
 impl FakeQp {
@@ -558,57 +619,81 @@ impl FakeQp {
         {
             return (WcStatus::LocProtErr, 0);
         }
-        let gather = || {
+        let gather = |f: &Fabric| {
             let mut d = Vec::new();
             for s in w.sg_list {
-                d.extend(crate::mem::read(s.addr, s.length as usize));
+                if w.inline {
+                    d.extend(crate::mem::read(s.addr, s.length as usize).ok()?);
+                    continue;
+                }
+                let r = f.region(me, s.lkey, s.addr, u64::from(s.length), Access(0))?;
+                d.extend(f.dma_read(&r, s.addr, u64::from(s.length))?);
             }
-            d
+            Some(d)
         };
         let Some(peer) = f.qps.get(&pq).filter(|p| p.nic == pn && !p.err) else {
             return (WcStatus::RetryExcErr, 0);
         };
         let (peer_access, peer_recv_cq) = (peer.access, peer.recv_cq);
+        // The QP's flags filter remote requests, except to `ANY_QP` MRs.
         let remote = |need: Access| {
-            peer_access
-                .contains(need)
-                .then(|| f.region(pn, w.rkey, w.remote_addr, len, need))
-                .flatten()
+            f.region(pn, w.rkey, w.remote_addr, len, need)
+                .filter(|r| peer_access.contains(need) || r.access.contains(Access::ANY_QP))
         };
         match w.op {
             WrOp::Write | WrOp::WriteImm(_) => {
-                if remote(Access::REMOTE_WRITE).is_none() {
+                let Some(r) = remote(Access::REMOTE_WRITE) else {
+                    return (WcStatus::RemAccessErr, 0);
+                };
+                let Some(d) = gather(f) else {
+                    return (WcStatus::LocProtErr, 0);
+                };
+                if !f.dma_write(&r, w.remote_addr, &d) {
                     return (WcStatus::RemAccessErr, 0);
                 }
-                crate::mem::write(w.remote_addr, &gather());
                 (WcStatus::Success, len as u32)
             }
             WrOp::Read => {
-                if remote(Access::REMOTE_READ).is_none() {
+                let Some(r) = remote(Access::REMOTE_READ) else {
                     return (WcStatus::RemAccessErr, 0);
+                };
+                let Some(d) = f.dma_read(&r, w.remote_addr, len) else {
+                    return (WcStatus::RemAccessErr, 0);
+                };
+                if !scatter(f, me, w.sg_list, &d) {
+                    return (WcStatus::LocProtErr, 0);
                 }
-                scatter(w.sg_list, &crate::mem::read(w.remote_addr, len as usize));
                 (WcStatus::Success, len as u32)
             }
             WrOp::CmpSwap { .. } | WrOp::FetchAdd { .. } => {
-                if len != 8 || remote(Access::REMOTE_ATOMIC).is_none() {
+                let Some(r) = remote(Access::REMOTE_ATOMIC).filter(|_| len == 8) else {
                     return (WcStatus::RemAccessErr, 0);
-                }
-                let Some(word) = crate::mem::atomic_at(w.remote_addr) else {
-                    return (WcStatus::RemInvReqErr, 0);
                 };
-                let old = match w.op {
-                    WrOp::CmpSwap { compare, swap } => word
-                        .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
-                        .unwrap_or_else(|v| v),
-                    WrOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+                let mut at = None;
+                f.walk(&r, w.remote_addr, 8, |a, _, fr| {
+                    if let Frame::Ram(_) = fr {
+                        at = Some(a);
+                    }
+                });
+                let (kind, compare_add, swap) = match w.op {
+                    WrOp::CmpSwap { compare, swap } => (AtomicKind::CmpSwap, compare, swap),
+                    WrOp::FetchAdd { add } => (AtomicKind::FetchAdd, add, 0),
                     _ => unreachable!("atomic opcodes only"),
                 };
-                scatter(w.sg_list, &old.to_le_bytes());
+                let old = match at.and_then(|a| crate::mem::atomic(a, kind, compare_add, swap)) {
+                    Some(Ok(v)) => v,
+                    Some(Err(_)) => return (WcStatus::RemAccessErr, 0),
+                    None => return (WcStatus::RemInvReqErr, 0),
+                };
+                if !scatter(f, me, w.sg_list, &old.to_le_bytes()) {
+                    return (WcStatus::LocProtErr, 0);
+                }
                 (WcStatus::Success, 8)
             }
             WrOp::Send | WrOp::SendImm(_) => {
-                let data = gather();
+                let Some(data) = gather(f) else {
+                    return (WcStatus::LocProtErr, 0);
+                };
                 let peer = f.qps.get_mut(&pq).expect("looked up");
                 let Some((rid, rsges)) = peer.recvs.pop_front() else {
                     return (WcStatus::RnrRetryExcErr, 0);
@@ -635,13 +720,12 @@ impl FakeQp {
                         f.region(pn, s.lkey, s.addr, u64::from(s.length), Access::LOCAL_WRITE)
                             .is_some()
                     });
-                if !fits {
+                if !fits || !scatter(f, pn, &rsges, &data) {
                     c.status = WcStatus::LocLenErr.code();
                     c.byte_len = 0;
                     f.complete(peer_recv_cq, c);
                     return (WcStatus::RemInvReqErr, 0);
                 }
-                scatter(&rsges, &data);
                 f.complete(peer_recv_cq, c);
                 (WcStatus::Success, data.len() as u32)
             }
@@ -658,6 +742,12 @@ impl NicQp for FakeQp {
         let mut f = self.fabric.lock().expect("fabric");
         let q = f.qps.get_mut(&self.qpn).ok_or(FakeNicErr("no such QP"))?;
         q.peer = Some((peer.0[0], peer_qpn));
+        q.access = access;
+        Ok(())
+    }
+    fn set_access(&self, access: Access) -> Result<(), FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let q = f.qps.get_mut(&self.qpn).ok_or(FakeNicErr("no such QP"))?;
         q.access = access;
         Ok(())
     }
@@ -739,16 +829,19 @@ impl Nic for FakeNic {
     type Mr = FakeNicMr;
     type Cq = FakeCq;
     type Qp = FakeQp;
-    type Iommu = FakeIommuCap;
+    type Buf = FakeBuf;
+    type Iommu = FakeNicIommu;
+    type Stats = ();
     fn caps(&self) -> DeviceCaps {
         DeviceCaps {
-            max_tlp: 64,
-            magic: 0,
+            max_tlp: 256,
+            magic: FAKE_MAGIC,
             page_size: 4096,
             max_qp_wr: 1024,
             max_sge: 16,
             max_inline: 256,
-            iommu: false,
+            iommu: self.iommu.is_some(),
+            max_cqe: 1 << 16,
         }
     }
     #[allow(unsafe_code)]
@@ -758,13 +851,28 @@ impl Nic for FakeNic {
         }
         let mut f = self.fabric.lock().expect("fabric");
         let key = f.id();
-        let region = FakeRegion { addr, len, access };
+        let region = FakeRegion {
+            addr,
+            len,
+            access,
+            iova: None,
+        };
         f.mrs.insert(key, (self.id, region));
         Ok(FakeNicMr {
             key,
             region,
             fabric: self.fabric.clone(),
         })
+    }
+    fn alloc_buf(&self, len: usize, access: Access) -> Result<FakeBuf, FakeNicErr> {
+        let mem: Box<[std::cell::UnsafeCell<u8>]> = (0..len.max(1))
+            .map(|_| std::cell::UnsafeCell::new(0))
+            .collect();
+        #[allow(unsafe_code)]
+        // SAFETY: the memory is owned by the buffer, which drops the
+        // registration (its first field) before the memory.
+        let mr = unsafe { self.reg_mr(mem.as_ptr() as u64, len as u64, access)? };
+        Ok(FakeBuf { mr, mem })
     }
     fn create_cq(&self, _depth: u32) -> Result<FakeCq, FakeNicErr> {
         let id = u64::from(self.fabric.lock().expect("fabric").id());
@@ -805,46 +913,22 @@ impl Nic for FakeNic {
     fn addr(&self) -> PeerAddr {
         PeerAddr([self.id; 16])
     }
-    fn iommu(&self) -> Option<&FakeIommuCap> {
-        None
+    fn iommu(&self) -> Option<Arc<FakeNicIommu>> {
+        self.iommu.clone()
     }
+    fn wait_event(&self, timeout: Duration) -> Result<bool, FakeNicErr> {
+        // Any completion on the fabric counts as an event (the caller
+        // polls its CQs anyway).
+        let f = self.fabric.lock().expect("fabric");
+        let wake = f.wake.clone();
+        let (_f, t) = wake.wait_timeout(f, timeout).expect("fabric");
+        Ok(!t.timed_out())
+    }
+    fn stats(&self) {}
 }
 
-/// The fake NIC's (absent) IOMMU capability: [`FakeIommu`] with the fake
-/// NIC's error type.
-pub(crate) type FakeIommuCap = NoIommu;
-
-/// No IOMMU control (a [`FakeNic`] runs in user-space mode).
-pub(crate) struct NoIommu;
-
-impl IommuControl for NoIommu {
-    type Error = FakeNicErr;
-    type Range = ();
-    type Mr = FakeMr;
-    const ENTRY_BYTES: usize = 0;
-    fn alloc_range(&self, _npages: u64) -> Result<(), FakeNicErr> {
-        Err(FakeNicErr("no IOMMU"))
-    }
-    fn free_range(&self, _range: ()) -> Result<(), FakeNicErr> {
-        Err(FakeNicErr("no IOMMU"))
-    }
-    fn map(&self, _range: &(), _index: u64, _frame: Frame) -> Result<(), FakeNicErr> {
-        Err(FakeNicErr("no IOMMU"))
-    }
-    fn flush(&self) -> Result<(), FakeNicErr> {
-        Ok(())
-    }
-    #[allow(unsafe_code)]
-    unsafe fn reg_mr_iova(
-        &self,
-        _addr: u64,
-        _len: u64,
-        _access: Access,
-        _range: &(),
-    ) -> Result<FakeMr, FakeNicErr> {
-        Err(FakeNicErr("no IOMMU"))
-    }
-    fn set_resident(&self, _addr: u64, _len: u64, _resident: bool) -> Result<(), FakeNicErr> {
-        Ok(())
+impl crate::engine::Backend for FakeNic {
+    fn error(e: FakeNicErr) -> crate::engine::Error {
+        crate::engine::Error::Other(e.to_string())
     }
 }

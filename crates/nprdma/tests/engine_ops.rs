@@ -716,3 +716,50 @@ fn eventually_one_sided(e: &Env, op: impl Fn() -> bool) -> bool {
     }
     false
 }
+
+/// The control channel on the data QP (`Config::ctrl_on_data_qp`, what the verbs
+/// shim uses over a device that numbers its QPs) in kernel-module mode: the
+/// endpoint names the data QP as the control QP, and READ/WRITE with every kind
+/// of fault (the two-sided path's control messages and reverse operations share
+/// the data QP) and SENDs (inline and rendezvous) move exact bytes.
+#[test]
+fn control_channel_on_the_data_qp() {
+    let cfg = nprdma::Config {
+        ctrl_on_data_qp: true,
+        ..nprdma::Config::default()
+    };
+    let (a, b) = (side_with(cfg.clone()), side_with(cfg));
+    let (qa, qb) = connect(&a, &b, 16);
+    assert_eq!(qa.endpoint().ctrl_qpn, qa.qpn());
+    let e = Env { a, b, qa, _qb: qb };
+    for (k, &f) in FAULTS.iter().enumerate() {
+        let (la, rb, _pa, pb) = bufs(&e, f, 900 + k as u64);
+        let c = post1(&e, rd(1, &la, 8, &rb, 8, 20000));
+        assert_eq!(c.status, 0, "READ {f:?}");
+        assert_eq!(&la.bytes()[8..20008], &pb[8..20008], "READ data {f:?}");
+        let (la, rb, pa, _pb) = bufs(&e, f, 950 + k as u64);
+        let c = post1(&e, wr(2, &la, 0, &rb, 100, 30000));
+        assert_eq!(c.status, 0, "WRITE {f:?}");
+        assert_eq!(&rb.bytes()[100..30100], &pa[..30000], "WRITE data {f:?}");
+        for len in [100usize, LEN] {
+            let (la, rb, pa, _pb) = bufs(&e, f, 990 + k as u64 + len as u64);
+            e._qb
+                .post_recv(&[RecvWr {
+                    wr_id: 7,
+                    sge: Some(rb.mr.sge(0, LEN as u32)),
+                }])
+                .expect("recv");
+            let c = post1(
+                &e,
+                SendWr::new(3, Opcode::Send, Some(la.mr.sge(0, len as u32)), 0, 0),
+            );
+            assert_eq!(c.status, 0, "SEND {f:?} {len}");
+            let r = wait1(&e.b.rcq);
+            assert_eq!((r.wr_id, r.status, r.byte_len), (7, 0, len as u32));
+            assert!(rb.bytes()[..len] == pa[..len], "SEND data {f:?} {len}");
+        }
+    }
+    assert!(e.a.ctx.stats().two_sided > 0);
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}

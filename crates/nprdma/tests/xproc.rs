@@ -36,31 +36,7 @@ fn child_main() {
     qp.connect(&peer).unwrap();
     b.swap_out();
     say(&mut out, "ready");
-    for l in lines {
-        let l = l.unwrap();
-        let w: Vec<&str> = l.split_whitespace().collect();
-        match w.as_slice() {
-            ["check", off, len, seed] => {
-                let (off, len, seed): (usize, usize, u64) = (
-                    off.parse().unwrap(),
-                    len.parse().unwrap(),
-                    seed.parse().unwrap(),
-                );
-                let ok = b.bytes()[off..off + len] == pattern(seed, len)[..];
-                say(&mut out, if ok { "ok" } else { "bad" });
-            }
-            ["u64", off] => {
-                let off: usize = off.parse().unwrap();
-                let v = u64::from_le_bytes(b.bytes()[off..off + 8].try_into().unwrap());
-                say(&mut out, &v.to_string());
-            }
-            ["swap"] => {
-                b.swap_out();
-                say(&mut out, "swapped");
-            }
-            _ => break,
-        }
-    }
+    nprdma_test_support::serve_checks(lines, &b.region);
     assert_eq!(s.ctx.nic_stats().nonresident_dma, 0);
 }
 

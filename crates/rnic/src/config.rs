@@ -125,8 +125,8 @@ impl HostConfig {
         self
     }
 
-    pub(crate) fn validate(&self) -> crate::Result<()> {
-        use crate::Error::InvalidArgument as E;
+    pub(crate) fn validate(&self) -> crate::error::Result<()> {
+        use crate::error::Error::InvalidArgument as E;
         if !self.max_tlp.is_power_of_two() || !(64..=4096).contains(&self.max_tlp) {
             return Err(E("max_tlp must be a power of two in 64..=4096"));
         }

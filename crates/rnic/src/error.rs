@@ -16,14 +16,14 @@ pub enum Error {
     QueueFull(&'static str),
     #[error("QP in wrong state for this operation: {0:?}")]
     /// The QP's state does not allow the call.
-    WrongQpState(crate::QpState),
+    WrongQpState(crate::verbs::QpState),
     #[error("illegal QP state transition {from:?} -> {to:?}")]
     /// A QP state transition not in the verbs table.
     IllegalTransition {
         /// The current state.
-        from: crate::QpState,
+        from: crate::verbs::QpState,
         /// The requested state.
-        to: crate::QpState,
+        to: crate::verbs::QpState,
     },
     #[error("invalid attribute mask for transition: {0}")]
     /// Required / forbidden attributes in a modify mask.

@@ -48,7 +48,7 @@
 //!   so a deregistration that returned is never overtaken); a SEND in parts claims its
 //!   receive at the first part and lands each part through the receive's lkeys,
 //!   re-validated per part, from state the server keeps in its own memory
-//!   (`inbound.rs`). No `PR_SET_PTRACER_ANY`, no `process_vm_*`, no `pidfd_getfd`: a
+//!   (`nic/inbound.rs`). No `PR_SET_PTRACER_ANY`, no `process_vm_*`, no `pidfd_getfd`: a
 //!   dead or stopped peer holds none of this host's flushes, a resumed one meets the
 //!   checks of the moment, a reused PID reaches nothing. Requesters check the target's
 //!   liveness after 1 ms without an answer (RETRY_EXC_ERR at once for a dead one).
@@ -132,6 +132,26 @@
 //!   with the later WRs it had executed meanwhile (go-back-N). Counters:
 //!   `odp_faults_local`, `odp_faults_remote`, `retransmissions`.
 //!
+//! ## Source layout
+//! Three layers over a few plain files; a file names only files beneath it, in its
+//! own layer or lower (`tests/layers.rs` checks this on every `cargo test`):
+//! * bottom: `sys` (system calls, `PAGE`), `verbs` (value types), `error`, `config`;
+//! * device, `hw/`: `scratch`, `segment`, `iommu`, `frames`, `dma` (the DMA engine:
+//!   key checks, translation, copies), `peer` (a resolved peer), `device` (a host's
+//!   device state), `dma_pool` (the pool's pages);
+//! * engines, `nic/` (cut like Linux rxe's): `small`, `inbound` (the ring server's own
+//!   state), `odp`, `state` (what a host's engines share: the device, the ODP queue,
+//!   the ring server), `cq_ring`, `qp_ctx` (the QP context), `responder`, `requester`,
+//!   `completer` (ring answers, NAKs, in-order completion and flush), `sq` (the send
+//!   queue's driver), `thread` (the NIC thread);
+//! * handles, `objects/`: `context` ([`Host`], [`Context`]), `dma_buffer`, `pd`, `mr`,
+//!   `cq`, `qp`. The public modules ([`host`], [`cq`], [`mr`], [`qp`], [`pool`],
+//!   [`odp`], [`dma`], [`segment`], ...) re-export them.
+//!
+//! Engines hold `Arc<nic::state::Nic>` and each other's contexts (a QP its CQ rings),
+//! never a handle; each handle holds its parent (a PD its host, an MR its PD, a QP its
+//! PD and CQs), and the host's last handle stops its NIC thread.
+//!
 //! ## Statuses
 //! Post-time errors (wrong QP state, too many SGEs, inline too large, SQ/RQ full)
 //! return [`PostError`]. Execution errors complete with the verbs status: `LocProtErr`
@@ -153,26 +173,23 @@
 //! the target NIC's checks itself.
 
 pub mod config;
-pub mod cq;
-pub mod dma;
 pub mod error;
-pub mod frames;
-pub mod host;
-mod inbound;
-pub mod iommu;
-pub mod mr;
+pub mod fault_guard;
+mod hw;
 mod nic;
-pub mod odp;
-mod peer;
-pub mod pool;
-pub mod qp;
-mod requester;
-mod responder;
-mod scratch;
-pub mod segment;
-mod small;
+mod objects;
 mod sys;
 pub mod verbs;
+
+pub use hw::{dma, frames, iommu, segment};
+pub use nic::odp;
+pub use objects::{context as host, cq, dma_buffer as pool, qp};
+
+/// Protection domains and memory regions.
+pub mod mr {
+    pub use crate::objects::mr::{DmaMr, Mr, OwnedMr};
+    pub use crate::objects::pd::Pd;
+}
 
 pub use config::HostConfig;
 pub use cq::{CompChannel, Cq};

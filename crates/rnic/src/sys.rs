@@ -2,9 +2,19 @@
 //! shared mappings, futexes, eventfds, pidfd_getfd and process_vm_readv/writev.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use rustix::thread::futex;
+
+/// Size of a page (IOVA page, frame and pager page alike).
+pub const PAGE: usize = 4096;
+/// `log2(PAGE)`.
+pub const PAGE_SHIFT: u32 = 12;
 
 /// A MAP_SHARED mapping of a file; unmapped on drop.
 pub struct Mapping {
@@ -20,32 +30,17 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Map `len` bytes of `fd` shared, read-only (a peer's sealed tables).
-    pub fn map_shared_ro(fd: RawFd, len: usize) -> io::Result<Mapping> {
-        // SAFETY: requesting a fresh mapping chosen by the kernel; fd validity is checked
-        // by the kernel.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p as *mut u8, len })
+    pub fn map_shared_ro(fd: impl AsFd, len: usize) -> io::Result<Mapping> {
+        Self::map(fd, len, ProtFlags::READ)
     }
-    pub fn map_shared(fd: RawFd, len: usize) -> io::Result<Mapping> {
-        // SAFETY: requesting a fresh mapping chosen by the kernel; fd validity is checked
-        // by the kernel.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p as *mut u8, len })
+    pub fn map_shared(fd: impl AsFd, len: usize) -> io::Result<Mapping> {
+        Self::map(fd, len, ProtFlags::READ | ProtFlags::WRITE)
+    }
+    fn map(fd: impl AsFd, len: usize, prot: ProtFlags) -> io::Result<Mapping> {
+        // SAFETY: requesting a fresh mapping at an address the kernel chooses (no
+        // existing memory is replaced); fd validity is checked by the kernel.
+        let p = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        Ok(Mapping { ptr: p.cast(), len })
     }
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
@@ -55,137 +50,90 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe a mapping we created and nobody uses after drop.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }
 }
 
 /// FUTEX_WAIT (shared, not private: the word may live in a cross-process mapping).
 /// Returns when woken, on timeout, on a spurious wakeup or if `*word != expected`.
+#[inline]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
+    let ts = timeout.map(|d| futex::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: d.subsec_nanos() as _,
     });
-    let tsp = ts
-        .as_ref()
-        .map(|t| t as *const libc::timespec)
-        .unwrap_or(std::ptr::null());
-    // SAFETY: word is a valid aligned u32 for the duration of the call; tsp is null or
-    // points to a live timespec.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            tsp,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    // Every outcome (woken, EAGAIN, ETIMEDOUT, EINTR) means "look again".
+    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
 }
 
 /// FUTEX_WAKE all waiters on `word` (shared futex).
+#[inline]
 pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: word is a valid aligned u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
 /// A non-blocking eventfd (completion channel).
 pub fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd owned by us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+    )?)
 }
 
 /// Add 1 to an eventfd counter.
-pub fn eventfd_signal(fd: RawFd) -> io::Result<()> {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64.
-    let r = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-    if r == 8 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+pub fn eventfd_signal(fd: impl AsFd) -> io::Result<()> {
+    match rustix::io::write(fd, &1u64.to_ne_bytes())? {
+        8 => Ok(()),
+        _ => Err(io::ErrorKind::WriteZero.into()),
     }
 }
 
 /// Read (and reset) an eventfd counter; Ok(0) if it was zero.
-pub fn eventfd_drain(fd: RawFd) -> io::Result<u64> {
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a live u64.
-    let r = unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
-    if r == 8 {
-        Ok(v)
-    } else {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
-            Ok(0)
-        } else {
-            Err(e)
-        }
+pub fn eventfd_drain(fd: impl AsFd) -> io::Result<u64> {
+    let mut v = [0u8; 8];
+    match rustix::io::read(fd, &mut v) {
+        Ok(8) => Ok(u64::from_ne_bytes(v)),
+        Ok(_) => Err(io::ErrorKind::UnexpectedEof.into()),
+        Err(rustix::io::Errno::AGAIN) => Ok(0),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// poll(2) one fd for readability; true if readable before the timeout.
-pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout
-        .map(|d| d.as_millis().min(i32::MAX as u128) as i32)
-        .unwrap_or(-1);
-    loop {
-        // SAFETY: one live pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
+pub fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<bool> {
+    // Millisecond resolution, as poll(2) has.
+    let ts = timeout.map(|d| {
+        let ms = d.as_millis().min(i32::MAX as u128) as u64;
+        rustix::event::Timespec {
+            tv_sec: (ms / 1000) as _,
+            tv_nsec: ((ms % 1000) * 1_000_000) as _,
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+    });
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    loop {
+        match rustix::event::poll(&mut p, ts.as_ref()) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// Duplicate file descriptor `fd` of process `pid` into this process (pidfd_getfd).
 pub fn pidfd_getfd(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscalls with integer arguments.
-    let pfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if pfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pfd is a fresh fd owned by us.
-    let pfd = unsafe { OwnedFd::from_raw_fd(pfd as RawFd) };
-    // SAFETY: plain syscall.
-    let nfd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pfd.as_raw_fd(), fd, 0) };
-    if nfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd owned by us.
-    Ok(unsafe { OwnedFd::from_raw_fd(nfd as RawFd) })
+    let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(io::ErrorKind::InvalidInput)?;
+    let pfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    Ok(rustix::process::pidfd_getfd(
+        pfd,
+        fd,
+        rustix::process::PidfdGetfdFlags::empty(),
+    )?)
 }
 
 /// Allow any process to ptrace-attach / process_vm_* us (Yama).
 pub fn allow_ptrace_any() {
-    // SAFETY: prctl with integer arguments; failure is harmless (no Yama).
-    unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    // Failure is harmless (no Yama).
+    let _ = rustix::process::set_ptracer(rustix::process::PTracer::Any);
 }
 
 /// Direction of a cross-process copy.
@@ -199,6 +147,8 @@ pub enum VmDir {
 
 /// process_vm_readv/writev over matching iovec lists (total lengths must be equal).
 /// Returns the number of bytes moved (short on a fault in the remote process).
+///
+/// Raw libc on purpose: rustix (1.x) has no process_vm_readv/writev wrapper.
 ///
 /// # Safety
 /// Every local iovec must describe memory of this process that is valid for the
@@ -233,10 +183,9 @@ pub unsafe fn process_vm(pid: u32, dir: VmDir, local: &[libc::iovec], remote: &[
 }
 
 /// Monotonic nanoseconds (CLOCK_MONOTONIC), comparable across processes.
+#[inline]
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -244,41 +193,27 @@ pub fn now_ns() -> u64 {
 /// peer's mapping of it can never SIGBUS (used for the NIC-shared DMA pool).
 pub fn memfd_fixed(name: &str, len: usize) -> io::Result<OwnedFd> {
     let fd = memfd_sealable(name, len)?;
-    seal_size(fd.as_raw_fd(), false)?;
+    seal_size(&fd, false)?;
     Ok(fd)
 }
 
 /// A memfd of `len` bytes that can be sealed later ([`seal_size`]), once its owner
 /// mapped it.
 pub fn memfd_sealable(name: &str, len: usize) -> io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: cname is a valid NUL-terminated string; flags are valid.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: valid fd, plain integer length.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, len as u64)?;
     Ok(fd)
 }
 
 /// Seal a [`memfd_sealable`] file's size for good and, with `no_more_writers`, every
 /// write but through the mappings that exist now (`F_SEAL_FUTURE_WRITE`: a later
 /// `mmap(PROT_WRITE, MAP_SHARED)` or `write` by anyone, through any fd, fails).
-pub fn seal_size(fd: RawFd, no_more_writers: bool) -> io::Result<()> {
-    let mut seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+pub fn seal_size(fd: impl AsFd, no_more_writers: bool) -> io::Result<()> {
+    let mut seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
     if no_more_writers {
-        seals |= libc::F_SEAL_FUTURE_WRITE;
+        seals |= SealFlags::FUTURE_WRITE;
     }
-    // SAFETY: valid fd, plain integer arguments.
-    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::fs::fcntl_add_seals(fd, seals)?)
 }
 
 /// Make `[ptr, ptr+len)` of a shared file mapping present and unswappable: write-fault
@@ -292,12 +227,9 @@ pub unsafe fn populate_and_lock(ptr: *mut u8, len: usize) -> io::Result<()> {
         let mut off = 0;
         while off < len {
             ptr.add(off).write_volatile(0);
-            off += crate::segment::PAGE;
+            off += PAGE;
         }
-        if libc::mlock(ptr as *const libc::c_void, len) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(rustix::mm::mlock(ptr.cast(), len)?)
     }
 }
 
@@ -306,22 +238,16 @@ pub unsafe fn populate_and_lock(ptr: *mut u8, len: usize) -> io::Result<()> {
 ///
 /// # Safety
 /// `[ptr, ptr+len)` must be the mapping of `fd`'s `[off, off+len)`, no longer in use.
-pub unsafe fn unlock_and_free(fd: RawFd, off: usize, ptr: *mut u8, len: usize) {
+pub unsafe fn unlock_and_free(fd: impl AsFd, off: usize, ptr: *mut u8, len: usize) {
     // SAFETY: the caller guarantees the range is `fd`'s mapping, no longer in use (this function's contract).
-    unsafe {
-        libc::munlock(ptr as *const libc::c_void, len);
-        if libc::fallocate(
-            fd,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off as libc::off_t,
-            len as libc::off_t,
-        ) != 0
-        {
-            tracing::warn!(
-                "DMA pool: punching a freed range failed: {}",
-                io::Error::last_os_error()
-            );
-        }
+    let _ = unsafe { rustix::mm::munlock(ptr.cast(), len) };
+    if let Err(e) = rustix::fs::fallocate(
+        fd,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        off as u64,
+        len as u64,
+    ) {
+        tracing::warn!("DMA pool: punching a freed range failed: {}", io::Error::from(e));
     }
 }
 
@@ -329,6 +255,9 @@ pub unsafe fn unlock_and_free(fd: RawFd, off: usize, ptr: *mut u8, len: usize) {
 /// thread holds it for its whole life; the kernel marks it OWNER_DIED when that
 /// thread (or the whole process) dies, so a peer learns about it with a trylock
 /// (a CAS, no syscall) instead of a syscall per check.
+///
+/// Raw libc on purpose: this is glibc's userspace pthread robust mutex (its robust
+/// list and OWNER_DIED protocol), which rustix does not offer.
 pub mod life {
     use std::io;
 

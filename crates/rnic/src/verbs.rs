@@ -238,8 +238,9 @@ bitflags! {
     }
 }
 
-/// Scatter/gather element (`struct ibv_sge`).
+/// Scatter/gather element (`struct ibv_sge`, its C layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Buffer address.
     pub addr: u64,
@@ -433,7 +434,7 @@ pub struct QpAttr {
     /// Port number (1).
     pub port_num: u8,
     /// The remote host (the address vector: what `ibv_ah_attr`'s GID carries).
-    pub dest: Option<crate::HostAddr>,
+    pub dest: Option<HostAddr>,
     /// Remote QP number.
     pub dest_qp_num: u32,
     /// Path MTU in bytes (accepted, ignored).
@@ -470,7 +471,7 @@ impl QpAttr {
         )
     }
     /// INIT -> RTR attributes connecting to `dest_qpn` on host `dest`.
-    pub fn rtr(dest: crate::HostAddr, dest_qpn: u32) -> (QpAttr, QpAttrMask) {
+    pub fn rtr(dest: HostAddr, dest_qpn: u32) -> (QpAttr, QpAttrMask) {
         (
             QpAttr {
                 qp_state: QpState::Rtr,
@@ -577,4 +578,38 @@ pub struct DeviceAttr {
     pub page_size: u32,
     /// IOVA pages of the IOMMU.
     pub iova_pages: u64,
+}
+
+/// What a peer needs to reach a host: 16 bytes (usable as a GID).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostAddr {
+    /// The owner's PID.
+    pub pid: u32,
+    /// The segment's memfd in the owner.
+    pub fd: u32,
+    /// The host incarnation's nonce.
+    pub nonce: u64,
+}
+
+impl HostAddr {
+    /// The 16-byte wire form (the GID in the verbs shim).
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&self.pid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.fd.to_le_bytes());
+        b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
+        b
+    }
+    /// Parse the 16-byte wire form.
+    pub fn from_bytes(b: &[u8; 16]) -> HostAddr {
+        HostAddr {
+            pid: u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")),
+            fd: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            nonce: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        }
+    }
+    /// Hex form (32 chars), handy for out-of-band exchange.
+    pub fn to_hex(&self) -> String {
+        self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
 }

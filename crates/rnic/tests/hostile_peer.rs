@@ -17,8 +17,13 @@ use common::child::{serve, Child};
 use common::*;
 use rnic::segment::{self, Segment};
 use rnic::*;
+use rustix::io::Errno;
+use rustix::mm;
+use rustix::process::{kill_process, Pid, Signal};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+const RW: mm::ProtFlags = mm::ProtFlags::READ.union(mm::ProtFlags::WRITE);
 
 const SECRET: usize = 4096;
 const LEN: usize = 64 << 20;
@@ -177,26 +182,15 @@ fn the_targets_tables_cannot_be_written_by_another_process() {
     let (_c, _e, f) = connect("target", &host);
     let taddr = HostAddr::from_hex(&f[1]).unwrap();
     let path = format!("/proc/{}/fd/{}", taddr.pid, taddr.fd);
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
     // SAFETY: asking for a new shared writable mapping of the file (refused).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    assert_eq!(p, libc::MAP_FAILED, "a writable mapping of the target's tables");
-    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+    let p = unsafe { mm::mmap(std::ptr::null_mut(), 4096, RW, mm::MapFlags::SHARED, &file, 0) };
+    assert_eq!(p.err(), Some(Errno::PERM), "a writable mapping of the target's tables");
     let err = file.write_at(&[0u8; 8], 4096).unwrap_err();
     assert_eq!(
         err.raw_os_error(),
-        Some(libc::EPERM),
+        Some(Errno::PERM.raw_os_error()),
         "write(2) into the target's tables"
     );
     // Reading stays possible (peers look up QPs and keys' kinds), and so does the
@@ -209,22 +203,12 @@ fn the_targets_tables_cannot_be_written_by_another_process() {
 fn a_stopped_writer_resumed_after_dereg_reaches_nothing() {
     let host = Host::new(HostConfig::default()).unwrap();
     // SAFETY: a fresh private anonymous mapping of LEN bytes.
-    let region = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(region, libc::MAP_FAILED);
+    let region = unsafe { mm::mmap_anonymous(std::ptr::null_mut(), LEN, RW, mm::MapFlags::PRIVATE) }.unwrap();
     let addr = region as usize;
     let (mut c, e, _) = connect("writer", &host);
     // SAFETY: the mapping lives until the end of the test; the MR is dropped first.
     let mr = unsafe { e.pd.reg_mr(addr, LEN, all_access()).unwrap() };
-    let pid = c.child.id() as i32;
+    let pid = Pid::from_child(&c.child);
     use std::io::Write;
     writeln!(c.inp, "GO {addr} {}", mr.rkey()).unwrap();
     c.inp.flush().unwrap();
@@ -236,8 +220,7 @@ fn a_stopped_writer_resumed_after_dereg_reaches_nothing() {
         assert!(t.elapsed() < Duration::from_secs(20), "the WRITE never started");
         std::hint::spin_loop();
     }
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    kill_process(pid, Signal::STOP).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let landed_before = first(LEN - 1) == 0x5a;
     let t = Instant::now();
@@ -249,21 +232,11 @@ fn a_stopped_writer_resumed_after_dereg_reaches_nothing() {
     );
     // New memory at the same address.
     // SAFETY: replaces our own mapping (no MR covers it any more).
-    let again = unsafe {
-        libc::mmap(
-            region,
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(again, region);
+    let again = unsafe { mm::mmap_anonymous(region, LEN, RW, mm::MapFlags::PRIVATE | mm::MapFlags::FIXED) };
+    assert_eq!(again, Ok(region));
     // SAFETY: our fresh mapping.
     unsafe { std::ptr::write_bytes(region as *mut u8, 0xaa, LEN) };
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    kill_process(pid, Signal::CONT).unwrap();
     let wc = c.line();
     if !landed_before {
         assert_ne!(wc, "WC Success", "the resumed WRITE must not succeed");
@@ -274,5 +247,5 @@ fn a_stopped_writer_resumed_after_dereg_reaches_nothing() {
     assert_eq!(bad, None, "the resumed writer reached the new memory ({wc})");
     drop(c);
     // SAFETY: our mapping, unmapped once.
-    unsafe { libc::munmap(region, LEN) };
+    unsafe { mm::munmap(region, LEN) }.unwrap();
 }

@@ -132,6 +132,58 @@ fn iova_mr_over_special_frames() {
     }
 }
 
+/// The IOMMU's accessed bit: DMA through an entry to a RAM frame sets it,
+/// `test_and_clear_young` reads and clears it, a remap starts it clear, and
+/// special frames never set it.
+#[test]
+fn dma_sets_the_accessed_bit_of_the_pages_it_touches() {
+    for cfg in [HostConfig::default(), ring_cfg()] {
+        let (a, b) = pair_cfg(cfg);
+        let va = PageBuf::new(4);
+        let ram = PageBuf::new(3);
+        let io = b.host.iommu();
+        let range = io.alloc_range(4).unwrap();
+        // SAFETY: `ram` outlives every DMA below (the range is freed, hence
+        // unmapped and flushed, before it drops).
+        unsafe {
+            io.map_range(
+                &range,
+                0,
+                &[
+                    Frame::Ram(ram.page(0)),
+                    Frame::Ram(ram.page(1)),
+                    Frame::Ram(ram.page(2)),
+                    Frame::Signature,
+                ],
+            )
+            .unwrap();
+        }
+        // SAFETY: va is only used for addressing; frames are valid as above.
+        let mr = unsafe { b.pd.reg_mr_iova(va.page(0), 4 * PAGE, all_access(), &range).unwrap() };
+        let young = |i| io.test_and_clear_young(&range, i).unwrap();
+        assert!((0..4).all(|i| !young(i)), "nothing accessed yet");
+        let local = buf(&a.pd, PAGE, 0xcc);
+        let op = |id, opc, page: usize, len: usize| {
+            let sge = [local.sge(0, len as u32)];
+            a.qp.post_send(&[SendWr::new(id, opc, &sge).remote(va.page(page) as u64, mr.rkey())])
+                .unwrap();
+            assert_eq!(wait1(&a.cq).status, WcStatus::Success);
+        };
+        op(1, WrOpcode::Read, 1, 64);
+        op(2, WrOpcode::Write, 2, PAGE);
+        op(3, WrOpcode::Read, 3, 64);
+        assert_eq!((0..4).map(young).collect::<Vec<_>>(), [false, true, true, false]);
+        assert!((0..4).all(|i| !young(i)), "asking clears the bit");
+        op(4, WrOpcode::Read, 0, 8);
+        // SAFETY: as above.
+        unsafe { io.map_at(&range, 0, Frame::Ram(ram.page(0))).unwrap() };
+        assert!(!young(0), "a new entry starts not accessed");
+        assert!(io.test_and_clear_young(&range, 4).is_err());
+        drop(mr);
+        io.free_range(range).unwrap();
+    }
+}
+
 #[test]
 fn nonresident_frames_are_never_touched() {
     for cfg in [HostConfig::default(), ring_cfg()] {

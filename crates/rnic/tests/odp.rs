@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use parking_lot::Mutex;
 use rnic::*;
+use rustix::mm;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,17 +26,7 @@ impl Region {
     fn new(pages: usize) -> Region {
         let len = pages * P;
         // SAFETY: fresh private anonymous mapping, no aliasing.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
+        let ptr = unsafe { mm::mmap_anonymous(std::ptr::null_mut(), len, RW, mm::MapFlags::PRIVATE) }.unwrap();
         Region {
             ptr: ptr as *mut u8,
             len,
@@ -66,7 +57,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: our own mapping; its MR was dropped (and DMA flushed) before.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        let _ = unsafe { mm::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -291,11 +282,13 @@ fn remote_fault_without_handler_retries_then_fails() {
     drop(mrb);
 }
 
-fn mprotect(addr: usize, len: usize, prot: i32) {
+fn mprotect(addr: usize, len: usize, prot: mm::MprotectFlags) {
     // SAFETY: page-aligned range inside a test Region that stays mapped.
-    let r = unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) };
-    assert_eq!(r, 0);
+    unsafe { mm::mprotect(addr as *mut _, len, prot) }.unwrap();
 }
+
+const RW: mm::ProtFlags = mm::ProtFlags::READ.union(mm::ProtFlags::WRITE);
+const MP_RW: mm::MprotectFlags = mm::MprotectFlags::READ.union(mm::MprotectFlags::WRITE);
 
 /// The target's pages are really swapped out (PROT_NONE) after each invalidation: a NIC
 /// touching a non-present page would crash the test.
@@ -310,7 +303,7 @@ fn invalidation_during_traffic_never_touches_absent_pages() {
     let rb = Arc::new(Region::new(N));
     b.host.frames().track(rb.addr(), rb.len, true).unwrap();
     b.host.set_odp_fault_handler(Arc::new(|addr, len| {
-        mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE);
+        mprotect(addr, len, MP_RW);
         Ok(())
     }));
     let mrb = rb.odp_mr(&b.pd);
@@ -326,7 +319,7 @@ fn invalidation_during_traffic_never_touches_absent_pages() {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let p = rb.addr() + (x as usize % N) * P;
-                host.odp_invalidate_then(p, P, || mprotect(p, P, libc::PROT_NONE))
+                host.odp_invalidate_then(p, P, || mprotect(p, P, mm::MprotectFlags::empty()))
                     .unwrap();
                 n += 1;
                 std::thread::sleep(Duration::from_micros(300));
@@ -378,7 +371,7 @@ fn invalidation_during_traffic_never_touches_absent_pages() {
     assert_eq!(s.nonresident_dma + b.host.stats().nonresident_dma, 0);
     drop(mrb);
     // Leave the region accessible for munmap-free drop order (Arc may outlive).
-    mprotect(rb.addr(), rb.len, libc::PROT_READ | libc::PROT_WRITE);
+    mprotect(rb.addr(), rb.len, MP_RW);
 }
 
 /// Cross-process target (runs only as the child of `remote_faults_across_processes`).

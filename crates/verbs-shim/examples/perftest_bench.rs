@@ -4,7 +4,9 @@
 //! buffers, so pages are swapped during the run), each with target-enforced protection
 //! (the default) and pinned / NP-RDMA also between trusting processes
 //! (`NPRDMA_TRUSTED_PEERS=1`, the labelled opt-in), all in one run. Prints a markdown
-//! table (one column per configuration).
+//! table (one column per configuration). A last column runs NP-RDMA in user-space mode
+//! over the next libibverbs (`NPRDMA_DEVICE=verbs`; a copy of libnprdma.so in pinned mode
+//! plays the device: "the chain").
 //!
 //! Run: `cargo run --release -p verbs-shim --example perftest_bench` (builds
 //! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000),
@@ -162,6 +164,23 @@ fn main() {
     let env: &'static [(&str, &str)] =
         vec![("NPRDMA_MODE", "nprdma"), ("NPRDMA_BUDGET_PAGES", budget)].leak();
     configs.push((name, env));
+    // NP-RDMA in user-space mode over the next libibverbs (issue 14): a second copy of
+    // libnprdma.so, in pinned mode, plays the device ("the chain").
+    let device =
+        std::env::temp_dir().join(format!("nprdma-bench-device-{}.so", std::process::id()));
+    if std::fs::copy(&lib, &device).is_ok() {
+        let device: &'static str = device.to_string_lossy().into_owned().leak();
+        DEVICE_COPY.set(device).ok();
+        configs.push((
+            "NP-RDMA user-space mode (chain)",
+            vec![
+                ("NPRDMA_MODE", "nprdma"),
+                ("NPRDMA_DEVICE", "verbs"),
+                ("NPRDMA_VERBS_LIB", device),
+            ]
+            .leak(),
+        ));
+    }
     if std::env::var("PERFTEST_BENCH_RNIC_DEFAULTS").is_ok_and(|v| v == "1") {
         configs.push((
             "pinned, trusted peers, rnic defaults",
@@ -220,4 +239,10 @@ fn main() {
     for (k, cells) in rows {
         println!("| {k} | {} |", cells.join(" | "));
     }
+    if let Some(d) = DEVICE_COPY.get() {
+        let _ = std::fs::remove_file(d);
+    }
 }
+
+/// The temporary copy of libnprdma.so that plays the device of the chain column.
+static DEVICE_COPY: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();

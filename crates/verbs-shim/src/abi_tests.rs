@@ -9,17 +9,17 @@ use crate::resources::*;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     // SAFETY: this thread's errno slot.
     unsafe { *libc::__errno_location() }
 }
 
-struct Env {
-    ctx: *mut ibv_context,
-    pd: *mut ibv_pd,
+pub(crate) struct Env {
+    pub(crate) ctx: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
 }
 
-fn open() -> Env {
+pub(crate) fn open() -> Env {
     // SAFETY: the calls follow the libibverbs contract (valid pointers, our objects).
     unsafe {
         let mut n = 0;
@@ -36,7 +36,7 @@ fn open() -> Env {
     }
 }
 
-unsafe fn make_qp(e: &Env, cq: *mut ibv_cq) -> *mut ibv_qp {
+pub(crate) unsafe fn make_qp(e: &Env, cq: *mut ibv_cq) -> *mut ibv_qp {
     // SAFETY: plain C data.
     let mut a: ibv_qp_init_attr = unsafe { zeroed() };
     a.send_cq = cq;
@@ -56,14 +56,31 @@ unsafe fn make_qp(e: &Env, cq: *mut ibv_cq) -> *mut ibv_qp {
 /// RESET -> INIT -> RTR (to `dest_qpn` at our own GID) -> RTS.
 unsafe fn connect(e: &Env, qp: *mut ibv_qp, dest_qpn: u32) {
     // SAFETY: as in a C program.
+    unsafe { connect_to(qp, own_gid(e), dest_qpn) }
+}
+
+/// This device's GID.
+pub(crate) fn own_gid(e: &Env) -> ibv_gid {
+    // SAFETY: as in a C program.
     unsafe {
         let mut gid: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut gid), 0);
+        gid
+    }
+}
+
+/// RESET -> INIT -> RTR (to `dest_qpn` at `gid`) -> RTS, remote READ / WRITE /
+/// atomics allowed.
+pub(crate) unsafe fn connect_to(qp: *mut ibv_qp, gid: ibv_gid, dest_qpn: u32) {
+    // SAFETY: as in a C program.
+    unsafe {
         let mut a: ibv_qp_attr = zeroed();
         a.qp_state = IBV_QPS_INIT;
         a.port_num = 1;
-        a.qp_access_flags =
-            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
+            | IBV_ACCESS_REMOTE_READ
+            | IBV_ACCESS_REMOTE_ATOMIC
+            | IBV_ACCESS_LOCAL_WRITE;
         let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
         assert_eq!(ibv_modify_qp(qp, &mut a, m as c_int), 0);
         let mut a: ibv_qp_attr = zeroed();
@@ -100,7 +117,84 @@ unsafe fn connect(e: &Env, qp: *mut ibv_qp, dest_qpn: u32) {
     }
 }
 
-unsafe fn poll_one(ctx: *mut ibv_context, cq: *mut ibv_cq) -> ibv_wc {
+/// Two RC QPs on `cq`, connected to each other.
+unsafe fn qp_pair(e: &Env, cq: *mut ibv_cq) -> (*mut ibv_qp, *mut ibv_qp) {
+    // SAFETY: as in a C program.
+    unsafe {
+        let (a, b) = (make_qp(e, cq), make_qp(e, cq));
+        connect(e, a, (*b).qp_num);
+        connect(e, b, (*a).qp_num);
+        (a, b)
+    }
+}
+
+/// A 64-entry CQ (no channel) and two QPs on it connected to each other.
+unsafe fn loopback(e: &Env) -> (*mut ibv_cq, *mut ibv_qp, *mut ibv_qp) {
+    // SAFETY: as in a C program.
+    unsafe {
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let (a, b) = qp_pair(e, cq);
+        (cq, a, b)
+    }
+}
+
+/// The SGE of `length` bytes at `addr` under `lkey`.
+pub(crate) fn sge(addr: u64, length: u32, lkey: u32) -> ibv_sge {
+    ibv_sge { addr, length, lkey }
+}
+
+/// A send WR `wr_id` of `opcode` with `flags` over the one SGE `sge` (which must
+/// outlive its posts).
+pub(crate) fn send_wr(wr_id: u64, opcode: u32, flags: u32, sge: &mut ibv_sge) -> ibv_send_wr {
+    // SAFETY: plain C data.
+    let mut wr: ibv_send_wr = unsafe { zeroed() };
+    wr.wr_id = wr_id;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = flags;
+    wr
+}
+
+/// A signaled RDMA WR (`opcode`) over `sge` to `remote_addr` under `rkey`.
+fn rdma_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, remote_addr: u64, rkey: u32) -> ibv_send_wr {
+    let mut wr = send_wr(wr_id, opcode, IBV_SEND_SIGNALED, sge);
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    wr
+}
+
+/// Post the one-SGE receive WR `wr_id` over `sge` on `qp` (accepted).
+pub(crate) unsafe fn post_recv_one(e: &Env, qp: *mut ibv_qp, wr_id: u64, mut sge: ibv_sge) {
+    // SAFETY: plain C data.
+    let mut rwr: ibv_recv_wr = unsafe { zeroed() };
+    rwr.wr_id = wr_id;
+    rwr.sg_list = &mut sge;
+    rwr.num_sge = 1;
+    let mut rbad = null_mut();
+    // SAFETY: as in a C program (the SGE lives through the call).
+    unsafe { assert_eq!((*e.ctx).ops.post_recv.unwrap()(qp, &mut rwr, &mut rbad), 0) };
+}
+
+/// Destroy `qps`, deregister `mrs`, destroy `cq`, free the PD and close the device,
+/// each accepted.
+unsafe fn close_all(e: Env, qps: &[*mut ibv_qp], mrs: &[*mut ibv_mr], cq: *mut ibv_cq) {
+    // SAFETY: as in a C program: the caller's objects, not used after this.
+    unsafe {
+        for &qp in qps {
+            assert_eq!(ibv_destroy_qp(qp), 0);
+        }
+        for &mr in mrs {
+            assert_eq!(ibv_dereg_mr(mr), 0);
+        }
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
+pub(crate) unsafe fn poll_one(ctx: *mut ibv_context, cq: *mut ibv_cq) -> ibv_wc {
     // SAFETY: as in a C program (ibv_poll_cq inline).
     unsafe {
         let poll = (*ctx).ops.poll_cq.unwrap();
@@ -122,11 +216,7 @@ fn loopback_write_send_and_errors() {
     let e = open();
     // SAFETY: every call follows the libibverbs contract; buffers outlive their MRs.
     unsafe {
-        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
-        assert!(!cq.is_null());
-        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
-        connect(&e, a, (*b).qp_num);
-        connect(&e, b, (*a).qp_num);
+        let (cq, a, b) = loopback(&e);
         let mut src = vec![0u8; 8192];
         let mut dst = vec![0u8; 8192];
         for (i, x) in src.iter_mut().enumerate() {
@@ -145,19 +235,9 @@ fn loopback_write_send_and_errors() {
         assert!(!smr.is_null() && !dmr.is_null());
 
         // RDMA WRITE a -> b's buffer.
-        let mut sge = ibv_sge {
-            addr: src.as_ptr() as u64,
-            length: 8192,
-            lkey: (*smr).lkey,
-        };
-        let mut wr: ibv_send_wr = zeroed();
-        wr.wr_id = 7;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_RDMA_WRITE;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.wr.rdma.remote_addr = dst.as_ptr() as u64;
-        wr.wr.rdma.rkey = (*dmr).rkey;
+        let mut wsge = sge(src.as_ptr() as u64, 8192, (*smr).lkey);
+        let (daddr, rkey) = (dst.as_ptr() as u64, (*dmr).rkey);
+        let mut wr = rdma_wr(7, IBV_WR_RDMA_WRITE, &mut wsge, daddr, rkey);
         let mut bad = null_mut();
         let post_send = (*e.ctx).ops.post_send.unwrap();
         assert_eq!(post_send(a, &mut wr, &mut bad), 0);
@@ -169,29 +249,11 @@ fn loopback_write_send_and_errors() {
         assert_eq!(src, dst);
 
         // Inline SEND with immediate into a posted receive.
-        let mut rsge = ibv_sge {
-            addr: dst.as_ptr() as u64,
-            length: 64,
-            lkey: (*dmr).lkey,
-        };
-        let mut rwr: ibv_recv_wr = zeroed();
-        rwr.wr_id = 9;
-        rwr.sg_list = &mut rsge;
-        rwr.num_sge = 1;
-        let mut rbad = null_mut();
-        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
+        post_recv_one(&e, b, 9, sge(dst.as_ptr() as u64, 64, (*dmr).lkey));
         let msg = *b"inline hello";
-        let mut isge = ibv_sge {
-            addr: msg.as_ptr() as u64,
-            length: msg.len() as u32,
-            lkey: 0,
-        };
-        let mut swr: ibv_send_wr = zeroed();
-        swr.wr_id = 8;
-        swr.sg_list = &mut isge;
-        swr.num_sge = 1;
-        swr.opcode = IBV_WR_SEND_WITH_IMM;
-        swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        let mut isge = sge(msg.as_ptr() as u64, msg.len() as u32, 0);
+        let flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        let mut swr = send_wr(8, IBV_WR_SEND_WITH_IMM, flags, &mut isge);
         swr.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
         assert_eq!(post_send(a, &mut swr, &mut bad), 0);
         let mut got = [poll_one(e.ctx, cq), poll_one(e.ctx, cq)];
@@ -229,13 +291,7 @@ fn loopback_write_send_and_errors() {
         // Objects in use cannot be destroyed.
         assert_eq!(ibv_dealloc_pd(e.pd), libc::EBUSY);
         assert_eq!(ibv_destroy_cq(cq), libc::EBUSY);
-        assert_eq!(ibv_destroy_qp(a), 0);
-        assert_eq!(ibv_destroy_qp(b), 0);
-        assert_eq!(ibv_dereg_mr(smr), 0);
-        assert_eq!(ibv_dereg_mr(dmr), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dealloc_pd(e.pd), 0);
-        assert_eq!(ibv_close_device(e.ctx), 0);
+        close_all(e, &[a, b], &[smr, dmr], cq);
     }
 }
 
@@ -249,9 +305,7 @@ fn completion_events_through_the_channel() {
         let tag = 0x55usize as *mut c_void;
         let cq = ibv_create_cq(e.ctx, 16, tag, ch, 0);
         assert!(!cq.is_null());
-        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
-        connect(&e, a, (*b).qp_num);
-        connect(&e, b, (*a).qp_num);
+        let (a, b) = qp_pair(&e, cq);
         // Non-blocking channel with nothing pending: EAGAIN.
         let fl = libc::fcntl((*ch).fd, libc::F_GETFL);
         libc::fcntl((*ch).fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
@@ -267,21 +321,9 @@ fn completion_events_through_the_channel() {
             8,
             IBV_ACCESS_LOCAL_WRITE as c_int,
         );
-        let mut sge = ibv_sge {
-            addr: buf.as_ptr() as u64,
-            length: 8,
-            lkey: (*mr).lkey,
-        };
-        let mut rwr: ibv_recv_wr = zeroed();
-        rwr.sg_list = &mut sge;
-        rwr.num_sge = 1;
-        let mut rbad = null_mut();
-        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
-        let mut swr: ibv_send_wr = zeroed();
-        swr.sg_list = &mut sge;
-        swr.num_sge = 1;
-        swr.opcode = IBV_WR_SEND;
-        swr.send_flags = IBV_SEND_SIGNALED;
+        let mut msge = sge(buf.as_ptr() as u64, 8, (*mr).lkey);
+        post_recv_one(&e, b, 0, msge);
+        let mut swr = send_wr(0, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut msge);
         let mut bad = null_mut();
         assert_eq!((*e.ctx).ops.post_send.unwrap()(a, &mut swr, &mut bad), 0);
         // Blocking wait (the event is already pending or arrives shortly).
@@ -525,35 +567,14 @@ fn extended_cq_polls_the_standard_fields() {
         let cq = cqx as *mut ibv_cq;
         let mut pa: ibv_poll_cq_attr = zeroed();
         assert_eq!((*cqx).start_poll.unwrap()(cqx, &mut pa), libc::ENOENT);
-        let (qa, qb) = (make_qp(&e, cq), make_qp(&e, cq));
-        connect(&e, qa, (*qb).qp_num);
-        connect(&e, qb, (*qa).qp_num);
+        let (qa, qb) = qp_pair(&e, cq);
         let mut buf = vec![0u8; 4096];
         let acc = IBV_ACCESS_LOCAL_WRITE as c_int;
         let mr = ibv_reg_mr(e.pd, buf.as_mut_ptr().cast(), 4096, acc);
         assert!(!mr.is_null());
-        let mut rsge = ibv_sge {
-            addr: buf.as_ptr() as u64 + 2048,
-            length: 64,
-            lkey: (*mr).lkey,
-        };
-        let mut rwr: ibv_recv_wr = zeroed();
-        rwr.wr_id = 21;
-        rwr.sg_list = &mut rsge;
-        rwr.num_sge = 1;
-        let mut rbad = null_mut();
-        assert_eq!((*e.ctx).ops.post_recv.unwrap()(qb, &mut rwr, &mut rbad), 0);
-        let mut ssge = ibv_sge {
-            addr: buf.as_ptr() as u64,
-            length: 40,
-            lkey: (*mr).lkey,
-        };
-        let mut swr: ibv_send_wr = zeroed();
-        swr.wr_id = 20;
-        swr.sg_list = &mut ssge;
-        swr.num_sge = 1;
-        swr.opcode = IBV_WR_SEND_WITH_IMM;
-        swr.send_flags = IBV_SEND_SIGNALED;
+        post_recv_one(&e, qb, 21, sge(buf.as_ptr() as u64 + 2048, 64, (*mr).lkey));
+        let mut ssge = sge(buf.as_ptr() as u64, 40, (*mr).lkey);
+        let mut swr = send_wr(20, IBV_WR_SEND_WITH_IMM, IBV_SEND_SIGNALED, &mut ssge);
         swr.__bindgen_anon_1.imm_data = 0xabcd_0123u32.to_be();
         let mut bad = null_mut();
         assert_eq!((*e.ctx).ops.post_send.unwrap()(qa, &mut swr, &mut bad), 0);
@@ -599,12 +620,7 @@ fn extended_cq_polls_the_standard_fields() {
                 0xabcd_0123u32.to_be()
             )
         );
-        assert_eq!(ibv_destroy_qp(qa), 0);
-        assert_eq!(ibv_destroy_qp(qb), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dealloc_pd(e.pd), 0);
-        assert_eq!(ibv_close_device(e.ctx), 0);
+        close_all(e, &[qa, qb], &[mr], cq);
     }
 }
 
@@ -647,17 +663,7 @@ fn qp_ex_work_request_builder() {
         let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
         let smr = ibv_reg_mr(e.pd, src.as_ptr() as *mut c_void, 256, acc);
         let dmr = ibv_reg_mr(e.pd, dst.as_mut_ptr() as *mut c_void, 512, acc);
-        let mut rsge = ibv_sge {
-            addr: dst.as_ptr() as u64 + 256,
-            length: 64,
-            lkey: (*dmr).lkey,
-        };
-        let mut rwr: ibv_recv_wr = zeroed();
-        rwr.wr_id = 30;
-        rwr.sg_list = &mut rsge;
-        rwr.num_sge = 1;
-        let mut rbad = null_mut();
-        assert_eq!((*e.ctx).ops.post_recv.unwrap()(b, &mut rwr, &mut rbad), 0);
+        post_recv_one(&e, b, 30, sge(dst.as_ptr() as u64 + 256, 64, (*dmr).lkey));
 
         // One batch: a WRITE from an SGE and an inline SEND with immediate.
         (*x).wr_start.unwrap()(x);
@@ -704,13 +710,7 @@ fn qp_ex_work_request_builder() {
         let mut none: ibv_wc = zeroed();
         assert_eq!((*e.ctx).ops.poll_cq.unwrap()(cq, 1, &mut none), 0);
 
-        assert_eq!(ibv_destroy_qp(a), 0);
-        assert_eq!(ibv_destroy_qp(b), 0);
-        assert_eq!(ibv_dereg_mr(smr), 0);
-        assert_eq!(ibv_dereg_mr(dmr), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dealloc_pd(e.pd), 0);
-        assert_eq!(ibv_close_device(e.ctx), 0);
+        close_all(e, &[a, b], &[smr, dmr], cq);
     }
 }
 
@@ -721,59 +721,26 @@ fn qp_ex_work_request_builder() {
 fn np_mode_modify_qp_to_err_flushes() {
     const NAME: &str = "abi_tests::np_mode_modify_qp_to_err_flushes";
     if std::env::var("NPRDMA_MODE").as_deref() != Ok("nprdma") {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--test-threads=1"])
-            .env("NPRDMA_MODE", "nprdma")
-            .output()
-            .unwrap();
-        let so = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && so.contains("1 passed"),
-            "child failed:\n{so}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_in_np_mode_child(NAME);
         return;
     }
     const LEN: usize = 64 * 1024;
     let e = open();
     // SAFETY: as in a C program; the mapping outlives its MR.
     unsafe {
-        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
-        assert!(!cq.is_null());
-        let (a, b) = (make_qp(&e, cq), make_qp(&e, cq));
-        connect(&e, a, (*b).qp_num);
-        connect(&e, b, (*a).qp_num);
+        let (cq, a, b) = loopback(&e);
         let map = vmem::AnonMapping::new(LEN).unwrap();
         let buf = map.as_ptr().cast();
         let acc = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
         let mr = ibv_reg_mr(e.pd, buf, LEN, acc);
         assert!(!mr.is_null());
         // Four RECVs on `a`, and a SEND from `a` that waits at `b` (no RECV there).
-        let post_recv = (*e.ctx).ops.post_recv.unwrap();
         for i in 0..4u64 {
-            let mut sge = ibv_sge {
-                addr: buf as u64 + 8192 + i * 256,
-                length: 256,
-                lkey: (*mr).lkey,
-            };
-            let mut rwr: ibv_recv_wr = zeroed();
-            rwr.wr_id = 100 + i;
-            rwr.sg_list = &mut sge;
-            rwr.num_sge = 1;
-            let mut rbad = null_mut();
-            assert_eq!(post_recv(a, &mut rwr, &mut rbad), 0);
+            let s = sge(buf as u64 + 8192 + i * 256, 256, (*mr).lkey);
+            post_recv_one(&e, a, 100 + i, s);
         }
-        let mut sge = ibv_sge {
-            addr: buf as u64,
-            length: 100,
-            lkey: (*mr).lkey,
-        };
-        let mut wr: ibv_send_wr = zeroed();
-        wr.wr_id = 7;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
+        let mut ssge = sge(buf as u64, 100, (*mr).lkey);
+        let mut wr = send_wr(7, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut ssge);
         let mut bad = null_mut();
         let post_send = (*e.ctx).ops.post_send.unwrap();
         assert_eq!(post_send(a, &mut wr, &mut bad), 0);
@@ -812,12 +779,352 @@ fn np_mode_modify_qp_to_err_flushes() {
             ibv_modify_qp(a, &mut rts, IBV_QP_STATE as c_int),
             libc::EOPNOTSUPP
         );
-        assert_eq!(ibv_destroy_qp(a), 0);
-        assert_eq!(ibv_destroy_qp(b), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dealloc_pd(e.pd), 0);
-        assert_eq!(ibv_close_device(e.ctx), 0);
+        close_all(e, &[a, b], &[mr], cq);
         drop(map);
+    }
+}
+
+/// A fresh anonymous mapping of `len` bytes filled with `fill`, at `at` if not 0
+/// (and only if nothing is mapped there).
+pub(crate) fn map_at(at: usize, len: usize, fill: u8) -> usize {
+    let fixed = if at != 0 {
+        libc::MAP_FIXED_NOREPLACE
+    } else {
+        0
+    };
+    // SAFETY: a fresh private anonymous mapping that replaces nothing.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
+            -1,
+            0,
+        )
+    };
+    assert!(
+        p != libc::MAP_FAILED && (at == 0 || p as usize == at),
+        "mmap at {at:#x}"
+    );
+    // SAFETY: just mapped, `len` bytes.
+    unsafe { std::ptr::write_bytes(p as *mut u8, fill, len) };
+    p as usize
+}
+
+/// Re-runs test `name` alone in a child process with `NPRDMA_MODE=nprdma` (the
+/// process's device is chosen once, from the environment) and checks it passed.
+pub(crate) fn run_in_np_mode_child(name: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1"])
+        .env("NPRDMA_MODE", "nprdma")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "child failed:\n{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Posts one signaled WR on `qp` and returns its completion status.
+unsafe fn one_status(e: &Env, cq: *mut ibv_cq, qp: *mut ibv_qp, wr: &mut ibv_send_wr) -> u32 {
+    let mut bad = null_mut();
+    // SAFETY: as in a C program; the WR's SGE outlives the call.
+    unsafe {
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(qp, wr, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!(wc.wr_id, wr.wr_id);
+        wc.status
+    }
+}
+
+/// Registered memory is what the MR names, not whatever is mapped at its address
+/// later (issue 12, bug 4): after `munmap` (or an `mremap` away) of an MR's memory
+/// and a new mapping at the same address, a remote WRITE or READ with the old rkey,
+/// and a local SGE with the old lkey, fail — the new memory is never reached. Runs
+/// in pinned mode here and in NP-RDMA mode in a child.
+#[test]
+fn mr_over_unmapped_memory_reaches_nothing() {
+    const NAME: &str = "abi_tests::mr_over_unmapped_memory_reaches_nothing";
+    let np = std::env::var("NPRDMA_MODE").as_deref() == Ok("nprdma");
+    if !np {
+        run_in_np_mode_child(NAME);
+    }
+    const LEN: usize = 2 * 4096;
+    let bytes = |at: usize| -> Vec<u8> {
+        // SAFETY: a live LEN-byte mapping of this test.
+        unsafe { std::slice::from_raw_parts(at as *const u8, LEN).to_vec() }
+    };
+    let e = open();
+    // SAFETY: as in a C program; every mapping is unmapped only where the test says.
+    unsafe {
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let pair = || qp_pair(&e, cq);
+        let acc =
+            (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as c_int;
+        let local = map_at(0, LEN, 0x22);
+        let lmr = ibv_reg_mr(e.pd, local as *mut c_void, LEN, acc);
+        let target = map_at(0, LEN, 0x11);
+        let tmr = ibv_reg_mr(e.pd, target as *mut c_void, LEN, acc);
+        let moved = map_at(0, LEN, 0x11);
+        let mmr = ibv_reg_mr(e.pd, moved as *mut c_void, LEN, acc);
+        assert!(!lmr.is_null() && !tmr.is_null() && !mmr.is_null());
+        let mut lsge = sge(local as u64, LEN as u32, (*lmr).lkey);
+        let (a, _b) = pair();
+        let mut wr = rdma_wr(1, IBV_WR_RDMA_WRITE, &mut lsge, target as u64, (*tmr).rkey);
+        assert_eq!(
+            one_status(&e, cq, a, &mut wr),
+            IBV_WC_SUCCESS,
+            "while mapped"
+        );
+        assert_eq!(bytes(target), vec![0x22; LEN]);
+
+        // munmap, then new memory at the same address.
+        assert_eq!(libc::munmap(target as *mut c_void, LEN), 0);
+        assert_eq!(map_at(target, LEN, 0x33), target);
+        // mremap away, then new memory at the old address.
+        let elsewhere = map_at(0, LEN, 0);
+        let p = libc::mremap(
+            moved as *mut c_void,
+            LEN,
+            LEN,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            elsewhere as *mut c_void,
+        );
+        assert_eq!(p as usize, elsewhere);
+        assert_eq!(map_at(moved, LEN, 0x33), moved);
+
+        for (at, mr) in [(target, tmr), (moved, mmr)] {
+            let (a, _b) = pair();
+            wr.wr_id = 2;
+            wr.opcode = IBV_WR_RDMA_WRITE;
+            wr.wr.rdma.remote_addr = at as u64;
+            wr.wr.rdma.rkey = (*mr).rkey;
+            let st = one_status(&e, cq, a, &mut wr);
+            assert_ne!(st, IBV_WC_SUCCESS, "WRITE with the old rkey");
+            assert!(np || st == IBV_WC_REM_ACCESS_ERR, "status {st}");
+            let changed = bytes(at).iter().filter(|&&x| x != 0x33).count();
+            assert_eq!(changed, 0, "WRITE reached the new memory");
+
+            let (a, _b) = pair();
+            wr.wr_id = 3;
+            wr.opcode = IBV_WR_RDMA_READ;
+            let st = one_status(&e, cq, a, &mut wr);
+            assert_ne!(st, IBV_WC_SUCCESS, "READ with the old rkey");
+            assert!(np || st == IBV_WC_REM_ACCESS_ERR, "status {st}");
+            // A failed READ may leave the local buffer undefined (verbs); it must
+            // not carry the new memory's bytes.
+            let leaked = bytes(local).iter().filter(|&&x| x == 0x33).count();
+            assert_eq!(leaked, 0, "READ returned the new memory");
+
+            // The old lkey as a local source: nothing of the new memory leaves.
+            let (a, _b) = pair();
+            let mut from = sge(at as u64, LEN as u32, (*mr).lkey);
+            let mut lw = rdma_wr(4, IBV_WR_RDMA_WRITE, &mut from, local as u64, (*lmr).rkey);
+            let st = one_status(&e, cq, a, &mut lw);
+            assert_ne!(st, IBV_WC_SUCCESS, "WRITE from the old lkey");
+            assert!(np || st == IBV_WC_LOC_PROT_ERR, "status {st}");
+            let leaked = bytes(local).iter().filter(|&&x| x == 0x33).count();
+            assert_eq!(leaked, 0, "the new memory was sent");
+        }
+        assert_eq!(ibv_dereg_mr(tmr), 0);
+        assert_eq!(ibv_dereg_mr(mmr), 0);
+        assert_eq!(ibv_dereg_mr(lmr), 0);
+        for at in [local, target, moved, elsewhere] {
+            assert_eq!(libc::munmap(at as *mut c_void, LEN), 0);
+        }
+    }
+}
+
+/// Re-runs test `name` alone in a child process with `env` (the process's device is
+/// chosen once, from the environment) and checks it passed.
+pub(crate) fn run_in_child_with(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([name, "--exact", "--test-threads=1", "--nocapture"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "child failed:\n{so}\n{se}"
+    );
+    print!("{so}");
+}
+
+/// A copy of this build's libnprdma.so at another path, so that `dlopen` gives a
+/// second instance (the device of `NPRDMA_DEVICE=verbs` in the tests: the software
+/// NIC behind the C ABI). Built first when run by cargo; `None` (SKIP printed) when
+/// it cannot be had.
+pub(crate) fn device_lib_copy() -> Option<std::path::PathBuf> {
+    use std::path::Path;
+    let exe = std::env::current_exe().ok()?;
+    // target/<profile>/deps/<test> -> target/<profile>
+    let dir = exe.parent().and_then(Path::parent)?.to_path_buf();
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+        let profile = if name == "debug" { "dev" } else { name };
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let st = std::process::Command::new(cargo)
+            .args(["build", "--lib", "--profile", profile, "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", dir.parent()?)
+            .stdin(std::process::Stdio::null())
+            .status();
+        if !st.is_ok_and(|s| s.success()) {
+            println!("SKIP: libnprdma.so could not be built; test not run");
+            return None;
+        }
+    }
+    let lib = dir.join("libnprdma.so");
+    if !lib.exists() {
+        println!(
+            "SKIP: {} not found (cargo build -p verbs-shim); test not run",
+            lib.display()
+        );
+        return None;
+    }
+    let copy_dir = dir.join("nprdma-chain");
+    std::fs::create_dir_all(&copy_dir).ok()?;
+    let copy = copy_dir.join("libnprdma-device-abi.so");
+    let tmp = copy_dir.join(format!("libnprdma-device-abi.so.{}", std::process::id()));
+    std::fs::copy(&lib, &tmp).ok()?;
+    std::fs::rename(&tmp, &copy).ok()?;
+    Some(copy)
+}
+
+/// NP-RDMA mode over the next libibverbs (`NPRDMA_DEVICE=verbs`): the engine's
+/// user-space mode, whose device is a second instance of libnprdma.so (a copy of
+/// this build, told by `nprdma_shim_as_device` to serve in pinned mode although the
+/// environment says `nprdma`/`verbs`). Through the C ABI as a program would: two QPs
+/// connected by data QPN + GID only (the control channel rides on the data QPs),
+/// WRITE into untouched memory, READ it back, a SEND into a posted RECV and an
+/// inline SEND, with data checks; every operation two-sided with MRs registered on
+/// the fly (the stats line). Runs in a child process with the environment set.
+#[test]
+fn np_mode_over_the_next_libibverbs() {
+    const NAME: &str = "abi_tests::np_mode_over_the_next_libibverbs";
+    if std::env::var("NPRDMA_DEVICE").as_deref() != Ok("verbs") {
+        let Some(lib) = device_lib_copy() else { return };
+        run_in_child_with(
+            NAME,
+            &[
+                ("NPRDMA_MODE", "nprdma".as_ref()),
+                ("NPRDMA_DEVICE", "verbs".as_ref()),
+                ("NPRDMA_VERBS_LIB", lib.as_os_str()),
+            ],
+        );
+        return;
+    }
+    const LEN: usize = 256 * 1024;
+    let e = open();
+    let dev = crate::backend::device().expect("device");
+    assert_eq!(dev.mode(), "nprdma-verbs");
+    // SAFETY: as in a C program; the mappings outlive their MRs.
+    unsafe {
+        let (cq, a, b) = loopback(&e);
+        let (src, dst, back) = (
+            vmem::AnonMapping::new(LEN).unwrap(),
+            vmem::AnonMapping::new(LEN).unwrap(),
+            vmem::AnonMapping::new(LEN).unwrap(),
+        );
+        let pattern: Vec<u8> = (0..LEN).map(|i| (i * 7 % 253) as u8).collect();
+        std::ptr::copy_nonoverlapping(pattern.as_ptr(), src.as_ptr(), LEN);
+        let acc =
+            (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as c_int;
+        let smr = ibv_reg_mr(e.pd, src.as_ptr().cast(), LEN, acc);
+        let dmr = ibv_reg_mr(e.pd, dst.as_ptr().cast(), LEN, acc);
+        let bmr = ibv_reg_mr(e.pd, back.as_ptr().cast(), LEN, acc);
+        assert!(!smr.is_null() && !dmr.is_null() && !bmr.is_null());
+        let post_send = (*e.ctx).ops.post_send.unwrap();
+        let mut bad = null_mut();
+        let (daddr, drkey) = (dst.as_ptr() as u64, (*dmr).rkey);
+
+        // WRITE 200 KiB a -> b's untouched buffer, then a small one.
+        let mut wsge = sge(src.as_ptr() as u64, 200 * 1024, (*smr).lkey);
+        let mut wr = rdma_wr(1, IBV_WR_RDMA_WRITE, &mut wsge, daddr, drkey);
+        assert_eq!(post_send(a, &mut wr, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!((wc.wr_id, wc.status), (1, IBV_WC_SUCCESS));
+        let mut small = wsge;
+        small.addr += 210_000;
+        small.length = 100;
+        let mut w2 = wr;
+        w2.wr_id = 2;
+        w2.sg_list = &mut small;
+        w2.wr.rdma.remote_addr = dst.as_ptr() as u64 + 210_000;
+        assert_eq!(post_send(a, &mut w2, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!((wc.wr_id, wc.status), (2, IBV_WC_SUCCESS));
+        let d = std::slice::from_raw_parts(dst.as_ptr(), LEN);
+        assert_eq!(&d[..200 * 1024], &pattern[..200 * 1024]);
+        assert_eq!(&d[210_000..210_100], &pattern[210_000..210_100]);
+        assert!(d[200 * 1024..210_000].iter().all(|&x| x == 0));
+
+        // READ b's buffer back into a's untouched one (b's QP reads it: the
+        // other direction of the connection).
+        let mut rsge = sge(back.as_ptr() as u64, 200 * 1024, (*bmr).lkey);
+        let mut rd = rdma_wr(3, IBV_WR_RDMA_READ, &mut rsge, daddr, drkey);
+        assert_eq!(post_send(b, &mut rd, &mut bad), 0);
+        let wc = poll_one(e.ctx, cq);
+        assert_eq!((wc.wr_id, wc.status), (3, IBV_WC_SUCCESS));
+        let k = std::slice::from_raw_parts(back.as_ptr(), LEN);
+        assert_eq!(&k[..200 * 1024], &pattern[..200 * 1024]);
+
+        // A 4 KiB SEND and an inline SEND with immediate into posted RECVs.
+        for (i, off) in [(10u64, 220_000u64), (11, 230_000)] {
+            post_recv_one(&e, b, i, sge(back.as_ptr() as u64 + off, 8192, (*bmr).lkey));
+        }
+        let mut ssge = sge(src.as_ptr() as u64 + 4096, 4096, (*smr).lkey);
+        let mut sw = send_wr(4, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut ssge);
+        assert_eq!(post_send(a, &mut sw, &mut bad), 0);
+        let msg = *b"inline over the next libibverbs";
+        let mut isge = sge(msg.as_ptr() as u64, msg.len() as u32, 0);
+        let flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        let mut iw = send_wr(5, IBV_WR_SEND_WITH_IMM, flags, &mut isge);
+        iw.__bindgen_anon_1.imm_data = 0x0bad_cafeu32.to_be();
+        assert_eq!(post_send(a, &mut iw, &mut bad), 0);
+        let mut got: Vec<ibv_wc> = (0..4).map(|_| poll_one(e.ctx, cq)).collect();
+        got.sort_by_key(|w| w.wr_id);
+        let ids: Vec<(u64, u32)> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            [
+                (4, IBV_WC_SUCCESS),
+                (5, IBV_WC_SUCCESS),
+                (10, IBV_WC_SUCCESS),
+                (11, IBV_WC_SUCCESS)
+            ]
+        );
+        assert_eq!((got[2].opcode, got[2].byte_len), (IBV_WC_RECV, 4096));
+        assert_eq!(got[3].byte_len as usize, msg.len());
+        assert_eq!(got[3].__bindgen_anon_1.imm_data, 0x0bad_cafeu32.to_be());
+        let k = std::slice::from_raw_parts(back.as_ptr(), LEN);
+        assert_eq!(&k[220_000..220_000 + 4096], &pattern[4096..8192]);
+        assert_eq!(&k[230_000..230_000 + msg.len()], &msg);
+
+        // User-space mode: two-sided only, MRs registered on the fly at the device.
+        let stats = dev.stats();
+        println!("chain stats: {stats}");
+        let stat = |k: &str| -> u64 {
+            stats
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in {stats}"))
+        };
+        assert_eq!(stat("optimistic_ok"), 0, "{stats}");
+        assert!(stat("two_sided") >= 3, "{stats}");
+        assert!(stat("verbs_regs") > 0, "{stats}");
+        assert_eq!(stat("verbs_reg_failures"), 0, "{stats}");
+
+        close_all(e, &[a, b], &[smr, dmr, bmr], cq);
     }
 }

@@ -36,6 +36,8 @@
 //! * `NPRDMA_MODE` — backend: `pinned` (default) = standard RDMA on the software RNIC;
 //!   `nprdma` (also `np`, `np-rdma`) = NP-RDMA (see below); unknown values fail
 //!   `ibv_open_device`.
+//! * `NPRDMA_DEVICE` — NP-RDMA mode's device: `soft` (default, the software RNIC) or
+//!   `verbs` (the next libibverbs; see "NP-RDMA over any RDMA device" below).
 //! * `NPRDMA_TRUSTED_PEERS=1` — the labelled opt-in to the direct path between trusting
 //!   processes (set it on both sides): initiators copy into this process with
 //!   `process_vm_*`, which it allows to any process (`PR_SET_PTRACER_ANY`). Default:
@@ -83,6 +85,11 @@
 //!   run on the target CPU, so every READ/WRITE, version READs included, is copied by
 //!   the initiator itself).
 //! * `NPRDMA_PAGER_SPIN_US` (default 50) — fault-thread polling after a fault.
+//! * `NPRDMA_EAGER_SWAP_IN` (default 1) — pages the pager brings in (CPU fault, pin,
+//!   prefetch) are mapped into the NIC's views in the same pass; `0` maps them on first
+//!   RDMA access (two-sided), as Linux/the paper do.
+//! * `NPRDMA_FAULT_AROUND_PAGES` (default 16 = 64 KiB, at most budget / 8) —
+//!   never-touched pages filled together on a first touch; `0` off.
 //! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
 //!   thread: spin window after work / never spin.
 //! * `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes, default 0) — WRITEs up to this size are
@@ -90,8 +97,29 @@
 //!   MR; longer ones (all, by default) by the remote page versions, which works with
 //!   the write-only MRs applications register (perftest's WRITE tests).
 //!
-//! Modules: [`ffi`] (bindgen types + layout tests), [`backend`] (internal verbs
-//! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode), [`error`], `objects` (C-visible objects, entry guard), `device`
+//! ## NP-RDMA over any RDMA device (`NPRDMA_DEVICE=verbs`)
+//! With `NPRDMA_MODE=nprdma NPRDMA_DEVICE=verbs`, the NP-RDMA engine runs over the
+//! *next* libibverbs of the process (crate `ibverbs-nic`, `dlopen`ed) instead of the
+//! software NIC: the paper's user-space mode (no IOMMU control: every READ/WRITE
+//! two-sided, MRs registered on the fly at the device, a bounded registration cache),
+//! so unmodified programs on an rxe or ConnectX device use non-pinned memory. GID 0
+//! is the device's GID (`NPRDMA_VERBS_GID_INDEX`); each QP's control channel rides
+//! on its data QP (the program exchanges only the data QPN; both sides must run this
+//! way). The software NIC stays the default device (`NPRDMA_DEVICE` unset or
+//! `soft`). Settings (see `backend::np_verbs`):
+//! * `NPRDMA_VERBS_LIB` — the library (default `libibverbs.so.1`, loaded into a new
+//!   link-map namespace, `dlmopen`, so that its internal calls to its own exports do
+//!   not reach this library's).
+//!   Another copy of libnprdma.so at another path serves as a device too (the tests'
+//!   chain): it is told through its exported `nprdma_shim_as_device` to ignore
+//!   `NPRDMA_MODE`/`NPRDMA_DEVICE` and run in `NPRDMA_VERBS_MODE` (default `pinned`).
+//! * `NPRDMA_VERBS_DEVICE` (default the first), `NPRDMA_VERBS_PORT` (default 1),
+//!   `NPRDMA_VERBS_GID_INDEX` (default 0).
+//! * `NPRDMA_STATS=1` adds the registration cache's hits/misses and the device's
+//!   registration counters (`verbs_regs`, `verbs_reg_failures`, ...).
+//!
+//! Modules: [`ffi`] (bindgen types + layout tests: the `verbs-sys` crate), [`backend`] (internal verbs
+//! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode, `np_verbs`: its libibverbs device), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
 //! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (rdma_cm refusal).
@@ -104,9 +132,13 @@ mod cq_ex;
 mod datapath;
 mod device;
 pub mod error;
-pub mod ffi;
+#[cfg(test)]
+mod fault_tests;
+/// The libibverbs C ABI types (the `verbs-sys` crate).
+pub use verbs_sys as ffi;
 mod logging;
 mod objects;
 mod qp_ex;
 mod rdmacm;
 mod resources;
+mod unmap;

@@ -1,6 +1,8 @@
 //! Debian's unmodified perftest binaries, server + client as two processes over
 //! libnprdma.so, in pinned mode and in NP-RDMA mode (`np_*` tests; `np_swapped_*` with a
-//! pager budget below the buffers, so pages are swapped during the run): exit 0 on both
+//! pager budget below the buffers, so pages are swapped during the run; `chain_*`: NP-RDMA
+//! in user-space mode over the next libibverbs, a second copy of libnprdma.so in pinned
+//! mode, `NPRDMA_DEVICE=verbs`): exit 0 on both
 //! sides and a result row with the requested message size and iteration count.
 //! Distinct TCP ports per test (tests run in parallel).
 
@@ -161,6 +163,21 @@ fn ib_write_bw_bidirectional() {
     );
 }
 
+/// A ping-pong of SENDs, each side blocked on its completion channel between
+/// messages (perftest's event loop re-arms only the CQ that fired and polls once, so it
+/// hangs if a reply's receive completion is signalled before the send completion of
+/// the message it answers — a real responder's ACK leaves before the reply). Hung in
+/// about half the runs of 3000 iterations before the fix.
+#[test]
+fn ib_send_lat_with_completion_events() {
+    perftest(
+        "ib_send_lat",
+        18700,
+        &["-e", "-n", "3000", "-s", "2"],
+        false,
+    );
+}
+
 #[test]
 fn ib_send_bw_with_completion_events() {
     // -e: completion channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events.
@@ -277,6 +294,115 @@ fn np_swapped(tool: &str, port: u16, extra: &[&str], bw: bool) {
             o.all()
         );
     }
+}
+
+// ---- The chain: NP-RDMA user-space mode -> libibverbs C ABI -> software NIC ----
+
+/// `tool` with libnprdma.so in NP-RDMA mode over the next libibverbs (a second copy
+/// of libnprdma.so in pinned mode as the device), `env` added; both sides ran the
+/// chain (user-space mode: nothing optimistic, no failed registration). Outputs
+/// (server, client), or None when the tool is not installed.
+fn chain_run(
+    tool: &str,
+    port: u16,
+    extra: &[&str],
+    bw: bool,
+    env: &[(&str, &str)],
+) -> Option<(Output, Output)> {
+    let env = chain_env(env);
+    let (s, c) = perftest_env(tool, port, extra, bw, &env_refs(&env))?;
+    for o in [&s, &c] {
+        assert_chain_stats(o);
+    }
+    Some((s, c))
+}
+
+/// [`chain_run`] of a READ/WRITE/atomic tool: every operation of the client went
+/// two-sided and was served by the server (over MRs registered at the device on the
+/// fly, or found in the registration cache).
+fn chain(tool: &str, port: u16, extra: &[&str], bw: bool, env: &[(&str, &str)]) {
+    let Some((s, c)) = chain_run(tool, port, extra, bw, env) else {
+        return;
+    };
+    let iters: u64 = extra
+        .windows(2)
+        .find(|w| w[0] == "-n")
+        .map(|w| w[1].parse().unwrap())
+        .unwrap();
+    assert!(stat(&c, "two_sided") >= iters, "{}", c.all());
+    assert!(stat(&s, "served") >= iters, "{}", s.all());
+}
+
+#[test]
+fn chain_ib_write_bw() {
+    chain(
+        "ib_write_bw",
+        18673,
+        &["-n", "200", "-s", "65536"],
+        true,
+        &[],
+    );
+}
+
+#[test]
+fn chain_ib_read_lat() {
+    chain("ib_read_lat", 18674, &["-n", "200", "-s", "2"], false, &[]);
+}
+
+#[test]
+fn chain_swapped_ib_read_bw() {
+    // A 4-page resident budget: pages swapped out and back under the two-sided path.
+    chain(
+        "ib_read_bw",
+        18675,
+        &["-n", "200", "-s", "65536"],
+        true,
+        &[("NPRDMA_BUDGET_PAGES", "4")],
+    );
+}
+
+#[test]
+fn chain_ib_write_lat() {
+    // ib_write_lat: each side WRITEs into the other (both initiate and serve).
+    chain("ib_write_lat", 18676, &["-n", "200", "-s", "2"], false, &[]);
+}
+
+#[test]
+fn chain_ib_atomic_lat() {
+    chain(
+        "ib_atomic_lat",
+        18677,
+        &["-n", "200", "-s", "8"],
+        false,
+        &[],
+    );
+}
+
+#[test]
+fn chain_ib_read_bw_large_message() {
+    // 1 MiB READs: registrations of 1 MiB at the device (cached up to half of
+    // RLIMIT_MEMLOCK).
+    chain(
+        "ib_read_bw",
+        18678,
+        &["-n", "20", "-s", "1048576"],
+        true,
+        &[],
+    );
+}
+
+#[test]
+fn chain_ib_send_lat_and_bw() {
+    // SENDs: small ones inline on the control channel (the data QP), large ones by
+    // rendezvous.
+    chain_run("ib_send_lat", 18679, &["-n", "200", "-s", "2"], false, &[]);
+    chain_run(
+        "ib_send_bw",
+        18680,
+        &["-n", "200", "-s", "65536"],
+        true,
+        &[],
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! ibverbs-utils over libnprdma.so: ibv_devices, ibv_devinfo, ibv_rc_pingpong (two
-//! processes, with its data check), and clean failures for unsupported setups.
+//! processes, with its data check; also through the chain NP-RDMA user-space mode →
+//! libibverbs C ABI → software NIC, `NPRDMA_DEVICE=verbs`), and clean failures for
+//! unsupported setups.
 
 mod common;
 use common::*;
@@ -88,6 +90,148 @@ fn np_ibv_rc_pingpong_swapped() {
             assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
         }
     }
+}
+
+// ---- The chain: NP-RDMA user-space mode -> libibverbs C ABI -> software NIC ----
+
+/// ibv_rc_pingpong (data check) with libnprdma.so in NP-RDMA mode over the next
+/// libibverbs (a second copy of libnprdma.so, pinned): the programs exchange only
+/// their data QPN and GID, the control channel rides on the data QP.
+fn chain_pingpong(port: u16, extra: &[&str]) {
+    let env = chain_env(&[]);
+    if let Some((s, c)) = pingpong_env(port, extra, &env_refs(&env)) {
+        for o in [&s, &c] {
+            assert_chain_stats(o);
+            // Every message is a SEND: two-sided, through the control channel.
+            assert!(stat(o, "two_sided") >= 200, "{}", o.all());
+        }
+    }
+}
+
+#[test]
+fn chain_ibv_rc_pingpong_polling() {
+    chain_pingpong(18671, &[]);
+}
+
+#[test]
+fn chain_ibv_rc_pingpong_events_large() {
+    chain_pingpong(18672, &["-e", "-s", "65536"]);
+}
+
+#[test]
+fn chain_ibv_rc_pingpong_inline() {
+    chain_pingpong(18681, &["-s", "1000"]);
+}
+
+#[test]
+fn chain_ibv_rc_pingpong_swapped() {
+    // 64 KiB messages with a 4-page budget: data checked while pages are swapped.
+    let env = chain_env(&[("NPRDMA_BUDGET_PAGES", "4")]);
+    if let Some((s, c)) = pingpong_env(18682, &["-s", "65536"], &env_refs(&env)) {
+        for o in [&s, &c] {
+            assert_chain_stats(o);
+            assert!(stat(o, "swap_outs") > 0, "{}", o.all());
+        }
+    }
+}
+
+/// Set-ups of the chain that cannot work fail `ibv_open_device` with a clear message:
+/// libnprdma.so as its own next libibverbs, a library that does not exist, and
+/// pinned mode over `NPRDMA_DEVICE=verbs`.
+#[test]
+fn chain_misconfigurations_fail_cleanly() {
+    let Some(b) = require(&["ibv_devinfo"]) else {
+        return;
+    };
+    let own = lib_path().to_string_lossy().into_owned();
+    for (env, want) in [
+        (
+            vec![
+                ("NPRDMA_MODE", "nprdma"),
+                ("NPRDMA_DEVICE", "verbs"),
+                ("NPRDMA_VERBS_LIB", own.as_str()),
+            ],
+            "itself",
+        ),
+        (
+            vec![
+                ("NPRDMA_MODE", "nprdma"),
+                ("NPRDMA_DEVICE", "verbs"),
+                ("NPRDMA_VERBS_LIB", "/nonexistent/libibverbs.so.1"),
+            ],
+            "cannot load",
+        ),
+        (
+            vec![("NPRDMA_MODE", "pinned"), ("NPRDMA_DEVICE", "verbs")],
+            "needs NPRDMA_MODE=nprdma",
+        ),
+        (
+            vec![("NPRDMA_MODE", "nprdma"), ("NPRDMA_DEVICE", "mlx5_0")],
+            "not a known device",
+        ),
+    ] {
+        let o = run(&b[0], &[], &env);
+        assert!(!o.ok(), "{env:?}: {}", o.all());
+        assert!(
+            o.stderr.contains("libnprdma: ibv_open_device") && o.stderr.contains(want),
+            "{env:?}: want {want:?}\n{}",
+            o.all()
+        );
+    }
+}
+
+/// The real libibverbs as the next library (`NPRDMA_VERBS_LIB` unset) is loaded into a
+/// new link-map namespace: the program's own libibverbs is bound to this preloaded
+/// library's exports (it calls `ibv_reg_mr_iova2`, `ibv_read_sysfs_file`, ... through
+/// its PLT), the isolated copy only to itself and its dependencies
+/// (`LD_DEBUG=bindings`). There is no RDMA device here, so opening fails cleanly.
+#[test]
+fn chain_real_libibverbs_is_isolated() {
+    let Some(b) = require(&["ibv_devinfo"]) else {
+        return;
+    };
+    let o = run(
+        &b[0],
+        &[],
+        &[
+            ("NPRDMA_MODE", "nprdma"),
+            ("NPRDMA_DEVICE", "verbs"),
+            ("LD_BIND_NOW", "1"),
+            ("LD_DEBUG", "bindings"),
+        ],
+    );
+    let isolated: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("binding file") && l.contains("libibverbs.so.1 [1] to"))
+        .collect();
+    if isolated.is_empty() {
+        println!("SKIP: no libibverbs.so.1 was loaded (rdma-core's libibverbs1 missing?)");
+        return;
+    }
+    let leaks: Vec<&&str> = isolated
+        .iter()
+        .filter(|l| l.contains("libnprdma"))
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "bound to the preloaded library: {leaks:#?}"
+    );
+    assert!(
+        isolated.iter().any(|l| l.contains("`ibv_reg_mr_iova2'")),
+        "the isolated copy's own references: {}",
+        isolated.len()
+    );
+    assert!(!o.ok());
+    assert!(
+        o.stderr.contains("libnprdma: ibv_open_device"),
+        "{}",
+        o.stderr
+            .lines()
+            .filter(|l| !l.contains("binding"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[test]

@@ -33,6 +33,15 @@ pub struct PagerConfig {
     /// (fault, pin, prefetch; beyond Linux/the paper, which only notify
     /// swap-outs). A page is not evicted before its notification returned.
     pub eager_swap_in_notify: bool,
+    /// Fault-around: a first-touch fault on a never-touched page zero-fills
+    /// it and the never-touched pages after it in its region, up to this
+    /// many pages (at most 32) in one ioctl, so a thread writing fresh
+    /// memory in order takes one userfault per run instead of one per page
+    /// (for anonymous memory Linux fills a whole 2 MiB transparent huge
+    /// page on first touch; for files it maps up to `fault_around_bytes`,
+    /// 64 KiB). The extra pages count as zero fills and against the budget.
+    /// 0 or 1: off (the default).
+    pub fault_around: usize,
     /// How long the fault thread keeps polling without blocking after a fault.
     pub spin: Duration,
     /// Pages per eviction batch (also the staging-area size).
@@ -51,6 +60,7 @@ impl Default for PagerConfig {
             swap_io_threads: 15,
             keep_swap_file: false,
             eager_swap_in_notify: false,
+            fault_around: 1,
             spin: Duration::from_micros(50),
             evict_batch: 64,
             background_evictor: true,

@@ -116,13 +116,34 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
     let write = m.pf_flags() & uffd::PAGEFAULT_FLAG_WRITE != 0;
-    let seg = inner.space.read().lookup(p).map(|s| s.arr.clone());
-    let Some(arr) = seg else {
+    let seg = inner.space.read().lookup(p).map(|s| (s.arr.clone(), s.end));
+    let Some((arr, seg_end)) = seg else {
         // A range being unregistered right now: UFFDIO_UNREGISTER wakes the
         // faulting thread, which then faults normally.
         tracing::debug!(addr, "fault outside any registered segment");
         return true;
     };
+    match inner.fault_around(&arr, p, seg_end, write) {
+        Ok(0) => {}
+        Ok(n) => {
+            if inner.cfg.eager_swap_in_notify {
+                // Published NOTIFYING (not evictable) by the fill; released
+                // once the listeners know, before the threads run on.
+                let addrs: Vec<usize> = (p..p + n).map(|q| q << PAGE_SHIFT).collect();
+                inner.listeners.after_swap_in(&addrs);
+                for q in p..p + n {
+                    arr.word(q).fetch_and(!crate::state::NOTIFYING, Release);
+                }
+            }
+            let _ = inner.uffd.wake(addr, n * PAGE);
+            inner.check_budget();
+            inner
+                .stats
+                .record_fault(t0.elapsed().as_nanos() as u64, m.pf_tid(), false);
+            return true;
+        }
+        Err(e) => tracing::debug!(addr, %e, "fault-around failed; page by page"),
+    }
     match inner.bring_in(&arr, p, Why::Fault { write }, buf) {
         Ok(b) => {
             if matches!(b, Brought::Swap | Brought::Zero | Brought::Hole) {

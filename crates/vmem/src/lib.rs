@@ -32,6 +32,17 @@
 //!   moved out of the application's mapping atomically with `UFFDIO_MOVE`
 //!   into a staging area before it is written to swap, so a concurrent write
 //!   is never lost: it either lands before the move, or faults and waits.
+//!   The reference bit is set when the pager brings a page in or pins it;
+//!   later CPU accesses are invisible to a user-space pager (the accessed
+//!   bits of the page tables are not exported: `PAGEMAP_SCAN` has no
+//!   accessed category, idle-page tracking needs root and PFNs), but a
+//!   device's are not: before evicting, CLOCK asks the listeners
+//!   ([`SwapListener::test_and_clear_young`], Linux's `clear_young` for
+//!   secondary MMUs) and spares the pages they report young.
+//! * **Fault-around** (`PagerConfig::fault_around`, off by default): a
+//!   first-touch fault zero-fills the never-touched pages after it in one
+//!   ioctl (`core/pagein_run.rs`), so fresh memory written in order costs
+//!   one userfault per run.
 //! * **Listeners** ([`SwapListener`]): called synchronously on the evicting
 //!   thread with the batch of pages about to leave, before they leave (the
 //!   MMU-notifier role). Optional eager swap-in notification. For memory the
@@ -140,6 +151,7 @@ mod stats;
 mod swap;
 mod swap_io;
 mod uffd;
+mod watch;
 
 pub use anon::AnonMapping;
 pub use config::PagerConfig;
@@ -150,6 +162,23 @@ pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
+pub use watch::{Hold, OnGone, UnmapWatch, WatchId};
+
+/// See [`Pager::events_handled`].
+#[derive(Clone)]
+pub struct EventsHandled(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl EventsHandled {
+    /// Returns once the fault thread has handled every event it had read when this
+    /// was called. The kernel lets an munmap return as soon as its UNMAP event is
+    /// read, before the pager (and its listeners) have acted on it: a wrapper around
+    /// munmap that calls this after the syscall returns to the application only once
+    /// the pages have left management everywhere. Returns at once on the fault
+    /// thread itself.
+    pub fn wait(&self) {
+        core::wait_handled(&self.0);
+    }
+}
 
 use crate::core::{page_range, EvictState, Inner};
 use std::os::fd::OwnedFd;
@@ -421,6 +450,30 @@ impl Pager {
         self.inner().is_untouched(addr)
     }
 
+    /// Fault injection: while `on`, every swap write fails with an I/O error, as a
+    /// failing swap device's would (evictions then leave their pages resident and
+    /// count `evict_failures`). For tests of what a broken device does to the
+    /// layers above; off by default.
+    pub fn inject_swap_write_failures(&self, on: bool) {
+        self.inner()
+            .swap
+            .fail_writes
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether any page of `[addr, addr+len)` is in a range registered with this
+    /// pager. A read lock, no syscall.
+    pub fn manages(&self, addr: usize, len: usize) -> bool {
+        self.inner().manages(addr, len)
+    }
+
+    /// A handle on the fault thread's progress, for waiting until it has handled
+    /// every event it has read (see [`EventsHandled::wait`]). Holding it keeps
+    /// nothing of the pager alive.
+    pub fn events_handled(&self) -> EventsHandled {
+        EventsHandled(self.inner().handler_seq.clone())
+    }
+
     /// Whether the page holding `addr` is in a registered range the
     /// application has unmapped (or moved away with mremap): the address may
     /// hold unrelated memory now. No syscall.
@@ -513,6 +566,7 @@ impl Pager {
             zero_fills: c.zero_fills.load(Relaxed),
             pin_swap_ins: c.pin_swap_ins.load(Relaxed),
             evict_aborts: c.evict_aborts.load(Relaxed),
+            young_spared: c.young_spared.load(Relaxed),
             evict_failures: c.evict_failures.load(Relaxed),
             swap_full: c.swap_full.load(Relaxed),
             fault_retries: c.fault_retries.load(Relaxed),

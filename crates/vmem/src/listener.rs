@@ -32,6 +32,15 @@ pub trait SwapListener: Send + Sync {
     fn before_swap_out(&self, pages: &[usize]);
     /// `pages` were swapped back in (only with eager swap-in notification).
     fn after_swap_in(&self, _pages: &[usize]) {}
+    /// Accessed bits of a secondary MMU (Linux's `mmu_notifier`
+    /// `clear_young`): `pages` are the resident pages CLOCK reclaim is about
+    /// to evict (their own reference bit clear); set `young[i]` for each
+    /// page the listener's device accessed since it was last asked (or
+    /// mapped), clearing that record. A page any listener reports young
+    /// gets a second chance, as a referenced page. Called on the evicting
+    /// thread under the rules of `before_swap_out`; the default reports
+    /// nothing.
+    fn test_and_clear_young(&self, _pages: &[usize], _young: &mut [bool]) {}
     /// The application unmapped (or mremap moved away) managed memory
     /// `[start, end)`: whoever reaches it by address must stop now (called
     /// on the pager's fault thread as it handles the unmap event, after
@@ -146,6 +155,20 @@ impl Listeners {
         if !pages.is_empty() {
             self.each(|l| l.before_swap_out(pages));
         }
+    }
+
+    /// Which of `pages` some listener reports young (every listener is
+    /// asked, so each clears its records); `None` without listeners.
+    pub fn test_and_clear_young(&self, pages: &[usize]) -> Option<Vec<bool>> {
+        let list = self.snapshot()?;
+        let mut young = vec![false; pages.len()];
+        for e in list.iter() {
+            let _g = Active::enter(e);
+            if !e.removed.load(SeqCst) {
+                e.l.test_and_clear_young(pages, &mut young);
+            }
+        }
+        Some(young)
     }
 
     pub fn after_swap_in(&self, pages: &[usize]) {

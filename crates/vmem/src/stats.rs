@@ -17,6 +17,7 @@ pub struct Counters {
     pub evict_failures: AtomicU64,
     pub swap_full: AtomicU64,
     pub evict_runs: AtomicU64,
+    pub young_spared: AtomicU64,
     pub fault_retries: AtomicU64,
     pub batched_swap_reads: AtomicU64,
     pub batched_swap_writes: AtomicU64,
@@ -126,6 +127,10 @@ pub struct PagerStats {
     pub pin_swap_ins: u64,
     /// Evictions aborted by a racing pin.
     pub evict_aborts: u64,
+    /// CLOCK victims spared because a listener reported them young
+    /// (accessed through a secondary MMU, e.g. a NIC's IOMMU, since the
+    /// last question): the second chance of a referenced page.
+    pub young_spared: u64,
     /// Pages the kernel refused to move out (stayed resident).
     pub evict_failures: u64,
     /// Eviction batches refused because the swap device was full (their

@@ -126,8 +126,7 @@ pub struct SwapDevice {
     /// Entries in `cache` (lets `read`/`free` skip its lock when empty).
     cached: AtomicUsize,
     cache_hits: AtomicU64,
-    /// Fault injection for unit tests: fail every write.
-    #[cfg(test)]
+    /// Fault injection (`Pager::inject_swap_write_failures`): fail every write.
     pub fail_writes: std::sync::atomic::AtomicBool,
 }
 
@@ -301,7 +300,6 @@ impl SwapDevice {
             cache: Mutex::new(SwapCache::new()),
             cached: AtomicUsize::new(0),
             cache_hits: AtomicU64::new(0),
-            #[cfg(test)]
             fail_writes: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -376,7 +374,6 @@ impl SwapDevice {
     #[cfg(test)]
     pub fn write(&self, slot: Slot, data: &[u8]) -> io::Result<()> {
         self.check(data.as_ptr(), data.len())?;
-        #[cfg(test)]
         if self.fail_writes.load(Ordering::Relaxed) {
             return Err(io::Error::other("injected write failure"));
         }
@@ -430,7 +427,6 @@ impl SwapDevice {
         let mut go = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter_mut().enumerate() {
             op.res = self.check(op.ptr, op.len);
-            #[cfg(test)]
             if write && op.res.is_ok() && self.fail_writes.load(Ordering::Relaxed) {
                 op.res = Err(io::Error::other("injected write failure"));
             }

@@ -32,6 +32,7 @@ pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 const REGISTER_MODE_MISSING: u64 = 1;
+const REGISTER_MODE_WP: u64 = 2;
 const MODE_DONTWAKE: u64 = 1;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
@@ -167,12 +168,24 @@ impl Uffd {
 
     /// Registers `[start, start+len)` in MISSING mode.
     pub fn register(&self, start: usize, len: usize) -> io::Result<()> {
+        self.register_mode(start, len, REGISTER_MODE_MISSING)
+    }
+
+    /// Registers `[start, start+len)` in write-protect mode only. No page is
+    /// write-protected unless `UFFDIO_WRITEPROTECT` asks for it (never done here), so
+    /// such a range never faults to us: the registration only attaches the range to
+    /// this userfaultfd, whose UNMAP / REMAP / REMOVE events then report it.
+    pub fn register_events_only(&self, start: usize, len: usize) -> io::Result<()> {
+        self.register_mode(start, len, REGISTER_MODE_WP)
+    }
+
+    fn register_mode(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
                 len: len as u64,
             },
-            mode: REGISTER_MODE_MISSING,
+            mode,
             ioctls: 0,
         };
         // SAFETY: the ioctl reads/writes exactly one `struct uffdio_register`; it only

@@ -356,6 +356,104 @@ fn eager_swap_in_notification() {
     });
 }
 
+/// A secondary MMU whose device keeps using `hot` pages: it reports them
+/// young every time it is asked.
+struct HotPages {
+    hot: Vec<usize>,
+    asked: Mutex<Vec<usize>>,
+}
+
+impl SwapListener for HotPages {
+    fn before_swap_out(&self, _pages: &[usize]) {}
+    fn test_and_clear_young(&self, pages: &[usize], young: &mut [bool]) {
+        self.asked.lock().unwrap().extend_from_slice(pages);
+        for (a, y) in pages.iter().zip(young) {
+            *y |= self.hot.contains(a);
+        }
+    }
+}
+
+/// CLOCK reclaim asks the listeners which victims are young and gives those
+/// a second chance (Linux's `clear_young` for secondary MMUs): the pages a
+/// device keeps using stay resident, the idle ones go, though the hand
+/// meets the hot ones first.
+#[test]
+fn clock_spares_pages_a_listener_reports_young() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            background_evictor: false,
+            ..small_cfg()
+        })
+        .unwrap();
+        let mut r = p.alloc(8 * PG).unwrap();
+        r.as_mut_slice().fill(7);
+        let hot: Vec<usize> = (0..4).map(|i| r.addr() + i * PG).collect();
+        let l = Arc::new(HotPages {
+            hot: hot.clone(),
+            asked: Mutex::new(Vec::new()),
+        });
+        p.add_listener(l.clone());
+        p.set_budget(Some(4));
+        p.enforce_budget();
+        let resident: Vec<bool> = (0..8).map(|i| p.is_resident(r.addr() + i * PG)).collect();
+        assert_eq!(
+            resident,
+            [true, true, true, true, false, false, false, false]
+        );
+        assert!(p.stats().young_spared >= 4, "{:?}", p.stats());
+        assert!(
+            hot.iter().all(|a| l.asked.lock().unwrap().contains(a)),
+            "the hot pages were asked about"
+        );
+        assert!(r.as_slice().iter().all(|&b| b == 7));
+    });
+}
+
+/// Fault-around: a first touch fills the never-touched pages after it in one
+/// go (up to `fault_around` pages, stopping at a resident page), each
+/// announced to the listeners; a sequential writer takes one userfault per
+/// run.
+#[test]
+fn fault_around_fills_runs_of_untouched_pages() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            fault_around: 16,
+            eager_swap_in_notify: true,
+            ..small_cfg()
+        })
+        .unwrap();
+        let rec = Arc::new(Recorder::default());
+        p.add_listener(rec.clone());
+        let mut r = p.alloc(64 * PG).unwrap();
+        r.as_mut_slice()[20 * PG] = 1; // run 20..36
+        assert_eq!(p.stats().minor_faults, 1);
+        assert_eq!(r.resident_count().unwrap(), 16);
+        for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+            *b = pat(2, i);
+        }
+        // Runs 0..16, 16..20 (stops at the resident page 20), 36..52, 52..64.
+        let s = p.stats();
+        assert_eq!(s.minor_faults, 5, "{s:?}");
+        assert_eq!(s.zero_fills, 59);
+        assert_eq!(s.resident_pages, 64);
+        assert!(wait_until(5, || rec.ins.lock().unwrap().len() == 64));
+        let mut ins = rec.ins.lock().unwrap().clone();
+        ins.sort();
+        assert_eq!(ins, (0..64).map(|i| r.addr() + i * PG).collect::<Vec<_>>());
+        assert_eq!(r.swap_out().unwrap(), 64);
+        assert!(r
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == pat(2, i)));
+        assert_eq!(
+            p.stats().major_faults,
+            64,
+            "swapped pages come back one by one"
+        );
+    });
+}
+
 #[test]
 fn external_notification_api() {
     with_timeout(30, || {

@@ -703,6 +703,7 @@ impl Backend {
             major_faults: d(|s| s.major_faults),
             resident_pages: ps.as_ref().map_or(0, |s| s.resident_pages as u64),
             evict_aborts: d(|s| s.evict_aborts),
+            young_spared: d(|s| s.young_spared),
             np_served: self.np_served().saturating_sub(self.served0),
             rpcs: match &self.pool {
                 Pool::Copy {

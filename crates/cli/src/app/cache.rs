@@ -74,6 +74,10 @@ pub struct CacheResult {
     /// Pager evictions aborted by a racing pin / access (measured window).
     #[serde(default)]
     pub evict_aborts: u64,
+    /// Pager CLOCK victims spared because the NIC had accessed them
+    /// (IOMMU accessed bits; measured window).
+    #[serde(default)]
+    pub young_spared: u64,
     /// NP-RDMA: two-sided requests (fault path) the back-end served.
     #[serde(default)]
     pub np_served: u64,
@@ -224,6 +228,7 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         swap_outs: st.swap_outs,
         pool_rss_peak: st.pool_rss_peak,
         evict_aborts: st.evict_aborts,
+        young_spared: st.young_spared,
         np_served: st.np_served,
         rpcs: st.rpcs,
         nonresident_dma: st.nonresident_dma,

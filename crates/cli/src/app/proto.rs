@@ -219,6 +219,10 @@ pub struct BackendStats {
     /// Evictions the pager aborted since the mark (a pin or access raced them).
     #[serde(default)]
     pub evict_aborts: u64,
+    /// CLOCK victims the pager spared since the mark because a listener
+    /// (NP-RDMA: the IOMMU's accessed bits) reported them young.
+    #[serde(default)]
+    pub young_spared: u64,
     /// Two-sided requests (fault path) the back-end's NP-RDMA engine served
     /// since the mark.
     #[serde(default)]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::backend::{Backend, DefaultNic};
 use super::progress;
 use super::state::Shared;
 use super::types::Error;
@@ -16,14 +17,22 @@ use super::ucq::UCq;
 use crate::nic::Completion;
 
 /// An application completion queue.
-#[derive(Clone)]
-pub struct Cq {
-    pub(super) sh: Arc<Shared>,
+pub struct Cq<N: Backend = DefaultNic> {
+    pub(super) sh: Arc<Shared<N>>,
     pub(super) u: Arc<UCq>,
 }
 
-impl Cq {
-    pub(crate) fn new(sh: Arc<Shared>, depth: u32) -> Result<Cq, Error> {
+impl<N: Backend> Clone for Cq<N> {
+    fn clone(&self) -> Self {
+        Cq {
+            sh: self.sh.clone(),
+            u: self.u.clone(),
+        }
+    }
+}
+
+impl<N: Backend> Cq<N> {
+    pub(crate) fn new(sh: Arc<Shared<N>>, depth: u32) -> Result<Cq<N>, Error> {
         if depth == 0 {
             return Err(Error::Invalid("CQ depth 0"));
         }

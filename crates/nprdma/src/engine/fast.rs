@@ -8,6 +8,7 @@
 //! it enters those structures exactly as if it had been posted through the
 //! general path, and the general path takes over.
 
+use super::backend::Backend;
 use super::one_sided::eval_one_sided;
 use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
 use super::qp::QpState;
@@ -15,15 +16,21 @@ use super::retire::fail_qp;
 use super::state::{At, Shared, State};
 use super::types::{SendWr, PS};
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::{nic_wc_status, rnic_opcode};
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::mem;
-use crate::nic::{Access, Completion, WcStatus};
+use crate::nic::{Access, Completion, NicQp as _, Sge, WcStatus, WorkRequest};
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 /// Post `wr` on the lean path if QP `qi` is idle and `wr` qualifies;
 /// `false` (nothing done) sends it down the general path.
-pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &SendWr) -> bool {
+#[inline]
+pub(super) fn try_post<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    gen: u8,
+    wr: &SendWr,
+) -> bool {
     if !wr.signaled {
         return false;
     }
@@ -75,6 +82,10 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let Ok(t) = qp.peer.lookup(wr.rkey, wr.remote_addr, len) else {
         return false;
     };
+    if t.version_rkey == 0 {
+        // A peer in user-space mode: two-sided only (the ordinary path).
+        return false;
+    }
     if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
         return false;
     }
@@ -90,7 +101,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
     let steps = nic_steps_small(strat, wr.remote_addr, len, &t);
-    let mut sges = [[rnic::Sge::default(); 1]; 3];
+    let mut sges = [[Sge::default(); 1]; 3];
     for (s, g) in steps.iter().zip(sges.iter_mut()) {
         let (addr, length, lkey) = match s.local {
             LocalBuf::AppRead => (laddr, len, lmr.read_lkey()),
@@ -99,7 +110,7 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
             LocalBuf::VersionsBefore => (saddr, vlen, skey),
             LocalBuf::VersionsAfter => (saddr + vlen, vlen, skey),
         };
-        g[0] = rnic::Sge {
+        g[0] = Sge {
             addr,
             length: length as u32,
             lkey,
@@ -109,17 +120,13 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let last = n - 1;
     let mk = |k: usize| {
         let s = &steps[k];
-        let opc = rnic_opcode(s.op);
-        let mut w = rnic::SendWr::new(
+        WorkRequest::new(
             WrTag::new(qi, gen, WrKind::Fast, k as u8, 0).wr_id(),
-            opc,
+            s.op,
             &sges[k],
         )
-        .remote(s.remote_addr, s.rkey);
-        if k != last {
-            w.flags.remove(rnic::SendFlags::SIGNALED);
-        }
-        w
+        .remote(s.remote_addr, s.rkey)
+        .signaled(k == last)
     };
     let lver = local_versions(&lmr.shadow, laddr, len);
     let res = match n {
@@ -130,8 +137,8 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
     let posted = match res {
         Ok(()) => n,
         Err(e) => {
-            tracing::debug!(error = %e.err, "data QP post failed");
-            e.bad_wr_index
+            tracing::debug!(error = %e.source, "data QP post failed");
+            e.bad_index
         }
     };
     if posted == 0 {
@@ -166,12 +173,12 @@ pub(super) fn try_post(sh: &Shared, st: &mut State, qi: usize, gen: u8, wr: &Sen
 /// A NIC completion of a lean-path WR (step `step`). Returns the pending
 /// id to handle it as a general one-sided completion when the operation
 /// has been promoted meanwhile.
-pub(super) fn on_wc(
-    sh: &Shared,
-    st: &mut State,
+pub(super) fn on_wc<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     step: u8,
-    wc: &rnic::Wc,
+    wc: &Completion,
 ) -> Option<u32> {
     let At {
         qp, direct, stats, ..
@@ -181,7 +188,7 @@ pub(super) fn on_wc(
     };
     let behind = (f.steps as u64).saturating_sub(u64::from(step) + 1) as u8;
     f.left = f.left.min(behind);
-    let status = nic_wc_status(wc.status);
+    let status = WcStatus::from_code(wc.status);
     if status != WcStatus::Success && f.err == WcStatus::Success {
         f.err = status;
     }
@@ -217,7 +224,7 @@ pub(super) fn on_wc(
 /// The optimistic check of a finished lean-path operation (the same as
 /// `eval_one_sided`'s): local page versions unchanged and odd, then the
 /// magic check of a READ or the read-back comparison of a WRITE.
-fn passes(sh: &Shared, qp: &QpState, f: &FastOp) -> bool {
+fn passes<N: Backend>(sh: &Shared<N>, qp: &QpState<N>, f: &FastOp<N>) -> bool {
     if !versions_unchanged(&f.lmr.shadow, f.laddr, f.len, &f.lver) {
         return false;
     }

@@ -1,11 +1,15 @@
 //! The NP-RDMA engine: the verbs-shaped public API ([`Context`], [`Pd`],
-//! [`Mr`], [`Cq`], [`Qp`]) over the software RNIC and the `vmem` pager, and
-//! the per-process polling thread.
+//! [`Mr`], [`Cq`], [`Qp`]) over a NIC seen through the [`crate::nic`]
+//! traits (the backend `backend` names: the software RNIC) and the `vmem`
+//! pager, and the per-process polling thread.
 //!
 //! The engine is a tower of files, each importing only files beneath it
 //! (bottom first): `types` (configuration, errors, WRs, counters) →
-//! `idhash`, `ctrlbuf`, `wrid` (NIC WR ids) → `ucq` (user CQ queues) → `mr`
-//! (MR entries) → `pin` (engine pins, temporary MRs) → `dev` (the NIC
+//! `backend` (the seam: the NIC backend trait and the default backend) →
+//! `views` (the IOMMU behind the MR views: the NIC's, or key-only views in
+//! user-space mode) → `idhash`, `wrid` (NIC WR ids) → `ucq` (user CQ
+//! queues) → `mr` (MR entries) → `regcache` (the registration cache of
+//! user-space mode) → `pin` (engine pins, temporary MRs) → `dev` (the NIC
 //! resources of a context) → `op` (operation records) → `qp` (per-QP state)
 //! → `state` (the shared state under the one lock) → `retire` (the one
 //! exit of an operation, QP failure and teardown) → `two_sided` → `replay`
@@ -13,8 +17,8 @@
 //! `post` → `progress` (NIC completion dispatch, the polling thread) →
 //! `keysync` → `reg` (registration) → `cq` → this file.
 
+mod backend;
 mod cq;
-mod ctrlbuf;
 mod dev;
 mod fast;
 mod idhash;
@@ -27,6 +31,7 @@ mod post;
 mod progress;
 mod qp;
 mod reg;
+mod regcache;
 mod replay;
 mod retire;
 mod serve;
@@ -34,6 +39,7 @@ mod state;
 mod two_sided;
 mod types;
 mod ucq;
+mod views;
 mod wrid;
 
 #[cfg(test)]
@@ -45,31 +51,42 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
+pub use self::backend::{Backend, DefaultNic, Device, NicStats};
 pub use self::cq::Cq;
 use self::dev::Dev;
 use self::qp::QpState;
 pub use self::reg::Mr;
 use self::state::{Shared, State};
 pub use self::types::{Config, Endpoint, Error, RecvWr, SendWr, Stats};
-use crate::adapt::{RnicIommu, VmemMm};
+use self::views::{UserKeys, Views};
+use crate::adapt::VmemMm;
 use crate::check::CheckConfig;
+use crate::nic::MemoryManager as _;
 pub use crate::nic::{Access, CompOp, Completion, Sge};
 pub use crate::plan::AppOp as Opcode;
 
 /// An NP-RDMA device context: one per process and host, owning the polling
 /// thread that serves all its QPs and CQs.
-#[derive(Clone)]
-pub struct Context {
-    sh: Arc<Shared>,
-    _poller: Arc<PollerGuard>,
+pub struct Context<N: Backend = DefaultNic> {
+    sh: Arc<Shared<N>>,
+    _poller: Arc<PollerGuard<N>>,
 }
 
-struct PollerGuard {
-    sh: Arc<Shared>,
+impl<N: Backend> Clone for Context<N> {
+    fn clone(&self) -> Self {
+        Context {
+            sh: self.sh.clone(),
+            _poller: self._poller.clone(),
+        }
+    }
+}
+
+struct PollerGuard<N: Backend> {
+    sh: Arc<Shared<N>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Drop for PollerGuard {
+impl<N: Backend> Drop for PollerGuard<N> {
     fn drop(&mut self) {
         self.sh.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.lock().take() {
@@ -79,37 +96,74 @@ impl Drop for PollerGuard {
 }
 
 impl Context {
-    /// Open NP-RDMA on `host` with the process's `pager`.
-    pub fn new(host: &rnic::Host, pager: &vmem::Pager, cfg: Config) -> Result<Context, Error> {
+    /// Open NP-RDMA on `host` (the software RNIC) with the process's `pager`.
+    pub fn new(host: &Device, pager: &vmem::Pager, cfg: Config) -> Result<Context, Error> {
+        Context::with_nic(backend::open(host)?, pager, cfg)
+    }
+}
+
+impl<N: Backend> Context<N> {
+    /// Open NP-RDMA on `nic` (one PD of any backend) with the process's
+    /// `pager`. A NIC with IOMMU control runs the paper's kernel-module mode
+    /// (optimistic one-sided operations over the Read/Write MR views); one
+    /// without ([`crate::nic::Nic::iommu`] is `None`, e.g. a libibverbs
+    /// device) the paper's **user-space mode**: every READ/WRITE goes
+    /// two-sided (`plan.user_space_mode`; no retry-one-sided form) — the
+    /// initiator registers its local range on the fly or sends it inline
+    /// (≤ the inline limit), the target pins, registers on the fly and
+    /// performs the reverse operation, and both deregister; atomics,
+    /// SEND/RECV and WRITE_WITH_IMM as always. The app MRs' views are then
+    /// key-only (no NIC registration, no Version MR); the control rings,
+    /// read-back scratch and zero source are the long-lived registrations.
+    pub fn with_nic(nic: N, pager: &vmem::Pager, cfg: Config) -> Result<Context<N>, Error> {
         if std::env::var_os("NPRDMA_TRACE").is_some_and(|v| v == "1") {
             crate::trace::enable(true);
         }
-        let ctx = host.open_context()?;
-        let pd = ctx.alloc_pd()?;
-        let chan = ctx.create_comp_channel()?;
-        let depth = cfg.nic_cq_depth.min(host.query_device().max_cqe);
-        let ncq = ctx.create_cq(depth, Some(&chan))?;
-        let rcq = ctx.create_cq(depth, Some(&chan))?;
-        let dev = host.query_device();
+        let caps = nic.caps();
+        let mut cfg = cfg;
+        let iommu = match nic.iommu() {
+            Some(io) => Views::Nic(io),
+            None => {
+                // The paper's user-space mode: every READ/WRITE two-sided
+                // (the target performs the reverse operation over MRs
+                // registered on the fly), never the retry-one-sided form.
+                cfg.plan.user_space_mode = true;
+                cfg.retry_mode = false;
+                Views::User(UserKeys::new())
+            }
+        };
+        let iommu = Arc::new(iommu);
+        let depth = cfg.nic_cq_depth.min(caps.max_cqe);
+        let ncq = nic.create_cq(depth).map_err(N::error)?;
+        let rcq = nic.create_cq(depth).map_err(N::error)?;
         let check = CheckConfig::new(
-            dev.max_tlp as usize,
-            dev.signature_magic,
-            dev.page_size as usize,
+            caps.max_tlp,
+            caps.magic,
+            caps.page_size,
             crate::check::AtomGrid::Aligned,
         )
         .map_err(|e| Error::Other(e.to_string()))?;
+        let cache = Arc::new(regcache::RegCache::new(if iommu.is_user() {
+            cfg.reg_cache_bytes
+        } else {
+            0
+        }));
+        let mm = VmemMm(pager.clone());
+        let cache_listener = cache
+            .enabled()
+            .then(|| mm.add_swap_listener(cache.clone() as Arc<dyn crate::nic::SwapListener>));
         let sh = Arc::new(Shared {
             dev: Dev {
-                host: host.clone(),
-                iommu: Arc::new(RnicIommu::new(host.clone(), pd.clone())),
-                pd,
-                mm: VmemMm(pager.clone()),
-                chan,
+                cache,
+                cache_listener,
                 ncq,
                 rcq,
+                iommu,
+                nic,
+                caps,
+                mm,
                 check,
                 cfg,
-                _ctx: ctx,
             },
             st: Mutex::new(State::new()),
             stop: AtomicBool::new(false),
@@ -130,7 +184,7 @@ impl Context {
     }
 
     /// A protection domain.
-    pub fn alloc_pd(&self) -> Pd {
+    pub fn alloc_pd(&self) -> Pd<N> {
         let mut st = self.sh.st.lock();
         st.next_pd += 1;
         Pd {
@@ -140,18 +194,23 @@ impl Context {
     }
 
     /// A user-space CQ of `depth` entries.
-    pub fn create_cq(&self, depth: u32) -> Result<Cq, Error> {
+    pub fn create_cq(&self, depth: u32) -> Result<Cq<N>, Error> {
         Cq::new(self.sh.clone(), depth)
     }
 
-    /// The software NIC's statistics (`nonresident_dma` must stay 0).
-    pub fn nic_stats(&self) -> rnic::NicStats {
-        self.sh.host.stats()
+    /// The NIC's statistics (the software NIC's `nonresident_dma` must stay 0).
+    pub fn nic_stats(&self) -> N::Stats {
+        self.sh.nic.stats()
     }
 
     /// Engine counters.
     pub fn stats(&self) -> Stats {
-        self.sh.st.lock().stats
+        let mut s = self.sh.st.lock().stats;
+        let c = self.sh.cache.counts();
+        s.reg_cache_hits = c.hits;
+        s.reg_cache_misses = c.misses;
+        s.reg_cache_invalidations = c.invalidations;
+        s
     }
 
     /// Drive progress in the calling thread (what `Cq::poll` does too).
@@ -162,13 +221,21 @@ impl Context {
 }
 
 /// A protection domain.
-#[derive(Clone)]
-pub struct Pd {
-    ctx: Context,
+pub struct Pd<N: Backend = DefaultNic> {
+    ctx: Context<N>,
     id: u32,
 }
 
-impl Pd {
+impl<N: Backend> Clone for Pd<N> {
+    fn clone(&self) -> Self {
+        Pd {
+            ctx: self.ctx.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl<N: Backend> Pd<N> {
     /// Register `[addr, addr+len)` without pinning it.
     ///
     /// # Safety
@@ -176,35 +243,38 @@ impl Pd {
     /// mapped while the MR exists (as for `ibv_reg_mr`); the pager may swap
     /// its pages at any time.
     #[allow(unsafe_code)]
-    pub unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Mr, Error> {
+    pub unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Mr<N>, Error> {
         // SAFETY: forwarded contract.
         unsafe { reg::register(&self.ctx.sh, self.id, addr, len, access) }
     }
 
     /// An RC QP of `depth` outstanding send WRs (and `depth` receives).
-    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, depth: u32) -> Result<Qp, Error> {
+    pub fn create_qp(&self, send_cq: &Cq<N>, recv_cq: &Cq<N>, depth: u32) -> Result<Qp<N>, Error> {
         let sh = &self.ctx.sh;
         let qs = QpState::create(sh, self.id, send_cq.inner(), recv_cq.inner(), depth)?;
         let qpn = qs.qpn();
+        let ctrl_qpn = qs.ctrl_qpn_for_peer();
         let (idx, gen) = sh.st.lock().insert_qp(qs);
         Ok(Qp {
             ctx: self.ctx.clone(),
             idx,
             gen,
             qpn,
+            ctrl_qpn,
         })
     }
 }
 
 /// An NP-RDMA RC queue pair (a NIC data QP + a control QP).
-pub struct Qp {
-    ctx: Context,
+pub struct Qp<N: Backend = DefaultNic> {
+    ctx: Context<N>,
     idx: usize,
     gen: u8,
     qpn: u32,
+    ctrl_qpn: u32,
 }
 
-impl Qp {
+impl<N: Backend> Qp<N> {
     /// The application-visible QP number (the data QP's).
     pub fn qpn(&self) -> u32 {
         self.qpn
@@ -213,8 +283,9 @@ impl Qp {
     /// What the peer needs to connect to this QP.
     pub fn endpoint(&self) -> Endpoint {
         Endpoint {
-            addr: self.ctx.sh.host.addr().to_bytes(),
+            addr: self.ctx.sh.nic.addr().0,
             qpn: self.qpn,
+            ctrl_qpn: self.ctrl_qpn,
         }
     }
 
@@ -285,7 +356,7 @@ impl Qp {
     }
 }
 
-impl Drop for Qp {
+impl<N: Backend> Drop for Qp<N> {
     fn drop(&mut self) {
         let sh = &self.ctx.sh;
         let qs = {

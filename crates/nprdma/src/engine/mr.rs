@@ -7,16 +7,18 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::adapt::{RnicIommu, VmemMm};
+use super::backend::Backend;
+use super::views::Views;
+use crate::adapt::VmemMm;
 use crate::ctrl::KeyMapping;
-use crate::nic::{self, Access, MemoryManager};
+use crate::nic::{self, Access, IommuControl, MemoryManager};
 use crate::shadow::MrShadow;
 
 /// Everything behind one application MR. Operations hold an `Arc` of it;
 /// deregistration *fences* it first ([`MrEntry::fence`]): its NIC MRs go at
 /// once, so no DMA reaches the memory after `Mr` drop returns, and the
 /// operations still in flight complete with an error.
-pub(crate) struct MrEntry {
+pub(crate) struct MrEntry<N: Backend> {
     pub pd: u32,
     pub addr: u64,
     pub len: u64,
@@ -24,29 +26,31 @@ pub(crate) struct MrEntry {
     pub key: u32,
     pub mapping: KeyMapping,
     /// The NIC MRs; `None` once fenced (or before registration finished).
-    pub(super) nic: Mutex<Option<NicMrs>>,
+    pub(super) nic: Mutex<Option<NicMrs<N>>>,
     pub(super) read_lkey: u32,
     pub(super) write_lkey: u32,
     pub(super) fenced: AtomicBool,
-    pub shadow: Arc<MrShadow<RnicIommu>>,
+    pub shadow: Arc<MrShadow<Views<N>>>,
     pub(super) listener: nic::ListenerId,
     pub(super) mm: VmemMm,
     pub(super) region: vmem::RegionId,
-    pub(super) host: rnic::Host,
-    pub(super) track: usize,
+    /// The IOMMU whose frame tracking covers the MR's pages from `track`.
+    pub(super) iommu: Arc<Views<N>>,
+    pub(super) track: u64,
     /// The pages with no pte and no kernel swap entry when the MR was
     /// registered (read after the pager's userfaultfd registration), as runs
     /// of page indices (nothing per page): see [`MrEntry::reads_as_zero`].
     pub(super) unpopulated: crate::adapt::PageRuns,
 }
 
-pub(super) struct NicMrs {
-    pub(super) _read: rnic::Mr,
-    pub(super) _write: rnic::Mr,
-    pub(super) _ver: rnic::Mr,
+pub(super) struct NicMrs<N: Backend> {
+    pub(super) _read: <Views<N> as IommuControl>::Mr,
+    pub(super) _write: <Views<N> as IommuControl>::Mr,
+    /// The Version MR (none in user-space mode: peers never read versions).
+    pub(super) _ver: Option<N::Mr>,
 }
 
-impl MrEntry {
+impl<N: Backend> MrEntry<N> {
     /// The Read MR's lkey (invalid at the NIC once fenced).
     pub fn read_lkey(&self) -> u32 {
         self.read_lkey
@@ -115,13 +119,13 @@ impl MrEntry {
     }
 }
 
-impl Drop for MrEntry {
+impl<N: Backend> Drop for MrEntry<N> {
     fn drop(&mut self) {
         // Listener first (waits for a running call), then the NIC MRs (wait
         // for DMA), then the IOVA ranges (shadow), frame map, pager.
         self.mm.remove_swap_listener(self.listener);
         drop(self.nic.get_mut().take());
-        if let Err(e) = self.host.frames().untrack(self.track) {
+        if let Err(e) = self.iommu.untrack_frames(self.track) {
             tracing::warn!(error = %e, "untrack failed");
         }
         if let Err(e) = self.mm.0.unregister(self.region) {

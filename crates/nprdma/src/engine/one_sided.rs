@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+use super::backend::Backend;
 use super::mr::MrEntry;
 use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Retry, Scratch, Stage};
 use super::pin::engine_pin;
@@ -17,15 +18,14 @@ use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::PS;
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::rnic_opcode;
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::ctrl::Repr;
 use crate::keymap::{KeyMapError, SyncState, Translation};
 use crate::mem;
-use crate::nic::{WcStatus, WrOp};
+use crate::nic::{Access, NicQp as _, Sge, WcStatus, WorkRequest, WrOp};
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
-pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     let Some(At {
         qp,
         stats,
@@ -119,6 +119,12 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
         }
         return;
     }
+    if t.version_rkey == 0 {
+        // The peer runs user-space mode (no Version MR, key-only views):
+        // nothing of it is reachable one-sided.
+        replay::two_sided(sh, st, qi, id);
+        return;
+    }
     let lmr = op.lmr.clone().expect("len > 0 has a local MR");
     if local_fenced(&sh.mm, op) {
         finish(st, qi, id, WcStatus::LocProtErr, 0);
@@ -148,14 +154,14 @@ pub(super) fn start_op(sh: &Shared, st: &mut State, qi: usize, id: u32) {
     post_steps(sh, st, qi, id, strat, &t, &lmr);
 }
 
-pub(super) fn post_steps(
-    sh: &Shared,
-    st: &mut State,
+pub(super) fn post_steps<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     id: u32,
     strat: Strategy,
     t: &Translation,
-    lmr: &Arc<MrEntry>,
+    lmr: &Arc<MrEntry<N>>,
 ) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get(id) else { return };
@@ -173,10 +179,10 @@ pub(super) fn post_steps(
     } else if need as usize <= qp.slot_size && !qp.scratch_free.is_empty() {
         qp.scratch_free.pop().map(Scratch::Slot)
     } else {
-        match sh.pd.reg_mr_owned(
-            vec![0; need as usize + PS as usize],
-            rnic::Access::LOCAL_WRITE,
-        ) {
+        match sh
+            .nic
+            .alloc_buf(need as usize + PS as usize, Access::LOCAL_WRITE)
+        {
             Ok(m) => Some(Scratch::Own(m)),
             Err(e) => {
                 tracing::warn!(error = %e, "scratch MR failed");
@@ -189,7 +195,7 @@ pub(super) fn post_steps(
         .as_ref()
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
-    let sges: SmallVec<[[rnic::Sge; 1]; 3]> = steps
+    let sges: SmallVec<[[Sge; 1]; 3]> = steps
         .iter()
         .map(|s| {
             let (addr, length, lkey) = match s.local {
@@ -199,7 +205,7 @@ pub(super) fn post_steps(
                 LocalBuf::VersionsBefore => (saddr, vlen, skey),
                 LocalBuf::VersionsAfter => (saddr + vlen, vlen, skey),
             };
-            [rnic::Sge {
+            [Sge {
                 addr,
                 length: length as u32,
                 lkey,
@@ -208,33 +214,29 @@ pub(super) fn post_steps(
         .collect();
     let gen = qp.gen;
     let last = steps.len().saturating_sub(1);
-    let wrs: SmallVec<[rnic::SendWr; 3]> = steps
+    let wrs: SmallVec<[WorkRequest<'_>; 3]> = steps
         .iter()
         .zip(&sges)
         .enumerate()
         .map(|(k, (s, sge))| {
-            let opc = rnic_opcode(s.op);
-            let mut w = rnic::SendWr::new(
-                WrTag::new(qi, gen, WrKind::Op, k as u8, id).wr_id(),
-                opc,
-                sge,
-            )
-            .remote(s.remote_addr, s.rkey);
             // One NIC completion per operation: on the RC QP the last WR
             // completes after the others; a failing WR and the flushed
             // ones behind it still complete (errors are always reported).
-            if k != last {
-                w.flags.remove(rnic::SendFlags::SIGNALED);
-            }
-            w
+            WorkRequest::new(
+                WrTag::new(qi, gen, WrKind::Op, k as u8, id).wr_id(),
+                s.op,
+                sge,
+            )
+            .remote(s.remote_addr, s.rkey)
+            .signaled(k == last)
         })
         .collect();
     let lver = local_versions(&lmr.shadow, laddr, len);
     let (posted, err) = match qp.data.post_send(&wrs) {
         Ok(()) => (wrs.len(), WcStatus::Success),
         Err(e) => {
-            tracing::debug!(error = %e.err, "data QP post failed");
-            (e.bad_wr_index, WcStatus::LocProtErr)
+            tracing::debug!(error = %e.source, "data QP post failed");
+            (e.bad_index, WcStatus::LocProtErr)
         }
     };
     if posted == 0 {
@@ -270,7 +272,7 @@ pub(super) fn post_steps(
     }
 }
 
-pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let Stage::OneSided {
@@ -383,7 +385,7 @@ pub(super) fn eval_one_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 
 /// Post the read-backs of the deferred WRITEs of QP `qi` (contiguous ones
 /// share a READ, [`crate::plan::batch_readbacks`]).
-pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
+pub(super) fn flush_deferred<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize) {
     let Some(qp) = st.qp(qi) else { return };
     let ids: Vec<u32> = std::mem::take(&mut qp.deferred);
     let mut list = Vec::new();
@@ -410,11 +412,8 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
         let scratch = if b.len as usize <= qp.slot_size && !qp.scratch_free.is_empty() {
             qp.scratch_free.pop().map(Scratch::Slot)
         } else {
-            sh.pd
-                .reg_mr_owned(
-                    vec![0; b.len as usize + PS as usize],
-                    rnic::Access::LOCAL_WRITE,
-                )
+            sh.nic
+                .alloc_buf(b.len as usize + PS as usize, Access::LOCAL_WRITE)
                 .ok()
                 .map(Scratch::Own)
         };
@@ -436,7 +435,7 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
         if let Some(bt) = qp.batches.get_mut(bid) {
             bt.scratch = Some(scratch);
         }
-        let sge = [rnic::Sge {
+        let sge = [Sge {
             addr: saddr,
             length: b.len as u32,
             lkey: skey,
@@ -446,12 +445,12 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
     // All read-backs go to the NIC as one chain (one post, one NIC
     // progress pass); a refused tail is redone two-sided.
     let gen = qp.gen;
-    let wrs: Vec<rnic::SendWr> = chain
+    let wrs: Vec<WorkRequest<'_>> = chain
         .iter()
         .map(|(bid, sge, raddr, rkey)| {
-            rnic::SendWr::new(
+            WorkRequest::new(
                 WrTag::new(qi, gen, WrKind::Readback, 0, *bid).wr_id(),
-                rnic_opcode(WrOp::Read),
+                WrOp::Read,
                 sge,
             )
             .remote(*raddr, *rkey)
@@ -459,7 +458,7 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
         .collect();
     let posted = match qp.data.post_send(&wrs) {
         Ok(()) => wrs.len(),
-        Err(e) => e.bad_wr_index,
+        Err(e) => e.bad_index,
     };
     drop(wrs);
     for (bid, ..) in &chain[posted..] {
@@ -478,7 +477,13 @@ pub(super) fn flush_deferred(sh: &Shared, st: &mut State, qi: usize) {
 }
 
 /// A deferred read-back completed: check each WRITE it covers.
-pub(super) fn check_batch(sh: &Shared, st: &mut State, qi: usize, bid: u32, status: WcStatus) {
+pub(super) fn check_batch<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    bid: u32,
+    status: WcStatus,
+) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(mut b) = qp.batches.take(bid) else {
         return;

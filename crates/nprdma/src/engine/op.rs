@@ -8,19 +8,20 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+use super::backend::Backend;
 use super::mr::MrEntry;
 use super::pin::{EnginePin, Hold};
 use super::types::{SendWr, PS};
-use crate::adapt::{RnicIommu, VmemMm};
+use crate::adapt::VmemMm;
 use crate::check::page_span;
-use crate::nic::{CompOp, WcStatus};
+use crate::nic::{CompOp, IommuControl, WcStatus};
 use crate::ordering::Ticket;
 use crate::plan::{AppOp, Strategy};
 use crate::shadow::MrShadow;
 
-pub(super) enum Scratch {
+pub(super) enum Scratch<N: Backend> {
     Slot(u32),
-    Own(rnic::OwnedMr),
+    Own(N::Buf),
 }
 
 pub(super) enum Stage {
@@ -66,9 +67,9 @@ pub(super) enum Retry {
     Done,
 }
 
-pub(super) struct Op {
+pub(super) struct Op<N: Backend> {
     /// Pins and temporary MR: dropped before `lmr` (the registration).
-    pub(super) hold: Hold,
+    pub(super) hold: Hold<N>,
     /// When the current two-sided request was sent (for the timeout).
     pub(super) sent: Option<Instant>,
     pub(super) wr: SendWr,
@@ -76,13 +77,13 @@ pub(super) struct Op {
     pub(super) len: u64,
     pub(super) seq: u64,
     pub(super) ticket: Option<Ticket>,
-    pub(super) lmr: Option<Arc<MrEntry>>,
+    pub(super) lmr: Option<Arc<MrEntry<N>>>,
     pub(super) stage: Stage,
     /// The KeyQuery this op waits for (0: none sent yet).
     pub(super) key_req: u32,
     /// That query has been answered (an unknown key is then an error).
     pub(super) key_answered: bool,
-    pub(super) scratch: Option<Scratch>,
+    pub(super) scratch: Option<Scratch<N>>,
     pub(super) lver: Versions,
     /// Where the op is in retry mode's Receiver-Ready round ([`Retry`]).
     pub(super) retry: Retry,
@@ -108,26 +109,26 @@ pub(super) enum TKind {
 }
 
 /// One read-back READ covering consecutive deferred WRITEs.
-pub(super) struct RbBatch {
+pub(super) struct RbBatch<N: Backend> {
     pub(super) remote_addr: u64,
     pub(super) members: Vec<u32>,
-    pub(super) scratch: Option<Scratch>,
+    pub(super) scratch: Option<Scratch<N>>,
 }
 
-pub(super) struct TReq {
+pub(super) struct TReq<N: Backend> {
     pub(super) reply: u32,
     pub(super) kind: TKind,
-    pub(super) _tmr: Option<rnic::Mr>,
-    pub(super) _pin: Option<EnginePin>,
-    pub(super) _mr: Arc<MrEntry>,
+    pub(super) _tmr: Option<super::regcache::TempMr<N>>,
+    pub(super) _pin: Option<EnginePin<N>>,
+    pub(super) _mr: Arc<MrEntry<N>>,
 }
 
 /// An operation on the lean path (at most one per QP).
-pub(super) struct FastOp {
+pub(super) struct FastOp<N: Backend> {
     pub(super) wr: SendWr,
     pub(super) laddr: u64,
     pub(super) len: u64,
-    pub(super) lmr: Arc<MrEntry>,
+    pub(super) lmr: Arc<MrEntry<N>>,
     pub(super) strat: Strategy,
     /// NIC WRs posted (only the last one is signaled).
     pub(super) steps: u8,
@@ -135,7 +136,7 @@ pub(super) struct FastOp {
     pub(super) left: u8,
     pub(super) err: WcStatus,
     pub(super) vlen: u64,
-    pub(super) scratch: Option<Scratch>,
+    pub(super) scratch: Option<Scratch<N>>,
     pub(super) lver: Versions,
 }
 
@@ -143,7 +144,11 @@ pub(super) struct FastOp {
 pub(super) type Versions = SmallVec<[u32; 8]>;
 
 #[inline]
-pub(super) fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) -> Versions {
+pub(super) fn local_versions<I: IommuControl>(
+    shadow: &MrShadow<I>,
+    addr: u64,
+    len: u64,
+) -> Versions {
     let Some((first, n)) = page_span(addr, len, PS as usize) else {
         return Versions::new();
     };
@@ -158,8 +163,8 @@ pub(super) fn local_versions(shadow: &MrShadow<RnicIommu>, addr: u64, len: u64) 
 /// `local_versions(shadow, addr, len)` equals `before` and every version is
 /// odd (each page's word is read once; a range outside the table reads as
 /// even versions, i.e. fails, as in `local_versions`).
-pub(super) fn versions_unchanged(
-    shadow: &MrShadow<RnicIommu>,
+pub(super) fn versions_unchanged<I: IommuControl>(
+    shadow: &MrShadow<I>,
     addr: u64,
     len: u64,
     before: &[u32],
@@ -201,7 +206,7 @@ pub(super) fn is_atomic(op: AppOp) -> bool {
 /// Whether op `op`'s local memory is no longer its to write: its MR was
 /// deregistered, or the application unmapped the buffer (the address may
 /// hold other memory now).
-pub(super) fn local_fenced(mm: &VmemMm, op: &Op) -> bool {
+pub(super) fn local_fenced<N: Backend>(mm: &VmemMm, op: &Op<N>) -> bool {
     op.lmr.as_ref().is_some_and(|m| {
         m.is_fenced()
             || (op.len > 0

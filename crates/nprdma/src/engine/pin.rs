@@ -4,30 +4,42 @@
 
 use std::sync::Arc;
 
+use super::backend::Backend;
 use super::mr::MrEntry;
-use crate::adapt::{RnicIommu, VmemMm};
-use crate::nic::Pinned;
+use super::regcache::{RegCache, TempMr};
+use super::views::Views;
+use crate::adapt::VmemMm;
+use crate::ctrl::Status;
+use crate::nic::{Access, Pinned};
 use crate::shadow::MrShadow;
 use crate::trace::{mark, Step};
 
 /// Temporary NIC MR + pin of a two-sided operation (dropped in this
 /// order: the MR waits for DMA, then the pages are unpinned).
-#[derive(Default)]
-pub(super) struct Hold {
-    pub(super) mr: Option<rnic::Mr>,
-    pub(super) pin: Option<EnginePin>,
+pub(super) struct Hold<N: Backend> {
+    pub(super) mr: Option<TempMr<N>>,
+    pub(super) pin: Option<EnginePin<N>>,
+}
+
+impl<N: Backend> Default for Hold<N> {
+    fn default() -> Self {
+        Hold {
+            mr: None,
+            pin: None,
+        }
+    }
 }
 
 /// A pager pin recorded in the MR's shadow: released by noting the unpin
 /// in the shadow first, then unpinning.
-pub(super) struct EnginePin {
-    pub(super) shadow: Arc<MrShadow<RnicIommu>>,
+pub(super) struct EnginePin<N: Backend> {
+    pub(super) shadow: Arc<MrShadow<Views<N>>>,
     pub(super) addr: u64,
     pub(super) len: u64,
     pub(super) pin: Option<Pinned<VmemMm>>,
 }
 
-impl Drop for EnginePin {
+impl<N: Backend> Drop for EnginePin<N> {
     fn drop(&mut self) {
         self.shadow.unpinned(self.addr, self.len);
         drop(self.pin.take());
@@ -36,9 +48,31 @@ impl Drop for EnginePin {
 
 /// Pin `[addr, addr+len)` of `mr` (faulting it in on this thread) and map
 /// it into the NIC views.
-pub(super) fn engine_pin(mm: &VmemMm, mr: &MrEntry, addr: u64, len: u64) -> Result<EnginePin, ()> {
+pub(super) fn engine_pin<N: Backend>(
+    mm: &VmemMm,
+    mr: &MrEntry<N>,
+    addr: u64,
+    len: u64,
+) -> Result<EnginePin<N>, ()> {
+    pin_for_peer(mm, mr, addr, len).map_err(|_| ())
+}
+
+/// [`engine_pin`] for a peer's request, failing with what the peer is told: memory
+/// the application unmapped is a remote access error (as a deregistered MR's is),
+/// any other failure a remote operational error.
+pub(super) fn pin_for_peer<N: Backend>(
+    mm: &VmemMm,
+    mr: &MrEntry<N>,
+    addr: u64,
+    len: u64,
+) -> Result<EnginePin<N>, Status> {
     let p = Pinned::new(mm.clone(), addr, len).map_err(|e| {
         tracing::warn!(addr, len, error = %e, "pin failed");
+        if matches!(e, vmem::Error::Unmapped(_)) {
+            Status::RemoteAccess
+        } else {
+            Status::NoResources
+        }
     })?;
     mark(Step::TPinned);
     let g = EnginePin {
@@ -49,26 +83,44 @@ pub(super) fn engine_pin(mm: &VmemMm, mr: &MrEntry, addr: u64, len: u64) -> Resu
     };
     if let Err(e) = mr.shadow.pinned_map_in(addr, len) {
         tracing::error!(error = %e, "map-in failed");
-        return Err(());
+        return Err(Status::NoResources);
     }
     mark(Step::TMapped);
     Ok(g)
 }
 
-pub(super) fn temp_mr(
-    pd: &rnic::Pd,
+/// A temporary NIC MR over `[addr, addr+len)` (pinned by the caller):
+/// from the registration cache, or registered now (whole pages when the
+/// cache keeps it).
+pub(super) fn temp_mr<N: Backend>(
+    nic: &N,
+    cache: &RegCache<N>,
     addr: u64,
     len: u64,
-    acc: rnic::Access,
-) -> Result<rnic::Mr, ()> {
+    acc: Access,
+) -> Result<TempMr<N>, ()> {
     // `ANY_QP`: the peer's reverse operation reaches it whatever the
     // application's flags on the QP (the MR's own rights still apply).
-    let acc = acc | rnic::Access::ANY_QP;
+    let acc = acc | Access::ANY_QP;
+    if let Some(m) = cache.lookup(addr, len, acc) {
+        return Ok(m);
+    }
+    let (start, rlen) = if cache.enabled() {
+        RegCache::<N>::span(addr, len)
+    } else {
+        (addr, len)
+    };
     #[allow(unsafe_code)]
     // SAFETY: the range is inside a registered application MR (mapped while
-    // registered) and pinned by the caller for the MR's whole lifetime (the
-    // `Hold` drops the MR before the pin).
-    unsafe { pd.reg_mr(addr as usize, len as usize, acc) }.map_err(|e| {
+    // registered; the cache's span only rounds it out to the pages the pin
+    // holds) and pinned by the caller while the operation uses the MR (the
+    // `Hold` drops its reference before the pin). A reference the cache
+    // keeps longer is dropped before those pages are evicted or unmapped, or
+    // the application MR deregistered (`RegCache` is a swap listener).
+    let mr = unsafe { nic.reg_mr(start, rlen, acc) }.map_err(|e| {
         tracing::warn!(error = %e, "temporary MR failed");
-    })
+    })?;
+    let mr = Arc::new(mr);
+    cache.insert(start, rlen, acc, &mr);
+    Ok(mr)
 }

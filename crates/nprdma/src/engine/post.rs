@@ -1,6 +1,7 @@
 //! Posting: the application's send WRs (admission, local checks, the
 //! ordering table) and receive WRs, and starting the admitted operations.
 
+use super::backend::Backend;
 use super::fast;
 use super::one_sided::{flush_deferred, start_op};
 use super::op::{is_atomic, Op, Retry, Stage, Versions};
@@ -14,9 +15,9 @@ use crate::ordering::{Admit, Range};
 use crate::plan::{order_desc, AppOp};
 
 /// Post application send WRs (see `Qp::post_send`).
-pub(crate) fn post_send(
-    _sh: &Shared,
-    st: &mut State,
+pub(crate) fn post_send<N: Backend>(
+    _sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     gen: u8,
     wrs: &[SendWr],
@@ -134,9 +135,9 @@ pub(crate) fn post_send(
 }
 
 /// Post application receive WRs.
-pub(crate) fn post_recv(
-    sh: &Shared,
-    st: &mut State,
+pub(crate) fn post_recv<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     gen: u8,
     wrs: &[RecvWr],
@@ -163,7 +164,7 @@ pub(crate) fn post_recv(
 }
 
 /// Start the operations admitted so far.
-pub(crate) fn run_ready(sh: &Shared, st: &mut State) {
+pub(crate) fn run_ready<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
     while let Some((qi, id)) = st.ready.pop_front() {
         start_op(sh, st, qi, id);
     }

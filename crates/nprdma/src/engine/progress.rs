@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use super::backend::Backend;
 use super::fast;
 use super::one_sided::{check_batch, eval_one_sided, flush_deferred};
 use super::op::{Stage, TKind};
@@ -20,14 +21,13 @@ use super::state::{Shared, State};
 use super::types::PS;
 use super::ucq::UCq;
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::nic_wc_status;
 use crate::ctrl::{Repr, Status, SLOT};
-use crate::nic::{CompOp, Completion, WcStatus};
+use crate::nic::{CompOp, Completion, NicBuf as _, NicCq as _, NicQp as _, WcStatus};
 use crate::trace::{mark, Step};
 
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
 /// number of NIC completions handled.
-pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
+pub(crate) fn progress<N: Backend>(sh: &Shared<N>, st: &mut State<N>) -> usize {
     // No application array to fill here (even if an earlier
     // `progress_app_into` unwound without clearing it).
     st.direct.stop();
@@ -39,9 +39,10 @@ pub(crate) fn progress(sh: &Shared, st: &mut State) -> usize {
 /// timeout sweep) only every 32nd time, and lean-path completions for `cq`
 /// go straight into `out` while its queue is empty (so post order holds).
 /// Returns how many were put into `out`.
-pub(crate) fn progress_app_into(
-    sh: &Shared,
-    st: &mut State,
+#[inline]
+pub(crate) fn progress_app_into<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     cq: &Arc<UCq>,
     out: &mut [Completion],
 ) -> usize {
@@ -50,10 +51,10 @@ pub(crate) fn progress_app_into(
     st.direct.end(out)
 }
 
-fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
+fn progress_inner<N: Backend>(sh: &Shared<N>, st: &mut State<N>, app: bool) -> usize {
     let mut wcs = std::mem::take(&mut st.wcs);
     if wcs.is_empty() {
-        wcs = vec![rnic::Wc::default(); 64];
+        wcs = vec![Completion::default(); 64];
     }
     let mut total = 0;
     for (k, cq) in [&sh.ncq, &sh.rcq].into_iter().enumerate() {
@@ -111,7 +112,7 @@ fn progress_inner(sh: &Shared, st: &mut State, app: bool) -> usize {
 /// with one range pin (one zero-fill / swap-in per run of pages, see
 /// `vmem`'s range pin) and mapped with one shadow pass. Returns the
 /// number of runs.
-fn map_in_owed(sh: &Shared, st: &mut State) -> usize {
+fn map_in_owed<N: Backend>(sh: &Shared<N>, st: &mut State<N>) -> usize {
     let mut owed: Vec<_> = st.post_answer.drain(..).collect();
     owed.sort_unstable_by_key(|(m, addr, _)| (Arc::as_ptr(m) as usize, *addr));
     let mut runs = 0;
@@ -132,18 +133,37 @@ fn map_in_owed(sh: &Shared, st: &mut State) -> usize {
     runs
 }
 
+/// How long a two-sided request waits for its answer before the sweep asks
+/// whether the peer's process is still there.
+const PEER_CHECK_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Two-sided requests the peer never answered (it destroyed its QP or
-/// died) complete with RETRY_EXC_ERR, like an RC transport timeout.
-fn sweep_timeouts(sh: &Shared, st: &mut State) {
+/// died) complete with RETRY_EXC_ERR, like an RC transport timeout; a peer
+/// whose process is gone fails them as soon as the sweep sees it.
+fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
     let limit = sh.cfg.two_sided_timeout;
     let mut late = Vec::new();
+    let mut gone = Vec::new();
     for (qi, q) in st.qps.iter_mut().enumerate() {
         let Some(qp) = q else { continue };
+        let mut waiting = false;
         for (id, op) in qp.ops.iter() {
             if op.sent.is_some_and(|t| t.elapsed() > limit) {
                 late.push((qi, id));
             }
+            waiting |= op.sent.is_some_and(|t| t.elapsed() > PEER_CHECK_AFTER);
         }
+        // An answer overdue from a peer whose process is gone never comes: fail
+        // at once (as the NIC does for its own requests), not at the timeout.
+        if waiting && (qp.ctrl.as_ref().is_some_and(|c| c.peer_gone()) || qp.data.peer_gone()) {
+            gone.push(qi);
+        }
+    }
+    // (The failed QPs' ops are all completed by `fail_qp`.)
+    late.retain(|(qi, _)| !gone.contains(qi));
+    for qi in gone {
+        tracing::warn!(qi, "peer gone while answers were owed");
+        fail_qp(st, qi, WcStatus::RetryExcErr);
     }
     for (qi, id) in late {
         tracing::warn!(qi, id, "two-sided request timed out");
@@ -163,7 +183,7 @@ fn sweep_timeouts(sh: &Shared, st: &mut State) {
 }
 
 /// Dispatch one NIC completion by its [`WrTag`].
-pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
+pub(super) fn handle_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, wc: &Completion) {
     let Some(WrTag {
         qi,
         gen,
@@ -183,7 +203,7 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
             None => return,
         }
     }
-    let status = nic_wc_status(wc.status);
+    let status = WcStatus::from_code(wc.status);
     match kind {
         WrKind::Op => on_op_wc(sh, st, qi, id, step, status),
         WrKind::Rev => on_rev_wc(sh, st, qi, id, status == WcStatus::Success),
@@ -201,7 +221,14 @@ pub(super) fn handle_wc(sh: &Shared, st: &mut State, wc: &rnic::Wc) {
 
 /// NIC WR `step` of operation `id`'s one-sided attempt completed: once no
 /// completion is due any more, evaluate the attempt.
-fn on_op_wc(sh: &Shared, st: &mut State, qi: usize, id: u32, step: u8, status: WcStatus) {
+fn on_op_wc<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    id: u32,
+    step: u8,
+    status: WcStatus,
+) {
     let Some(op) = st.op_mut(qi, id) else { return };
     if let Stage::OneSided {
         steps, left, err, ..
@@ -224,7 +251,7 @@ fn on_op_wc(sh: &Shared, st: &mut State, qi: usize, id: u32, step: u8, status: W
 
 /// Reverse operation `tid` (target side) completed: answer the fault
 /// request, or complete the RECV of a rendezvous SEND.
-fn on_rev_wc(sh: &Shared, st: &mut State, qi: usize, tid: u32, ok: bool) {
+fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32, ok: bool) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(t) = qp.treqs.take(tid) else { return };
     let status = if ok { Status::Ok } else { Status::RemoteOp };
@@ -267,7 +294,7 @@ fn on_rev_wc(sh: &Shared, st: &mut State, qi: usize, tid: u32, ok: bool) {
 
 /// A control SEND completed: a send credit is back (a failure other than
 /// a flush means the peer is gone).
-fn on_ctrl_send_wc(st: &mut State, qi: usize, status: WcStatus) {
+fn on_ctrl_send_wc<N: Backend>(st: &mut State<N>, qi: usize, status: WcStatus) {
     let Some(qp) = st.qp(qi) else { return };
     qp.ctrl_out = qp.ctrl_out.saturating_sub(1);
     if status != WcStatus::Success && status != WcStatus::WrFlushErr {
@@ -280,7 +307,7 @@ fn on_ctrl_send_wc(st: &mut State, qi: usize, status: WcStatus) {
 
 /// Command slot `slot` received: reassemble, handle a complete message,
 /// re-post the slot.
-fn on_ctrl_recv_wc(sh: &Shared, st: &mut State, qi: usize, slot: u32, ok: bool) {
+fn on_ctrl_recv_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, slot: u32, ok: bool) {
     let Some(qp) = st.qp(qi) else { return };
     if !ok {
         return;
@@ -324,7 +351,7 @@ fn on_ctrl_recv_wc(sh: &Shared, st: &mut State, qi: usize, slot: u32, ok: bool) 
 /// little slower than `spin` apart (e.g. two-sided fault requests on a loaded
 /// machine) is not served through a sleep/wake (~40–50 µs here, ms under
 /// load) every time; a blocking wait that times out idle resets it.
-pub(super) fn poller(sh: Arc<Shared>) {
+pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let mut last_work = Instant::now();
     let mut window = sh.cfg.spin;
     let max_window = sh.cfg.spin.saturating_mul(40);
@@ -332,7 +359,7 @@ pub(super) fn poller(sh: Arc<Shared>) {
     // While spinning, this thread also serves the NIC's request rings (peers'
     // small READ/WRITE and atomics) so the NIC thread need not spin as well: a
     // second spinner per process on a 2-core machine turns µs into ms.
-    let mut rings = RingPolling::new(&sh.host, !sh.cfg.interrupt_mode);
+    let mut rings = RingPolling::new(&sh.nic, !sh.cfg.interrupt_mode);
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         if polls != seen {
@@ -359,7 +386,7 @@ pub(super) fn poller(sh: Arc<Shared>) {
             continue;
         }
         for cq in [&sh.ncq, &sh.rcq] {
-            if let Err(e) = cq.req_notify(false) {
+            if let Err(e) = cq.arm(false) {
                 tracing::error!(error = %e, "arming a NIC CQ failed");
             }
         }
@@ -371,12 +398,12 @@ pub(super) fn poller(sh: Arc<Shared>) {
             last_work = Instant::now();
             continue;
         }
-        match sh.chan.get_event(Some(Duration::from_millis(20))) {
-            Ok(_) => {
+        match sh.nic.wait_event(Duration::from_millis(20)) {
+            Ok(true) => {
                 last_work = Instant::now();
                 window = window.saturating_mul(2).min(max_window);
             }
-            Err(rnic::Error::Timeout) => window = sh.cfg.spin,
+            Ok(false) => window = sh.cfg.spin,
             Err(e) => {
                 tracing::error!(error = %e, "completion channel failed");
                 std::thread::sleep(Duration::from_millis(1));
@@ -387,15 +414,16 @@ pub(super) fn poller(sh: Arc<Shared>) {
 }
 
 /// The polling thread's turn at serving the NIC's request rings
-/// (`rnic::Host::set_ring_polling`): on while it spins, off before it blocks.
-pub(super) struct RingPolling<'a> {
-    pub(super) host: &'a rnic::Host,
+/// (`Nic::set_ring_polling`, a software-NIC hook): on while it spins, off
+/// before it blocks.
+pub(super) struct RingPolling<'a, N: Backend> {
+    pub(super) host: &'a N,
     pub(super) enabled: bool,
     pub(super) on: bool,
 }
 
-impl<'a> RingPolling<'a> {
-    pub(super) fn new(host: &'a rnic::Host, enabled: bool) -> Self {
+impl<'a, N: Backend> RingPolling<'a, N> {
+    pub(super) fn new(host: &'a N, enabled: bool) -> Self {
         RingPolling {
             host,
             enabled,

@@ -9,33 +9,46 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::ctrlbuf::CtrlBuf;
+use super::backend::Backend;
 use super::dev::{inline_max, zero_sges, Dev};
 use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
 use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
 use super::ucq::UCq;
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::rnic_opcode;
 use crate::cmdq::{self, Reassembler};
 use crate::ctrl::{Repr, SLOT};
 use crate::keymap::PeerKeys;
-use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
+use crate::nic::{
+    Access, CompOp, Completion, NicBuf as _, NicMr as _, NicQp as _, PeerAddr, QpSpec, RecvRequest,
+    Sge, WcStatus, WorkRequest, WrOp,
+};
 use crate::ordering::{Admit, OrderTable, Range};
 use crate::pending::Pending;
 use crate::plan::order_desc;
 use crate::rob::CompletionOrder;
 use crate::trace::{mark, Step};
-use rnic::QpInitAttr;
+
+/// The SGE of an inline SEND's payload `s` (copied at post time: no key).
+fn inline_sge(s: &[u8]) -> [Sge; 1] {
+    [Sge {
+        addr: s.as_ptr() as u64,
+        length: s.len() as u32,
+        lkey: 0,
+    }]
+}
 
 /// The control QP's number: the data QP's with this bit set.
 pub const CTRL_QPN_BIT: u32 = 1 << 23;
 
-pub(crate) struct QpState {
-    pub(super) data: rnic::Qp,
-    pub(super) ctrl: rnic::Qp,
-    /// Command-slot receive ring (from the NIC-shared DMA pool if possible).
-    pub(super) ring: CtrlBuf,
-    pub(super) scratch: rnic::OwnedMr,
+pub(crate) struct QpState<N: Backend> {
+    pub(super) data: N::Qp,
+    /// The control QP; `None`: the control channel rides on the data QP
+    /// (`Config::ctrl_on_data_qp`, see [`QpState::ctrl_qp`]).
+    pub(super) ctrl: Option<N::Qp>,
+    /// Command-slot receive ring (from the NIC-shared DMA pool if possible:
+    /// `Nic::alloc_ring_buf`).
+    pub(super) ring: N::Buf,
+    pub(super) scratch: N::Buf,
     pub(super) idx: usize,
     pub(super) gen: u8,
     pub(super) qpn: u32,
@@ -44,6 +57,11 @@ pub(crate) struct QpState {
     /// the data QP's NIC access flags (one-sided requests) and checked by the
     /// target CPU for two-sided ones (see `serve::grant`).
     pub(super) remote_access: Access,
+    /// User-space mode: the data QP grants every right at the NIC whatever
+    /// `remote_access` says — only the peer's reverse operations into
+    /// temporary MRs reach it (a NIC there cannot honour `Access::ANY_QP`),
+    /// and the application's flags are enforced by the target's check.
+    nic_all_rights: bool,
     pub(super) depth: u32,
     pub(super) nslots: u32,
     pub(super) slot_size: usize,
@@ -73,19 +91,19 @@ pub(crate) struct QpState {
     pub(super) ctrl_out: u32,
     pub(super) order: OrderTable<u32>,
     pub(super) rob: CompletionOrder<Completion>,
-    pub(super) ops: Pending<Op>,
+    pub(super) ops: Pending<Op<N>>,
     pub(super) recvs: VecDeque<RecvWr>,
     pub(super) inbound: VecDeque<Repr<'static>>,
     pub(super) rdv_busy: bool,
-    pub(super) treqs: Pending<TReq>,
+    pub(super) treqs: Pending<TReq<N>>,
     /// Unsignaled WRITEs waiting for their read-back, in post order.
     pub(super) deferred: Vec<u32>,
     /// Read-backs of deferred WRITEs are due for ops posted before this
     /// sequence number (the last signaled WR's).
     pub(super) flush_seq: u64,
-    pub(super) batches: Pending<RbBatch>,
+    pub(super) batches: Pending<RbBatch<N>>,
     /// The operation on the lean path, if any (the `fast` file).
-    pub(super) fast: Option<FastOp>,
+    pub(super) fast: Option<FastOp<N>>,
     /// Pending id of the last lean-path operation promoted to the general
     /// path (its NIC completions are routed there).
     pub(super) fast_promoted: Option<u32>,
@@ -97,54 +115,83 @@ pub(crate) struct QpState {
     pub(super) probe_hint: bool,
 }
 
-impl QpState {
+impl<N: Backend> QpState<N> {
     pub fn create(
-        sh: &Dev,
+        sh: &Dev<N>,
         pd: u32,
         send_cq: Arc<UCq>,
         recv_cq: Arc<UCq>,
         depth: u32,
-    ) -> Result<QpState, Error> {
+    ) -> Result<QpState<N>, Error> {
         if depth == 0 || depth > 1000 {
             return Err(Error::Invalid("QP depth must be 1..=1000"));
         }
-        let data = sh.pd.create_qp(
-            &sh.ncq,
-            &sh.ncq,
-            &QpInitAttr {
-                qpn: None,
-                max_send_wr: 4 * depth + 16,
-                max_recv_wr: 4,
-                max_send_sge: zero_sges(sh) as u32,
-                max_recv_sge: 1,
-                max_inline_data: 64,
-                sq_sig_all: false,
-            },
-        )?;
+        // The NIC QPs' depths below (data: 4 WRs per application WR + 16;
+        // control: its slot ring; both on the data QP when it carries the
+        // control channel) must fit the device: a clear error here, not the
+        // device's bare EINVAL.
+        let shared = sh.cfg.ctrl_on_data_qp;
+        let (ops_wr, mut nslots) = (4 * depth + 16, (16 * depth).clamp(256, 4000));
+        if shared {
+            // The command ring takes what the device leaves beside the data WRs
+            // (down to 64 slots: a shorter ring only makes control SENDs wait
+            // for receive credits).
+            nslots = nslots.min(sh.caps.max_qp_wr.saturating_sub(ops_wr)).max(64);
+        }
+        let data_wr = ops_wr + if shared { nslots } else { 0 };
+        let need = data_wr.max(nslots);
+        if need > sh.caps.max_qp_wr {
+            return Err(Error::Other(format!(
+                "a QP of depth {depth} needs {need} WRs per NIC QP; the device allows {}",
+                sh.caps.max_qp_wr
+            )));
+        }
+        // Carrying the control channel, the data QP receives the command
+        // slots (on `rcq`, as the control QP would) and sends them inline.
+        let data = sh
+            .nic
+            .create_qp(
+                &QpSpec {
+                    qpn: None,
+                    max_send_wr: data_wr,
+                    max_recv_wr: if shared { nslots } else { 4 },
+                    max_sge: zero_sges(sh) as u32,
+                    max_inline: if shared { SLOT.max(64) as u32 } else { 64 },
+                },
+                &sh.ncq,
+                if shared { &sh.rcq } else { &sh.ncq },
+            )
+            .map_err(N::error)?;
         let qpn = data.qpn();
-        let nslots = (16 * depth).clamp(256, 4000);
         // The control QP completes sends and receives on `rcq`: `ncq` then
         // holds data-QP completions only, and an application thread waiting
         // for a one-sided operation polls (and progresses) just that.
-        let ctrl = sh.pd.create_qp(
-            &sh.rcq,
-            &sh.rcq,
-            &QpInitAttr {
-                qpn: Some(qpn | CTRL_QPN_BIT),
-                max_send_wr: nslots,
-                max_recv_wr: nslots,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: SLOT as u32,
-                sq_sig_all: false,
-            },
-        )?;
-        let ring = CtrlBuf::new(
-            &sh.host,
-            &sh.pd,
-            nslots as usize * SLOT,
-            rnic::Access::LOCAL_WRITE,
-        )?;
+        let ctrl = if shared {
+            None
+        } else {
+            Some(
+                sh.nic
+                    .create_qp(
+                        &QpSpec {
+                            // A device that numbers its QPs itself (user-space
+                            // mode over libibverbs): the endpoint carries the
+                            // number.
+                            qpn: (!sh.iommu.is_user()).then_some(qpn | CTRL_QPN_BIT),
+                            max_send_wr: nslots,
+                            max_recv_wr: nslots,
+                            max_sge: 1,
+                            max_inline: SLOT as u32,
+                        },
+                        &sh.rcq,
+                        &sh.rcq,
+                    )
+                    .map_err(N::error)?,
+            )
+        };
+        let ring = sh
+            .nic
+            .alloc_ring_buf(nslots as usize * SLOT, Access::LOCAL_WRITE)
+            .map_err(N::error)?;
         // Small WRITEs are read back into a per-op scratch slot of the QP.
         // Slots are page-aligned with a page of slack: a read-back lands at
         // the remote address's page offset (see `readback_addr`).
@@ -160,8 +207,9 @@ impl QpState {
             ))?;
         let slot_size = slot_size as usize;
         let scratch = sh
-            .pd
-            .reg_mr_owned(vec![0; scratch_len as usize], rnic::Access::LOCAL_WRITE)?;
+            .nic
+            .alloc_buf(scratch_len as usize, Access::LOCAL_WRITE)
+            .map_err(N::error)?;
         Ok(QpState {
             data,
             ctrl,
@@ -174,6 +222,7 @@ impl QpState {
             // Until the application says otherwise (`set_remote_access`):
             // every remote right, as before the flags were modelled.
             remote_access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            nic_all_rights: sh.iommu.is_user(),
             depth,
             nslots,
             slot_size,
@@ -213,6 +262,22 @@ impl QpState {
         self.qpn
     }
 
+    /// The control QP's number for the endpoint: 0 when derived from the
+    /// data QP's, the data QP's own when that carries the control channel
+    /// ([`super::Endpoint::ctrl_qpn`]).
+    pub fn ctrl_qpn_for_peer(&self) -> u32 {
+        match self.ctrl_qp().qpn() {
+            n if n == self.qpn | CTRL_QPN_BIT => 0,
+            n => n,
+        }
+    }
+
+    /// The NIC QP of the control channel: the control QP, or the data QP
+    /// when it carries the channel (`Config::ctrl_on_data_qp`).
+    pub(super) fn ctrl_qp(&self) -> &N::Qp {
+        self.ctrl.as_ref().unwrap_or(&self.data)
+    }
+
     pub fn outstanding(&self) -> usize {
         self.ops.len() + self.fast_outstanding()
     }
@@ -234,7 +299,7 @@ impl QpState {
     /// transport reports it).
     pub(super) fn flush_ops_after(&mut self, first: WcStatus) {
         self.promote_fast();
-        let mut ops: Vec<(u32, Op)> = self.ops.drain();
+        let mut ops: Vec<(u32, Op<N>)> = self.ops.drain();
         ops.sort_by_key(|(_, o)| o.seq);
         for (k, (_, mut op)) in ops.into_iter().enumerate() {
             let c = Completion {
@@ -318,25 +383,38 @@ impl QpState {
         if self.connected {
             return Err(Error::Invalid("already connected"));
         }
-        let dest = rnic::HostAddr::from_bytes(&peer.addr);
-        let acc = rnic::Access::LOCAL_WRITE
-            | rnic::Access::REMOTE_READ
-            | rnic::Access::REMOTE_WRITE
-            | rnic::Access::REMOTE_ATOMIC;
+        let dest = PeerAddr(peer.addr);
+        let acc = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        // Both ends must agree on where the control channel runs: our SENDs
+        // must reach the peer's command ring, and its SENDs ours.
+        let peer_shared = peer.ctrl_qpn == peer.qpn;
+        if peer_shared != self.ctrl.is_none() {
+            return Err(Error::Invalid(if peer_shared {
+                "the peer carries its control channel on its data QP; \
+                 this context does not (Config::ctrl_on_data_qp)"
+            } else {
+                "this context carries the control channel on the data QP \
+                 (Config::ctrl_on_data_qp); the peer does not"
+            }));
+        }
         // The peer's one-sided requests reach the application's MR views
         // through the data QP: its NIC enforces the application's flags (the
         // protocol's own MRs are `ANY_QP`). The control QP only receives SENDs.
-        self.data.connect(self.data_access(), dest, peer.qpn, 7)?;
-        self.ctrl.connect(acc, dest, peer.qpn | CTRL_QPN_BIT, 7)?;
+        self.data
+            .connect(dest, peer.qpn, self.nic_access())
+            .map_err(N::error)?;
+        if let Some(ctrl) = &self.ctrl {
+            let ctrl_qpn = match peer.ctrl_qpn {
+                0 => peer.qpn | CTRL_QPN_BIT,
+                n => n,
+            };
+            ctrl.connect(dest, ctrl_qpn, acc).map_err(N::error)?;
+        }
         for s in 0..self.nslots {
             self.post_slot(s)?;
         }
         self.connected = true;
         Ok(())
-    }
-
-    pub(super) fn data_access(&self) -> rnic::Access {
-        rnic::Access::LOCAL_WRITE | crate::adapt::rnic_access(self.remote_access)
     }
 
     /// Set the application's remote access flags (`ibv_modify_qp` with
@@ -345,24 +423,29 @@ impl QpState {
     pub fn set_remote_access(&mut self, access: Access) -> Result<(), Error> {
         let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         self.remote_access = Access(access.0 & rights.0);
-        if self.connected && !self.dead && !self.errored {
-            let a = rnic::QpAttr {
-                qp_access_flags: self.data_access(),
-                ..Default::default()
-            };
-            self.data.modify(&a, rnic::QpAttrMask::ACCESS_FLAGS)?;
+        if self.connected && !self.dead && !self.errored && !self.nic_all_rights {
+            self.data.set_access(self.nic_access()).map_err(N::error)?;
         }
         Ok(())
     }
 
+    /// The rights the data QP grants at the NIC.
+    fn nic_access(&self) -> Access {
+        if self.nic_all_rights {
+            Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
+        } else {
+            self.remote_access
+        }
+    }
+
     pub(super) fn post_slot(&self, s: u32) -> Result<(), Error> {
         let sge = self.ring.sge(s as usize * SLOT, SLOT as u32);
-        self.ctrl
-            .post_recv(&[rnic::RecvWr {
+        self.ctrl_qp()
+            .post_recv(&[RecvRequest {
                 wr_id: WrTag::new(self.idx, self.gen, WrKind::CtrlRecv, 0, s).wr_id(),
                 sg_list: &[sge],
             }])
-            .map_err(|e| Error::Nic(e.err))
+            .map_err(|e| N::error(e.source))
     }
 
     /// Send one control message. With nothing queued ahead and enough send
@@ -381,16 +464,18 @@ impl QpState {
         let n = buf.len() / SLOT;
         if self.backlog.is_empty() && n <= (self.nslots - self.ctrl_out) as usize && n <= 8 {
             let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
-            let wrs: SmallVec<[rnic::SendWr; 8]> = cmdq::slots(&buf)
-                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
+            let sges: SmallVec<[[Sge; 1]; 8]> = cmdq::slots(&buf).map(inline_sge).collect();
+            let wrs: SmallVec<[WorkRequest<'_>; 8]> = sges
+                .iter()
+                .map(|s| WorkRequest::new(wr_id, WrOp::Send, s).inline())
                 .collect();
-            match self.ctrl.post_send(&wrs) {
+            match self.ctrl_qp().post_send(&wrs) {
                 Ok(()) => self.ctrl_out += n as u32,
                 Err(e) => {
-                    // The first `bad_wr_index` slots went out; queue the
+                    // The first `bad_index` slots went out; queue the
                     // rest in order and let `flush_ctrl` decide.
-                    self.ctrl_out += e.bad_wr_index as u32;
-                    for sl in cmdq::slots(&buf).skip(e.bad_wr_index) {
+                    self.ctrl_out += e.bad_index as u32;
+                    for sl in cmdq::slots(&buf).skip(e.bad_index) {
                         let mut a = [0u8; SLOT];
                         a.copy_from_slice(sl);
                         self.backlog.push_back(a);
@@ -418,19 +503,20 @@ impl QpState {
                 .min(64);
             let slots: Vec<[u8; SLOT]> = self.backlog.drain(..n).collect();
             let wr_id = WrTag::new(self.idx, self.gen, WrKind::CtrlSend, 0, 0).wr_id();
-            let wrs: Vec<rnic::SendWr> = slots
+            let sges: Vec<[Sge; 1]> = slots.iter().map(|s| inline_sge(s)).collect();
+            let wrs: Vec<WorkRequest<'_>> = sges
                 .iter()
-                .map(|s| rnic::SendWr::new(wr_id, rnic_opcode(WrOp::Send), &[]).inline(s))
+                .map(|s| WorkRequest::new(wr_id, WrOp::Send, s).inline())
                 .collect();
-            match self.ctrl.post_send(&wrs) {
+            match self.ctrl_qp().post_send(&wrs) {
                 Ok(()) => self.ctrl_out += n as u32,
                 Err(e) => {
-                    self.ctrl_out += e.bad_wr_index as u32;
-                    for s in slots[e.bad_wr_index..].iter().rev() {
+                    self.ctrl_out += e.bad_index as u32;
+                    for s in slots[e.bad_index..].iter().rev() {
                         self.backlog.push_front(*s);
                     }
-                    if e.bad_wr_index == 0 && self.ctrl_out == 0 {
-                        tracing::error!(error = %e.err, "control QP refuses sends");
+                    if e.bad_index == 0 && self.ctrl_out == 0 {
+                        tracing::error!(error = %e.source, "control QP refuses sends");
                         self.dead = true;
                         self.backlog.clear();
                     }
@@ -440,14 +526,14 @@ impl QpState {
         }
     }
 
-    pub(super) fn scratch_addr(&self, s: &Scratch) -> (u64, u32) {
+    pub(super) fn scratch_addr(&self, s: &Scratch<N>) -> (u64, u32) {
         match s {
             Scratch::Slot(i) => {
-                let base = (self.scratch.addr() as u64).next_multiple_of(PS);
+                let base = self.scratch.addr().next_multiple_of(PS);
                 let stride = (self.slot_size as u64).div_ceil(PS) * PS + PS;
                 (base + *i as u64 * stride, self.scratch.lkey())
             }
-            Scratch::Own(m) => (m.addr() as u64, m.lkey()),
+            Scratch::Own(m) => (m.addr(), m.lkey()),
         }
     }
 
@@ -458,18 +544,18 @@ impl QpState {
     /// (`rep movsb` here is ~30× slower for some relative misalignments,
     /// e.g. a page-aligned source and a destination 16 bytes into a page,
     /// which is exactly what a heap scratch buffer gave).
-    pub(super) fn readback_addr(&self, s: &Scratch, raddr: u64) -> u64 {
+    pub(super) fn readback_addr(&self, s: &Scratch<N>, raddr: u64) -> u64 {
         self.scratch_addr(s).0 + (raddr & (PS - 1))
     }
 
-    pub(super) fn release_scratch(&mut self, s: Option<Scratch>) {
+    pub(super) fn release_scratch(&mut self, s: Option<Scratch<N>>) {
         if let Some(Scratch::Slot(i)) = s {
             self.scratch_free.push(i);
         }
     }
 }
 
-impl QpState {
+impl<N: Backend> QpState<N> {
     /// Move the lean-path operation (if any) into the general structures,
     /// as if it had been posted there: pending table (stage `OneSided`),
     /// reorder buffer, ordering table (it issues: nothing else is in flight).

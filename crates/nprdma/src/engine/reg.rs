@@ -7,25 +7,25 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::backend::{Backend, DefaultNic};
 use super::keysync::{broadcast_keysync, broadcast_revoke};
 use super::mr::{MrEntry, NicMrs};
 use super::state::{Shared, State};
 use super::types::Error;
-use crate::adapt::rnic_access;
 use crate::ctrl::KeyMapping;
 use crate::nic::{self, Access, IommuControl, MemoryManager, NicMr};
 use crate::shadow::MrShadow;
 
 /// The application's handle of a registered MR. Dropping it deregisters
 /// (peers are told to forget its key).
-pub struct Mr {
-    pub(super) sh: Arc<Shared>,
+pub struct Mr<N: Backend = DefaultNic> {
+    pub(super) sh: Arc<Shared<N>>,
     pub(super) key: u32,
     pub(super) addr: u64,
     pub(super) len: u64,
 }
 
-impl Mr {
+impl<N: Backend> Mr<N> {
     /// The key of local SGEs over this MR.
     pub fn lkey(&self) -> u32 {
         self.key
@@ -46,6 +46,13 @@ impl Mr {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Whether the NIC's views map the page holding `addr` to its real
+    /// frame now (its version is odd): peers reach it one-sided. A
+    /// diagnostic; the page may be swapped out right after.
+    pub fn is_mapped(&self, addr: u64) -> bool {
+        let e = self.sh.st.lock().mrs.get(&self.key).cloned();
+        e.is_some_and(|e| e.shadow.is_mapped(addr))
+    }
     /// An SGE over `[addr()+off, +len)`.
     pub fn sge(&self, off: u64, len: u32) -> nic::Sge {
         nic::Sge {
@@ -56,7 +63,7 @@ impl Mr {
     }
 }
 
-impl Drop for Mr {
+impl<N: Backend> Drop for Mr<N> {
     fn drop(&mut self) {
         let entry = {
             let mut st = self.sh.st.lock();
@@ -68,6 +75,12 @@ impl Drop for Mr {
             }
             e
         };
+        // No cached temporary MR may keep the memory open to peers.
+        const PS: u64 = vmem::PAGE_SIZE as u64;
+        let start = self.addr & !(PS - 1);
+        self.sh
+            .cache
+            .invalidate(start, (self.addr + self.len).next_multiple_of(PS));
         drop(entry);
     }
 }
@@ -77,13 +90,13 @@ impl Drop for Mr {
 /// # Safety
 /// As `Pd::reg_mr`.
 #[allow(unsafe_code)]
-pub(crate) unsafe fn register(
-    sh: &Arc<Shared>,
+pub(crate) unsafe fn register<N: Backend>(
+    sh: &Arc<Shared<N>>,
     pd: u32,
     addr: u64,
     len: u64,
     access: Access,
-) -> Result<Mr, Error> {
+) -> Result<Mr<N>, Error> {
     const PS: u64 = vmem::PAGE_SIZE as u64;
     if len == 0 || addr == 0 || addr.checked_add(len).is_none() {
         return Err(Error::Invalid("empty or wrapping MR"));
@@ -105,15 +118,11 @@ pub(crate) unsafe fn register(
         let _ = sh.mm.0.unregister(region);
         e
     };
-    if let Err(e) = sh
-        .host
-        .frames()
-        .track(first as usize, (npages * PS) as usize, false)
-    {
-        return Err(unreg(e.into()));
+    if let Err(e) = sh.iommu.track_frames(first, npages * PS) {
+        return Err(unreg(N::error(e)));
     }
     let untrack = |e: Error| {
-        let _ = sh.host.frames().untrack(first as usize);
+        let _ = sh.iommu.untrack_frames(first);
         unreg(e)
     };
     let mut resident = Vec::new();
@@ -167,44 +176,52 @@ pub(crate) unsafe fn register(
         listener,
         mm: sh.mm.clone(),
         region,
-        host: sh.host.clone(),
-        track: first as usize,
+        iommu: sh.iommu.clone(),
+        track: first,
         unpopulated,
     };
     let vers = shadow.versions();
-    // SAFETY: the version table is heap memory owned by the shadow, which
-    // the entry keeps alive until after the MR is dropped (`nic` goes first).
-    let ver = unsafe {
-        sh.pd.reg_mr(
-            vers.addr() as usize,
-            vers.byte_len() as usize,
-            // ANY_QP: peers read versions to check their one-sided ops
-            // whatever the application's QP flags (READ-only data).
-            rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_READ | rnic::Access::ANY_QP,
-        )?
+    let ver = if sh.iommu.is_user() {
+        // User-space mode: no one-sided operation, so no peer reads versions.
+        None
+    } else {
+        // SAFETY: the version table is heap memory owned by the shadow, which
+        // the entry keeps alive until after the MR is dropped (`nic` goes first).
+        Some(unsafe {
+            sh.nic
+                .reg_mr(
+                    vers.addr(),
+                    vers.byte_len(),
+                    // ANY_QP: peers read versions to check their one-sided ops
+                    // whatever the application's QP flags (READ-only data).
+                    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::ANY_QP,
+                )
+                .map_err(N::error)?
+        })
     };
     let read_access = Access(access.0 & Access::REMOTE_READ.0);
     let write_access = Access(Access::LOCAL_WRITE.0 | (access.0 & Access::REMOTE_WRITE.0));
     // SAFETY: forwarded contract; the IOVA entries are maintained by the shadow.
     let read = unsafe {
         sh.iommu
-            .reg_mr_iova(addr, len, read_access, shadow.read_range())?
+            .reg_mr_iova(addr, len, read_access, shadow.read_range())
+            .map_err(N::error)?
     };
     // SAFETY: as above.
     let write = unsafe {
         sh.iommu
-            .reg_mr_iova(addr, len, write_access, shadow.write_range())?
+            .reg_mr_iova(addr, len, write_access, shadow.write_range())
+            .map_err(N::error)?
     };
-    let _ = rnic_access;
     entry.key = read.rkey();
     entry.mapping.app_rkey = read.rkey();
     entry.mapping.write_rkey = write.rkey();
-    entry.mapping.version_rkey = ver.rkey();
+    entry.mapping.version_rkey = ver.as_ref().map_or(0, |v| v.rkey());
     entry.read_lkey = read.lkey();
     entry.write_lkey = write.lkey();
     *entry.nic.get_mut() = Some(NicMrs {
-        _read: read.0,
-        _write: write.0,
+        _read: read,
+        _write: write,
         _ver: ver,
     });
     let key = entry.key;
@@ -231,7 +248,7 @@ pub(crate) unsafe fn register(
 /// waiting for the DMA in flight through it. Operations still in flight on
 /// it complete with an error: their NIC work fails at the NIC, and their
 /// answers are no longer copied in ([`MrEntry::is_fenced`]).
-pub(crate) fn fence_mr(st: &mut State, mr: &Arc<MrEntry>) {
+pub(crate) fn fence_mr<N: Backend>(st: &mut State<N>, mr: &Arc<MrEntry<N>>) {
     for qp in st.qps.iter_mut().flatten() {
         for (_, t) in qp.treqs.iter_mut() {
             if Arc::ptr_eq(&t._mr, mr) {

@@ -3,6 +3,7 @@
 //! are out, holding results until earlier conflicting ops are done, and
 //! discarding + re-queueing the ops a failed optimistic check replays.
 
+use super::backend::Backend;
 use super::op::Stage;
 use super::retire::finish;
 use super::state::{At, Shared, State};
@@ -11,7 +12,7 @@ use crate::nic::WcStatus;
 
 /// Op `id` of QP `qi` has its NIC WRs posted: ops parked behind it that
 /// may pipeline now go to the ready queue.
-pub(super) fn on_nic(st: &mut State, qi: usize, id: u32) {
+pub(super) fn on_nic<N: Backend>(st: &mut State<N>, qi: usize, id: u32) {
     let Some(At {
         qp,
         ready,
@@ -32,7 +33,7 @@ pub(super) fn on_nic(st: &mut State, qi: usize, id: u32) {
 
 /// If an earlier conflicting op of op `id` is still in flight, park the
 /// op's result as `held` (the ordering table hands it back) and say so.
-fn hold(st: &mut State, qi: usize, id: u32, held: Stage) -> bool {
+fn hold<N: Backend>(st: &mut State<N>, qi: usize, id: u32, held: Stage) -> bool {
     let Some(qp) = st.qp(qi) else {
         return false;
     };
@@ -49,7 +50,7 @@ fn hold(st: &mut State, qi: usize, id: u32, held: Stage) -> bool {
 
 /// A result of op `id` arrived after a replay made it stale (another
 /// member of the same read-back batch failed first): drop it.
-fn stale(st: &mut State, qi: usize, id: u32) -> bool {
+fn stale<N: Backend>(st: &mut State<N>, qi: usize, id: u32) -> bool {
     let is = st.op_mut(qi, id).is_some_and(|o| o.stale);
     if is {
         stale_done(st, qi, id);
@@ -60,7 +61,7 @@ fn stale(st: &mut State, qi: usize, id: u32) -> bool {
 /// Op `id` passed its optimistic check: complete it, or hold it until the
 /// earlier ops it overlaps are done (one of them may still fail and
 /// replay it).
-pub(super) fn finish_ok(st: &mut State, qi: usize, id: u32, len: u32) {
+pub(super) fn finish_ok<N: Backend>(st: &mut State<N>, qi: usize, id: u32, len: u32) {
     if stale(st, qi, id) {
         return;
     }
@@ -72,7 +73,7 @@ pub(super) fn finish_ok(st: &mut State, qi: usize, id: u32, len: u32) {
 /// Op `id` needs the two-sided path (failed check, or not one-sided): once
 /// no earlier conflicting op is in flight, replay every later op issued
 /// behind it (transitively) and send it two-sided.
-pub(super) fn two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+pub(super) fn two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     if stale(st, qi, id) {
         return;
     }
@@ -94,7 +95,7 @@ pub(super) fn two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 /// Forget what replayed op `id` did so far: it waits (parked in the
 /// ordering table) to be started afresh. NIC WRs or a read-back still out
 /// mark it stale: their completion is dropped ([`stale_done`]).
-fn discard(st: &mut State, qi: usize, id: u32) {
+fn discard<N: Backend>(st: &mut State<N>, qi: usize, id: u32) {
     st.stats.replayed += 1;
     st.ready.retain(|&(q, i)| !(q == qi && i == id));
     let Some(qp) = st.qp(qi) else {
@@ -116,7 +117,7 @@ fn discard(st: &mut State, qi: usize, id: u32) {
 
 /// The NIC is done with stale op `id`'s old WRs (or read-back): drop the
 /// result; start it again if the ordering table re-issued it meanwhile.
-pub(super) fn stale_done(st: &mut State, qi: usize, id: u32) {
+pub(super) fn stale_done<N: Backend>(st: &mut State<N>, qi: usize, id: u32) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     op.stale = false;

@@ -2,18 +2,23 @@
 //! QP whose peer vanished ([`fail_qp`]), moving it to ERR ([`set_error`])
 //! and destroying it ([`destroy_qp`]).
 
-use rnic::{QpAttr, QpAttrMask, QpState as NicQpState};
-
+use super::backend::Backend;
 use super::op::comp_op;
 use super::qp::QpState;
 use super::state::{At, Shared, State};
 use super::types::Error;
-use crate::nic::{Completion, WcStatus};
+use crate::nic::{Completion, NicQp as _, WcStatus};
 use crate::trace::{mark, Step};
 
 /// Complete application operation `id` of QP `qi` and release what waits
 /// behind it.
-pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: WcStatus, byte_len: u32) {
+pub(super) fn finish<N: Backend>(
+    st: &mut State<N>,
+    qi: usize,
+    id: u32,
+    status: WcStatus,
+    byte_len: u32,
+) {
     let Some(At {
         qp,
         ready,
@@ -57,7 +62,7 @@ pub(super) fn finish(st: &mut State, qi: usize, id: u32, status: WcStatus, byte_
 /// The QP fails (its peer is gone, or its NIC work broke): every
 /// outstanding operation completes with an error — the oldest with `first`
 /// (RETRY_EXC_ERR for a vanished peer), the rest WR_FLUSH_ERR.
-pub(super) fn fail_qp(st: &mut State, qi: usize, first: WcStatus) {
+pub(super) fn fail_qp<N: Backend>(st: &mut State<N>, qi: usize, first: WcStatus) {
     let Some(qp) = st.qp(qi) else { return };
     qp.dead = true;
     qp.flush_ops_after(first);
@@ -68,19 +73,22 @@ pub(super) fn fail_qp(st: &mut State, qi: usize, first: WcStatus) {
 
 /// Destroy QP `qi`: NIC QPs to ERR, every outstanding WR and RECV completes
 /// with WR_FLUSH_ERR, pins drop. Returns the state to drop outside the lock.
-pub(crate) fn destroy_qp(_sh: &Shared, st: &mut State, qi: usize, gen: u8) -> Option<QpState> {
+pub(crate) fn destroy_qp<N: Backend>(
+    _sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    gen: u8,
+) -> Option<QpState<N>> {
     if st.gens.get(qi) != Some(&gen) {
         return None;
     }
     let mut qp = st.qps.get_mut(qi)?.take()?;
     st.gens[qi] = st.gens[qi].wrapping_add(1);
     st.ready.retain(|(q, _)| *q != qi);
-    let err = QpAttr {
-        qp_state: NicQpState::Err,
-        ..QpAttr::default()
-    };
-    let _ = qp.data.modify(&err, QpAttrMask::STATE);
-    let _ = qp.ctrl.modify(&err, QpAttrMask::STATE);
+    let _ = qp.data.set_error();
+    if let Some(c) = &qp.ctrl {
+        let _ = c.set_error();
+    }
     qp.flush_ops();
     qp.flush_recvs();
     drop(qp.treqs.drain());
@@ -94,7 +102,7 @@ pub(crate) fn destroy_qp(_sh: &Shared, st: &mut State, qi: usize, gen: u8) -> Op
 /// two-sided or with a deferred read-back — and every posted RECV completes
 /// once with WR_FLUSH_ERR in post order, and pins drop. Later posts are
 /// accepted and flushed (rdma-core semantics). Idempotent.
-pub(crate) fn set_error(st: &mut State, qi: usize, gen: u8) -> Result<(), Error> {
+pub(crate) fn set_error<N: Backend>(st: &mut State<N>, qi: usize, gen: u8) -> Result<(), Error> {
     if st.gens.get(qi) != Some(&gen) {
         return Err(Error::QpState);
     }
@@ -107,14 +115,10 @@ pub(crate) fn set_error(st: &mut State, qi: usize, gen: u8) -> Result<(), Error>
     if qp.errored && qp.dead {
         return Ok(());
     }
-    let err = QpAttr {
-        qp_state: NicQpState::Err,
-        ..QpAttr::default()
-    };
-    if let Err(e) = qp.data.modify(&err, QpAttrMask::STATE) {
+    if let Err(e) = qp.data.set_error() {
         tracing::warn!(error = %e, "data QP to ERR");
     }
-    if let Err(e) = qp.ctrl.modify(&err, QpAttrMask::STATE) {
+    if let Some(Err(e)) = qp.ctrl.as_ref().map(|c| c.set_error()) {
         tracing::warn!(error = %e, "control QP to ERR");
     }
     qp.errored = true;

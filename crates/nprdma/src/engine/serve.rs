@@ -5,37 +5,42 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::backend::Backend;
 use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
 use super::mr::MrEntry;
 use super::one_sided::post_steps;
 use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
-use super::pin::{engine_pin, temp_mr, EnginePin};
+use super::pin::{engine_pin, pin_for_peer, temp_mr, EnginePin};
 use super::qp::QpState;
 use super::retire::finish;
 use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
 use super::types::PS;
 use super::wrid::{WrKind, WrTag};
-use crate::adapt::{rnic_opcode, RnicIommu};
 use crate::check::page_span;
 use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
-use crate::nic::{Access, CompOp, Completion, WcStatus, WrOp};
+use crate::nic::{
+    Access, CompOp, Completion, NicMr as _, NicQp as _, Sge, WcStatus, WorkRequest, WrOp,
+};
 use crate::plan::{AppOp, Strategy};
-use crate::target::{apply_atomic, validate, wc_status, LocalRegion};
+use crate::target::{validate, wc_status, LocalRegion};
 use crate::trace::{mark, Step};
+
+/// A granted target range: the MR and its checked, pinned region.
+type Granted<'a, N> = (Arc<MrEntry<N>>, LocalRegion<'a, super::views::Views<N>>);
 
 /// Target side of a two-sided READ/WRITE ([`Repr::Fault`]): validate, pin
 /// and map in, then the reverse operation through a temporary MR (or, in
 /// retry mode, Receiver-Ready).
-fn serve_fault(
-    sh: &Shared,
-    qp: &mut QpState,
+fn serve_fault<N: Backend>(
+    sh: &Shared<N>,
+    qp: &mut QpState<N>,
     qi: usize,
     f: &FaultRequest,
     need: Access,
-    r: Option<(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+    r: Option<Granted<'_, N>>,
 ) {
     let res = grant(
         sh,
@@ -78,15 +83,16 @@ fn serve_fault(
         return;
     }
     let opc = if f.kind == FaultKind::Read {
-        rnic_opcode(WrOp::Write)
+        WrOp::Write
     } else {
-        rnic_opcode(WrOp::Read)
+        WrOp::Read
     };
     let Ok(tmr) = temp_mr(
-        &sh.pd,
+        &sh.nic,
+        &sh.cache,
         f.remote_addr,
         f.len as u64,
-        rnic::Access::LOCAL_WRITE,
+        Access::LOCAL_WRITE,
     ) else {
         return reply(qp, sh, f.req_id, Status::NoResources, 0);
     };
@@ -100,19 +106,19 @@ fn serve_fault(
     }) else {
         return reply(qp, sh, f.req_id, Status::NoResources, 0);
     };
-    let sge = [rnic::Sge {
+    let sge = [Sge {
         addr: f.remote_addr,
         length: f.len,
         lkey,
     }];
-    let wr = rnic::SendWr::new(
+    let wr = WorkRequest::new(
         WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
         opc,
         &sge,
     )
     .remote(f.local_addr, f.local_key);
     if let Err(e) = qp.data.post_send(&[wr]) {
-        tracing::warn!(error = %e.err, "reverse operation not posted");
+        tracing::warn!(error = %e.source, "reverse operation not posted");
         drop(qp.treqs.take(tid));
         reply(qp, sh, f.req_id, Status::RemoteOp, 0);
     }
@@ -122,19 +128,16 @@ fn serve_fault(
 /// WRITE from the zero source (made on first use), nothing pinned or faulted
 /// in. `false` if it could not be posted (the caller serves it the ordinary
 /// way).
-fn answer_zero_read(
-    sh: &Shared,
-    qp: &mut QpState,
-    zero: &mut Option<rnic::OwnedMr>,
+fn answer_zero_read<N: Backend>(
+    sh: &Shared<N>,
+    qp: &mut QpState<N>,
+    zero: &mut Option<N::Buf>,
     qi: usize,
     f: &FaultRequest,
-    m: Arc<MrEntry>,
+    m: Arc<MrEntry<N>>,
 ) -> bool {
     if zero.is_none() {
-        match sh
-            .pd
-            .reg_mr_owned(vec![0; ZERO_BUF], rnic::Access::LOCAL_WRITE)
-        {
+        match sh.nic.alloc_buf(ZERO_BUF, Access::LOCAL_WRITE) {
             Ok(z) => *zero = Some(z),
             Err(e) => {
                 tracing::warn!(error = %e, "zero source not registered");
@@ -158,12 +161,12 @@ fn answer_zero_read(
     if nwr > 8 {
         return false;
     }
-    let mut sges: Vec<[rnic::Sge; ZERO_SGES]> = Vec::with_capacity(nwr as usize);
+    let mut sges: Vec<[Sge; ZERO_SGES]> = Vec::with_capacity(nwr as usize);
     let mut lens = Vec::with_capacity(nwr as usize);
     for w in 0..nwr {
         let len = (total - w * per_wr).min(per_wr);
-        let mut a = [rnic::Sge {
-            addr: z.addr() as u64,
+        let mut a = [Sge {
+            addr: z.addr(),
             length: 0,
             lkey: z.lkey(),
         }; ZERO_SGES];
@@ -174,35 +177,32 @@ fn answer_zero_read(
         sges.push(a);
         lens.push(n);
     }
-    let wrs: Vec<rnic::SendWr> = sges
+    let wrs: Vec<WorkRequest<'_>> = sges
         .iter()
         .zip(&lens)
         .enumerate()
         .map(|(w, (sg, &n))| {
             let last = w as u64 == nwr - 1;
-            let mut wr = rnic::SendWr::new(
+            WorkRequest::new(
                 WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
-                rnic_opcode(WrOp::Write),
+                WrOp::Write,
                 &sg[..n],
             )
-            .remote(f.local_addr + w as u64 * per_wr, f.local_key);
-            if !last {
-                wr.flags.remove(rnic::SendFlags::SIGNALED);
-            }
-            wr
+            .remote(f.local_addr + w as u64 * per_wr, f.local_key)
+            .signaled(last)
         })
         .collect();
     match qp.data.post_send(&wrs) {
         Ok(()) => true,
-        Err(e) if e.bad_wr_index == 0 => {
-            tracing::debug!(error = %e.err, "zero answer not posted");
+        Err(e) if e.bad_index == 0 => {
+            tracing::debug!(error = %e.source, "zero answer not posted");
             drop(qp.treqs.take(tid));
             false
         }
         Err(e) => {
             // Part of it is out without its signaled last WR: the QP fails
             // like on a NIC error.
-            tracing::error!(error = %e.err, "zero answer partly posted");
+            tracing::error!(error = %e.source, "zero answer partly posted");
             drop(qp.treqs.take(tid));
             reply(qp, sh, f.req_id, Status::RemoteOp, 0);
             true
@@ -213,15 +213,15 @@ fn answer_zero_read(
 /// Target side: validate like the NIC would — the QP's access flags first
 /// (`qp_access`: REM_INV_REQ, as rxe/mlx5 and the pinned NIC), then key,
 /// bounds and the MR's rights — then pin and map in.
-fn grant(
-    sh: &Shared,
+fn grant<N: Backend>(
+    sh: &Shared<N>,
     qp_access: Access,
-    r: Option<&(Arc<MrEntry>, LocalRegion<'_, RnicIommu>)>,
+    r: Option<&Granted<'_, N>>,
     addr: u64,
     len: u64,
     need: Access,
     atomic: bool,
-) -> Result<Option<EnginePin>, Status> {
+) -> Result<Option<EnginePin<N>>, Status> {
     if !qp_access.contains(need) {
         return Err(Status::RemoteInvalid);
     }
@@ -231,16 +231,14 @@ fn grant(
     if len == 0 {
         return Ok(None);
     }
-    engine_pin(&sh.mm, m, addr, len)
-        .map(Some)
-        .map_err(|()| Status::NoResources)
+    pin_for_peer(&sh.mm, m, addr, len).map(Some)
 }
 
-fn region<'a>(
-    mrs: &'a IdMap<Arc<MrEntry>>,
+fn region<'a, N: Backend>(
+    mrs: &'a IdMap<Arc<MrEntry<N>>>,
     pd: u32,
     rkey: u32,
-) -> Option<(Arc<MrEntry>, LocalRegion<'a, RnicIommu>)> {
+) -> Option<Granted<'a, N>> {
     let m = mrs.get(&rkey).filter(|m| m.pd == pd)?;
     Some((
         m.clone(),
@@ -258,7 +256,13 @@ fn answered(s: Status) -> WcStatus {
 
 /// The one answer of a served request or delivered SEND: a
 /// [`Repr::Completion`] for the initiator's request `req_id`.
-pub(super) fn reply(qp: &mut QpState, sh: &Shared, req_id: u32, status: Status, byte_len: u32) {
+pub(super) fn reply<N: Backend>(
+    qp: &mut QpState<N>,
+    sh: &Shared<N>,
+    req_id: u32,
+    status: Status,
+    byte_len: u32,
+) {
     qp.send_ctrl(
         &sh.cfg.ctrl,
         &Repr::Completion {
@@ -270,7 +274,7 @@ pub(super) fn reply(qp: &mut QpState, sh: &Shared, req_id: u32, status: Status, 
 }
 
 /// Dispatch one control message from QP `qi`'s peer to its handler.
-pub(super) fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
+pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Repr<'_>) {
     match msg {
         Repr::KeyQuery { req_id, .. } => on_key_query(sh, st, qi, req_id),
         Repr::KeySync { .. } | Repr::KeyRevoke { .. } => on_key_update(st, qi, &msg),
@@ -318,7 +322,7 @@ pub(super) fn handle_msg(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) 
 
 /// [`Repr::KeyQuery`]: the peer syncs our key table (from now on it is
 /// told about new MRs and revocations).
-fn on_key_query(sh: &Shared, st: &mut State, qi: usize, req_id: u32) {
+fn on_key_query<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, req_id: u32) {
     let Some(At { qp, keys, .. }) = st.at(qi) else {
         return;
     };
@@ -331,7 +335,7 @@ fn on_key_query(sh: &Shared, st: &mut State, qi: usize, req_id: u32) {
 
 /// [`Repr::KeySync`] / [`Repr::KeyRevoke`]: the peer's key table changed;
 /// the last message answering a query retries the ops waiting for keys.
-fn on_key_update(st: &mut State, qi: usize, msg: &Repr<'_>) {
+fn on_key_update<N: Backend>(st: &mut State<N>, qi: usize, msg: &Repr<'_>) {
     let Some(At { qp, ready, .. }) = st.at(qi) else {
         return;
     };
@@ -363,7 +367,7 @@ fn on_key_update(st: &mut State, qi: usize, msg: &Repr<'_>) {
 
 /// [`Repr::Fault`]: a two-sided READ/WRITE through a temporary MR (a READ
 /// of never-populated memory from the zero source).
-fn on_fault(sh: &Shared, st: &mut State, qi: usize, f: &FaultRequest) {
+fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultRequest) {
     let Some(At {
         qp,
         mrs,
@@ -411,9 +415,9 @@ fn on_fault(sh: &Shared, st: &mut State, qi: usize, f: &FaultRequest) {
 }
 
 /// [`Repr::ReadInline`]: a small READ answered with its data.
-fn on_read_inline(
-    sh: &Shared,
-    st: &mut State,
+fn on_read_inline<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     req_id: u32,
     remote_addr: u64,
@@ -471,8 +475,8 @@ fn on_read_inline(
                     // still unmapped): the CPU copies it now; were
                     // it evicted meanwhile, the copy faults it back
                     // in through the pager (slow, still exact).
-                    mem::read_into(remote_addr, &mut data[..n]);
-                    true
+                    // (Unmapped meanwhile: answered by the checked path below.)
+                    mem::read_into(remote_addr, &mut data[..n]).is_ok()
                 });
         if known {
             mark(Step::TValidated);
@@ -514,7 +518,10 @@ fn on_read_inline(
         Ok(g) => {
             let d = mem::copy_out(remote_addr, len as usize, &mut stack);
             drop(g);
-            (Status::Ok, d)
+            match d {
+                Ok(d) => (Status::Ok, d),
+                Err(_) => (Status::RemoteAccess, Cow::Borrowed(&[][..])),
+            }
         }
         Err(s) => (s, Cow::Borrowed(&[][..])),
     };
@@ -531,9 +538,9 @@ fn on_read_inline(
 }
 
 /// [`Repr::WriteInline`]: a small WRITE carrying its data.
-fn on_write_inline(
-    sh: &Shared,
-    st: &mut State,
+fn on_write_inline<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     req_id: u32,
     remote_addr: u64,
@@ -556,9 +563,12 @@ fn on_write_inline(
     );
     let status = match res {
         Ok(g) => {
-            mem::write(remote_addr, data);
+            let written = mem::write(remote_addr, data);
             drop(g);
-            Status::Ok
+            match written {
+                Ok(()) => Status::Ok,
+                Err(_) => Status::RemoteAccess,
+            }
         }
         Err(s) => s,
     };
@@ -566,7 +576,7 @@ fn on_write_inline(
 }
 
 /// [`Repr::Atomic`]: a compare-and-swap or fetch-and-add, done by this CPU.
-fn on_atomic(sh: &Shared, st: &mut State, qi: usize, a: &AtomicRequest) {
+fn on_atomic<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, a: &AtomicRequest) {
     let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
         return;
     };
@@ -582,12 +592,12 @@ fn on_atomic(sh: &Shared, st: &mut State, qi: usize, a: &AtomicRequest) {
         true,
     );
     let (status, original) = match res {
-        Ok(g) => match mem::atomic_at(a.remote_addr) {
-            Some(w) => {
-                let v = apply_atomic(a.kind, a.compare_add, a.swap, w);
+        Ok(g) => match mem::atomic(a.remote_addr, a.kind, a.compare_add, a.swap) {
+            Some(Ok(v)) => {
                 drop(g);
                 (Status::Ok, v)
             }
+            Some(Err(_)) => (Status::RemoteAccess, 0),
             None => (Status::RemoteInvalid, 0),
         },
         Err(s) => (s, 0),
@@ -604,7 +614,7 @@ fn on_atomic(sh: &Shared, st: &mut State, qi: usize, a: &AtomicRequest) {
 
 /// [`Repr::SendInline`], [`Repr::SendRendezvous`],
 /// [`Repr::WriteImmNotify`]: queued for the posted RECVs.
-fn on_inbound(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
+fn on_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Repr<'_>) {
     let Some(qp) = st.qp(qi) else {
         return;
     };
@@ -614,9 +624,9 @@ fn on_inbound(sh: &Shared, st: &mut State, qi: usize, msg: Repr<'_>) {
 
 /// [`Repr::Completion`]: the peer's answer to our two-sided READ/WRITE/SEND
 /// or WRITE_WITH_IMM notice.
-fn on_completion(
-    sh: &Shared,
-    st: &mut State,
+fn on_completion<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     req_id: u32,
     status: Status,
@@ -646,9 +656,9 @@ fn on_completion(
 }
 
 /// [`Repr::ReadInlineResp`]: the data of our inline READ.
-fn on_read_inline_resp(
-    sh: &Shared,
-    st: &mut State,
+fn on_read_inline_resp<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     req_id: u32,
     status: Status,
@@ -672,8 +682,8 @@ fn on_read_inline_resp(
         s = WcStatus::LocProtErr;
     } else if status == Status::Ok {
         if data.len() as u64 == op.len {
-            if !dead {
-                mem::write(op.laddr, data);
+            if !dead && mem::write(op.laddr, data).is_err() {
+                s = WcStatus::LocProtErr;
             }
         } else {
             s = answered(Status::RemoteInvalid);
@@ -684,9 +694,9 @@ fn on_read_inline_resp(
 }
 
 /// [`Repr::AtomicResp`]: the original value of our atomic.
-fn on_atomic_resp(
-    sh: &Shared,
-    st: &mut State,
+fn on_atomic_resp<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
     qi: usize,
     req_id: u32,
     status: Status,
@@ -699,16 +709,17 @@ fn on_atomic_resp(
         return;
     }
     let mut s = answered(status);
-    if local_fenced(&sh.mm, op) {
+    // Deregistered meanwhile, or unmapped under the write: not ours to write.
+    if local_fenced(&sh.mm, op)
+        || (status == Status::Ok && mem::write(op.laddr, &original.to_le_bytes()).is_err())
+    {
         s = WcStatus::LocProtErr;
-    } else if status == Status::Ok {
-        mem::write(op.laddr, &original.to_le_bytes());
     }
     finish(st, qi, req_id, s, 8);
 }
 
 /// [`Repr::Release`]: the initiator's retry-mode retry is done; unpin.
-fn on_release(st: &mut State, qi: usize, req_id: u32) {
+fn on_release<N: Backend>(st: &mut State<N>, qi: usize, req_id: u32) {
     let Some(qp) = st.qp(qi) else {
         return;
     };
@@ -724,7 +735,13 @@ fn on_release(st: &mut State, qi: usize, req_id: u32) {
 
 /// [`Repr::ReceiverReady`] (retry mode): the target pinned and mapped the
 /// pages; retry one-sided with page versions.
-fn on_receiver_ready(sh: &Shared, st: &mut State, qi: usize, req_id: u32, status: Status) {
+fn on_receiver_ready<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    req_id: u32,
+    status: Status,
+) {
     let Some(At { qp, stats, .. }) = st.at(qi) else {
         return;
     };
@@ -758,7 +775,7 @@ fn on_receiver_ready(sh: &Shared, st: &mut State, qi: usize, req_id: u32, status
 }
 
 /// Match inbound messages (SEND, WRITE_WITH_IMM notices) with posted RECVs.
-pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
+pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize) {
     let Some(At { qp, mrs, .. }) = st.at(qi) else {
         return;
     };
@@ -797,8 +814,12 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     cqe.status = WcStatus::LocLenErr.code();
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::RemoteInvalid, 0);
+                } else if mem::write(raddr, &data).is_err() {
+                    // The receive buffer was unmapped under the delivery.
+                    cqe.status = WcStatus::LocProtErr.code();
+                    qp.recv_cq.push(cqe);
+                    reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else {
-                    mem::write(raddr, &data);
                     cqe.byte_len = data.len() as u32;
                     qp.recv_cq.push(cqe);
                     reply(qp, sh, req_id, Status::Ok, data.len() as u32);
@@ -838,7 +859,8 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     continue;
                 }
                 let pinned = engine_pin(&sh.mm, &m, raddr, len as u64).and_then(|p| {
-                    temp_mr(&sh.pd, raddr, len as u64, rnic::Access::LOCAL_WRITE).map(|t| (p, t))
+                    temp_mr(&sh.nic, &sh.cache, raddr, len as u64, Access::LOCAL_WRITE)
+                        .map(|t| (p, t))
                 });
                 let Ok((pin, tmr)) = pinned else {
                     cqe.status = WcStatus::LocProtErr.code();
@@ -863,19 +885,19 @@ pub(super) fn deliver_inbound(sh: &Shared, st: &mut State, qi: usize) {
                     reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
                 };
-                let sge = [rnic::Sge {
+                let sge = [Sge {
                     addr: raddr,
                     length: len,
                     lkey,
                 }];
-                let wr = rnic::SendWr::new(
+                let wr = WorkRequest::new(
                     WrTag::new(qi, qp.gen, WrKind::Rev, 0, tid).wr_id(),
-                    rnic_opcode(WrOp::Read),
+                    WrOp::Read,
                     &sge,
                 )
                 .remote(addr, key);
                 if let Err(e) = qp.data.post_send(&[wr]) {
-                    tracing::warn!(error = %e.err, "rendezvous READ not posted");
+                    tracing::warn!(error = %e.source, "rendezvous READ not posted");
                     drop(qp.treqs.take(tid));
                     cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);

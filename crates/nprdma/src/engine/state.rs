@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::backend::Backend;
 use super::dev::Dev;
 use super::idhash::IdMap;
 use super::mr::MrEntry;
@@ -18,26 +19,27 @@ use super::qp::QpState;
 use super::types::{Stats, PS};
 use super::ucq::Direct;
 use crate::keymap::KeyTable;
+use crate::nic::Completion;
 use crate::ordering::Ticket;
 
 /// A context's device and its engine state (behind the one lock).
-pub(crate) struct Shared {
-    pub dev: Dev,
-    pub st: Mutex<State>,
+pub(crate) struct Shared<N: Backend> {
+    pub dev: Dev<N>,
+    pub st: Mutex<State<N>>,
     pub stop: AtomicBool,
     /// Bumped by every application CQ poll (the polling thread steps aside
     /// while it moves).
     pub app_polls: AtomicU64,
 }
 
-impl std::ops::Deref for Shared {
-    type Target = Dev;
-    fn deref(&self) -> &Dev {
+impl<N: Backend> std::ops::Deref for Shared<N> {
+    type Target = Dev<N>;
+    fn deref(&self) -> &Dev<N> {
         &self.dev
     }
 }
 
-impl Shared {
+impl<N: Backend> Shared<N> {
     /// An application thread is polling: the polling thread stays asleep
     /// for a while (the application progresses inline).
     pub fn mark_app_active(&self) {
@@ -49,10 +51,10 @@ impl Shared {
     }
 }
 
-pub(crate) struct State {
-    pub(super) qps: Vec<Option<QpState>>,
+pub(crate) struct State<N: Backend> {
+    pub(super) qps: Vec<Option<QpState<N>>>,
     pub(super) gens: Vec<u8>,
-    pub mrs: IdMap<Arc<MrEntry>>,
+    pub mrs: IdMap<Arc<MrEntry<N>>>,
     pub keys: KeyTable,
     pub(super) ready: VecDeque<(usize, u32)>,
     pub next_pd: u32,
@@ -61,7 +63,7 @@ pub(crate) struct State {
     pub(super) last_sweep: Instant,
     pub(super) progress_calls: u32,
     /// The NIC completion buffer of `progress::progress` (allocated once).
-    pub(super) wcs: Vec<rnic::Wc>,
+    pub(super) wcs: Vec<Completion>,
     pub(super) flush_qps: Vec<usize>,
     pub(super) cq_failed: bool,
     /// Ops the ordering table releases on a completion (reused buffer).
@@ -73,14 +75,14 @@ pub(crate) struct State {
     /// Pins + map-ins owed after an answer-first inline READ (target side):
     /// done when a progress pass finds no new NIC completion, so a request
     /// that is already waiting is served first.
-    pub(super) post_answer: VecDeque<(Arc<MrEntry>, u64, u64)>,
+    pub(super) post_answer: VecDeque<(Arc<MrEntry<N>>, u64, u64)>,
     /// `ZERO_BUF` zero bytes registered for the NIC: the source of reverse
     /// WRITEs answering READs of never-populated memory (made on first use).
-    pub(super) zero: Option<rnic::OwnedMr>,
+    pub(super) zero: Option<N::Buf>,
 }
 
-impl State {
-    pub fn new() -> State {
+impl<N: Backend> State<N> {
+    pub fn new() -> State<N> {
         State {
             qps: Vec::new(),
             gens: Vec::new(),
@@ -92,7 +94,7 @@ impl State {
             next_req: 1,
             last_sweep: Instant::now(),
             progress_calls: 0,
-            wcs: vec![rnic::Wc::default(); 64],
+            wcs: vec![Completion::default(); 64],
             flush_qps: Vec::new(),
             cq_failed: false,
             released: Vec::new(),
@@ -102,7 +104,7 @@ impl State {
         }
     }
 
-    pub fn insert_qp(&mut self, q: QpState) -> (usize, u8) {
+    pub fn insert_qp(&mut self, q: QpState<N>) -> (usize, u8) {
         let i = match self.qps.iter().position(|q| q.is_none()) {
             Some(i) => i,
             None => {
@@ -121,7 +123,7 @@ impl State {
 
     /// QP `i` if it is still the one of generation `gen` (the application's
     /// handle; a destroyed QP's slot may hold a new one).
-    pub fn qp_mut(&mut self, i: usize, gen: u8) -> Option<&mut QpState> {
+    pub fn qp_mut(&mut self, i: usize, gen: u8) -> Option<&mut QpState<N>> {
         if self.gens.get(i) != Some(&gen) {
             return None;
         }
@@ -131,19 +133,19 @@ impl State {
     /// QP `qi` (the engine's own index: NIC completions and queued work of
     /// a destroyed QP were dropped with it, or fail the generation check).
     #[inline]
-    pub(super) fn qp(&mut self, qi: usize) -> Option<&mut QpState> {
+    pub(super) fn qp(&mut self, qi: usize) -> Option<&mut QpState<N>> {
         self.qps.get_mut(qi).and_then(|q| q.as_mut())
     }
 
     /// Operation `id` of QP `qi`.
     #[inline]
-    pub(super) fn op_mut(&mut self, qi: usize, id: u32) -> Option<&mut Op> {
+    pub(super) fn op_mut(&mut self, qi: usize, id: u32) -> Option<&mut Op<N>> {
         self.qp(qi)?.ops.get_mut(id)
     }
 
     /// QP `qi` with the rest of the state beside it ([`At`]).
     #[inline]
-    pub(super) fn at(&mut self, qi: usize) -> Option<At<'_>> {
+    pub(super) fn at(&mut self, qi: usize) -> Option<At<'_, N>> {
         let State {
             qps,
             mrs,
@@ -173,7 +175,7 @@ impl State {
 
     /// [`State::at`] for the application's handle of generation `gen`.
     #[inline]
-    pub(super) fn at_gen(&mut self, qi: usize, gen: u8) -> Option<At<'_>> {
+    pub(super) fn at_gen(&mut self, qi: usize, gen: u8) -> Option<At<'_, N>> {
         if self.gens.get(qi) != Some(&gen) {
             return None;
         }
@@ -184,15 +186,15 @@ impl State {
 /// QP `qi` and the parts of the state its handlers use beside it, borrowed
 /// apart ([`State::at`]): the one opening of every handler that needs more
 /// than the QP.
-pub(super) struct At<'a> {
-    pub qp: &'a mut QpState,
-    pub mrs: &'a IdMap<Arc<MrEntry>>,
+pub(super) struct At<'a, N: Backend> {
+    pub qp: &'a mut QpState<N>,
+    pub mrs: &'a IdMap<Arc<MrEntry<N>>>,
     pub keys: &'a KeyTable,
     pub stats: &'a mut Stats,
     pub ready: &'a mut VecDeque<(usize, u32)>,
     pub released: &'a mut Vec<(Ticket, u32)>,
     pub next_req: &'a mut u32,
     pub direct: &'a mut Direct,
-    pub post_answer: &'a mut VecDeque<(Arc<MrEntry>, u64, u64)>,
-    pub zero: &'a mut Option<rnic::OwnedMr>,
+    pub post_answer: &'a mut VecDeque<(Arc<MrEntry<N>>, u64, u64)>,
+    pub zero: &'a mut Option<N::Buf>,
 }

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::backend::Backend;
 use super::dev::inline_max;
 use super::op::{local_fenced, Op, Retry, Stage};
 use super::pin::{engine_pin, temp_mr, EnginePin, Hold};
@@ -13,13 +14,13 @@ use super::state::{Shared, State};
 
 use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, Repr};
 use crate::mem;
-use crate::nic::WcStatus;
+use crate::nic::{Access, NicMr as _, WcStatus};
 use crate::plan::AppOp;
 use crate::trace::{mark, Step};
 
 /// Operation `id` (a WRITE_WITH_IMM whose data is written) tells the peer:
 /// its RECV completes with the immediate.
-pub(super) fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+pub(super) fn start_notify<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let AppOp::WriteImm(imm) = op.wr.op else {
@@ -40,7 +41,10 @@ pub(super) fn start_notify(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 }
 
 /// Pin the local buffer and map it into the NIC views.
-pub(super) fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
+pub(super) fn pin_local<N: Backend>(
+    sh: &Shared<N>,
+    op: &Op<N>,
+) -> Result<Option<EnginePin<N>>, ()> {
     match &op.lmr {
         Some(m) if op.len > 0 => engine_pin(&sh.mm, m, op.laddr, op.len).map(Some),
         _ => Ok(None),
@@ -49,7 +53,7 @@ pub(super) fn pin_local(sh: &Shared, op: &Op) -> Result<Option<EnginePin>, ()> {
 
 /// Send operation `id` of QP `qi` two-sided: one control message carrying
 /// it (with the local pin and temporary MR it needs held by the op).
-pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
+pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     mark(Step::ICheckFail);
     st.stats.two_sided += 1;
     let Some(qp) = st.qp(qi) else { return };
@@ -88,11 +92,11 @@ pub(super) fn go_two_sided(sh: &Shared, st: &mut State, qi: usize, id: u32) {
 
 /// The request of a two-sided READ/WRITE: inline, or a fault request with
 /// the local range pinned and opened to the peer's reverse operation.
-fn rw_request<'s>(
-    sh: &Shared,
-    op: &mut Op,
+fn rw_request<'s, N: Backend>(
+    sh: &Shared<N>,
+    op: &mut Op<N>,
     id: u32,
-    hold: &mut Hold,
+    hold: &mut Hold<N>,
     stack: &'s mut [u8; mem::STACK_COPY],
 ) -> Result<Repr<'s>, ()> {
     let inline_max = inline_max(sh);
@@ -120,16 +124,16 @@ fn rw_request<'s>(
                 req_id: id,
                 remote_addr: raddr,
                 rkey,
-                data: mem::copy_out(laddr, len as usize, stack),
+                data: mem::copy_out(laddr, len as usize, stack).map_err(|_| ())?,
             }
         });
     }
     let acc = if read {
-        rnic::Access::LOCAL_WRITE | rnic::Access::REMOTE_WRITE
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE
     } else {
-        rnic::Access::REMOTE_READ
+        Access::REMOTE_READ
     };
-    let mr = temp_mr(&sh.pd, laddr, len, acc)?;
+    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, acc)?;
     let key = mr.rkey();
     hold.mr = Some(mr);
     let retry_mode = sh.cfg.retry_mode && op.retry == Retry::NotTried;
@@ -154,8 +158,8 @@ fn rw_request<'s>(
 }
 
 /// The request of an atomic (always two-sided: done by the target's CPU).
-fn atomic_request(
-    op: &Op,
+fn atomic_request<N: Backend>(
+    op: &Op<N>,
     id: u32,
     kind: AtomicKind,
     compare_add: u64,
@@ -173,11 +177,11 @@ fn atomic_request(
 
 /// The request of a SEND: inline, or a rendezvous the target completes by
 /// READing the pinned local buffer.
-fn send_request<'s>(
-    sh: &Shared,
-    op: &mut Op,
+fn send_request<'s, N: Backend>(
+    sh: &Shared<N>,
+    op: &mut Op<N>,
     id: u32,
-    hold: &mut Hold,
+    hold: &mut Hold<N>,
     stack: &'s mut [u8; mem::STACK_COPY],
 ) -> Result<Repr<'s>, ()> {
     let (laddr, len) = (op.laddr, op.len);
@@ -190,11 +194,11 @@ fn send_request<'s>(
             req_id: id,
             imm,
             solicited: false,
-            data: mem::copy_out(laddr, len as usize, stack),
+            data: mem::copy_out(laddr, len as usize, stack).map_err(|_| ())?,
         });
     }
     hold.pin = pin_local(sh, op)?;
-    let mr = temp_mr(&sh.pd, laddr, len, rnic::Access::REMOTE_READ)?;
+    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, Access::REMOTE_READ)?;
     let key = mr.rkey();
     hold.mr = Some(mr);
     Ok(Repr::SendRendezvous {

@@ -15,7 +15,9 @@ pub(super) const PS: u64 = vmem::PAGE_SIZE as u64;
 /// Engine errors (post-time and setup); execution errors are completions.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The NIC refused a setup step (resources, connection).
+    /// The NIC refused a setup step (resources, connection). The payload is
+    /// the software RNIC's error (the default backend, and what the verbs
+    /// shim reports); another backend's errors become [`Error::Other`].
     #[error("NIC: {0}")]
     Nic(#[from] rnic::Error),
     /// The pager refused (registration of the MR's range).
@@ -68,6 +70,22 @@ pub struct Config {
     /// A two-sided request unanswered this long completes with
     /// RETRY_EXC_ERR (the peer destroyed its QP or died).
     pub two_sided_timeout: Duration,
+    /// User-space mode's registration cache: bytes of temporary MRs kept
+    /// registered after their operation (LRU; 0: off, every two-sided
+    /// operation registers and deregisters). Kernel-module mode does not
+    /// cache. The trade-off: while cached, an MR (and its rkey, which the
+    /// peer has seen) stays open over those resident pages — whole pages,
+    /// rounded out from the operation's range — until evicted from the
+    /// cache, swapped out, unmapped or deregistered.
+    pub reg_cache_bytes: u64,
+    /// Carry each QP's control channel on its data QP (whose receive queue
+    /// the engine does not otherwise use) instead of a second NIC QP: the
+    /// command-ring RECVs are posted on the data QP and the control SENDs
+    /// share its send queue. The peer then needs only the data QP's number
+    /// — what an unmodified verbs program exchanges — and must run the same
+    /// way ([`Endpoint::ctrl_qpn`] equal to [`Endpoint::qpn`] says so).
+    /// Used by the verbs shim over a device that numbers its QPs itself.
+    pub ctrl_on_data_qp: bool,
 }
 
 impl Default for Config {
@@ -84,6 +102,8 @@ impl Default for Config {
             retry_mode: false,
             nic_cq_depth: 32768,
             two_sided_timeout: Duration::from_secs(5),
+            reg_cache_bytes: 64 << 20,
+            ctrl_on_data_qp: false,
         }
     }
 }
@@ -160,19 +180,33 @@ pub struct Stats {
     /// Large READs whose version probe found a page out: they went
     /// two-sided without copying signature frames first.
     pub probed_out: u64,
+    /// Temporary MRs found in the registration cache (user-space mode).
+    pub reg_cache_hits: u64,
+    /// Temporary MRs registered (each a registration call).
+    pub reg_cache_misses: u64,
+    /// Cached MRs dropped because their pages were evicted, unmapped or
+    /// deregistered.
+    pub reg_cache_invalidations: u64,
 }
 
 /// Where a peer QP lives (exchange it out of band, like a GID + QPN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
-    /// The peer host's address (`rnic::HostAddr` bytes).
+    /// The peer host's address (the NIC's [`crate::nic::PeerAddr`] bytes).
     pub addr: [u8; 16],
     /// The peer's application QP number ([`crate::Qp::qpn`]).
     pub qpn: u32,
+    /// The peer's control QP number; 0: derived from `qpn` (the software
+    /// NIC's pairing, what the 20-byte form carries). A device that numbers
+    /// its QPs itself (user-space mode over libibverbs) needs it said.
+    /// Equal to `qpn`: the peer carries its control channel on its data QP
+    /// ([`Config::ctrl_on_data_qp`]).
+    pub ctrl_qpn: u32,
 }
 
 impl Endpoint {
-    /// 20 bytes: host address + QPN (little endian).
+    /// 20 bytes: host address + QPN (little endian); `ctrl_qpn` is not
+    /// carried (it must be 0: derived).
     pub fn to_bytes(&self) -> [u8; 20] {
         let mut b = [0u8; 20];
         b[..16].copy_from_slice(&self.addr);
@@ -186,6 +220,7 @@ impl Endpoint {
         Endpoint {
             addr,
             qpn: u32::from_le_bytes([b[16], b[17], b[18], b[19]]),
+            ctrl_qpn: 0,
         }
     }
 }

@@ -63,6 +63,7 @@ pub(super) struct Direct {
 
 impl Direct {
     /// Take nothing (completions go through the queues).
+    #[inline]
     pub(super) fn stop(&mut self) {
         self.cq = 0;
     }
@@ -76,6 +77,7 @@ impl Direct {
     /// Take `c` for the polling thread if it is for its CQ, there is room,
     /// and the CQ's queue is empty (nothing older is waiting there) and not
     /// armed (a notification is due then: the queue path signals it).
+    #[inline]
     pub(super) fn offer(&mut self, cq: &Arc<UCq>, c: Completion) -> bool {
         if self.cq == 0
             || self.cq != Arc::as_ptr(cq) as usize
@@ -89,6 +91,7 @@ impl Direct {
     }
 
     /// Copy the taken completions to `out` and stop taking.
+    #[inline]
     pub(super) fn end(&mut self, out: &mut [Completion]) -> usize {
         self.cq = 0;
         let n = self.buf.len().min(out.len());

@@ -85,4 +85,8 @@ fn the_fake_nic_keeps_the_verbs_contract() {
     assert!(!a.caps().iommu && a.iommu().is_none());
     assert_ne!(a.addr(), b.addr());
     crate::testutil::verbs_contract(&a, &b);
+    crate::testutil::buffers_and_access_contract(&a, &b);
+    let (a, b) = crate::testutil::FakeNic::pair_with_iommu();
+    assert!(a.caps().iommu && a.iommu().is_some());
+    crate::testutil::iommu_contract(&a, &b);
 }

@@ -156,6 +156,61 @@ fn map_in_remaps_before_bumping_version() {
     ));
 }
 
+/// The pager's `clear_young` question: a page DMA reached through either
+/// view is young once, then not until reached again; pages outside the
+/// region are left as they are.
+#[test]
+fn young_pages_come_from_either_views_accessed_bits() {
+    let (io, s) = setup(0x50_0000, 4 * PS, &[true; 4]);
+    io.touch(s.read_range(), 1);
+    io.touch(s.write_range(), 2);
+    io.touch(s.read_range(), 3);
+    io.touch(s.write_range(), 3);
+    let l: &dyn SwapListener = &s;
+    let pages: Vec<u64> = (0..5).map(|i| 0x50_0000 + i * PS).collect();
+    let mut young = [false, false, false, false, true];
+    l.test_and_clear_young(&pages, &mut young);
+    assert_eq!(young, [false, true, true, true, true], "ORed in");
+    let mut young = [false; 5];
+    l.test_and_clear_young(&pages, &mut young);
+    assert_eq!(young, [false; 5], "asking cleared both views' bits");
+}
+
+/// The eager swap-in notice maps the pages in at once (resident for the NIC
+/// model, real frame, then odd version), and does nothing for an MR part of
+/// whose memory was unmapped.
+#[test]
+fn eager_swap_in_notice_maps_pages_in() {
+    let (io, s) = setup(0x60_0000, 3 * PS, &[true; 3]);
+    let l: &dyn SwapListener = &s;
+    l.before_swap_out(&[0x60_0000, 0x60_1000, 0x60_2000]);
+    io.take_log();
+    l.after_swap_in(&[0x60_1000, 0x60_2000, 0x70_0000]);
+    let log = io.take_log();
+    assert_eq!(
+        log.first(),
+        Some(&Ev::Resident {
+            addr: 0x60_1000,
+            resident: true
+        }),
+        "resident for the NIC model before the NIC may reach it"
+    );
+    for e in &log {
+        if let Ev::Map { frame, version, .. } = e {
+            assert!(matches!(frame, Frame::Ram(_)));
+            assert_eq!(version.map(|v| v % 2), Some(0), "remap before the bump");
+        }
+    }
+    assert_eq!(
+        (0..3).map(|i| s.versions().get(i)).collect::<Vec<_>>(),
+        [Some(2), Some(3), Some(3)]
+    );
+    consistent(&io, &s).unwrap();
+    l.after_unmap(0x60_0000, 0x60_1000);
+    l.after_swap_in(&[0x60_0000]);
+    assert_eq!(s.versions().get(0), Some(2), "not after an unmap");
+}
+
 #[test]
 fn listener_and_drop_release_ranges() {
     let io;

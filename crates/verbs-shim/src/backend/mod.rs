@@ -1,15 +1,19 @@
 //! The internal verbs interface the C ABI layer talks to, and the selection of the
-//! implementation behind it (`NPRDMA_MODE`). One device per process, created lazily.
+//! implementation behind it (`NPRDMA_MODE`, `NPRDMA_DEVICE`). One device per process,
+//! created lazily.
 //!
 //! The vocabulary (work requests, completions, QP attributes, access flags) is rnic's
 //! verbs value types, which are numerically libibverbs'. A backend implements the
 //! object traits below; `pinned` is standard RDMA on the software RNIC, `np` is NP-RDMA
-//! (crate `nprdma`, configured by `np_env`).
+//! (crate `nprdma`, configured by `np_env`) over the software RNIC or, with
+//! `NPRDMA_DEVICE=verbs`, over the next libibverbs (`np_verbs`).
 
 mod np;
 pub mod np_env;
 mod np_sgl;
+mod np_verbs;
 mod pinned;
+pub use pinned::pinned_pages;
 
 use crate::error::ShimError;
 use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, Wc};
@@ -82,7 +86,8 @@ pub trait Cq: Send + Sync {
     fn req_notify(&self, solicited_only: bool) -> Result<()>;
     /// A non-blocking fd that becomes readable when an event may be pending.
     fn event_fd(&self) -> Option<RawFd>;
-    /// Consume a pending completion event (clears `event_fd`'s readiness first).
+    /// Consume this CQ's pending completion event, if any (clears `event_fd`'s
+    /// readiness first; the fd is the CQ's own).
     fn take_event(&self) -> bool;
 }
 
@@ -112,6 +117,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The backend's name ([`Device::mode`]) on the software RNIC.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Pinned => "pinned",
+            Mode::NpRdma => "nprdma",
+        }
+    }
+
     /// Parse `NPRDMA_MODE` (unset or empty = pinned).
     pub fn from_env_value(v: Option<&str>) -> Result<Mode> {
         match v.map(str::trim) {
@@ -121,6 +134,66 @@ impl Mode {
                 "NPRDMA_MODE={other:?} is not a known mode (known: pinned, nprdma)"
             ))),
         }
+    }
+}
+
+/// The device NP-RDMA mode runs on (`NPRDMA_DEVICE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NpDevice {
+    /// This process's software RNIC (the default): the engine's kernel-module mode.
+    Soft,
+    /// The next libibverbs in the process (`NPRDMA_VERBS_LIB`, default
+    /// `libibverbs.so.1`): the paper's user-space mode, on any RDMA device.
+    Verbs,
+}
+
+impl NpDevice {
+    /// Parse `NPRDMA_DEVICE` (unset or empty = the software RNIC).
+    pub fn from_env_value(v: Option<&str>) -> Result<NpDevice> {
+        match v.map(str::trim) {
+            None | Some("") | Some("soft") | Some("rnic") => Ok(NpDevice::Soft),
+            Some("verbs") | Some("ibverbs") => Ok(NpDevice::Verbs),
+            Some(other) => Err(ShimError::InvalidArgument(format!(
+                "NPRDMA_DEVICE={other:?} is not a known device (known: soft, verbs)"
+            ))),
+        }
+    }
+}
+
+/// The mode an enclosing libnprdma.so set for this instance, which it loaded as its
+/// libibverbs ([`nprdma_shim_as_device`]): it overrides `NPRDMA_MODE` and
+/// `NPRDMA_DEVICE`, which are the enclosing instance's (one process environment).
+static AS_DEVICE: OnceLock<Mode> = OnceLock::new();
+
+/// Make this instance of libnprdma.so the device of another one: called through
+/// `dlsym` by an instance in NP-RDMA mode with `NPRDMA_DEVICE=verbs` that loaded this
+/// one (a second copy of the library, `NPRDMA_VERBS_LIB`) as the next libibverbs,
+/// before its first verb. `mode` is `"pinned"` (also NULL: the software NIC with
+/// standard RDMA) or `"nprdma"` (NP-RDMA over the software NIC); this instance then
+/// ignores `NPRDMA_MODE` and `NPRDMA_DEVICE` (which configure the caller), so it never
+/// loads a further library itself. Returns 0, or -1 for an unknown mode, a mode
+/// asking for another library, or a device that already exists in another mode.
+///
+/// # Safety
+/// `mode` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn nprdma_shim_as_device(mode: *const std::ffi::c_char) -> std::ffi::c_int {
+    let m = if mode.is_null() {
+        Some(Mode::Pinned)
+    } else {
+        // SAFETY: a NUL-terminated string (the caller's contract).
+        let s = unsafe { std::ffi::CStr::from_ptr(mode) };
+        s.to_str()
+            .ok()
+            .and_then(|s| Mode::from_env_value(Some(s)).ok())
+    };
+    let Some(m) = m else { return -1 };
+    if *AS_DEVICE.get_or_init(|| m) != m {
+        return -1;
+    }
+    match DEVICE.get() {
+        Some(Ok(d)) if d.mode() != m.name() => -1,
+        _ => 0,
     }
 }
 
@@ -198,15 +271,38 @@ extern "C" fn print_stats() {
 pub fn device() -> Result<Arc<dyn Device>> {
     DEVICE
         .get_or_init(|| {
-            if std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1") {
+            // (An instance serving another as its device leaves the line to that one.)
+            if AS_DEVICE.get().is_none()
+                && std::env::var("NPRDMA_STATS").is_ok_and(|v| v.trim() == "1")
+            {
                 // SAFETY: registering a plain extern "C" fn that only reads a static. (A raw
                 // libc call: no typed crate registers C exit handlers.)
                 unsafe { libc::atexit(print_stats) };
             }
-            let mode = Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?;
-            match mode {
-                Mode::Pinned => Ok(Arc::new(pinned::PinnedDevice::new()?) as Arc<dyn Device>),
-                Mode::NpRdma => Ok(Arc::new(np::NpDevice::new()?) as Arc<dyn Device>),
+            // An instance serving another as its device takes the mode it was given
+            // and the software NIC, whatever the (shared) environment says.
+            let (mode, dev) = match AS_DEVICE.get() {
+                Some(m) => (*m, NpDevice::Soft),
+                None => (
+                    Mode::from_env_value(std::env::var("NPRDMA_MODE").ok().as_deref())?,
+                    NpDevice::from_env_value(std::env::var("NPRDMA_DEVICE").ok().as_deref())?,
+                ),
+            };
+            match (mode, dev) {
+                (Mode::Pinned, NpDevice::Soft) => {
+                    Ok(Arc::new(pinned::PinnedDevice::new()?) as Arc<dyn Device>)
+                }
+                (Mode::Pinned, NpDevice::Verbs) => Err(ShimError::InvalidArgument(
+                    "NPRDMA_DEVICE=verbs needs NPRDMA_MODE=nprdma (pinned mode over the \
+                     next libibverbs is that library itself: do not preload libnprdma.so)"
+                        .into(),
+                )),
+                (Mode::NpRdma, NpDevice::Soft) => {
+                    Ok(Arc::new(np::NpDevice::<np::Soft>::new()?) as Arc<dyn Device>)
+                }
+                (Mode::NpRdma, NpDevice::Verbs) => {
+                    Ok(Arc::new(np::NpDevice::<np_verbs::Verbs>::new()?) as Arc<dyn Device>)
+                }
             }
         })
         .clone()
@@ -226,6 +322,20 @@ mod tests {
         assert_eq!(Mode::from_env_value(Some("nprdma")).unwrap(), Mode::NpRdma);
         assert!(matches!(
             Mode::from_env_value(Some("bogus")),
+            Err(ShimError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn device_parsing() {
+        assert_eq!(NpDevice::from_env_value(None).unwrap(), NpDevice::Soft);
+        assert_eq!(NpDevice::from_env_value(Some("")).unwrap(), NpDevice::Soft);
+        assert_eq!(
+            NpDevice::from_env_value(Some(" verbs")).unwrap(),
+            NpDevice::Verbs
+        );
+        assert!(matches!(
+            NpDevice::from_env_value(Some("mlx5_0")),
             Err(ShimError::InvalidArgument(_))
         ));
     }

@@ -1,12 +1,20 @@
-//! `NPRDMA_MODE=nprdma`: NP-RDMA (crate `nprdma`) over the software RNIC and a
-//! process-wide `vmem` pager. `reg_mr` registers the application's buffer with the
-//! pager and the NP-RDMA layer without pinning it; QPs connect at RTR from (GID =
-//! rnic `HostAddr`, dest_qp_num); CQs are the layer's user-space CQs (eventfd channel).
+//! `NPRDMA_MODE=nprdma`: NP-RDMA (crate `nprdma`) over a NIC and a process-wide
+//! `vmem` pager. `reg_mr` registers the application's buffer with the pager and the
+//! NP-RDMA layer without pinning it; QPs connect at RTR from (GID, dest_qp_num); CQs
+//! are the layer's user-space CQs (eventfd channel).
+//!
+//! The backend is generic over the device ([`NpFlavor`]), monomorphic per device as
+//! the engine is: [`Soft`] (the default, `NPRDMA_DEVICE` unset or `soft`) is the
+//! software RNIC of this process (the engine's kernel-module mode, with IOMMU
+//! control); `np_verbs::Verbs` (`NPRDMA_DEVICE=verbs`) is the next libibverbs in
+//! the process (the paper's user-space mode, with the control channel on the data
+//! QP so the application's own exchange of the data QPN suffices).
 
 use super::np_env;
 use super::np_sgl::{self, LkeyTable, MrInfo, Sgl, NP_MAX_BOUNCE, NP_MAX_SGE};
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
+use np::nic::Nic;
 use parking_lot::Mutex;
 use rnic::{
     Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr, SendFlags,
@@ -69,42 +77,114 @@ impl Drop for Quota {
     }
 }
 
-pub struct NpDevice {
+/// A device NP-RDMA mode runs on: how to open it and what the shim reports of it
+/// beyond the engine's NIC seam.
+pub trait NpFlavor: Send + Sync + Sized + 'static {
+    /// The engine's NIC backend.
+    type Nic: np::engine::Backend;
+    /// Backend name for messages and the stats line.
+    const MODE: &'static str;
+    /// Whether each QP's control channel rides on its data QP
+    /// (`np::Config::ctrl_on_data_qp`): the peer then needs only the data QPN.
+    const CTRL_ON_DATA_QP: bool;
+    /// Open the device: the flavor's own state and one NIC PD for the engine.
+    fn open() -> Result<(Self, Self::Nic)>;
+    /// Adjust the engine configuration read from the environment (`explicit_cache`:
+    /// `NPRDMA_REG_CACHE_MB` was given).
+    fn tune(_cfg: &mut np::Config, _explicit_cache: bool) {}
+    /// The device's attributes, before NP-RDMA's own limits are applied.
+    fn device_attr(&self) -> DeviceAttr;
+    /// GID index 0: this host's address for peers.
+    fn gid(&self) -> [u8; 16];
+    /// The NIC's counters for the stats line (`key=value` pairs).
+    fn nic_stats(&self, s: &<Self::Nic as Nic>::Stats) -> String;
+}
+
+/// The software RNIC of this process (the default device).
+pub struct Soft {
     host: rnic::Host,
-    pager: vmem::Pager,
-    ctx: np::Context,
-    /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
-    qps: Arc<std::sync::atomic::AtomicU32>,
-    mrs: Arc<std::sync::atomic::AtomicU32>,
-    /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
-    sg: SgShared,
 }
 
-/// What the device's PDs, QPs and CQs share for scatter/gather lists.
-#[derive(Clone, Default)]
-struct SgShared {
-    lkeys: Arc<LkeyTable>,
-    mapped: np_sgl::Registry,
-    bounces: Arc<std::sync::atomic::AtomicU32>,
-}
-
-impl NpDevice {
-    pub fn new() -> Result<NpDevice> {
-        let env = np_env::from_process_env;
-        let pcfg = np_env::pager_config(&env)?;
-        let ecfg = np_env::engine_config(&env)?;
+impl NpFlavor for Soft {
+    type Nic = np::engine::DefaultNic;
+    const MODE: &'static str = "nprdma";
+    const CTRL_ON_DATA_QP: bool = false;
+    fn open() -> Result<(Soft, np::engine::DefaultNic)> {
         let mut hcfg = super::host_config_from_env()?;
         if std::env::var_os("NPRDMA_RING_MAX").is_none() && hcfg.trusted_peers {
             hcfg.ring_max = NP_DEFAULT_RING_MAX;
         }
         np_host_limits(&mut hcfg);
         let host = rnic::Host::new(hcfg)?;
+        let nic = np::adapt::RnicNic::open(&host)?;
+        Ok((Soft { host }, nic))
+    }
+    fn device_attr(&self) -> DeviceAttr {
+        self.host.query_device()
+    }
+    fn gid(&self) -> [u8; 16] {
+        self.host.addr().to_bytes()
+    }
+    fn nic_stats(&self, n: &np::engine::NicStats) -> String {
+        format!("nonresident_dma={}", n.nonresident_dma)
+    }
+}
+
+pub struct NpDevice<F: NpFlavor> {
+    flavor: F,
+    pager: vmem::Pager,
+    ctx: np::Context<F::Nic>,
+    /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
+    qps: Arc<std::sync::atomic::AtomicU32>,
+    mrs: Arc<std::sync::atomic::AtomicU32>,
+    /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
+    sg: SgShared<F::Nic>,
+    /// The munmap wrapper waits for this device's pager (`crate::unmap`).
+    _following: crate::unmap::Following,
+}
+
+/// What the device's PDs, QPs and CQs share for scatter/gather lists.
+struct SgShared<N: np::engine::Backend> {
+    lkeys: Arc<LkeyTable>,
+    mapped: np_sgl::Registry<N>,
+    bounces: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl<N: np::engine::Backend> Clone for SgShared<N> {
+    fn clone(&self) -> Self {
+        SgShared {
+            lkeys: self.lkeys.clone(),
+            mapped: self.mapped.clone(),
+            bounces: self.bounces.clone(),
+        }
+    }
+}
+
+impl<N: np::engine::Backend> Default for SgShared<N> {
+    fn default() -> Self {
+        SgShared {
+            lkeys: Default::default(),
+            mapped: Default::default(),
+            bounces: Default::default(),
+        }
+    }
+}
+
+impl<F: NpFlavor> NpDevice<F> {
+    pub fn new() -> Result<NpDevice<F>> {
+        let env = np_env::from_process_env;
+        let pcfg = np_env::pager_config(&env)?;
+        let mut ecfg = np_env::engine_config(&env)?;
+        ecfg.ctrl_on_data_qp = F::CTRL_ON_DATA_QP;
+        F::tune(&mut ecfg, env("NPRDMA_REG_CACHE_MB").is_some());
+        let (flavor, nic) = F::open()?;
         let pager = vmem::Pager::new(pcfg)
             .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("starting the pager: {e}"))))?;
-        let ctx = np::Context::new(&host, &pager, ecfg).map_err(np_err)?;
-        tracing::info!(budget = ?pager.budget(), "NP-RDMA backend up");
+        let ctx = np::Context::with_nic(nic, &pager, ecfg).map_err(np_err)?;
+        tracing::info!(budget = ?pager.budget(), mode = F::MODE, "NP-RDMA backend up");
         Ok(NpDevice {
-            host,
+            _following: crate::unmap::follow(&pager),
+            flavor,
             pager,
             ctx,
             qps: Default::default(),
@@ -136,16 +216,18 @@ fn post_err(e: np::Error, state: QpState) -> rnic::Error {
     }
 }
 
-impl Device for NpDevice {
+impl<F: NpFlavor> Device for NpDevice<F> {
     fn mode(&self) -> &'static str {
-        "nprdma"
+        F::MODE
     }
     fn attr(&self) -> DeviceAttr {
-        let mut a = self.host.query_device();
-        // An application WR becomes up to 4 NIC WRs on the data QP (plus 16 spare),
-        // and the layer's QPs are at most NP_MAX_DEPTH deep; SGE lists go through
-        // bounce buffers (`np_sgl`).
-        a.max_qp_wr = (a.max_qp_wr.saturating_sub(16) / 4).min(NP_MAX_DEPTH);
+        let mut a = self.flavor.device_attr();
+        // An application WR becomes up to 4 NIC WRs on the data QP (plus 16 spare;
+        // plus at least 64 command slots when the data QP carries the control
+        // channel), and the layer's QPs are at most NP_MAX_DEPTH deep; SGE lists go
+        // through bounce buffers (`np_sgl`).
+        let spare = if F::CTRL_ON_DATA_QP { 16 + 64 } else { 16 };
+        a.max_qp_wr = (a.max_qp_wr.saturating_sub(spare) / 4).min(NP_MAX_DEPTH);
         a.max_sge = NP_MAX_SGE;
         a.max_inline_data = MAX_INLINE;
         a.max_qp = NP_MAX_QP;
@@ -153,10 +235,11 @@ impl Device for NpDevice {
         a
     }
     fn gid(&self) -> [u8; 16] {
-        self.host.addr().to_bytes()
+        self.flavor.gid()
     }
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>> {
-        Ok(Arc::new(NpPd {
+        Ok(Arc::new(NpPd::<F::Nic> {
+            ctrl_on_data_qp: F::CTRL_ON_DATA_QP,
             pd: self.ctx.alloc_pd(),
             max_wr: self.attr().max_qp_wr,
             qps: self.qps.clone(),
@@ -167,7 +250,7 @@ impl Device for NpDevice {
     }
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
         let cq = self.ctx.create_cq(depth).map_err(np_err)?;
-        Ok(Box::new(NpCq {
+        Ok(Box::new(NpCq::<F::Nic> {
             cq,
             events,
             mapped: self.sg.mapped.clone(),
@@ -181,9 +264,10 @@ impl Device for NpDevice {
         let e = self.ctx.stats();
         let n = self.ctx.nic_stats();
         format!(
-            "mode=nprdma budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
+            "mode={} budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
              swap_ins={} swap_full={} major_faults={} optimistic_ok={} two_sided={} \
-             local_fixups={} served={} nonresident_dma={}",
+             local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} {}",
+            F::MODE,
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
             p.resident_pages,
             p.registered_pages,
@@ -195,24 +279,29 @@ impl Device for NpDevice {
             e.two_sided,
             e.local_fixups,
             e.served,
-            n.nonresident_dma
+            e.reg_cache_hits,
+            e.reg_cache_misses,
+            self.flavor.nic_stats(&n)
         )
     }
 }
 
 static NEXT_PD_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-struct NpPd {
-    pd: np::Pd,
+struct NpPd<N: np::engine::Backend> {
+    pd: np::Pd<N>,
+    /// Connect with the peer's control channel on its data QP
+    /// ([`NpFlavor::CTRL_ON_DATA_QP`]).
+    ctrl_on_data_qp: bool,
     max_wr: u32,
     qps: Arc<std::sync::atomic::AtomicU32>,
     mrs: Arc<std::sync::atomic::AtomicU32>,
     /// Identifies the PD in [`LkeyTable`].
     id: u64,
-    sg: SgShared,
+    sg: SgShared<N>,
 }
 
-impl Pd for NpPd {
+impl<N: np::engine::Backend> Pd for NpPd<N> {
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
         let quota = Quota::take(&self.mrs, NP_MAX_MR, "MRs (max_mr)")?;
         // SAFETY: forwarded contract: the application keeps [addr, addr+len) mapped while
@@ -231,7 +320,7 @@ impl Pd for NpPd {
                 local_write: access.contains(Access::LOCAL_WRITE),
             },
         );
-        Ok(Box::new(NpMr {
+        Ok(Box::new(NpMr::<N> {
             mr,
             lkeys: self.sg.lkeys.clone(),
             _quota: quota,
@@ -286,9 +375,9 @@ impl Pd for NpPd {
                 self.max_wr
             )));
         }
-        let cq_of = |c: &dyn Cq| -> Result<np::Cq> {
+        let cq_of = |c: &dyn Cq| -> Result<np::Cq<N>> {
             c.as_any()
-                .downcast_ref::<NpCq>()
+                .downcast_ref::<NpCq<N>>()
                 .map(|p| p.cq.clone())
                 .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
         };
@@ -310,7 +399,7 @@ impl Pd for NpPd {
         };
         // SGE lists: the QP's WRs go through the token tables (`np_sgl`).
         let sgl = (cap.max_send_sge > 1 || cap.max_recv_sge > 1).then(|| {
-            let t = Arc::new(Mutex::new(Sgl::default()));
+            let t = Arc::new(Mutex::new(Sgl::<N>::default()));
             self.sg.mapped.lock().insert(qp.qpn(), t.clone());
             t
         });
@@ -319,7 +408,8 @@ impl Pd for NpPd {
             cur_qp_state: QpState::Reset,
             ..Default::default()
         };
-        Ok(Box::new(NpQp {
+        Ok(Box::new(NpQp::<N> {
+            ctrl_on_data_qp: self.ctrl_on_data_qp,
             qp: Some(qp),
             cap,
             attr: Mutex::new(a),
@@ -333,19 +423,19 @@ impl Pd for NpPd {
     }
 }
 
-struct NpMr {
-    mr: np::Mr,
+struct NpMr<N: np::engine::Backend> {
+    mr: np::Mr<N>,
     lkeys: Arc<LkeyTable>,
     _quota: Quota,
 }
 
-impl Drop for NpMr {
+impl<N: np::engine::Backend> Drop for NpMr<N> {
     fn drop(&mut self) {
         self.lkeys.remove(self.mr.lkey());
     }
 }
 
-impl Mr for NpMr {
+impl<N: np::engine::Backend> Mr for NpMr<N> {
     fn lkey(&self) -> u32 {
         self.mr.lkey()
     }
@@ -354,11 +444,11 @@ impl Mr for NpMr {
     }
 }
 
-struct NpCq {
-    cq: np::Cq,
+struct NpCq<N: np::engine::Backend> {
+    cq: np::Cq<N>,
     events: bool,
     /// QPs with SGE lists, whose completions are translated back (`np_sgl`).
-    mapped: np_sgl::Registry,
+    mapped: np_sgl::Registry<N>,
 }
 
 fn wc_from(c: &np::Completion) -> Wc {
@@ -388,7 +478,7 @@ fn wc_from(c: &np::Completion) -> Wc {
     }
 }
 
-impl Cq for NpCq {
+impl<N: np::engine::Backend> Cq for NpCq<N> {
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -440,16 +530,16 @@ impl Cq for NpCq {
 /// posts plus the current one, so X unfinished means `outstanding() >= depth`, which
 /// the post refuses (ENOMEM) before touching the slot: a payload never changes in
 /// flight.
-struct Staging {
+struct Staging<N: np::engine::Backend> {
     // Field order = drop order: the MR before the mapping it covers.
-    mr: np::Mr,
+    mr: np::Mr<N>,
     map: vmem::AnonMapping,
     depth: u32,
     next: u64,
 }
 
-impl Staging {
-    fn new(pd: &np::Pd, depth: u32) -> Result<Staging> {
+impl<N: np::engine::Backend> Staging<N> {
+    fn new(pd: &np::Pd<N>, depth: u32) -> Result<Staging<N>> {
         let map = vmem::AnonMapping::new(depth as usize * MAX_INLINE as usize)
             .map_err(rnic::Error::from)?;
         // SAFETY: private anonymous memory that stays mapped until after the MR is
@@ -480,21 +570,23 @@ impl Staging {
     }
 }
 
-struct NpQp {
+struct NpQp<N: np::engine::Backend> {
     // Dropped first (flushes its WRs), then the staging MR and memory.
-    qp: Option<np::Qp>,
+    qp: Option<np::Qp<N>>,
     cap: QpInitAttr,
     attr: Mutex<QpAttr>,
-    stage: Mutex<Staging>,
+    stage: Mutex<Staging<N>>,
     /// Token tables when the QP takes SGE lists (`np_sgl`).
-    sgl: Option<Arc<Mutex<Sgl>>>,
-    pd: np::Pd,
+    sgl: Option<Arc<Mutex<Sgl<N>>>>,
+    pd: np::Pd<N>,
     pd_id: u64,
-    sg: SgShared,
+    sg: SgShared<N>,
+    /// The peer's control channel is on its data QP (`NpFlavor::CTRL_ON_DATA_QP`).
+    ctrl_on_data_qp: bool,
     _quota: Quota,
 }
 
-impl Drop for NpQp {
+impl<N: np::engine::Backend> Drop for NpQp<N> {
     fn drop(&mut self) {
         let qpn = self.qp.as_ref().map(|q| q.qpn());
         drop(self.qp.take());
@@ -533,8 +625,8 @@ fn app_op(o: WrOpcode) -> np::Opcode {
     }
 }
 
-impl NpQp {
-    fn qp(&self) -> &np::Qp {
+impl<N: np::engine::Backend> NpQp<N> {
+    fn qp(&self) -> &np::Qp<N> {
         self.qp.as_ref().expect("present until drop")
     }
     fn state(&self) -> QpState {
@@ -641,11 +733,11 @@ impl NpQp {
     }
 }
 
-impl NpQp {
+impl<N: np::engine::Backend> NpQp<N> {
     /// A RECV of a QP with SGE lists (a bounce buffer for several SGEs).
     fn post_recv_mapped(
         &self,
-        sgl: &Mutex<Sgl>,
+        sgl: &Mutex<Sgl<N>>,
         w: &RecvWr,
         state: QpState,
     ) -> std::result::Result<(), rnic::Error> {
@@ -697,7 +789,7 @@ fn transition_ok(from: QpState, to: QpState) -> bool {
     )
 }
 
-impl Qp for NpQp {
+impl<N: np::engine::Backend> Qp for NpQp<N> {
     fn qpn(&self) -> u32 {
         self.qp().qpn()
     }
@@ -734,9 +826,16 @@ impl Qp for NpQp {
                     "INIT->RTR needs an address vector with a GID (GRH) and dest_qp_num".into(),
                 ));
             };
+            // The control channel: derived from the data QPN (the software
+            // NIC), or on the data QP itself (a device that numbers its QPs).
             let ep = np::Endpoint {
                 addr: dest.to_bytes(),
                 qpn: attr.dest_qp_num,
+                ctrl_qpn: if self.ctrl_on_data_qp {
+                    attr.dest_qp_num
+                } else {
+                    0
+                },
             };
             self.qp().connect(&ep).map_err(np_err)?;
             cur.dest = Some(dest);
@@ -804,6 +903,8 @@ impl Qp for NpQp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// The tests run on the default device.
+    type NpDevice = super::NpDevice<Soft>;
 
     #[test]
     fn transitions() {
@@ -1321,10 +1422,10 @@ mod tests {
         assert!(dev.odp());
         let pd = dev.alloc_pd().unwrap();
         let other = dev.alloc_pd().unwrap();
-        let mem = TestMem::new(64 * 1024);
+        let mem = TestMem::new(256 * 1024);
         // SAFETY: the mapping outlives the MR (dropped first, below).
         let mr = unsafe {
-            pd.reg_mr(mem.addr() as usize, 64 * 1024, Access::LOCAL_WRITE)
+            pd.reg_mr(mem.addr() as usize, 256 * 1024, Access::LOCAL_WRITE)
                 .unwrap()
         };
         let sge = |off: u64, len: u32, lkey: u32| rnic::Sge {
@@ -1339,8 +1440,13 @@ mod tests {
         assert!(!resident(8192));
         pd.advise(&[sge(0, 32768, mr.lkey())], true).unwrap();
         assert!((0..8).all(|p| resident(p * 4096)), "prefetched");
-        assert!(!resident(32768), "outside the advice");
-        for bad in [sge(0, 65537, mr.lkey()), sge(0, 8, mr.lkey() ^ 0x40)] {
+        // Beyond the advice and the fault-around window of its pages
+        // (`NPRDMA_FAULT_AROUND_PAGES`, 64 KiB by default), nothing.
+        assert!(!resident(128 * 1024), "outside the advice");
+        for bad in [
+            sge(0, 256 * 1024 + 1, mr.lkey()),
+            sge(0, 8, mr.lkey() ^ 0x40),
+        ] {
             let e = pd.advise(&[bad], true).unwrap_err();
             assert_eq!(e.errno(), libc::EINVAL, "{bad:?}");
         }

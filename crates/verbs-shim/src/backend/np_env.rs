@@ -28,6 +28,9 @@ fn num(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<u64>> 
 /// * `NPRDMA_SWAP_PATH` (default: an unlinked file in the temp dir),
 ///   `NPRDMA_SWAP_MB` (swap file size, default 1024, sparse).
 /// * `NPRDMA_PAGER_SPIN_US` — how long the fault thread polls after a fault (default 50).
+/// * `NPRDMA_EAGER_SWAP_IN` (default 1) — map pages into the NIC's views as the pager
+///   brings them in; `NPRDMA_FAULT_AROUND_PAGES` (default 16, at most budget / 8) —
+///   never-touched pages filled together on a first touch.
 pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerConfig> {
     let mut c = vmem::PagerConfig::default();
     let pages = num(get, "NPRDMA_BUDGET_PAGES")?;
@@ -59,8 +62,22 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
     if let Some(us) = num(get, "NPRDMA_PAGER_SPIN_US")? {
         c.spin = Duration::from_micros(us);
     }
+    // Pages brought in by a CPU fault, pin or prefetch are mapped into the NIC's views
+    // in the same pass (not on their first RDMA access, which would go two-sided).
+    c.eager_swap_in_notify = num(get, "NPRDMA_EAGER_SWAP_IN")?.unwrap_or(1) != 0;
+    // Fault-around of first touches (Linux's 64 KiB), at most an eighth of a budget
+    // so that a small budget is not churned by the extra pages.
+    let around =
+        num(get, "NPRDMA_FAULT_AROUND_PAGES")?.unwrap_or(DEFAULT_FAULT_AROUND as u64) as usize;
+    c.fault_around = match c.budget_pages {
+        Some(b) => around.min(b / 8),
+        None => around,
+    };
     Ok(c)
 }
+
+/// Default `NPRDMA_FAULT_AROUND_PAGES`: 16 pages (64 KiB, Linux's `fault_around_bytes`).
+pub const DEFAULT_FAULT_AROUND: usize = 16;
 
 /// Default `NPRDMA_WRITE_VERSION_THRESHOLD`: 0, every WRITE is checked with page
 /// versions. The layer's other check for small WRITEs READs the written range back
@@ -72,7 +89,10 @@ pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
 /// after work before blocking, default the engine's 50), `NPRDMA_INTERRUPT=1` (the
 /// polling thread never spins), `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes: WRITEs up to
 /// this size are checked by a read-back, which needs the target MR to grant
-/// REMOTE_READ; longer ones by page versions; default 0).
+/// REMOTE_READ; longer ones by page versions; default 0), `NPRDMA_REG_CACHE_MB` (the
+/// registration cache of user-space mode, `NPRDMA_DEVICE=verbs`: MiB of temporary MRs
+/// kept registered; 0 = off; default the engine's 64, at most half of
+/// `RLIMIT_MEMLOCK`).
 pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
     let mut c = np::Config::default();
     c.plan.write_version_threshold =
@@ -82,6 +102,9 @@ pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config>
     }
     if let Some(v) = num(get, "NPRDMA_INTERRUPT")? {
         c.interrupt_mode = v != 0;
+    }
+    if let Some(mb) = num(get, "NPRDMA_REG_CACHE_MB")? {
+        c.reg_cache_bytes = mb.saturating_mul(1 << 20);
     }
     Ok(c)
 }
@@ -119,6 +142,25 @@ mod tests {
     }
 
     #[test]
+    fn pager_maps_in_eagerly_and_faults_around_within_the_budget() {
+        let c = pager_config(&with(&[])).unwrap();
+        assert!(c.eager_swap_in_notify);
+        assert_eq!(c.fault_around, DEFAULT_FAULT_AROUND);
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "64")])).unwrap();
+        assert_eq!(c.fault_around, 8, "at most an eighth of the budget");
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "4")])).unwrap();
+        assert!(c.fault_around <= 1, "off under a tiny budget");
+        let c = pager_config(&with(&[
+            ("NPRDMA_EAGER_SWAP_IN", "0"),
+            ("NPRDMA_FAULT_AROUND_PAGES", "0"),
+        ]))
+        .unwrap();
+        assert!(!c.eager_swap_in_notify);
+        assert_eq!(c.fault_around, 0);
+        assert!(pager_config(&with(&[("NPRDMA_FAULT_AROUND_PAGES", "x")])).is_err());
+    }
+
+    #[test]
     fn pager_rejects_bad_values() {
         for bad in [
             vec![("NPRDMA_BUDGET_PAGES", "x")],
@@ -148,6 +190,8 @@ mod tests {
         );
         let c = engine_config(&with(&[("NPRDMA_WRITE_VERSION_THRESHOLD", "4096")])).unwrap();
         assert_eq!(c.plan.write_version_threshold, 4096);
+        let c = engine_config(&with(&[("NPRDMA_REG_CACHE_MB", "3")])).unwrap();
+        assert_eq!(c.reg_cache_bytes, 3 << 20);
         assert!(engine_config(&with(&[("NPRDMA_INTERRUPT", "yes")])).is_err());
     }
 }

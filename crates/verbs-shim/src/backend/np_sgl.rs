@@ -64,9 +64,9 @@ impl LkeyTable {
 }
 
 /// A bounce buffer: private anonymous memory registered with the layer.
-pub struct Bounce {
+pub struct Bounce<N: np::engine::Backend> {
     // Field order = drop order: the MR before the mapping it covers.
-    mr: np::Mr,
+    mr: np::Mr<N>,
     map: vmem::AnonMapping,
     _slot: BounceSlot,
 }
@@ -80,12 +80,12 @@ impl Drop for BounceSlot {
     }
 }
 
-impl Bounce {
+impl<N: np::engine::Backend> Bounce<N> {
     pub fn new(
-        pd: &np::Pd,
+        pd: &np::Pd<N>,
         used: &Arc<std::sync::atomic::AtomicU32>,
         len: u64,
-    ) -> std::result::Result<Bounce, rnic::Error> {
+    ) -> std::result::Result<Bounce<N>, rnic::Error> {
         use std::sync::atomic::Ordering;
         used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
             (n < NP_MAX_BOUNCE).then_some(n + 1)
@@ -114,20 +114,29 @@ impl Bounce {
 }
 
 /// One WR of a mapped QP between its post and its completion.
-struct Entry {
+struct Entry<N: np::engine::Backend> {
     token: u64,
     wr_id: u64,
-    bounce: Option<Bounce>,
+    bounce: Option<Bounce<N>>,
     /// Where the bounce's bytes go at completion (READ / RECV), in order.
     scatter: Vec<(u64, u32)>,
 }
 
 /// The token tables of one mapped QP.
-#[derive(Default)]
-pub struct Sgl {
+pub struct Sgl<N: np::engine::Backend> {
     next: u64,
-    sends: VecDeque<Entry>,
-    recvs: VecDeque<Entry>,
+    sends: VecDeque<Entry<N>>,
+    recvs: VecDeque<Entry<N>>,
+}
+
+impl<N: np::engine::Backend> Default for Sgl<N> {
+    fn default() -> Self {
+        Sgl {
+            next: 0,
+            sends: VecDeque::new(),
+            recvs: VecDeque::new(),
+        }
+    }
 }
 
 /// How a WR of a mapped QP reaches the layer.
@@ -138,7 +147,7 @@ pub struct Mapped {
     pub sge: Option<np::Sge>,
 }
 
-impl Sgl {
+impl<N: np::engine::Backend> Sgl<N> {
     /// Record a WR (before posting it: its completion may be polled at once) and say
     /// how to post it. `depth`: WRs the queue may hold; `sg`: the verbs SGEs (already
     /// checked against the QP's cap); `into_local`: data is written into them (READ,
@@ -152,7 +161,7 @@ impl Sgl {
         sg: &[rnic::Sge],
         into_local: bool,
         pd_id: u64,
-        pd: &np::Pd,
+        pd: &np::Pd<N>,
         lkeys: &LkeyTable,
         bounces: &Arc<std::sync::atomic::AtomicU32>,
     ) -> std::result::Result<Mapped, rnic::Error> {
@@ -231,11 +240,11 @@ impl Sgl {
 }
 
 /// The mapped QPs of a device by QP number (shared with its CQs).
-pub type Registry = Arc<Mutex<HashMap<u32, Arc<Mutex<Sgl>>>>>;
+pub type Registry<N> = Arc<Mutex<HashMap<u32, Arc<Mutex<Sgl<N>>>>>>;
 
 /// Give `wc` (a completion of a mapped QP) back its application `wr_id`, scattering
 /// a successful READ's / RECV's bounce into the WR's SGEs first.
-pub fn translate(reg: &Registry, wc: &mut Wc) {
+pub fn translate<N: np::engine::Backend>(reg: &Registry<N>, wc: &mut Wc) {
     let Some(sgl) = reg.lock().get(&wc.qp_num).cloned() else {
         return;
     };

@@ -7,6 +7,18 @@
 //! exceeds the limit and the calling thread lacks `CAP_IPC_LOCK` the registration
 //! fails with ENOMEM; deregistration uncharges. (Root normally holds CAP_IPC_LOCK,
 //! so — as with real NICs — `ulimit -l` binds only processes without it.)
+//!
+//! Registered memory is what the MR names, not whatever is mapped at its address
+//! later: a NIC holds the pages it pinned, while this NIC reaches the MR through its
+//! address. So each MR's range is watched ([`vmem::UnmapWatch`], one per process):
+//! when the application unmaps it or moves it away with mremap, the MR is
+//! deregistered in the NIC at once (its keys then fail as a deregistered MR's do:
+//! remote access error, local protection error) and `ibv_dereg_mr` later only
+//! uncharges it. While the watch reads and handles an unmap, the DMA of every host
+//! with watched MRs is held (`Iommu::hold_dma`), so no copy can meet memory the
+//! application maps at the old address before the MR is gone. Memory userfaultfd
+//! cannot follow (a file mapping, or a range the application attached to its own
+//! userfaultfd) is registered unwatched.
 
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
@@ -14,8 +26,7 @@ use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr
 use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
 pub struct PinnedDevice {
     ctx: rnic::Context,
@@ -57,6 +68,11 @@ impl Device for PinnedDevice {
 
 /// Pages pinned by this process's registrations (the kernel's `mm->pinned_vm`).
 static PINNED_PAGES: AtomicU64 = AtomicU64::new(0);
+
+/// Pages this process's pinned-mode MRs have charged against RLIMIT_MEMLOCK now.
+pub fn pinned_pages() -> u64 {
+    PINNED_PAGES.load(Ordering::Acquire)
+}
 
 const PAGE: u64 = 4096;
 
@@ -124,10 +140,37 @@ struct PinnedPd(rnic::Pd);
 impl Pd for PinnedPd {
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
         let charge = MemlockCharge::charge(addr, len)?;
-        // SAFETY: forwarded contract: the caller keeps the memory mapped while registered.
+        // SAFETY: forwarded contract: the caller keeps the memory mapped while
+        // registered — and if it does not, the watch below deregisters the MR.
         let mr = unsafe { self.0.reg_mr(addr, len, access)? };
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+        let mr = Arc::new(parking_lot::Mutex::new(Some(mr)));
+        let host = self.0.host().clone();
+        let watch = unmap_watch().and_then(|w| {
+            let held = mr.clone();
+            watched_host(&host, true);
+            let on_gone = Box::new(move || {
+                // Deregistered under the lock, so an `ibv_dereg_mr` racing this
+                // returns only once the NIC is done with the MR.
+                let mut held = held.lock();
+                drop(held.take());
+                tracing::debug!(
+                    lkey,
+                    "registered memory unmapped: MR deregistered in the NIC"
+                );
+            });
+            w.watch(addr, len, on_gone)
+                .map_err(|e| {
+                    tracing::debug!(addr, len, "MR memory not watched for munmap: {e}");
+                    watched_host(&host, false);
+                })
+                .ok()
+        });
         Ok(Box::new(PinnedMr {
             mr,
+            watch: watch.map(|id| (id, self.0.host().clone())),
+            lkey,
+            rkey,
             _charge: charge,
         }))
     }
@@ -148,18 +191,103 @@ impl Pd for PinnedPd {
     }
 }
 
+/// Hosts with watched MRs, and how many each has: the watch holds their DMA while it
+/// handles an unmap.
+static WATCHED_HOSTS: parking_lot::Mutex<Vec<(rnic::Host, usize)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Counts one more (`add`) or one fewer watched MR of `host`.
+fn watched_host(host: &rnic::Host, add: bool) {
+    let mut hosts = WATCHED_HOSTS.lock();
+    let at = hosts.iter().position(|(h, _)| h.addr() == host.addr());
+    match (at, add) {
+        (Some(i), true) => hosts[i].1 += 1,
+        (None, true) => hosts.push((host.clone(), 1)),
+        (Some(i), false) => {
+            hosts[i].1 -= 1;
+            if hosts[i].1 == 0 {
+                hosts.swap_remove(i);
+            }
+        }
+        (None, false) => {}
+    }
+}
+
+/// The DMA holds the watch takes while it handles an unmap; released on drop.
+struct DmaHolds(Vec<rnic::Host>);
+
+impl Drop for DmaHolds {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.iommu().release_dma();
+        }
+    }
+}
+
+fn hold_watched_hosts() -> Box<dyn Any> {
+    let hosts: Vec<rnic::Host> = WATCHED_HOSTS
+        .lock()
+        .iter()
+        .map(|(h, _)| h.clone())
+        .collect();
+    let mut held = DmaHolds(Vec::with_capacity(hosts.len()));
+    for h in hosts {
+        match h.iommu().hold_dma() {
+            Ok(()) => held.0.push(h),
+            Err(e) => {
+                tracing::warn!("could not hold the NIC's DMA while an MR's memory is unmapped: {e}")
+            }
+        }
+    }
+    Box::new(held)
+}
+
+/// The process's one watch over registered ranges (`None` if userfaultfd is not
+/// available: MRs are then not followed through munmap, with a warning).
+fn unmap_watch() -> Option<&'static vmem::UnmapWatch> {
+    static WATCH: OnceLock<Option<vmem::UnmapWatch>> = OnceLock::new();
+    WATCH
+        .get_or_init(|| {
+            vmem::UnmapWatch::with_hold(Box::new(hold_watched_hosts))
+                .map_err(|e| {
+                    tracing::warn!(
+                        "userfaultfd unavailable ({e}): an MR whose memory is unmapped stays registered at its address"
+                    )
+                })
+                .ok()
+        })
+        .as_ref()
+}
+
 struct PinnedMr {
-    // Field order = drop order: deregister, then uncharge.
-    mr: rnic::Mr,
+    /// The NIC's MR; `None` once its memory was unmapped (the watch took it).
+    mr: Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
+    /// The watch over the MR's memory, and its host's count in [`WATCHED_HOSTS`].
+    watch: Option<(vmem::WatchId, rnic::Host)>,
+    lkey: u32,
+    rkey: u32,
     _charge: MemlockCharge,
+}
+
+impl Drop for PinnedMr {
+    fn drop(&mut self) {
+        if let (Some((id, host)), Some(w)) = (self.watch.take(), unmap_watch()) {
+            w.unwatch(id);
+            watched_host(&host, false);
+        }
+        // Deregister (if the watch has not; if it is, wait for it), then uncharge
+        // (the field's own drop).
+        let mut mr = self.mr.lock();
+        drop(mr.take());
+    }
 }
 
 impl Mr for PinnedMr {
     fn lkey(&self) -> u32 {
-        self.mr.lkey()
+        self.lkey
     }
     fn rkey(&self) -> u32 {
-        self.mr.rkey()
+        self.rkey
     }
 }
 
@@ -186,8 +314,8 @@ impl Cq for PinnedCq {
         // SAFETY: the channel's own eventfd, open while `ch` lives.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ch.fd()) };
         let _ = rustix::io::read(fd, &mut [0u8; 8]);
-        // The CQ is this channel's only CQ: an event means it fired.
-        ch.get_event(Some(Duration::ZERO)).is_ok()
+        // The channel is this CQ's alone (see `create_cq`).
+        self.cq.take_event()
     }
 }
 

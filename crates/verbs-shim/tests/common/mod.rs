@@ -212,3 +212,61 @@ pub fn stat(o: &Output, key: &str) -> u64 {
 
 /// Environment of NP-RDMA mode with counters printed at ibv_close_device.
 pub const NP: &[(&str, &str)] = &[("NPRDMA_MODE", "nprdma"), ("NPRDMA_STATS", "1")];
+
+/// A copy of libnprdma.so at another path (`dlopen` of it gives a second instance):
+/// the device of the chain tests, where NP-RDMA runs in user-space mode over the next
+/// libibverbs (`NPRDMA_DEVICE=verbs`) and that library is the software NIC behind the
+/// C ABI in pinned mode. Copied once per test binary.
+pub fn device_lib() -> PathBuf {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let lib = lib_path();
+        let dir = lib.parent().expect("target dir").join("nprdma-chain");
+        std::fs::create_dir_all(&dir).expect("chain dir");
+        let exe = std::env::current_exe().expect("test exe");
+        let stem = exe.file_name().and_then(|n| n.to_str()).unwrap_or("test");
+        let copy = dir.join(format!("libnprdma-device-{stem}.so"));
+        let tmp = dir.join(format!("libnprdma-device-{stem}.so.{}", std::process::id()));
+        std::fs::copy(&lib, &tmp).expect("copy libnprdma.so");
+        std::fs::rename(&tmp, &copy).expect("rename the copy");
+        copy
+    })
+    .clone()
+}
+
+/// Environment of the chain (NP-RDMA user-space mode → libibverbs C ABI → software
+/// NIC), with counters printed at exit; `extra` appended.
+pub fn chain_env(extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = [
+        ("NPRDMA_MODE", "nprdma"),
+        ("NPRDMA_DEVICE", "verbs"),
+        ("NPRDMA_STATS", "1"),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    v.push((
+        "NPRDMA_VERBS_LIB".into(),
+        device_lib().to_string_lossy().into_owned(),
+    ));
+    v
+}
+
+/// `env` as the pairs [`run_pair`] takes.
+pub fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Both sides of a chain run: NP-RDMA in user-space mode over the next libibverbs
+/// (no optimistic operation, registrations at the device, none failed).
+pub fn assert_chain_stats(o: &Output) {
+    assert_eq!(
+        np_stats(&o.stderr).and_then(|m| m.get("mode").cloned()),
+        Some("nprdma-verbs".to_string()),
+        "{}",
+        o.all()
+    );
+    assert_eq!(stat(o, "optimistic_ok"), 0, "{}", o.all());
+    assert_eq!(stat(o, "verbs_reg_failures"), 0, "{}", o.all());
+}

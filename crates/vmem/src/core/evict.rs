@@ -108,17 +108,46 @@ impl Inner {
             if try_mark(&segs[si].arr, p, true) {
                 batch.push((segs[si].arr.clone(), p));
                 if batch.len() == cap || done + batch.len() >= want {
-                    st.hand = p + 1;
-                    done += self.evict_batch(&mut st, &mut batch, true)?;
+                    self.spare_young(&mut batch);
+                    if batch.len() == cap || done + batch.len() >= want {
+                        st.hand = p + 1;
+                        done += self.evict_batch(&mut st, &mut batch, true)?;
+                    }
                 }
             }
             p += 1;
             scanned += 1;
         }
         st.hand = p;
+        self.spare_young(&mut batch);
         done += self.evict_batch(&mut st, &mut batch, true)?;
         inc(&self.stats.c.evict_runs);
         Ok(done)
+    }
+
+    /// The second chance of pages referenced through a secondary MMU: asks
+    /// the listeners which victims of `batch` are young (accessed by their
+    /// device since last asked), unmarks those and drops them from the batch.
+    fn spare_young(&self, batch: &mut Vec<Victim>) {
+        if batch.is_empty() {
+            return;
+        }
+        let addrs: Vec<usize> = batch.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
+        let Some(young) = self.listeners.test_and_clear_young(&addrs) else {
+            return;
+        };
+        let mut k = 0;
+        let mut spared = 0;
+        batch.retain(|(arr, p)| {
+            let y = young[k];
+            k += 1;
+            if y {
+                clear_evicting(arr, *p);
+                spared += 1;
+            }
+            !y
+        });
+        self.stats.c.young_spared.fetch_add(spared, Relaxed);
     }
 
     /// Evicts the EVICTING-marked victims in `batch` (address order), emptying

@@ -26,6 +26,7 @@ mod pagein;
 mod pagein_batch;
 mod pagein_run;
 mod registry;
+pub(crate) use registry::wait_handled;
 
 /// Why a page is being brought in.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -65,7 +66,7 @@ pub struct Inner {
     pub evictor_idle: AtomicBool,
     pub shutdown: AtomicBool,
     /// Odd while the fault thread is inside a read-and-handle cycle.
-    pub handler_seq: AtomicU64,
+    pub handler_seq: std::sync::Arc<AtomicU64>,
     pub zero: PageBuf,
 }
 
@@ -173,7 +174,7 @@ impl Inner {
             kick_cv: Condvar::new(),
             evictor_idle: AtomicBool::new(true),
             shutdown: AtomicBool::new(false),
-            handler_seq: AtomicU64::new(0),
+            handler_seq: std::sync::Arc::new(AtomicU64::new(0)),
             zero: PageBuf::new(1),
         }
     }
@@ -227,6 +228,12 @@ impl Inner {
 
     /// Whether the page holding `addr` belongs to a registered range the
     /// application unmapped (its address may hold other memory now).
+    pub fn manages(&self, addr: usize, len: usize) -> bool {
+        let p0 = addr >> PAGE_SHIFT;
+        let p1 = addr.saturating_add(len).div_ceil(1 << PAGE_SHIFT);
+        p1 > p0 && !self.space.read().overlapping(p0, p1).is_empty()
+    }
+
     pub fn is_gone(&self, addr: usize) -> bool {
         let p = addr >> PAGE_SHIFT;
         let sp = self.space.read();

@@ -30,17 +30,61 @@ impl Inner {
         arr: &PageArray,
         p: usize,
         end: usize,
-        mut on_page: impl FnMut(usize),
+        on_page: impl FnMut(usize),
     ) -> Result<usize> {
-        if arr.external || end - p < 2 {
+        self.fill_run(arr, p, end, |_| Why::Pin, on_page)
+    }
+
+    /// Fault-around of a first-touch fault on page `p` (the fault thread):
+    /// zero-fills `p` and the never-touched pages after it, at most
+    /// `PagerConfig::fault_around` pages and up to `end`, with one ioctl,
+    /// and publishes them resident (`p` as the fault, the others as
+    /// prefetched). Returns how many pages, `p` first (0: no run here, the
+    /// caller resolves the fault page by page). Wakes nobody: the caller
+    /// notifies listeners and wakes the faulting thread.
+    pub(crate) fn fault_around(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        end: usize,
+        write: bool,
+    ) -> Result<usize> {
+        let max = self.cfg.fault_around.min(MAX_RUN);
+        if max < 2 || state::kind(arr.word(p).load(Acquire)) != UNTOUCHED {
             return Ok(0);
         }
+        let why = |k| {
+            if k == 0 {
+                Why::Fault { write }
+            } else {
+                Why::Prefetch
+            }
+        };
+        self.fill_run(arr, p, end.min(p + max), why, |_| {})
+    }
+
+    /// Brings in pages `p..end` (at most [`MAX_RUN`]) as one run, publishing
+    /// page `p + k` as brought in for `why(k)`; see [`Self::pin_run`]. For a
+    /// fault (`why(0)` a fault) only never-touched pages form the run, and
+    /// nobody is woken.
+    fn fill_run(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        end: usize,
+        why: impl Fn(usize) -> Why,
+        mut on_page: impl FnMut(usize),
+    ) -> Result<usize> {
+        if arr.external || end.saturating_sub(p) < 2 {
+            return Ok(0);
+        }
+        let fault = matches!(why(0), Why::Fault { .. });
         // Lock the run: BUSY on each page, in order, stopping at the first
         // page that does not continue it.
         let mut words = [0u64; MAX_RUN];
         let mut n = 0;
         let kind0 = state::kind(arr.word(p).load(Acquire));
-        if kind0 != SWAPPED && kind0 != UNTOUCHED {
+        if kind0 != UNTOUCHED && (fault || kind0 != SWAPPED) {
             return Ok(0);
         }
         let mut slot0 = 0u32;
@@ -92,7 +136,7 @@ impl Inner {
             // SAFETY: `buf` holds at least n readable pages; the destination
             // pages are registered with our uffd and only filled if missing.
             Ok(
-                match unsafe { self.uffd.copy(addr, buf.as_ptr(), n * PAGE, true) } {
+                match unsafe { self.uffd.copy(addr, buf.as_ptr(), n * PAGE, !fault) } {
                     Ok(()) => n,
                     Err(e) => (e.done as usize / PAGE).min(n),
                 },
@@ -104,7 +148,7 @@ impl Inner {
             Brought::Zero
         };
         for (k, &v) in words.iter().enumerate().take(copied) {
-            self.publish_filled(arr.word(p + k), v, Why::Pin, outcome);
+            self.publish_filled(arr.word(p + k), v, why(k), outcome);
             on_page(p + k);
         }
         // Pages the ioctl did not fill (EEXIST, EAGAIN, a vanished mapping):

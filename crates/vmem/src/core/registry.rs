@@ -15,22 +15,8 @@ impl Inner {
     /// kernel lets munmap return once its UNMAP event is *read*; waiting for
     /// the handler's current cycle orders that event before a registration
     /// that reuses the addresses.
-    fn quiesce_events(&self) {
-        if IS_HANDLER.with(|h| h.get()) {
-            return;
-        }
-        let s = self.handler_seq.load(SeqCst);
-        if s % 2 == 0 {
-            return;
-        }
-        let t = std::time::Instant::now();
-        while self.handler_seq.load(SeqCst) == s {
-            if t.elapsed() > std::time::Duration::from_secs(5) {
-                tracing::warn!("fault thread busy for >5 s; registering anyway");
-                return;
-            }
-            std::thread::yield_now();
-        }
+    pub(crate) fn quiesce_events(&self) {
+        wait_handled(&self.handler_seq);
     }
 
     /// Registers `[addr, addr+len)` (whole pages). `scan`: read the current
@@ -324,5 +310,25 @@ impl Inner {
         }
         tracing::debug!(start, end, "application unmapped managed memory");
         self.listeners.after_unmap(start, end);
+    }
+}
+
+/// Waits until the fault thread whose cycle counter is `seq` (odd while it handles
+/// what it read) has finished the cycle in progress; at once on the fault thread.
+pub(crate) fn wait_handled(seq: &std::sync::atomic::AtomicU64) {
+    if IS_HANDLER.with(|h| h.get()) {
+        return;
+    }
+    let s = seq.load(SeqCst);
+    if s % 2 == 0 {
+        return;
+    }
+    let t = std::time::Instant::now();
+    while seq.load(SeqCst) == s {
+        if t.elapsed() > std::time::Duration::from_secs(5) {
+            tracing::warn!("fault thread busy for >5 s; going on");
+            return;
+        }
+        std::thread::yield_now();
     }
 }

@@ -1,0 +1,128 @@
+//! Locating the device library for the tests: this repository's
+//! `libnprdma.so` (the software NIC behind the libibverbs C ABI, pinned
+//! mode), built by cargo next to the test binary as verbs-shim's own
+//! tests do; or `None` with the reason printed (the test then skips).
+//! `NPRDMA_TEST_VERBS_LIB` names another library instead (e.g.
+//! `libibverbs.so.1` over an rxe device: `scripts/rxe-test.sh`), with the
+//! device from `NPRDMA_VERBS_DEVICE`.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ibverbs_nic::{Config, VerbsNic};
+
+/// target/<profile>/libnprdma.so, built once per test binary when cargo
+/// runs it; `None` (reason printed) when it cannot be had.
+pub fn lib_path() -> Option<PathBuf> {
+    if let Some(l) = std::env::var_os("NPRDMA_TEST_VERBS_LIB").filter(|l| !l.is_empty()) {
+        return Some(PathBuf::from(l));
+    }
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let exe = std::env::current_exe().ok()?;
+    // target/<profile>/deps/<test> -> target/<profile>/libnprdma.so
+    let dir = exe.parent().and_then(Path::parent)?.to_path_buf();
+    if let Err(why) = BUILT.get_or_init(|| build_cdylib(&dir)) {
+        println!("SKIP: libnprdma.so could not be built ({why}); test not run");
+        return None;
+    }
+    let p = dir.join("libnprdma.so");
+    if !p.exists() {
+        println!(
+            "SKIP: {} not found (build it with `cargo build -p verbs-shim`, same profile and target dir); test not run",
+            p.display()
+        );
+        return None;
+    }
+    Some(p)
+}
+
+fn build_cdylib(profile_dir: &Path) -> Result<(), String> {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return Ok(()); // not under cargo: use what is there
+    };
+    let name = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let profile = if name == "debug" { "dev" } else { name };
+    let target = profile_dir.parent().ok_or("no target dir")?;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../verbs-shim/Cargo.toml");
+    let st = Command::new(cargo)
+        .args(["build", "--lib", "--profile", profile, "--manifest-path"])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", target)
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|e| format!("run cargo: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo build -p verbs-shim: {st}"))
+    }
+}
+
+/// The configuration of a test NIC: libnprdma.so as the device library.
+pub fn config(lib: &Path) -> Config {
+    Config {
+        lib: Some(lib.to_string_lossy().into_owned()),
+        ..Config::default()
+    }
+}
+
+/// Whether the tests run on this repository's libnprdma.so.
+pub fn on_libnprdma() -> bool {
+    std::env::var_os("NPRDMA_TEST_VERBS_LIB").map_or(true, |l| l.is_empty())
+}
+
+/// Two NICs (PDs of their own device contexts) on libnprdma.so.
+pub fn pair() -> Option<(VerbsNic, VerbsNic)> {
+    let lib = lib_path()?;
+    // Pinned mode: the software NIC itself (the default, stated anyway).
+    assert!(
+        !on_libnprdma() || std::env::var("NPRDMA_MODE").map_or(true, |m| m == "pinned"),
+        "the tests need NPRDMA_MODE unset or `pinned`"
+    );
+    let cfg = config(&lib);
+    let a = VerbsNic::open(&cfg).expect("open a");
+    let b = VerbsNic::open(&cfg).expect("open b");
+    Some((a, b))
+}
+
+/// A user-space host for the shared chaos runners: a pager, a context on `nic`
+/// (no IOMMU control) and a PD.
+pub struct UserSide {
+    pub pager: vmem::Pager,
+    pub ctx: nprdma::Context<VerbsNic>,
+    pub pd: nprdma::Pd<VerbsNic>,
+}
+
+impl UserSide {
+    pub fn new(nic: VerbsNic) -> UserSide {
+        let pager = vmem::Pager::new(vmem::PagerConfig {
+            swap_size: 256 << 20,
+            ..vmem::PagerConfig::default()
+        })
+        .expect("pager");
+        let ctx = nprdma::Context::with_nic(nic, &pager, nprdma::Config::default())
+            .expect("user-space context");
+        let pd = ctx.alloc_pd();
+        UserSide { pager, ctx, pd }
+    }
+}
+
+impl nprdma_test_support::Mem<VerbsNic> for UserSide {
+    fn pager(&self) -> &vmem::Pager {
+        &self.pager
+    }
+    fn pd(&self) -> &nprdma::Pd<VerbsNic> {
+        &self.pd
+    }
+}
+
+impl nprdma_test_support::chaos::Side<VerbsNic> for UserSide {
+    fn ctx(&self) -> &nprdma::Context<VerbsNic> {
+        &self.ctx
+    }
+}

@@ -1,0 +1,282 @@
+//! The QP context (rxe's `rxe_qp`): a QP as the engines hold it (its record in the
+//! segment, its software send queue's entries, its CQ rings), creation with caps and
+//! chosen QPNs, the request-ring reset, destruction; the host's list of QPs awaiting
+//! the NIC thread. The send queue's driver is `sq`, its engines `requester` and
+//! `completer`; the verbs on a QP are the handle's (`objects::qp`).
+
+use crate::error::{Error, Result};
+use crate::hw::peer::Peer;
+use crate::hw::segment::{self, QpRec};
+use crate::nic::cq_ring::CqRing;
+use crate::nic::small::Small;
+use crate::nic::state::Nic;
+use crate::verbs::*;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EState {
+    Pending,
+    /// In the target's request ring: parts in slots `slot..slot + sent` (of
+    /// `requester::ring_parts`); `since` = when the last answer (or the first part)
+    /// arrived, for the transport timeout; `alone`: nothing behind it issues until it
+    /// is answered (ODP model, decided once at its first part).
+    Issued {
+        slot: u64,
+        sent: u32,
+        since: u64,
+        alone: bool,
+    },
+    Rnr {
+        until: u64,
+    },
+    /// ODP model: NAKed for a remote page fault; retransmit at `until`.
+    OdpNak {
+        until: u64,
+    },
+    Done {
+        status: WcStatus,
+        byte_len: u32,
+    },
+}
+
+/// Gather-list entries a queued WR keeps without allocating.
+const INLINE_SGES: usize = 4;
+/// Inline payload bytes a queued WR keeps without allocating.
+const INLINE_BYTES: usize = 64;
+
+/// A send WR owned by the software send queue.
+pub(crate) struct Entry {
+    pub wr_id: u64,
+    pub op: WrOpcode,
+    pub flags: SendFlags,
+    pub raddr: u64,
+    pub rkey: u32,
+    pub sges: Small<Sge, INLINE_SGES>,
+    pub inline: Small<u8, INLINE_BYTES>,
+    pub signaled: bool,
+    pub st: EState,
+    pub rnr_left: Option<u8>,
+    pub atoms: u64,
+    /// ODP model: remote page-fault NAKs received for this WR.
+    pub odp_naks: u32,
+    /// ODP model: executed while an earlier WR waits for its retransmission; it is
+    /// redone (go-back-N) and must not complete before that.
+    pub inflight: bool,
+    /// Ring parts of this WR whose answers were taken (see [`EState::Issued`]).
+    pub parts_done: u32,
+}
+
+impl Entry {
+    /// Give up the ring parts still out (their answers go to `zombies`, freed when they
+    /// arrive or time out); the next issue starts from the first part again.
+    pub fn abandon_parts(&mut self, zombies: &mut Vec<(u64, u64)>, now: u64) {
+        if let EState::Issued { slot, sent, .. } = self.st {
+            zombies.extend((self.parts_done..sent).map(|k| (slot + k as u64, now)));
+        }
+        self.parts_done = 0;
+    }
+
+    pub fn len(&self) -> u64 {
+        if self.flags.contains(SendFlags::INLINE) {
+            self.inline.len() as u64
+        } else {
+            self.sges.iter().map(|s| s.length as u64).sum()
+        }
+    }
+}
+
+pub(crate) struct Sq {
+    pub entries: VecDeque<Entry>,
+    pub attr: QpAttr,
+    pub peer: Option<Arc<Peer>>,
+    pub tq: Option<u32>,
+    pub ring_prod: u64,
+    pub ring_cons: u64,
+    pub zombies: Vec<(u64, u64)>,
+    /// Rewind generation carried by every ring request (see `segment::RING_ST_SEQ`):
+    /// moves on when the requester goes back to resend after an RNR.
+    pub gen: u16,
+}
+
+/// A host's QPs with deferred work (outstanding ring requests, RNR waits), attended by
+/// its NIC thread. A QP joins without a wakeup: the NIC thread looks at its list at
+/// least every `thread::MAX_SLEEP_NS`; RNR deadlines kick it explicitly, and arming a
+/// CQ too. Waking it for every request would put a futex wake on the latency path.
+pub(crate) type ActiveQps = Mutex<Vec<Weak<QpCtx>>>;
+
+/// A QP as the engines hold it (rxe's `rxe_qp`); the public handle is `Qp`.
+pub(crate) struct QpCtx {
+    pub nic: Arc<Nic>,
+    /// The host's QPs awaiting the NIC thread (this QP joins when it has deferred work).
+    pub active: Arc<ActiveQps>,
+    /// The PD number.
+    pub pd: u32,
+    pub idx: u32,
+    pub qpn: u32,
+    pub send_cq: Arc<CqRing>,
+    #[allow(dead_code)] // keeps the receive CQ's ring alive while the QP exists
+    pub recv_cq: Arc<CqRing>,
+    pub cap: QpInitAttr,
+    pub sq: Mutex<Sq>,
+    /// Number of ring requests in flight (NIC-thread bookkeeping).
+    pub outstanding: AtomicU32,
+    /// Earliest RNR retry time (ns), 0 = none.
+    pub deadline: AtomicU64,
+    pub last_progress: AtomicU64,
+    /// Whether the QP is on the host's active list (NIC-thread attention).
+    pub in_active: std::sync::atomic::AtomicBool,
+    /// Whether this QP counts in its send CQ's `busy_qps` (written under the SQ lock).
+    pub busy: std::sync::atomic::AtomicBool,
+    pub me: Weak<QpCtx>,
+}
+
+impl QpCtx {
+    /// Claim a QP of `h` on PD `pd` completing into `send_cq` / `recv_cq`.
+    pub fn create(
+        h: Arc<Nic>,
+        active: Arc<ActiveQps>,
+        pd: u32,
+        send_cq: &Arc<CqRing>,
+        recv_cq: &Arc<CqRing>,
+        attr: &QpInitAttr,
+    ) -> Result<Arc<QpCtx>> {
+        let c = &h.cfg;
+        if !Arc::ptr_eq(&send_cq.nic, &h) || !Arc::ptr_eq(&recv_cq.nic, &h) {
+            return Err(Error::InvalidArgument("CQ of another host"));
+        }
+        if attr.max_send_wr == 0 || attr.max_send_wr > c.max_wr || attr.max_recv_wr > c.max_wr {
+            return Err(Error::InvalidArgument("max_send_wr/max_recv_wr"));
+        }
+        if attr.max_send_sge > c.max_sge || attr.max_recv_sge > c.max_sge {
+            return Err(Error::InvalidArgument("max_send_sge/max_recv_sge"));
+        }
+        if attr.max_inline_data > c.max_inline {
+            return Err(Error::InvalidArgument("max_inline_data"));
+        }
+        let qpn = {
+            let mut q = h.qpns.lock();
+            match attr.qpn {
+                Some(n) => {
+                    if n == 0 || n >= 1 << 24 || q.1.contains(&n) {
+                        return Err(Error::InvalidArgument("requested QPN invalid or in use"));
+                    }
+                    q.1.insert(n);
+                    n
+                }
+                None => {
+                    let mut n = q.0;
+                    loop {
+                        if n >= 1 << 23 {
+                            n = 0x100;
+                        }
+                        if !q.1.contains(&n) {
+                            break;
+                        }
+                        n += 1;
+                    }
+                    q.0 = n + 1;
+                    q.1.insert(n);
+                    n
+                }
+            }
+        };
+        let idx = match h.qps.lock().alloc() {
+            Some(i) => i,
+            None => {
+                h.qpns.lock().1.remove(&qpn);
+                return Err(Error::NoResources("QPs"));
+            }
+        };
+        let r = h.seg.qp(idx).expect("allocated index");
+        r.qpn.store(qpn, Ordering::Relaxed);
+        r.state.store(QpState::Reset as u32, Ordering::Relaxed);
+        r.pd.store(pd, Ordering::Relaxed);
+        r.access.store(0, Ordering::Relaxed);
+        r.send_cq.store(send_cq.idx, Ordering::Relaxed);
+        r.recv_cq.store(recv_cq.idx, Ordering::Relaxed);
+        r.min_rnr_timer.store(0, Ordering::Relaxed);
+        r.peer_nonce.store(0, Ordering::Relaxed);
+        r.peer_qpn.store(0, Ordering::Relaxed);
+        r.max_recv_sge.store(attr.max_recv_sge, Ordering::Relaxed);
+        r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
+        let t = r.rq_tail.load(Ordering::Relaxed);
+        r.rq_head.store(t, Ordering::Relaxed);
+        reset_ring(&h, idx, r, true);
+        r.in_use.store(1, Ordering::Release);
+        Ok(Arc::new_cyclic(|me| QpCtx {
+            nic: h.clone(),
+            active,
+            pd,
+            idx,
+            qpn,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            cap: *attr,
+            sq: Mutex::new(Sq {
+                entries: VecDeque::with_capacity(attr.max_send_wr as usize),
+                attr: QpAttr::default(),
+                peer: None,
+                tq: None,
+                ring_prod: 0,
+                ring_cons: 0,
+                zombies: Vec::new(),
+                gen: 0,
+            }),
+            outstanding: AtomicU32::new(0),
+            deadline: AtomicU64::new(0),
+            last_progress: AtomicU64::new(0),
+            in_active: std::sync::atomic::AtomicBool::new(false),
+            busy: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
+        }))
+    }
+
+    pub fn rec(&self) -> &QpRec {
+        self.nic.seg.qp(self.idx).expect("own QP index")
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_u32(self.rec().state.load(Ordering::Acquire))
+    }
+}
+
+/// Restart QP `idx`'s request ring at slot 0. A new QP (`fresh`) starts with every
+/// slot free. A QP moved to RESET keeps the answers it already gave (its initiator may
+/// still be taking them: a SEND delivered before the reset completes as delivered) and
+/// answers the requests it had not served with RETRY_EXC_ERR, as a RESET QP drops
+/// packets; the initiator frees those slots (`requester::issue_ring` frees an answer
+/// left in a slot it is about to use). Excludes the thread serving the rings.
+pub(crate) fn reset_ring(h: &Nic, idx: u32, r: &QpRec, fresh: bool) {
+    let _srv = h.ring_server.lock();
+    for s in 0..h.seg.p.ring_slots as u64 {
+        let slot = h.seg.slot(idx, s).0;
+        let st = slot.state.load(Ordering::Acquire);
+        if fresh {
+            slot.state.store(segment::SLOT_FREE, Ordering::Release);
+        } else if st == segment::SLOT_REQ || st == segment::SLOT_BUSY {
+            slot.status.store(WcStatus::RetryExcErr as u32, Ordering::Relaxed);
+            slot.state.store(segment::SLOT_DONE, Ordering::Release);
+        }
+    }
+    r.ring_cons.0.store(0, Ordering::Release);
+}
+
+impl Drop for QpCtx {
+    fn drop(&mut self) {
+        let h = &*self.nic;
+        if let Some(r) = h.seg.qp(self.idx) {
+            r.state.store(QpState::Reset as u32, Ordering::Release);
+            r.in_use.store(0, Ordering::Release);
+            r.incarnation.fetch_add(1, Ordering::Relaxed);
+        }
+        h.qps.lock().release(self.idx);
+        h.qpns.lock().1.remove(&self.qpn);
+        if *self.busy.get_mut() {
+            self.send_cq.busy_qps.fetch_sub(1, Ordering::Release);
+        }
+    }
+}

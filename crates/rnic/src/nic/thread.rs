@@ -1,0 +1,256 @@
+//! The host's NIC thread: serves the request rings of its QPs (small READ/WRITE,
+//! atomics and shared large copies from peers in other processes), progresses deferred
+//! local work (RNR retry timers; outstanding requests while the application is not
+//! polling), spins only while it has recent work and otherwise blocks on a futex in the
+//! segment.
+
+use crate::hw::segment::{NIC_ASLEEP, NIC_ASLEEP_ATTENDING};
+use crate::nic::cq_ring;
+use crate::nic::qp_ctx::{ActiveQps, QpCtx};
+use crate::nic::responder;
+use crate::nic::state::Nic;
+use crate::sys;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// After this long without an application progressing a QP, the NIC thread does.
+const UNATTENDED_NS: u64 = 1_000_000;
+/// The NIC thread never sleeps longer than this (it then re-checks deferred work).
+pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
+/// While spinning, deferred work is looked at this often (or when kicked).
+const DEFERRED_EVERY_NS: u64 = 20_000;
+
+/// The initiator of QP `idx`'s requests may sleep attending an application that
+/// blocked: wake it now that answers are in its slots (see `Segment::kick_answer`).
+fn wake_initiator(h: &Nic, idx: u32) {
+    let Some(r) = h.seg.qp(idx) else { return };
+    let nonce = r.peer_nonce.load(Ordering::Acquire);
+    let Some(peer) = h.peers.lock().get(&nonce).cloned() else {
+        return;
+    };
+    // Our answers' SLOT_DONE stores before its NIC thread's `nic_sleeping`: either
+    // it sees them in its last check before sleeping, or we see it asleep.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    peer.seg.kick_answer();
+}
+
+/// Retire the answered requests of local QP `idx`, if it has any outstanding;
+/// false when another thread holds its send queue (its requests' answers may not
+/// be retired yet, so the peer's new requests must wait).
+fn retire_answered(active: &ActiveQps, idx: u32) -> bool {
+    let q = active.lock().iter().filter_map(|w| w.upgrade()).find(|q| q.idx == idx);
+    let Some(q) = q else { return true };
+    if q.outstanding.load(Ordering::Acquire) == 0 {
+        return true;
+    }
+    let Some(mut sq) = q.sq.try_lock() else {
+        return false;
+    };
+    q.progress_locked(&mut sq);
+    true
+}
+
+/// Serve every doorbell that rang, unless another thread is serving them (it then
+/// sees what rang). Returns whether any request was served.
+pub(crate) fn serve_doorbells(h: &Nic, active: &ActiveQps) -> bool {
+    let seg = &h.seg;
+    // Cheap idle test first: no lock traffic while nothing rang.
+    if (0..seg.doorbell_words()).all(|w| seg.doorbell_word(w).load(Ordering::Acquire) == 0) {
+        return false;
+    }
+    match h.ring_server.try_lock() {
+        Some(mut srv) => serve_doorbells_locked(h, active, &mut srv),
+        None => false,
+    }
+}
+
+/// [`serve_doorbells`] with `h.ring_server` held by the caller.
+pub(crate) fn serve_doorbells_locked(h: &Nic, active: &ActiveQps, srv: &mut crate::nic::inbound::RingServer) -> bool {
+    let seg = &h.seg;
+    let mut work = false;
+    for w in 0..seg.doorbell_words() {
+        let word = seg.doorbell_word(w);
+        // Load first: swapping an idle word on every spin would keep stealing the
+        // cache line from requesters.
+        if word.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let mut bits = word.swap(0, Ordering::AcqRel);
+        while bits != 0 {
+            let b = bits.trailing_zeros();
+            bits &= bits - 1;
+            let idx = w * 64 + b;
+            // Our own requests on this QP that the peer answered come before what
+            // the peer sent after answering (an ACK precedes the next packet).
+            if !retire_answered(active, idx) {
+                // Served on a later pass, once the holder let go of the queue.
+                word.fetch_or(1 << b, Ordering::AcqRel);
+                work = true;
+                continue;
+            }
+            let held = cq_ring::Held::new(&h.self_peer);
+            let mut served = false;
+            while responder::serve_one(seg, &h.self_peer, idx, h.cfg.dma_section, srv) {
+                served = true;
+            }
+            if served {
+                work = true;
+                wake_initiator(h, idx);
+            }
+            // Released after the initiator was woken for its answers (this order is
+            // what the ib_send_lat -e test holds to; releasing first hung it).
+            drop(held);
+        }
+    }
+    work
+}
+
+struct Deferred {
+    work: bool,
+    next_deadline: Option<u64>,
+    outstanding: bool,
+    attend: bool,
+}
+
+/// Progress local QPs with due RNR timers or unattended outstanding requests; prune
+/// QPs with nothing pending from the active list.
+fn deferred(h: &Nic, active: &ActiveQps, now: u64) -> Deferred {
+    let attend = now < h.attend_until.load(Ordering::Acquire);
+    let act: Vec<Arc<QpCtx>> = active.lock().iter().filter_map(|w| w.upgrade()).collect();
+    let mut d = Deferred {
+        work: false,
+        next_deadline: None,
+        outstanding: false,
+        attend,
+    };
+    let mut idle: Vec<*const QpCtx> = Vec::new();
+    for q in &act {
+        let dl = q.deadline.load(Ordering::Relaxed);
+        let out = q.outstanding.load(Ordering::Relaxed);
+        let stale = now.saturating_sub(q.last_progress.load(Ordering::Relaxed)) > UNATTENDED_NS;
+        if (dl != 0 && dl <= now) || (out > 0 && (attend || stale)) {
+            q.progress();
+            // Attending is no reason to spin: answers wake us (`kick_answer`).
+            d.work |= dl != 0 || q.outstanding.load(Ordering::Relaxed) != out;
+        }
+        let dl = q.deadline.load(Ordering::Relaxed);
+        let out = q.outstanding.load(Ordering::Relaxed);
+        if dl != 0 {
+            d.next_deadline = Some(d.next_deadline.map_or(dl, |x: u64| x.min(dl)));
+        }
+        d.outstanding |= out > 0;
+        if dl == 0 && out == 0 {
+            idle.push(Arc::as_ptr(q));
+        }
+    }
+    if !idle.is_empty() || act.len() != active.lock().len() {
+        let mut a = active.lock();
+        a.retain(|w| match w.upgrade() {
+            Some(q) => {
+                if idle.contains(&Arc::as_ptr(&q))
+                    && q.deadline.load(Ordering::Relaxed) == 0
+                    && q.outstanding.load(Ordering::Relaxed) == 0
+                {
+                    q.in_active.store(false, Ordering::Release);
+                    // Re-check after clearing the flag: new work re-activates itself.
+                    q.deadline.load(Ordering::Acquire) != 0 || q.outstanding.load(Ordering::Acquire) != 0
+                } else {
+                    true
+                }
+            }
+            None => false,
+        });
+    }
+    d
+}
+
+/// The NIC thread's loop (until the host shuts down).
+pub(crate) fn run(h: Arc<Nic>, active: Arc<ActiveQps>) {
+    let seg = h.seg.clone();
+    let hdr = seg.mbox();
+    h.odp.set_nic_thread();
+    let base_spin = h.cfg.nic_spin.as_nanos() as u64;
+    // Adaptive spin window: if a doorbell wakes us soon after we went to sleep, the
+    // spin window was too short for the request rate (each wakeup costs ~50-100 us,
+    // which would itself stretch the gaps past the window): double it, up to 32x.
+    let mut spin_ns = base_spin;
+    let mut slept_at = 0u64;
+    let mut last_work = 0u64;
+    let mut last_seq = hdr.nic_seq.load(Ordering::SeqCst).wrapping_sub(1);
+    let mut next_check = 0u64;
+    let mut d = Deferred {
+        work: false,
+        next_deadline: None,
+        outstanding: false,
+        attend: false,
+    };
+    while !h.shutdown.load(Ordering::Acquire) {
+        let seq = hdr.nic_seq.load(Ordering::SeqCst);
+        let mut work = serve_doorbells(&h, &active);
+        // Another thread polls the rings: do not spin for them.
+        let ext = hdr.ext_polling.load(Ordering::SeqCst) != 0;
+        work |= crate::nic::odp::serve(&h, &h.odp);
+        let now = sys::now_ns();
+        if seq != last_seq || now >= next_check || d.attend {
+            last_seq = seq;
+            next_check = now + DEFERRED_EVERY_NS;
+            d = deferred(&h, &active, now);
+            work |= d.work;
+        }
+        if work {
+            if slept_at != 0 {
+                let gap = now.saturating_sub(slept_at);
+                spin_ns = if gap < 4 * spin_ns {
+                    (spin_ns * 2).min(base_spin * 32)
+                } else {
+                    base_spin
+                };
+                slept_at = 0;
+            }
+            last_work = now;
+            continue;
+        }
+        if !ext && now.saturating_sub(last_work) < spin_ns {
+            std::hint::spin_loop();
+            continue;
+        }
+        if slept_at == 0 {
+            slept_at = now;
+        }
+        // Deferred state must be current before deciding how long to sleep.
+        if seq != hdr.nic_seq.load(Ordering::SeqCst) {
+            continue;
+        }
+        // Announce the sleep before the last look at the answers: a target that
+        // answers after that look sees us asleep and wakes us (`kick_answer`).
+        let attending = now < h.attend_until.load(Ordering::Acquire);
+        hdr.nic_sleeping.store(
+            if attending { NIC_ASLEEP_ATTENDING } else { NIC_ASLEEP },
+            Ordering::SeqCst,
+        );
+        d = deferred(&h, &active, now);
+        if d.work {
+            hdr.nic_sleeping.store(0, Ordering::SeqCst);
+            continue;
+        }
+        // Pending doorbells keep us awake unless the external poller serves them
+        // (it serves what is pending when it stops, see `Host::set_ring_polling`).
+        let ext = hdr.ext_polling.load(Ordering::SeqCst) != 0;
+        let pending = (!ext && (0..seg.doorbell_words()).any(|w| seg.doorbell_word(w).load(Ordering::SeqCst) != 0))
+            || crate::nic::odp::mail_pending(&seg);
+        if !pending && !h.shutdown.load(Ordering::SeqCst) {
+            let mut timeout = d.next_deadline.map(|x| x.saturating_sub(now));
+            if d.outstanding {
+                // Answers wake us while attending; the timeout only bounds a
+                // target that cannot (a peer of an older build, one that died).
+                let t = UNATTENDED_NS;
+                timeout = Some(timeout.map_or(t, |x| x.min(t)));
+            }
+            let timeout = timeout.map_or(MAX_SLEEP_NS, |t| t.min(MAX_SLEEP_NS));
+            sys::futex_wait(&hdr.nic_seq, seq, Some(Duration::from_nanos(timeout)));
+        }
+        hdr.nic_sleeping.store(0, Ordering::SeqCst);
+        next_check = 0;
+    }
+}
