@@ -344,6 +344,75 @@ fn completion_events_through_the_channel() {
     }
 }
 
+/// Two CQs on one channel: events come out in the order they were signalled (as the
+/// kernel queues them), not in the order the CQs were created. An application that
+/// re-arms only the CQ that fired relies on it.
+#[test]
+fn channel_events_in_signal_order() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let ch = ibv_create_comp_channel(e.ctx);
+        assert!(!ch.is_null());
+        let first = ibv_create_cq(e.ctx, 16, 1usize as *mut c_void, ch, 0);
+        let second = ibv_create_cq(e.ctx, 16, 2usize as *mut c_void, ch, 0);
+        assert!(!first.is_null() && !second.is_null());
+        let (a1, b1) = qp_pair(&e, first);
+        let (a2, b2) = qp_pair(&e, second);
+        let mut buf = [0u8; 16];
+        let mr = ibv_reg_mr(
+            e.pd,
+            buf.as_mut_ptr() as *mut c_void,
+            16,
+            IBV_ACCESS_LOCAL_WRITE as c_int,
+        );
+        let mut s1 = sge(buf.as_ptr() as u64, 8, (*mr).lkey);
+        let mut s2 = sge(buf.as_ptr() as u64 + 8, 8, (*mr).lkey);
+        post_recv_one(&e, b1, 0, s1);
+        post_recv_one(&e, b2, 0, s2);
+        for cq in [first, second] {
+            assert_eq!((*e.ctx).ops.req_notify_cq.unwrap()(cq, 0), 0);
+        }
+        let mut bad = null_mut();
+        // The CQ created second signals first: its event is on the channel (its fd
+        // readable) before the other CQ has a completion at all.
+        let mut w2 = send_wr(2, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut s2);
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(a2, &mut w2, &mut bad), 0);
+        let mut pfd = libc::pollfd {
+            fd: (*ch).fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            libc::poll(&mut pfd, 1, 10_000),
+            1,
+            "no event from the second CQ"
+        );
+        let mut w1 = send_wr(1, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut s1);
+        assert_eq!((*e.ctx).ops.post_send.unwrap()(a1, &mut w1, &mut bad), 0);
+        let (mut ecq, mut ectx) = (null_mut(), null_mut());
+        assert_eq!(ibv_get_cq_event(ch, &mut ecq, &mut ectx), 0);
+        assert_eq!((ecq, ectx as usize), (second, 2), "the earlier event first");
+        assert_eq!(ibv_get_cq_event(ch, &mut ecq, &mut ectx), 0);
+        assert_eq!((ecq, ectx as usize), (first, 1));
+        ibv_ack_cq_events(first, 1);
+        ibv_ack_cq_events(second, 1);
+        for cq in [first, second] {
+            poll_one(e.ctx, cq);
+            poll_one(e.ctx, cq);
+        }
+        for qp in [a1, b1, a2, b2] {
+            assert_eq!(ibv_destroy_qp(qp), 0);
+        }
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(first), 0);
+        assert_eq!(ibv_destroy_cq(second), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
 #[test]
 fn refusals_set_errno() {
     let e = open();

@@ -480,11 +480,34 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         nonnull(cq, "cq out pointer")?;
         nonnull(cq_context, "cq_context out pointer")?;
         let nonblock = is_nonblocking(&ch.epfd);
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut ready = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
+        let mut block = false;
         loop {
-            let fired = ch.cqs.lock().iter().copied().find(|&c| {
-                // SAFETY: CQs remove themselves from the list before being freed.
-                unsafe { &*(c as *const ShimCq) }.inner.take_event()
-            });
+            // The CQs whose eventfds are readable, in the order they became readable
+            // (epoll's ready list is first-in first-out): events are taken in the
+            // order they were signalled, as the kernel queues them on a channel.
+            let order: Vec<usize> =
+                match epoll::wait(&ch.epfd, &mut ready, (!block).then_some(&now)) {
+                    Ok((evs, _)) => evs.iter().map(|e| e.data.u64() as usize).collect(),
+                    Err(rustix::io::Errno::INTR) => Vec::new(),
+                    Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
+                };
+            let cqs = ch.cqs.lock();
+            // Then every CQ: an event may be pending a moment before its fd signals.
+            let fired = order
+                .into_iter()
+                .filter(|c| cqs.contains(c))
+                .chain(cqs.iter().copied())
+                .find(|&c| {
+                    // SAFETY: CQs remove themselves from the list (under its lock, held
+                    // here) before being freed.
+                    unsafe { &*(c as *const ShimCq) }.inner.take_event()
+                });
+            drop(cqs);
             if let Some(c) = fired {
                 let c = c as *mut ShimCq;
                 // SAFETY: out pointers checked non-null; c is alive (see above).
@@ -498,11 +521,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 set_errno(libc::EAGAIN);
                 return Ok(-1);
             }
-            let mut ev = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 1];
-            match epoll::wait(&ch.epfd, &mut ev, None) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
-            }
+            block = true;
         }
     })
 }

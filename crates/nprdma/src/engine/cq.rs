@@ -45,6 +45,7 @@ impl<N: Backend> Cq<N> {
         #[allow(unsafe_code)]
         // SAFETY: fd was just created and is owned by nobody else.
         let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let armed_total = sh.armed_cqs.clone();
         Ok(Cq {
             sh,
             u: Arc::new(UCq {
@@ -52,6 +53,7 @@ impl<N: Backend> Cq<N> {
                 len: AtomicUsize::new(0),
                 depth: depth as usize,
                 armed: AtomicBool::new(false),
+                armed_total,
                 efd,
                 overflowed: AtomicBool::new(false),
             }),
@@ -113,17 +115,12 @@ impl<N: Backend> Cq<N> {
         v
     }
 
-    /// Arm: the next completion makes [`Cq::event_fd`] readable.
+    /// Arm: the next completion makes [`Cq::event_fd`] readable. Completions already
+    /// queued do not (as `ibv_req_notify_cq` on rxe or mlx5: the application polls
+    /// after arming to find them); an application that re-arms before polling the
+    /// completion that fired gets no second event for it.
     pub fn req_notify(&self) {
-        self.u.armed.store(true, Ordering::Release);
-        if !self.u.q.lock().is_empty() && self.u.armed.swap(false, Ordering::AcqRel) {
-            let one: u64 = 1;
-            #[allow(unsafe_code)]
-            // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
-            unsafe {
-                libc::write(self.u.efd.as_raw_fd(), &one as *const u64 as *const _, 8);
-            }
-        }
+        self.u.arm();
     }
 
     /// The completion channel (eventfd; read it to reset).

@@ -168,6 +168,7 @@ impl<N: Backend> Context<N> {
             st: Mutex::new(State::new()),
             stop: AtomicBool::new(false),
             app_polls: AtomicU64::new(0),
+            armed_cqs: Arc::default(),
         });
         let s2 = sh.clone();
         let t = std::thread::Builder::new()

@@ -362,7 +362,9 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let mut rings = RingPolling::new(&sh.nic, !sh.cfg.interrupt_mode);
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
-        if polls != seen {
+        // An application that polls progresses inline; one waiting for an event
+        // on an armed CQ does not (it polls once per event).
+        if polls != seen && sh.armed_cqs.load(Ordering::Acquire) == 0 {
             seen = polls;
             rings.stop();
             std::thread::sleep(Duration::from_micros(500));
@@ -376,7 +378,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             last_work = Instant::now();
             continue;
         }
-        if !sh.cfg.interrupt_mode && last_work.elapsed() < window {
+        // An application waiting for an event is asleep: spinning here would only
+        // keep it off a core (it needs one to run what it is woken for).
+        let waited_on = sh.armed_cqs.load(Ordering::Acquire) != 0;
+        if !sh.cfg.interrupt_mode && !waited_on && last_work.elapsed() < window {
             rings.start();
             std::hint::spin_loop();
             continue;

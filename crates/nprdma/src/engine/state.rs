@@ -4,7 +4,7 @@
 //! progresses (the polling thread, or an application thread polling its CQ).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,6 +30,10 @@ pub(crate) struct Shared<N: Backend> {
     /// Bumped by every application CQ poll (the polling thread steps aside
     /// while it moves).
     pub app_polls: AtomicU64,
+    /// How many of the context's CQs are armed: an application waiting for a
+    /// completion event depends on the polling thread, which then does not
+    /// step aside for its polls.
+    pub armed_cqs: Arc<AtomicU32>,
 }
 
 impl<N: Backend> std::ops::Deref for Shared<N> {

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -17,6 +17,9 @@ pub(crate) struct UCq {
     pub(super) len: AtomicUsize,
     pub(super) depth: usize,
     pub(super) armed: AtomicBool,
+    /// The context's count of armed CQs (see `Shared::armed_cqs`), this one's
+    /// arming included while `armed` is set.
+    pub(super) armed_total: Arc<AtomicU32>,
     pub(super) efd: OwnedFd,
     pub(super) overflowed: AtomicBool,
 }
@@ -27,6 +30,13 @@ impl UCq {
     /// completions are pushed).
     pub(crate) fn bypassable(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0 && !self.armed.load(Ordering::Acquire)
+    }
+
+    /// Arm: the next completion pushed signals the eventfd.
+    pub(crate) fn arm(&self) {
+        if !self.armed.swap(true, Ordering::AcqRel) {
+            self.armed_total.fetch_add(1, Ordering::Release);
+        }
     }
 
     pub(crate) fn push(&self, c: Completion) {
@@ -41,12 +51,21 @@ impl UCq {
         self.len.store(q.len(), Ordering::Release);
         drop(q);
         if self.armed.swap(false, Ordering::AcqRel) {
+            self.armed_total.fetch_sub(1, Ordering::Release);
             let one: u64 = 1;
             #[allow(unsafe_code)]
             // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
             unsafe {
                 libc::write(self.efd.as_raw_fd(), &one as *const u64 as *const _, 8);
             }
+        }
+    }
+}
+
+impl Drop for UCq {
+    fn drop(&mut self) {
+        if *self.armed.get_mut() {
+            self.armed_total.fetch_sub(1, Ordering::Release);
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::nic::small::Small;
 use crate::nic::state::Nic;
 use crate::verbs::*;
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -101,17 +101,33 @@ pub(crate) struct Sq {
     pub gen: u16,
 }
 
-/// A host's QPs with deferred work (outstanding ring requests, RNR waits), attended by
-/// its NIC thread. A QP joins without a wakeup: the NIC thread looks at its list at
-/// least every `thread::MAX_SLEEP_NS`; RNR deadlines kick it explicitly, and arming a
-/// CQ too. Waking it for every request would put a futex wake on the latency path.
-pub(crate) type ActiveQps = Mutex<Vec<Weak<QpCtx>>>;
+/// A host's QPs as its NIC thread and ring servers find them.
+#[derive(Default)]
+pub(crate) struct HostQps {
+    /// The QPs with deferred work (outstanding ring requests, RNR waits), attended by
+    /// the NIC thread. A QP joins without a wakeup: the NIC thread looks at this list
+    /// at least every `thread::MAX_SLEEP_NS`; RNR deadlines kick it explicitly, and
+    /// arming a CQ too. Waking it for every request would put a futex wake on the
+    /// latency path.
+    pub active: Mutex<Vec<Weak<QpCtx>>>,
+    /// Every QP of the host by its index (a later QP at the same index replaces a
+    /// destroyed one): whoever serves a QP's incoming requests retires that QP's
+    /// answered requests first, listed as active or not yet.
+    by_idx: Mutex<HashMap<u32, Weak<QpCtx>>>,
+}
+
+impl HostQps {
+    /// The live QP at index `idx`, if any.
+    pub fn get(&self, idx: u32) -> Option<Arc<QpCtx>> {
+        self.by_idx.lock().get(&idx)?.upgrade()
+    }
+}
 
 /// A QP as the engines hold it (rxe's `rxe_qp`); the public handle is `Qp`.
 pub(crate) struct QpCtx {
     pub nic: Arc<Nic>,
-    /// The host's QPs awaiting the NIC thread (this QP joins when it has deferred work).
-    pub active: Arc<ActiveQps>,
+    /// The host's QP lists (this QP joins `active` when it has deferred work).
+    pub qps: Arc<HostQps>,
     /// The PD number.
     pub pd: u32,
     pub idx: u32,
@@ -137,7 +153,7 @@ impl QpCtx {
     /// Claim a QP of `h` on PD `pd` completing into `send_cq` / `recv_cq`.
     pub fn create(
         h: Arc<Nic>,
-        active: Arc<ActiveQps>,
+        qps: Arc<HostQps>,
         pd: u32,
         send_cq: &Arc<CqRing>,
         recv_cq: &Arc<CqRing>,
@@ -206,9 +222,9 @@ impl QpCtx {
         r.rq_head.store(t, Ordering::Relaxed);
         reset_ring(&h, idx, r, true);
         r.in_use.store(1, Ordering::Release);
-        Ok(Arc::new_cyclic(|me| QpCtx {
+        let q = Arc::new_cyclic(|me| QpCtx {
             nic: h.clone(),
-            active,
+            qps: qps.clone(),
             pd,
             idx,
             qpn,
@@ -231,7 +247,19 @@ impl QpCtx {
             in_active: std::sync::atomic::AtomicBool::new(false),
             busy: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
-        }))
+        });
+        qps.by_idx.lock().insert(idx, Arc::downgrade(&q));
+        Ok(q)
+    }
+
+    /// A request of this QP is about to reach its peer (call under the SQ lock,
+    /// before the request is visible). It can be answered, and the peer's reply to
+    /// it reach this host, before `QpCtx::progress_locked` recounts `outstanding` at its
+    /// end: raised now (the request's Release store publishes it), whoever
+    /// delivers that reply sees a QP to retire first and waits for our lock
+    /// (`thread::retire_answered`), so our completion precedes the reply's.
+    pub(crate) fn note_issuing(&self) {
+        self.outstanding.fetch_max(1, Ordering::Relaxed);
     }
 
     pub fn rec(&self) -> &QpRec {

@@ -316,6 +316,9 @@ pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool
                 h.cmp.store(u64::from_le_bytes(small), Ordering::Relaxed);
             }
         }
+        if sent == sent_before {
+            q.note_issuing();
+        }
         h.state.store(segment::SLOT_REQ, Ordering::Release);
         peer.seg.ring_doorbell(tq);
         sq.ring_prod += 1;

@@ -71,7 +71,7 @@ impl QpCtx {
         let old_dl = self.deadline.swap(dl, Ordering::Relaxed);
         if (issued > 0 || dl != 0) && !self.in_active.swap(true, Ordering::AcqRel) {
             if let Some(me) = self.me.upgrade() {
-                self.active.lock().push(Arc::downgrade(&me));
+                self.qps.active.lock().push(Arc::downgrade(&me));
             }
         }
         if dl != 0 && dl != old_dl {
@@ -189,6 +189,7 @@ impl QpCtx {
                 if matches!(sq.entries[i].st, EState::OdpNak { .. }) {
                     self.go_back_n(sq, i);
                 }
+                self.note_issuing();
                 match requester::exec_direct(self, sq, i) {
                     Outcome::OdpNak => {
                         self.odp_nak(sq, i, now);

@@ -6,7 +6,7 @@
 
 use crate::hw::segment::{NIC_ASLEEP, NIC_ASLEEP_ATTENDING};
 use crate::nic::cq_ring;
-use crate::nic::qp_ctx::{ActiveQps, QpCtx};
+use crate::nic::qp_ctx::{HostQps, QpCtx};
 use crate::nic::responder;
 use crate::nic::state::Nic;
 use crate::sys;
@@ -37,10 +37,10 @@ fn wake_initiator(h: &Nic, idx: u32) {
 
 /// Retire the answered requests of local QP `idx`, if it has any outstanding;
 /// false when another thread holds its send queue (its requests' answers may not
-/// be retired yet, so the peer's new requests must wait).
-fn retire_answered(active: &ActiveQps, idx: u32) -> bool {
-    let q = active.lock().iter().filter_map(|w| w.upgrade()).find(|q| q.idx == idx);
-    let Some(q) = q else { return true };
+/// be retired yet, so the peer's new requests must wait). A QP starting requests
+/// raises `outstanding` before the first one is visible (`QpCtx::progress_locked`).
+fn retire_answered(qps: &HostQps, idx: u32) -> bool {
+    let Some(q) = qps.get(idx) else { return true };
     if q.outstanding.load(Ordering::Acquire) == 0 {
         return true;
     }
@@ -53,20 +53,20 @@ fn retire_answered(active: &ActiveQps, idx: u32) -> bool {
 
 /// Serve every doorbell that rang, unless another thread is serving them (it then
 /// sees what rang). Returns whether any request was served.
-pub(crate) fn serve_doorbells(h: &Nic, active: &ActiveQps) -> bool {
+pub(crate) fn serve_doorbells(h: &Nic, qps: &HostQps) -> bool {
     let seg = &h.seg;
     // Cheap idle test first: no lock traffic while nothing rang.
     if (0..seg.doorbell_words()).all(|w| seg.doorbell_word(w).load(Ordering::Acquire) == 0) {
         return false;
     }
     match h.ring_server.try_lock() {
-        Some(mut srv) => serve_doorbells_locked(h, active, &mut srv),
+        Some(mut srv) => serve_doorbells_locked(h, qps, &mut srv),
         None => false,
     }
 }
 
 /// [`serve_doorbells`] with `h.ring_server` held by the caller.
-pub(crate) fn serve_doorbells_locked(h: &Nic, active: &ActiveQps, srv: &mut crate::nic::inbound::RingServer) -> bool {
+pub(crate) fn serve_doorbells_locked(h: &Nic, qps: &HostQps, srv: &mut crate::nic::inbound::RingServer) -> bool {
     let seg = &h.seg;
     let mut work = false;
     for w in 0..seg.doorbell_words() {
@@ -83,7 +83,7 @@ pub(crate) fn serve_doorbells_locked(h: &Nic, active: &ActiveQps, srv: &mut crat
             let idx = w * 64 + b;
             // Our own requests on this QP that the peer answered come before what
             // the peer sent after answering (an ACK precedes the next packet).
-            if !retire_answered(active, idx) {
+            if !retire_answered(qps, idx) {
                 // Served on a later pass, once the holder let go of the queue.
                 word.fetch_or(1 << b, Ordering::AcqRel);
                 work = true;
@@ -115,9 +115,9 @@ struct Deferred {
 
 /// Progress local QPs with due RNR timers or unattended outstanding requests; prune
 /// QPs with nothing pending from the active list.
-fn deferred(h: &Nic, active: &ActiveQps, now: u64) -> Deferred {
+fn deferred(h: &Nic, qps: &HostQps, now: u64) -> Deferred {
     let attend = now < h.attend_until.load(Ordering::Acquire);
-    let act: Vec<Arc<QpCtx>> = active.lock().iter().filter_map(|w| w.upgrade()).collect();
+    let act: Vec<Arc<QpCtx>> = qps.active.lock().iter().filter_map(|w| w.upgrade()).collect();
     let mut d = Deferred {
         work: false,
         next_deadline: None,
@@ -144,8 +144,8 @@ fn deferred(h: &Nic, active: &ActiveQps, now: u64) -> Deferred {
             idle.push(Arc::as_ptr(q));
         }
     }
-    if !idle.is_empty() || act.len() != active.lock().len() {
-        let mut a = active.lock();
+    if !idle.is_empty() || act.len() != qps.active.lock().len() {
+        let mut a = qps.active.lock();
         a.retain(|w| match w.upgrade() {
             Some(q) => {
                 if idle.contains(&Arc::as_ptr(&q))
@@ -166,7 +166,7 @@ fn deferred(h: &Nic, active: &ActiveQps, now: u64) -> Deferred {
 }
 
 /// The NIC thread's loop (until the host shuts down).
-pub(crate) fn run(h: Arc<Nic>, active: Arc<ActiveQps>) {
+pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
     let seg = h.seg.clone();
     let hdr = seg.mbox();
     h.odp.set_nic_thread();
@@ -187,7 +187,7 @@ pub(crate) fn run(h: Arc<Nic>, active: Arc<ActiveQps>) {
     };
     while !h.shutdown.load(Ordering::Acquire) {
         let seq = hdr.nic_seq.load(Ordering::SeqCst);
-        let mut work = serve_doorbells(&h, &active);
+        let mut work = serve_doorbells(&h, &qps);
         // Another thread polls the rings: do not spin for them.
         let ext = hdr.ext_polling.load(Ordering::SeqCst) != 0;
         work |= crate::nic::odp::serve(&h, &h.odp);
@@ -195,7 +195,7 @@ pub(crate) fn run(h: Arc<Nic>, active: Arc<ActiveQps>) {
         if seq != last_seq || now >= next_check || d.attend {
             last_seq = seq;
             next_check = now + DEFERRED_EVERY_NS;
-            d = deferred(&h, &active, now);
+            d = deferred(&h, &qps, now);
             work |= d.work;
         }
         if work {
@@ -229,7 +229,7 @@ pub(crate) fn run(h: Arc<Nic>, active: Arc<ActiveQps>) {
             if attending { NIC_ASLEEP_ATTENDING } else { NIC_ASLEEP },
             Ordering::SeqCst,
         );
-        d = deferred(&h, &active, now);
+        d = deferred(&h, &qps, now);
         if d.work {
             hdr.nic_sleeping.store(0, Ordering::SeqCst);
             continue;

@@ -9,7 +9,7 @@ use crate::hw::device::Device;
 use crate::hw::frames::FrameMap;
 use crate::hw::iommu::Iommu;
 use crate::hw::segment::Segment;
-use crate::nic::qp_ctx::ActiveQps;
+use crate::nic::qp_ctx::HostQps;
 use crate::nic::state::Nic;
 use crate::sys;
 use crate::verbs::DeviceAttr;
@@ -74,7 +74,7 @@ pub struct NicStats {
 /// thread, and the NIC thread itself (stopped when the last holder goes).
 struct HostShared {
     inner: Arc<Nic>,
-    active: Arc<ActiveQps>,
+    qps: Arc<HostQps>,
     nic: Option<JoinHandle<()>>,
 }
 
@@ -131,9 +131,9 @@ impl Host {
             nonce,
         };
         let inner = Nic::register(Device::new(cfg, seg, addr));
-        let active: Arc<ActiveQps> = Arc::default();
+        let qps: Arc<HostQps> = Arc::default();
         let t = inner.clone();
-        let act = active.clone();
+        let act = qps.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let nic = std::thread::Builder::new()
             .name("rnic-nic".into())
@@ -156,7 +156,7 @@ impl Host {
         Ok(Host {
             sh: Arc::new(HostShared {
                 inner,
-                active,
+                qps,
                 nic: Some(nic),
             }),
         })
@@ -166,9 +166,9 @@ impl Host {
         &self.sh.inner
     }
 
-    /// The list of this host's QPs awaiting the NIC thread (given to each QP).
-    pub(crate) fn active(&self) -> &Arc<ActiveQps> {
-        &self.sh.active
+    /// This host's QP lists (given to each QP).
+    pub(crate) fn qps(&self) -> &Arc<HostQps> {
+        &self.sh.qps
     }
 
     /// The address peers use to connect QPs to this host.
@@ -199,14 +199,14 @@ impl Host {
         // is visible now. Wait for the lock: the NIC thread may hold it (it then
         // serves, but may have swapped the words before that bit arrived).
         let mut srv = self.inner().ring_server.lock();
-        crate::nic::thread::serve_doorbells_locked(self.inner(), &self.sh.active, &mut srv)
+        crate::nic::thread::serve_doorbells_locked(self.inner(), &self.sh.qps, &mut srv)
     }
 
     /// Serve pending requests of peers (small READ/WRITE, atomics, shared copies)
     /// from the calling thread, unless the NIC thread is serving right now.
     /// Returns whether any was served. See [`Host::set_ring_polling`].
     pub fn serve_rings(&self) -> bool {
-        crate::nic::thread::serve_doorbells(self.inner(), &self.sh.active)
+        crate::nic::thread::serve_doorbells(self.inner(), &self.sh.qps)
     }
 
     /// The host's IOMMU.

@@ -101,7 +101,7 @@ impl Cq {
         // it polls (a doorbell word load when none did; skipped while another thread
         // serves): messages between two polling applications then need no NIC-thread
         // hand-off (a wake-up, or a spinning thread more per process).
-        crate::nic::thread::serve_doorbells(hi, self.inner.host.active());
+        crate::nic::thread::serve_doorbells(hi, self.inner.host.qps());
         let seg = &hi.seg;
         let c = seg.cq(self.inner.idx).expect("own CQ");
         let h0 = c.head.load(Ordering::Acquire);

@@ -34,7 +34,7 @@ impl Qp {
         let host = pd.host();
         let inner = QpCtx::create(
             host.inner().clone(),
-            host.active().clone(),
+            host.qps().clone(),
             pd.id(),
             &send_cq.inner.ring,
             &recv_cq.inner.ring,
