@@ -378,12 +378,15 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             last_work = Instant::now();
             continue;
         }
-        // An application waiting for an event is asleep: spinning here would only
-        // keep it off a core (it needs one to run what it is woken for).
-        let waited_on = sh.armed_cqs.load(Ordering::Acquire) != 0;
-        if !sh.cfg.interrupt_mode && !waited_on && last_work.elapsed() < window {
+        if !sh.cfg.interrupt_mode && last_work.elapsed() < window {
             rings.start();
-            std::hint::spin_loop();
+            if sh.armed_cqs.load(Ordering::Acquire) != 0 {
+                // An application waiting for an event is asleep and needs a core to
+                // run what it is woken for: spin yielding it.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         if rings.stop() {
