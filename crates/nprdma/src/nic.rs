@@ -286,6 +286,21 @@ impl WcStatus {
             .copied()
             .unwrap_or(WcStatus::GeneralErr)
     }
+    /// Whether the status reports what the responder did or did not answer (a
+    /// NAK, a missing answer): an unreliable connection's requester never learns it.
+    pub fn is_remote(self) -> bool {
+        use WcStatus::*;
+        matches!(
+            self,
+            RemInvReqErr
+                | RemAccessErr
+                | RemOpErr
+                | RetryExcErr
+                | RnrRetryExcErr
+                | RemInvRdReqErr
+                | RemAbortErr
+        )
+    }
 }
 
 /// A work completion.

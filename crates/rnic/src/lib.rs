@@ -164,13 +164,18 @@
 //! the target QP to ERR and flushes its receives, as on hardware. CQ overflow is an
 //! error state of the CQ (`poll` returns `Error::CqOverflow`) and moves the QP to ERR.
 //!
+//! ## QP types
+//! RC, and UC (`Pd::create_qp_of(QpType::Uc, ..)`): SEND / SEND_WITH_IMM / WRITE /
+//! WRITE_WITH_IMM only (READ and atomics are refused at post), UC's own transition
+//! attributes (no responder resources, timeouts or retries), and nothing acknowledged:
+//! a message or WRITE the responder refuses (no receive posted, a bad rkey, a receive
+//! too small) is dropped there — the receive stays posted, the QP stays up — and the
+//! requester completes the WR successfully.
+//!
 //! ## Known limits
-//! SQD/SQE states, memory windows, SRQs, UD/UC QPs are not modelled; PSNs are accepted
-//! and ignored (the transports are lossless). The segment is still mapped writable by
-//! peers (their requests and doorbells live in it), so a process that bypasses this
-//! crate could rewrite another host's tables; sealing all but the request area is the
-//! remaining step of target-enforced protection. Between trusting hosts, a peer performs
-//! the target NIC's checks itself.
+//! SQD/SQE states, memory windows, SRQs, UD QPs are not modelled; PSNs are accepted
+//! and ignored (the transports are lossless). Between trusting hosts
+//! (`HostConfig::trusted_peers`), a peer performs the target NIC's checks itself.
 
 pub mod config;
 pub mod error;

@@ -88,6 +88,28 @@ impl WcStatus {
     pub fn is_ok(self) -> bool {
         self == WcStatus::Success
     }
+    /// Whether the status reports what the responder did or did not answer (a NAK,
+    /// a missing answer): the requester of an unreliable connection never learns it.
+    pub fn is_remote(self) -> bool {
+        use WcStatus::*;
+        matches!(
+            self,
+            RemInvReqErr | RemAccessErr | RemOpErr | RetryExcErr | RnrRetryExcErr | RemInvRdReqErr | RemAbortErr
+        )
+    }
+}
+
+/// Transport service of a QP (`enum ibv_qp_type`'s connected types).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QpType {
+    /// Reliable connected: acknowledged, retried, every operation.
+    #[default]
+    Rc,
+    /// Unreliable connected: SEND, SEND_WITH_IMM, RDMA WRITE (with immediate) only;
+    /// nothing is acknowledged, so the requester completes a WR once it has left —
+    /// a message the responder refuses (no receive posted, a bad rkey, a receive
+    /// too small) is dropped there and never reported back.
+    Uc,
 }
 
 /// Completion opcode, numerically equal to `enum ibv_wc_opcode`.

@@ -27,6 +27,8 @@
 //!   address). Pinned mode charges MRs against `RLIMIT_MEMLOCK` like `ib_umem_get`.
 //! * `ibv_import_device` on a dup of a context's `cmd_fd`, `ibv_import_pd` /
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
+//! * RC and UC QPs (UC: SEND/WRITE only, nothing acknowledged — what the responder
+//!   refuses is dropped there and the WR completes successfully), in both modes.
 //! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the

@@ -538,7 +538,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
 
 // ---- QP ----
 
-/// Create an RC QP from `a` (caps written back). With `send_ops`, the QP also offers
+/// Create an RC or UC QP from `a` (caps written back). With `send_ops`, the QP also offers
 /// the `ibv_qp_ex` work-request builder (`ibv_qp_to_qp_ex`).
 ///
 /// # Safety
@@ -550,11 +550,23 @@ pub(crate) unsafe fn create_qp_common(
 ) -> Result<*mut ibv_qp, ShimError> {
     // SAFETY: caller contract.
     let p: &ShimPd = unsafe { shim(pd, "PD")? };
-    if a.qp_type != IBV_QPT_RC {
-        return Err(ShimError::Unsupported(format!(
-            "QP type {} (only RC QPs are supported)",
-            a.qp_type
-        )));
+    let qp_type = match a.qp_type {
+        IBV_QPT_RC => rnic::QpType::Rc,
+        IBV_QPT_UC => rnic::QpType::Uc,
+        t => {
+            return Err(ShimError::Unsupported(format!(
+                "QP type {t} (RC and UC QPs are supported)"
+            )))
+        }
+    };
+    // UC carries no READ or atomics (as rxe's provider refuses them in send_ops_flags).
+    const RC_ONLY_OPS: u64 = (IBV_QP_EX_WITH_RDMA_READ
+        | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+        | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
+    if qp_type == rnic::QpType::Uc && send_ops.is_some_and(|f| f & RC_ONLY_OPS != 0) {
+        return Err(ShimError::Unsupported(
+            "RDMA READ and atomics in send_ops_flags of a UC QP".into(),
+        ));
     }
     if !a.srq.is_null() {
         return Err(ShimError::Unsupported("shared receive queues".into()));
@@ -572,7 +584,9 @@ pub(crate) unsafe fn create_qp_common(
         max_inline_data: a.cap.max_inline_data,
         sq_sig_all: a.sq_sig_all != 0,
     };
-    let inner = p.inner.create_qp(&*scq.inner, &*rcq.inner, &init)?;
+    let inner = p
+        .inner
+        .create_qp_of(qp_type, &*scq.inner, &*rcq.inner, &init)?;
     let cap = inner.cap();
     a.cap = ibv_qp_cap {
         max_send_wr: cap.max_send_wr,
@@ -591,7 +605,7 @@ pub(crate) unsafe fn create_qp_common(
     b.recv_cq = a.recv_cq;
     b.qp_num = inner.qpn();
     b.state = IBV_QPS_RESET;
-    b.qp_type = IBV_QPT_RC;
+    b.qp_type = a.qp_type;
     if send_ops.is_some() {
         crate::qp_ex::install_wr_ops(&mut q);
     }
@@ -672,7 +686,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             i.recv_cq = q.qp.qp_base.recv_cq;
             i.srq = std::ptr::null_mut();
             i.cap = c;
-            i.qp_type = IBV_QPT_RC;
+            i.qp_type = q.qp.qp_base.qp_type;
             i.sq_sig_all = cap.sq_sig_all as c_int;
         }
         Ok(())

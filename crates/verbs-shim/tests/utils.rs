@@ -42,7 +42,18 @@ fn pingpong(port: u16, extra: &[&str]) {
 
 /// ibv_rc_pingpong with its data check (`-c`), 200 iterations, `env` on both sides.
 fn pingpong_env(port: u16, extra: &[&str], env: &[(&str, &str)]) -> Option<(Output, Output)> {
-    let b = require(&["ibv_rc_pingpong"])?;
+    tool_pingpong("ibv_rc_pingpong", port, extra, env)
+}
+
+/// `tool` (one of ibverbs-utils' pingpongs) with its data check (`-c`), 200
+/// iterations, `env` on both sides.
+fn tool_pingpong(
+    tool: &str,
+    port: u16,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Option<(Output, Output)> {
+    let b = require(&[tool])?;
     let p = port.to_string();
     let mut sargs = vec!["-g", "0", "-p", p.as_str(), "-n", "200", "-c"];
     sargs.extend_from_slice(extra);
@@ -58,6 +69,16 @@ fn pingpong_env(port: u16, extra: &[&str], env: &[(&str, &str)]) -> Option<(Outp
         assert!(!o.stderr.contains("invalid data"), "{who}:\n{}", o.all());
     }
     Some((s, c))
+}
+
+/// Unreliable connected QPs (`IBV_QPT_UC`): SEND/RECV ping-pong, polling and with
+/// completion events, in pinned and NP-RDMA mode.
+#[test]
+fn ibv_uc_pingpong_both_modes() {
+    tool_pingpong("ibv_uc_pingpong", 18683, &[], &[]);
+    tool_pingpong("ibv_uc_pingpong", 18684, &["-e"], &[]);
+    tool_pingpong("ibv_uc_pingpong", 18685, &[], NP);
+    tool_pingpong("ibv_uc_pingpong", 18686, &["-e"], NP);
 }
 
 #[test]

@@ -266,7 +266,8 @@ impl<N: Backend> Pd<N> {
     }
 }
 
-/// An NP-RDMA RC queue pair (a NIC data QP + a control QP).
+/// An NP-RDMA queue pair (a NIC data QP + a control QP): RC, or UC after
+/// [`Qp::set_unreliable`].
 pub struct Qp<N: Backend = DefaultNic> {
     ctx: Context<N>,
     idx: usize,
@@ -324,6 +325,21 @@ impl<N: Backend> Qp<N> {
         let r = post::post_recv(sh, &mut st, self.idx, self.gen, wrs);
         post::run_ready(sh, &mut st);
         r
+    }
+
+    /// Make this QP unreliable-connected (IB's UC service over the same engine):
+    /// READ and atomics are refused at post (`Error::Invalid`); a message or WRITE
+    /// the responder refuses — no receive posted, a receive too small, a bad key —
+    /// is dropped there (its receive stays posted, its QP stays up) and the WR
+    /// completes successfully at the requester, which on UC never hears back.
+    /// Both ends of a connection must be UC (as on verbs, the service is part of
+    /// the connection); set it before posting.
+    pub fn set_unreliable(&self) -> Result<(), Error> {
+        let sh = &self.ctx.sh;
+        let mut st = sh.st.lock();
+        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        qp.unreliable = true;
+        Ok(())
     }
 
     /// Move the QP to ERR (`ibv_modify_qp(IBV_QPS_ERR)`), e.g. to drain it

@@ -23,6 +23,14 @@ pub(crate) fn post_send<N: Backend>(
     wrs: &[SendWr],
 ) -> Result<(), (usize, Error)> {
     for (i, wr) in wrs.iter().enumerate() {
+        if (matches!(wr.op, AppOp::Read) || is_atomic(wr.op))
+            && st.qp_mut(qi, gen).is_some_and(|q| q.unreliable)
+        {
+            return Err((
+                i,
+                Error::Invalid("READ and atomics need a reliable connection (UC QP)"),
+            ));
+        }
         if fast::try_post(_sh, st, qi, gen, wr) {
             continue;
         }

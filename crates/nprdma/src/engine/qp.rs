@@ -69,6 +69,10 @@ pub(crate) struct QpState<N: Backend> {
     pub(super) send_cq: Arc<UCq>,
     pub(super) recv_cq: Arc<UCq>,
     pub(super) connected: bool,
+    /// An unreliable-connected QP (`Qp::set_unreliable`): READ and atomics are
+    /// refused at post; what the responder refuses is dropped there, and the
+    /// requester's WR completes successfully (nothing comes back on UC).
+    pub(super) unreliable: bool,
     pub(super) dead: bool,
     /// Moved to ERR by the application (`retire::set_error`): later posts are
     /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
@@ -232,6 +236,7 @@ impl<N: Backend> QpState<N> {
             connected: false,
             dead: false,
             errored: false,
+            unreliable: false,
             peer: PeerKeys::new(PS as usize).expect("page size"),
             keys_served: false,
             key_wait: Vec::new(),

@@ -790,6 +790,20 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
             m.pd == qp.pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
         });
         let valid = rwr.sge.is_none() || rmr.is_some();
+        if qp.unreliable {
+            // A UC responder drops a message its receive cannot take (rxe's class D
+            // errors): the receive stays posted, the sender hears nothing wrong.
+            let need = match &msg {
+                Repr::SendInline { data, .. } => Some(data.len() as u64),
+                Repr::SendRendezvous { len, .. } => Some(*len as u64),
+                _ => None,
+            };
+            if need.is_some_and(|n| !valid || n > rlen) {
+                qp.recvs.push_front(rwr);
+                reply(qp, sh, inbound_req_id(&msg), Status::Ok, 0);
+                continue;
+            }
+        }
         let mut cqe = Completion {
             wr_id: rwr.wr_id,
             status: 0,
@@ -908,5 +922,21 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
             }
             _ => {}
         }
+    }
+    if qp.unreliable && !qp.rdv_busy && qp.recvs.is_empty() {
+        // No receive posted: on UC the message is dropped, not held for one.
+        while let Some(msg) = qp.inbound.pop_front() {
+            reply(qp, sh, inbound_req_id(&msg), Status::Ok, 0);
+        }
+    }
+}
+
+/// The request id of an inbound message (answered when it is taken or dropped).
+fn inbound_req_id(msg: &Repr<'_>) -> u32 {
+    match msg {
+        Repr::SendInline { req_id, .. }
+        | Repr::SendRendezvous { req_id, .. }
+        | Repr::WriteImmNotify { req_id, .. } => *req_id,
+        _ => 0,
     }
 }

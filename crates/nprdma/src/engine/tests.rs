@@ -587,6 +587,88 @@ fn sends_are_issued_one_at_a_time_in_post_order<N: TestNic>() {
     );
 }
 
+fn uc_drops_what_its_receive_cannot_take_and_answers_ok<N: TestNic>() {
+    let mut r = rig::<N>();
+    r.qp.set_unreliable().expect("uc");
+    // No RECV posted: dropped at once (not held for one), answered as taken.
+    r.peer.send(&Repr::SendInline {
+        req_id: 21,
+        imm: None,
+        solicited: false,
+        data: Cow::Borrowed(b"lost"),
+    });
+    assert_eq!(
+        r.peer.recv(),
+        Repr::Completion {
+            req_id: 21,
+            status: Status::Ok,
+            byte_len: 0
+        }
+    );
+    r.qp.post_recv(&[RecvWr {
+        wr_id: 60,
+        sge: Some(r.mr.sge(600, 4)),
+    }])
+    .expect("recv");
+    // Longer than the RECV: dropped, the RECV stays posted, the QP stays up.
+    r.peer.send(&Repr::SendInline {
+        req_id: 22,
+        imm: None,
+        solicited: false,
+        data: Cow::Borrowed(b"too long"),
+    });
+    assert_eq!(
+        r.peer.recv(),
+        Repr::Completion {
+            req_id: 22,
+            status: Status::Ok,
+            byte_len: 0
+        }
+    );
+    assert_eq!(r.rcq.poll(&mut [Completion::default(); 1]), 0);
+    assert!(!r.qp.is_error());
+    r.peer.send(&Repr::SendInline {
+        req_id: 23,
+        imm: None,
+        solicited: false,
+        data: Cow::Borrowed(b"fits"),
+    });
+    let c = r.wait(&r.rcq, 1)[0];
+    assert_eq!((c.wr_id, c.status, c.byte_len), (60, 0, 4));
+    assert_eq!(r.bytes(600, 4), b"fits");
+}
+
+fn uc_refuses_read_and_atomics_and_completes_refused_sends_as_sent<N: TestNic>() {
+    let mut r = rig::<N>();
+    r.qp.set_unreliable().expect("uc");
+    match r.qp.post_send(&[r.fetch_add(1, 0, 0x1000)]) {
+        Err((0, crate::engine::Error::Invalid(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    r.write(0, b"message.");
+    r.qp.post_send(&[r.send_wr(2, 0, 8), r.send_wr(3, 0, 8)])
+        .expect("post");
+    let (id, _) = r.peer_gets_send();
+    // The peer refused it: on UC the requester never hears of it.
+    r.peer.send(&Repr::Completion {
+        req_id: id,
+        status: Status::RemoteInvalid,
+        byte_len: 0,
+    });
+    let (id, _) = r.peer_gets_send();
+    r.peer.send(&Repr::Completion {
+        req_id: id,
+        status: Status::Ok,
+        byte_len: 8,
+    });
+    let v = r.wait(&r.cq, 2);
+    assert_eq!(
+        v.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(2, 0), (3, 0)]
+    );
+    assert!(!r.qp.is_error());
+}
+
 fn a_failed_answer_moves_the_qp_to_err_and_flushes_what_follows<N: TestNic>() {
     let mut r = rig::<N>();
     r.qp.post_send(&[r.fetch_add(1, 0, 0x1000), r.fetch_add(2, 8, 0x2000)])
@@ -1150,6 +1232,8 @@ over_both_backends!(
     two_sided_ops_complete_in_post_order_whatever_the_answer_order,
     sends_are_issued_one_at_a_time_in_post_order,
     a_failed_answer_moves_the_qp_to_err_and_flushes_what_follows,
+    uc_drops_what_its_receive_cannot_take_and_answers_ok,
+    uc_refuses_read_and_atomics_and_completes_refused_sends_as_sent,
     set_error_flushes_outstanding_sends_and_recvs_once_in_post_order,
     an_unanswered_request_times_out_as_retry_exceeded,
     an_atomic_goes_two_sided_and_its_answer_lands_in_the_local_buffer,

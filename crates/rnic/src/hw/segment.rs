@@ -316,7 +316,10 @@ pub struct QpRec {
     pub rq_depth: AtomicU32,
     /// Bumped on every RESET so stale peers notice a recycled QP.
     pub incarnation: AtomicU32,
-    _pad0: [u32; 2],
+    /// 1 for an unreliable-connected QP (its responder drops what it refuses instead
+    /// of failing the QP), 0 for RC.
+    pub unreliable: AtomicU32,
+    _pad0: u32,
     /// `shm_lock` word serialising receive-queue consumers.
     pub rq_lock: AtomicU32,
     _pad_rq: u32,

@@ -68,7 +68,18 @@ impl QpCtx {
             match front.st {
                 EState::Issued { .. } => match finish_ring(self, sq, now) {
                     Some(RingDone::Done(status, byte_len)) => {
+                        let (status, byte_len) = self.sent_status(status, byte_len, sq.entries[0].len());
                         sq.entries[0].st = EState::Done { status, byte_len };
+                        changed = true;
+                    }
+                    // An unreliable connection does not retry: the responder had no
+                    // receive, so it dropped the message.
+                    Some(RingDone::Rnr(_)) if self.qp_type == QpType::Uc => {
+                        let len = sq.entries[0].len();
+                        sq.entries[0].st = EState::Done {
+                            status: WcStatus::Success,
+                            byte_len: len as u32,
+                        };
                         changed = true;
                     }
                     Some(RingDone::Rnr(timer)) => {

@@ -136,6 +136,7 @@ pub(crate) struct QpCtx {
     #[allow(dead_code)] // keeps the receive CQ's ring alive while the QP exists
     pub recv_cq: Arc<CqRing>,
     pub cap: QpInitAttr,
+    pub qp_type: QpType,
     pub sq: Mutex<Sq>,
     /// Number of ring requests in flight (NIC-thread bookkeeping).
     pub outstanding: AtomicU32,
@@ -158,6 +159,7 @@ impl QpCtx {
         send_cq: &Arc<CqRing>,
         recv_cq: &Arc<CqRing>,
         attr: &QpInitAttr,
+        qp_type: QpType,
     ) -> Result<Arc<QpCtx>> {
         let c = &h.cfg;
         if !Arc::ptr_eq(&send_cq.nic, &h) || !Arc::ptr_eq(&recv_cq.nic, &h) {
@@ -217,6 +219,7 @@ impl QpCtx {
         r.peer_nonce.store(0, Ordering::Relaxed);
         r.peer_qpn.store(0, Ordering::Relaxed);
         r.max_recv_sge.store(attr.max_recv_sge, Ordering::Relaxed);
+        r.unreliable.store(u32::from(qp_type == QpType::Uc), Ordering::Relaxed);
         r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
         let t = r.rq_tail.load(Ordering::Relaxed);
         r.rq_head.store(t, Ordering::Relaxed);
@@ -231,6 +234,7 @@ impl QpCtx {
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             cap: *attr,
+            qp_type,
             sq: Mutex::new(Sq {
                 entries: VecDeque::with_capacity(attr.max_send_wr as usize),
                 attr: QpAttr::default(),
@@ -260,6 +264,17 @@ impl QpCtx {
     /// (`thread::retire_answered`), so our completion precedes the reply's.
     pub(crate) fn note_issuing(&self) {
         self.outstanding.fetch_max(1, Ordering::Relaxed);
+    }
+
+    /// The status a WR that ended with `status` completes with: on an unreliable
+    /// connection nothing comes back from the responder, so its refusals (and a
+    /// missing answer) complete the WR successfully, as sent.
+    pub(crate) fn sent_status(&self, status: WcStatus, byte_len: u32, len: u64) -> (WcStatus, u32) {
+        if self.qp_type == QpType::Uc && status.is_remote() {
+            (WcStatus::Success, len as u32)
+        } else {
+            (status, byte_len)
+        }
     }
 
     pub fn rec(&self) -> &QpRec {

@@ -390,7 +390,9 @@ pub(crate) fn exec_direct(q: &QpCtx, sq: &mut Sq, i: usize) -> Outcome {
     };
     let tseg = &*peer.seg;
     let remote_err = |s: WcStatus| {
-        responder::qp_error(tseg, &peer, tq);
+        if !tseg.qp(tq).is_some_and(responder::drops_refused) {
+            responder::qp_error(tseg, &peer, tq);
+        }
         Outcome::Done(s, 0)
     };
     match e.op {

@@ -103,9 +103,19 @@ pub(crate) fn remote_check(
     check_key(seg, rkey, r.pd.load(Ordering::Relaxed), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
 }
 
+/// Whether QP `r` is unreliable-connected: its responder drops a message it refuses
+/// (the receive stays posted, the QP stays up, the requester never hears of it).
+pub(crate) fn drops_refused(r: &QpRec) -> bool {
+    r.unreliable.load(Ordering::Relaxed) != 0
+}
+
 /// The receive WQE at `head` of QP `idx` cannot take a message: it completes with
-/// `wc` (an error) and the QP fails (RQ lock held by the caller).
+/// `wc` (an error) and the QP fails (RQ lock held by the caller) — on RC; a UC
+/// responder drops the message and keeps the WQE.
 fn refuse_recv(seg: &Segment, via: &Peer, idx: u32, r: &QpRec, head: u64, wc: &Wc) {
+    if drops_refused(r) {
+        return;
+    }
     r.rq_head.store(head + 1, Ordering::Release);
     let _ = cq_ring::push(seg, via, r.recv_cq.load(Ordering::Relaxed), wc, false);
     qp_error_locked(seg, via, idx, r);
@@ -161,8 +171,10 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
         let mr = match remote_check(seg, r, rkey, raddr, m.len, Access::REMOTE_WRITE) {
             Ok(mr) => mr,
             Err(s) => {
-                // The receive WQE is not consumed by a NAKed write.
-                qp_error_locked(seg, peer, idx, r);
+                // The receive WQE is not consumed by a NAKed (on UC: dropped) write.
+                if !drops_refused(r) {
+                    qp_error_locked(seg, peer, idx, r);
+                }
                 return Delivery::Done(s);
             }
         };
@@ -418,7 +430,11 @@ fn finish_slot(
     status: u32,
     result: u64,
 ) {
-    if status != WcStatus::Success as u32 && status != WcStatus::RetryExcErr as u32 && status < segment::RING_ST_RNR {
+    if status != WcStatus::Success as u32
+        && status != WcStatus::RetryExcErr as u32
+        && status < segment::RING_ST_RNR
+        && !drops_refused(r)
+    {
         qp_error(seg, me, idx);
     }
     h.result.store(result, Ordering::Relaxed);

@@ -207,10 +207,18 @@ impl QpCtx {
                         continue;
                     }
                     Outcome::Done(status, byte_len) => {
+                        let (status, byte_len) = self.sent_status(status, byte_len, sq.entries[i].len());
                         sq.entries[i].st = EState::Done { status, byte_len };
                         if !status.is_ok() {
                             return true;
                         }
+                    }
+                    Outcome::Rnr(_) if self.qp_type == QpType::Uc => {
+                        let len = sq.entries[i].len();
+                        sq.entries[i].st = EState::Done {
+                            status: WcStatus::Success,
+                            byte_len: len as u32,
+                        };
                     }
                     Outcome::Rnr(timer) => {
                         self.rnr(sq, i, timer, now);

@@ -16,11 +16,16 @@ use std::sync::Arc;
 impl Pd {
     /// Create an RC QP on this PD.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
-        Qp::create(self.clone(), send_cq, recv_cq, attr)
+        Qp::create(self.clone(), send_cq, recv_cq, attr, QpType::Rc)
+    }
+
+    /// Create a connected QP of `qp_type` (RC or UC) on this PD.
+    pub fn create_qp_of(&self, qp_type: QpType, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
+        Qp::create(self.clone(), send_cq, recv_cq, attr, qp_type)
     }
 }
 
-/// A reliable-connected queue pair.
+/// A connected queue pair (reliable, or unreliable: [`QpType`]).
 pub struct Qp {
     inner: Arc<QpCtx>,
     // The handles the QP was created with, alive while it is.
@@ -30,7 +35,7 @@ pub struct Qp {
 }
 
 impl Qp {
-    fn create(pd: Pd, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
+    fn create(pd: Pd, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr, qp_type: QpType) -> Result<Qp> {
         let host = pd.host();
         let inner = QpCtx::create(
             host.inner().clone(),
@@ -39,6 +44,7 @@ impl Qp {
             &send_cq.inner.ring,
             &recv_cq.inner.ring,
             attr,
+            qp_type,
         )?;
         {
             let mut l = send_cq.inner.qps.lock();
@@ -56,6 +62,11 @@ impl Qp {
     /// QP number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn
+    }
+
+    /// Transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
     }
 
     /// Current state.
@@ -103,21 +114,47 @@ impl Qp {
         self.inner.post_recv(wrs)
     }
 
-    /// Connect helper: INIT (with `access`), RTR to (`dest`, `dest_qpn`), RTS.
+    /// Connect helper: INIT (with `access`), RTR to (`dest`, `dest_qpn`), RTS (a UC
+    /// QP without the attributes only RC has).
     pub fn connect(&self, access: Access, dest: HostAddr, dest_qpn: u32, rnr_retry: u8) -> Result<()> {
+        use QpAttrMask as M;
+        let (rc_rtr, rc_rts) = if self.qp_type() == QpType::Uc {
+            (
+                M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+            )
+        } else {
+            (M::empty(), M::empty())
+        };
         let (a, m) = QpAttr::init(access);
         self.modify(&a, m)?;
         let (a, m) = QpAttr::rtr(dest, dest_qpn);
-        self.modify(&a, m)?;
+        self.modify(&a, m - rc_rtr)?;
         let (a, m) = QpAttr::rts(rnr_retry);
-        self.modify(&a, m)
+        self.modify(&a, m - rc_rts)
     }
 }
 
-fn allowed(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+/// The (required, optional) attributes of a transition (IB's QP state table); UC
+/// has no responder resources, timeouts or retries to set.
+fn allowed(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     use QpAttrMask as M;
     use QpState::*;
     let none = M::empty();
+    if qp_type == QpType::Uc {
+        return match (from, to) {
+            (Init, Rtr) => Some((
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            )),
+            (Rtr, Rts) => Some((
+                M::SQ_PSN,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+            )),
+            (Rts, Rts) => Some((none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE)),
+            _ => allowed(QpType::Rc, from, to),
+        };
+    }
     match (from, to) {
         (_, Reset) | (_, Err) => Some((none, none)),
         (Reset, Init) => Some((M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none)),
@@ -151,7 +188,7 @@ impl QpCtx {
         } else {
             cur
         };
-        let (req, opt) = allowed(cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
+        let (req, opt) = allowed(self.qp_type, cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
         let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
         if !given.contains(req) {
             return Err(Error::InvalidMask("required attribute missing"));
@@ -239,6 +276,12 @@ impl QpCtx {
             }
             if sq.entries.len() >= self.cap.max_send_wr as usize {
                 res = bad(Error::QueueFull("send queue"));
+                break;
+            }
+            if self.qp_type == QpType::Uc && (matches!(wr.opcode, WrOpcode::Read) || wr.opcode.is_atomic()) {
+                res = bad(Error::InvalidArgument(
+                    "READ and atomics need a reliable connection (UC QP)",
+                ));
                 break;
             }
             let inline = wr.flags.contains(SendFlags::INLINE);
@@ -330,17 +373,17 @@ mod tests {
     fn transition_table_matches_ib_rc_rules() {
         use QpState::*;
         for s in [Reset, Init, Rtr, Rts, Err] {
-            assert!(allowed(s, Reset).is_some());
-            assert!(allowed(s, Err).is_some());
+            assert!(allowed(QpType::Rc, s, Reset).is_some());
+            assert!(allowed(QpType::Rc, s, Err).is_some());
         }
-        assert!(allowed(Reset, Rtr).is_none());
-        assert!(allowed(Reset, Rts).is_none());
-        assert!(allowed(Init, Rts).is_none());
-        assert!(allowed(Rtr, Init).is_none());
-        assert!(allowed(Rts, Rtr).is_none());
-        assert!(allowed(Err, Rts).is_none());
-        assert!(allowed(Rts, Sqd).is_none(), "SQD is not modelled");
-        let (req, _) = allowed(Init, Rtr).unwrap();
+        assert!(allowed(QpType::Rc, Reset, Rtr).is_none());
+        assert!(allowed(QpType::Rc, Reset, Rts).is_none());
+        assert!(allowed(QpType::Rc, Init, Rts).is_none());
+        assert!(allowed(QpType::Rc, Rtr, Init).is_none());
+        assert!(allowed(QpType::Rc, Rts, Rtr).is_none());
+        assert!(allowed(QpType::Rc, Err, Rts).is_none());
+        assert!(allowed(QpType::Rc, Rts, Sqd).is_none(), "SQD is not modelled");
+        let (req, _) = allowed(QpType::Rc, Init, Rtr).unwrap();
         assert!(req.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN));
         let (_, m) = QpAttr::rtr(
             HostAddr {
@@ -351,10 +394,26 @@ mod tests {
             5,
         );
         assert!(m.contains(req));
-        let (req, _) = allowed(Rtr, Rts).unwrap();
+        let (req, _) = allowed(QpType::Rc, Rtr, Rts).unwrap();
         assert!(QpAttr::rts(7).1.contains(req));
-        let (req, _) = allowed(Reset, Init).unwrap();
+        let (req, _) = allowed(QpType::Rc, Reset, Init).unwrap();
         assert!(QpAttr::init(Access::empty()).1.contains(req));
+    }
+
+    #[test]
+    fn uc_transitions_need_no_responder_resources_timeouts_or_retries() {
+        use QpAttrMask as M;
+        use QpState::*;
+        for (from, to) in [(Reset, Init), (Init, Init), (Rts, Err), (Init, Reset)] {
+            assert_eq!(allowed(QpType::Uc, from, to), allowed(QpType::Rc, from, to));
+        }
+        let (req, opt) = allowed(QpType::Uc, Init, Rtr).unwrap();
+        assert_eq!(req, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
+        assert!(!(req | opt).intersects(M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER));
+        let (req, opt) = allowed(QpType::Uc, Rtr, Rts).unwrap();
+        assert_eq!(req, M::SQ_PSN);
+        assert!(!(req | opt).intersects(M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC));
+        assert!(allowed(QpType::Uc, Reset, Rts).is_none());
     }
 
     /// The send CQ's busy count tracks SQ work: raised while a SEND waits out RNR

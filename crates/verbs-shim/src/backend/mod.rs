@@ -16,7 +16,9 @@ mod pinned;
 pub use pinned::pinned_pages;
 
 use crate::error::ShimError;
-use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, Wc};
+use rnic::{
+    Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpType, RecvWr, SendWr, Wc,
+};
 use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::{Arc, OnceLock};
@@ -62,6 +64,16 @@ pub trait Pd: Send + Sync {
     /// An RC QP completing on `send_cq` / `recv_cq` (CQs of this device).
     fn create_qp(
         &self,
+        send_cq: &dyn Cq,
+        recv_cq: &dyn Cq,
+        attr: &QpInitAttr,
+    ) -> Result<Box<dyn Qp>> {
+        self.create_qp_of(QpType::Rc, send_cq, recv_cq, attr)
+    }
+    /// A connected QP of `qp_type` (RC or UC) completing on `send_cq` / `recv_cq`.
+    fn create_qp_of(
+        &self,
+        qp_type: QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,

@@ -350,8 +350,9 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         }
         Ok(())
     }
-    fn create_qp(
+    fn create_qp_of(
         &self,
+        qp_type: rnic::QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,
@@ -388,6 +389,9 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         // A verbs QP grants no remote access until ibv_modify_qp sets its
         // qp_access_flags (the layer's QPs start with all three rights).
         qp.set_remote_access(np::Access(0)).map_err(np_err)?;
+        if qp_type == rnic::QpType::Uc {
+            qp.set_unreliable().map_err(np_err)?;
+        }
         let cap = QpInitAttr {
             qpn: None,
             max_send_wr: depth,

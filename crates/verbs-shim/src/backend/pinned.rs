@@ -22,7 +22,9 @@
 
 use super::{Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
-use rnic::{Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, Wc};
+use rnic::{
+    Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpType, RecvWr, SendWr, Wc,
+};
 use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -174,8 +176,9 @@ impl Pd for PinnedPd {
             _charge: charge,
         }))
     }
-    fn create_qp(
+    fn create_qp_of(
         &self,
+        qp_type: QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,
@@ -186,7 +189,9 @@ impl Pd for PinnedPd {
                 .map(|p| p.cq.clone())
                 .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
         };
-        let qp = self.0.create_qp(&cq_of(send_cq)?, &cq_of(recv_cq)?, attr)?;
+        let qp = self
+            .0
+            .create_qp_of(qp_type, &cq_of(send_cq)?, &cq_of(recv_cq)?, attr)?;
         Ok(Box::new(PinnedQp(qp)))
     }
 }
