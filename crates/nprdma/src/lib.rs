@@ -454,5 +454,5 @@ mod testutil;
 
 pub use engine::{
     Access, CompOp, Completion, Config, Context, Cq, Endpoint, Error, Mr, Opcode, Pd, Qp, RecvWr,
-    SendWr, Sge, Stats,
+    SendWr, Sge, Srq, Stats,
 };

@@ -172,8 +172,16 @@
 //! too small) is dropped there — the receive stays posted, the QP stays up — and the
 //! requester completes the WR successfully.
 //!
+//! ## Shared receive queues
+//! `Pd::create_srq` makes a table entry whose receive queue QPs created on it
+//! (`Pd::create_qp_of(.., Some(&srq), ..)`) share: a message takes the oldest WQE
+//! whichever QP it arrives on (one arriving in parts takes its WQE at the first part,
+//! so parts of messages on several QPs interleave safely), the completion goes to the
+//! QP's receive CQ, and a QP that fails leaves the SRQ's WQEs to the others. No SRQ
+//! limit events (the crate has no asynchronous events).
+//!
 //! ## Known limits
-//! SQD/SQE states, memory windows, SRQs, UD QPs are not modelled; PSNs are accepted
+//! SQD/SQE states, memory windows, UD QPs, asynchronous events are not modelled; PSNs are accepted
 //! and ignored (the transports are lossless). Between trusting hosts
 //! (`HostConfig::trusted_peers`), a peer performs the target NIC's checks itself.
 
@@ -188,7 +196,7 @@ pub mod verbs;
 
 pub use hw::{dma, frames, iommu, segment};
 pub use nic::odp;
-pub use objects::{context as host, cq, dma_buffer as pool, qp};
+pub use objects::{context as host, cq, dma_buffer as pool, qp, srq};
 
 /// Protection domains and memory regions.
 pub mod mr {
@@ -206,4 +214,5 @@ pub use mr::{DmaMr, Mr, OwnedMr, Pd};
 pub use odp::OdpFaultHandler;
 pub use pool::DmaBuffer;
 pub use qp::Qp;
+pub use srq::Srq;
 pub use verbs::*;

@@ -59,6 +59,7 @@ const ORDER: &[(&str, &[&str])] = &[
             "objects/pd",
             "objects/mr",
             "objects/cq",
+            "objects/srq",
             "objects/qp",
         ],
     ),

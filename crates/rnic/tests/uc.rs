@@ -15,7 +15,9 @@ fn uc_pair(cfg: HostConfig) -> (End, End) {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256, None).unwrap();
         let rcq = ctx.create_cq(256, None).unwrap();
-        let qp = pd.create_qp_of(QpType::Uc, &cq, &rcq, &QpInitAttr::default()).unwrap();
+        let qp = pd
+            .create_qp_of(QpType::Uc, &cq, &rcq, None, &QpInitAttr::default())
+            .unwrap();
         End {
             host: host.clone(),
             ctx,
@@ -116,7 +118,9 @@ fn uc_transitions_take_uc_attributes_only() {
     let ctx = h.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
-    let qp = pd.create_qp_of(QpType::Uc, &cq, &cq, &QpInitAttr::default()).unwrap();
+    let qp = pd
+        .create_qp_of(QpType::Uc, &cq, &cq, None, &QpInitAttr::default())
+        .unwrap();
     let (a, m) = QpAttr::init(all_access());
     qp.modify(&a, m).unwrap();
     // RC's responder resources are not a UC attribute.

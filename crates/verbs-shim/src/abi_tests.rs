@@ -413,6 +413,128 @@ fn channel_events_in_signal_order() {
     }
 }
 
+/// A shared receive queue through the C ABI (pinned mode): its limits, two QPs
+/// taking its WQEs in post order, `ibv_post_recv` on such a QP refused, destroy
+/// refused while QPs use it.
+#[test]
+fn shared_receive_queue_feeds_its_qps_in_order() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let mut da: ibv_device_attr = zeroed();
+        assert_eq!(ibv_query_device(e.ctx, &mut da), 0);
+        assert!(da.max_srq > 0 && da.max_srq_wr > 0 && da.max_srq_sge > 0);
+        let mut ia: ibv_srq_init_attr = zeroed();
+        ia.attr.max_wr = 0;
+        assert!(ibv_create_srq(e.pd, &mut ia).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        ia.attr.max_wr = 8;
+        ia.attr.max_sge = 1;
+        ia.attr.srq_limit = 2;
+        assert!(ibv_create_srq(e.pd, &mut ia).is_null());
+        assert_eq!(
+            errno(),
+            libc::EOPNOTSUPP,
+            "no async events: a limit cannot fire"
+        );
+        ia.attr.srq_limit = 0;
+        ia.srq_context = 0x77usize as *mut c_void;
+        let srq = ibv_create_srq(e.pd, &mut ia);
+        assert!(!srq.is_null());
+        assert_eq!(((*srq).srq_context as usize, (*srq).pd), (0x77, e.pd));
+        let mut qa: ibv_srq_attr = zeroed();
+        assert_eq!(ibv_query_srq(srq, &mut qa), 0);
+        assert_eq!((qa.max_wr, qa.max_sge, qa.srq_limit), (8, 1, 0));
+        qa.max_wr = 16;
+        assert_eq!(
+            ibv_modify_srq(srq, &mut qa, IBV_SRQ_MAX_WR as c_int),
+            libc::EINVAL
+        );
+        let cq = ibv_create_cq(e.ctx, 64, null_mut(), null_mut(), 0);
+        let mk = |with_srq: bool| {
+            let mut a: ibv_qp_init_attr = zeroed();
+            a.send_cq = cq;
+            a.recv_cq = cq;
+            a.qp_type = IBV_QPT_RC;
+            a.cap.max_send_wr = 16;
+            a.cap.max_send_sge = 1;
+            a.cap.max_recv_sge = 1;
+            if with_srq {
+                a.srq = srq;
+            } else {
+                a.cap.max_recv_wr = 16;
+            }
+            let qp = ibv_create_qp(e.pd, &mut a);
+            assert!(!qp.is_null());
+            qp
+        };
+        // Senders s1, s2 and their peers r1, r2 on the SRQ.
+        let (s1, r1, s2, r2) = (mk(false), mk(true), mk(false), mk(true));
+        assert_eq!((*r1).srq, srq);
+        for (s, r) in [(s1, r1), (s2, r2)] {
+            connect(&e, s, (*r).qp_num);
+            connect(&e, r, (*s).qp_num);
+        }
+        let mut qattr: ibv_qp_attr = zeroed();
+        let mut qinit: ibv_qp_init_attr = zeroed();
+        assert_eq!(ibv_query_qp(r2, &mut qattr, 0, &mut qinit), 0);
+        assert_eq!(qinit.srq, srq);
+        let mut buf = [0u8; 64];
+        let mr = ibv_reg_mr(
+            e.pd,
+            buf.as_mut_ptr() as *mut c_void,
+            64,
+            IBV_ACCESS_LOCAL_WRITE as c_int,
+        );
+        // Receives go to the SRQ, not to its QPs.
+        let mut rs = sge(buf.as_ptr() as u64, 8, (*mr).lkey);
+        let mut rwr: ibv_recv_wr = zeroed();
+        rwr.sg_list = &mut rs;
+        rwr.num_sge = 1;
+        let mut rbad = null_mut();
+        assert_ne!((*e.ctx).ops.post_recv.unwrap()(r1, &mut rwr, &mut rbad), 0);
+        for k in 0..2u64 {
+            let mut rs = sge(buf.as_ptr() as u64 + 32 + 16 * k, 16, (*mr).lkey);
+            let mut rwr: ibv_recv_wr = zeroed();
+            rwr.wr_id = 100 + k;
+            rwr.sg_list = &mut rs;
+            rwr.num_sge = 1;
+            assert_eq!(
+                (*e.ctx).ops.post_srq_recv.unwrap()(srq, &mut rwr, &mut rbad),
+                0
+            );
+        }
+        // s2's message takes the first WQE, s1's the second.
+        for (k, s) in [(0u8, s2), (1, s1)] {
+            buf[k as usize * 8..k as usize * 8 + 8].fill(0xa0 + k);
+            let mut ss = sge(buf.as_ptr() as u64 + 8 * k as u64, 8, (*mr).lkey);
+            let mut w = send_wr(k as u64, IBV_WR_SEND, IBV_SEND_SIGNALED, &mut ss);
+            let mut bad = null_mut();
+            assert_eq!((*e.ctx).ops.post_send.unwrap()(s, &mut w, &mut bad), 0);
+            let mut got = [poll_one(e.ctx, cq), poll_one(e.ctx, cq)];
+            got.sort_by_key(|w| w.opcode);
+            let recv = got[1];
+            assert_eq!(recv.opcode, IBV_WC_RECV);
+            let (want_qp, want_id) = if k == 0 { (r2, 100) } else { (r1, 101) };
+            assert_eq!(
+                (recv.status, recv.wr_id, recv.qp_num),
+                (IBV_WC_SUCCESS, want_id, (*want_qp).qp_num)
+            );
+            let at = 32 + 16 * (want_id - 100) as usize;
+            assert_eq!(buf[at..at + 8], [0xa0 + k; 8]);
+        }
+        assert_eq!(ibv_destroy_srq(srq), libc::EBUSY);
+        for qp in [s1, r1, s2, r2] {
+            assert_eq!(ibv_destroy_qp(qp), 0);
+        }
+        assert_eq!(ibv_destroy_srq(srq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
 #[test]
 fn refusals_set_errno() {
     let e = open();
@@ -438,7 +560,7 @@ fn refusals_set_errno() {
         assert!(ibv_create_qp(e.pd, &mut a).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         assert!(ibv_create_srq(e.pd, null_mut()).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(errno(), libc::EINVAL);
         assert!(ibv_create_ah(e.pd, null_mut()).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         assert!(ibv_qp_to_qp_ex(null_mut()).is_null());

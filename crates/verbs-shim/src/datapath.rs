@@ -5,7 +5,7 @@
 use crate::convert::{sges, wc_to_c, wr_opcode};
 use crate::error::{report, ShimError};
 use crate::ffi::*;
-use crate::objects::{ShimCq, ShimQp};
+use crate::objects::{ShimCq, ShimQp, ShimSrq};
 use rnic::{RecvWr, SendFlags, SendWr, Sge, Wc};
 use std::ffi::c_int;
 
@@ -208,16 +208,40 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
 }
 
 unsafe extern "C" fn post_srq_recv(
-    _srq: *mut ibv_srq,
+    srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: caller-provided out pointer.
-        unsafe { *bad = wr };
+    if srq.is_null() {
+        return libc::EINVAL;
     }
-    report(
-        "ibv_post_srq_recv",
-        &ShimError::Unsupported("shared receive queues (SRQ)".into()),
-    )
+    // SAFETY: srq was returned by our ibv_create_srq.
+    let s = unsafe { &*(srq as *const ShimSrq) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the application passes a valid NULL-terminated WR list.
+        let w = unsafe { &*cur };
+        let mut sgb = [Sge::default(); MAX_SGE];
+        // SAFETY: the WR's sg_list has num_sge entries.
+        let r = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }
+            .map_err(|e| e.errno())
+            .and_then(|sg| {
+                let rw = RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list: sg,
+                };
+                s.inner
+                    .post_recv(std::slice::from_ref(&rw))
+                    .map_err(|e| e.err.errno())
+            });
+        if let Err(e) = r {
+            if !bad.is_null() {
+                // SAFETY: caller-provided out pointer.
+                unsafe { *bad = cur };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
 }

@@ -216,6 +216,11 @@ fn fill_device_attr(dev: &dyn crate::backend::Device, a: &mut ibv_device_attr) {
     };
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
+    if let Some(sge) = dev.srq_max_sge() {
+        a.max_srq = clamp(d.max_qp);
+        a.max_srq_wr = clamp(d.max_qp_wr);
+        a.max_srq_sge = clamp(sge);
+    }
 }
 
 /// # Safety

@@ -29,7 +29,11 @@
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
 //! * RC and UC QPs (UC: SEND/WRITE only, nothing acknowledged — what the responder
 //!   refuses is dropped there and the WR completes successfully), in both modes.
-//! * Unsupported verbs/options (SRQ, UD/AH, multicast, MW, ECE, rereg/resize, DM,
+//! * Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_query_srq`,
+//!   `ibv_destroy_srq`; QPs created with `srq`), in both modes (one SGE per WQE in
+//!   NP-RDMA mode). No asynchronous events are generated, so an SRQ limit (`srq_limit`)
+//!   is refused (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
+//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, rereg/resize, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).

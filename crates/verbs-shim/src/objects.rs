@@ -3,7 +3,7 @@
 //! back by a cast, and what those objects hold (a QP's `ibv_wr_*` batch). Also the
 //! entry-point guard (errors -> stderr + errno, no unwinding across the C boundary).
 
-use crate::backend::{self, Cq, Device, Mr, Pd, Qp};
+use crate::backend::{self, Cq, Device, Mr, Pd, Qp, Srq};
 use crate::error::{report, set_errno, ShimError};
 use crate::ffi::*;
 use parking_lot::Mutex;
@@ -65,6 +65,15 @@ pub struct ShimQp {
     pub ex: bool,
     /// The `ibv_wr_start` .. `ibv_wr_complete` batch being built.
     pub batch: Mutex<Batch>,
+}
+
+/// `struct ibv_srq` + the backend SRQ.
+#[repr(C)]
+pub struct ShimSrq {
+    pub srq: ibv_srq,
+    pub inner: Box<dyn Srq>,
+    /// QPs receiving from it (destroy is refused while non-zero).
+    pub users: AtomicU32,
 }
 
 /// One work request of an `ibv_wr_*` batch (see `qp_ex`).

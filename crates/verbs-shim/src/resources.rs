@@ -1,12 +1,13 @@
 //! Resource verbs: PDs, MRs, completion channels, CQs and their events, QPs
-//! (create / modify / query / destroy), and clean refusals for what the NIC does not
-//! model (SRQ, AH/UD, multicast, ECE, rereg/resize, …).
+//! (create / modify / query / destroy), shared receive queues, and clean refusals for
+//! what the NIC does not model (AH/UD, multicast, ECE, rereg/resize, …).
 
 use crate::convert::{qp_attr_from_c, qp_attr_to_c};
 use crate::error::{set_errno, ShimError};
 use crate::ffi::*;
 use crate::objects::{
     guard, guard_rc, shim, zeroed, ShimChannel, ShimContext, ShimCq, ShimMr, ShimPd, ShimQp,
+    ShimSrq,
 };
 use parking_lot::Mutex;
 use rnic::{Access, QpInitAttr};
@@ -568,9 +569,12 @@ pub(crate) unsafe fn create_qp_common(
             "RDMA READ and atomics in send_ops_flags of a UC QP".into(),
         ));
     }
-    if !a.srq.is_null() {
-        return Err(ShimError::Unsupported("shared receive queues".into()));
-    }
+    let srq: Option<&ShimSrq> = if a.srq.is_null() {
+        None
+    } else {
+        // SAFETY: caller contract (an SRQ of this context).
+        Some(unsafe { shim(a.srq, "SRQ")? })
+    };
     // SAFETY: caller contract (CQs of this context).
     let scq: &ShimCq = unsafe { shim(a.send_cq, "send CQ")? };
     // SAFETY: as above.
@@ -584,9 +588,13 @@ pub(crate) unsafe fn create_qp_common(
         max_inline_data: a.cap.max_inline_data,
         sq_sig_all: a.sq_sig_all != 0,
     };
-    let inner = p
-        .inner
-        .create_qp_of(qp_type, &*scq.inner, &*rcq.inner, &init)?;
+    let inner = p.inner.create_qp_of(
+        qp_type,
+        &*scq.inner,
+        &*rcq.inner,
+        srq.map(|s| &*s.inner),
+        &init,
+    )?;
     let cap = inner.cap();
     a.cap = ibv_qp_cap {
         max_send_wr: cap.max_send_wr,
@@ -606,12 +614,16 @@ pub(crate) unsafe fn create_qp_common(
     b.qp_num = inner.qpn();
     b.state = IBV_QPS_RESET;
     b.qp_type = a.qp_type;
+    b.srq = a.srq;
     if send_ops.is_some() {
         crate::qp_ex::install_wr_ops(&mut q);
     }
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
     Ok(Box::into_raw(Box::new(ShimQp {
         qp: q,
         inner,
@@ -684,7 +696,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             i.qp_context = q.qp.qp_base.qp_context;
             i.send_cq = q.qp.qp_base.send_cq;
             i.recv_cq = q.qp.qp_base.recv_cq;
-            i.srq = std::ptr::null_mut();
+            i.srq = q.qp.qp_base.srq;
             i.cap = c;
             i.qp_type = q.qp.qp_base.qp_type;
             i.sq_sig_all = cap.sq_sig_all as c_int;
@@ -708,11 +720,154 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 shim(q.qp.qp_base.recv_cq, "CQ")?,
             )
         };
+        let srq = q.qp.qp_base.srq;
         // SAFETY: allocated by ibv_create_qp.
         drop(unsafe { Box::from_raw(qp as *mut ShimQp) });
+        if !srq.is_null() {
+            // SAFETY: an SRQ outlives its QPs (its destroy refuses while in use).
+            let s: &ShimSrq = unsafe { shim(srq, "SRQ")? };
+            s.users.fetch_sub(1, Ordering::AcqRel);
+        }
         pd.users.fetch_sub(1, Ordering::AcqRel);
         scq.users.fetch_sub(1, Ordering::AcqRel);
         rcq.users.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+// ---- shared receive queues ----
+
+/// A shared receive queue of `attr.max_wr` WQEs (written back: what it has). No
+/// asynchronous events are generated, so an SRQ limit (`srq_limit` > 0, the
+/// `IBV_EVENT_SRQ_LIMIT_REACHED` trigger) is refused rather than never firing.
+///
+/// # Safety
+/// `pd` ours (or null); `a` valid.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    a: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard("ibv_create_srq", std::ptr::null_mut(), || {
+        nonnull(a, "SRQ init attr")?;
+        // SAFETY: caller contract.
+        let p: &ShimPd = unsafe { shim(pd, "PD")? };
+        // SAFETY: checked non-null, caller-provided.
+        let a = unsafe { &mut *a };
+        // SAFETY: the PD's context is ours.
+        let s = unsafe { ShimContext::from_ibv(p.pd.context)? };
+        let Some(max_sge) = s.dev.srq_max_sge() else {
+            return Err(ShimError::Unsupported(format!(
+                "shared receive queues (SRQ) in {} mode",
+                s.dev.mode()
+            )));
+        };
+        let d = s.dev.attr();
+        if a.attr.max_wr == 0 || a.attr.max_wr > d.max_qp_wr {
+            return Err(ShimError::InvalidArgument(format!(
+                "SRQ max_wr {} (the device allows 1..={})",
+                a.attr.max_wr, d.max_qp_wr
+            )));
+        }
+        if a.attr.max_sge > max_sge {
+            return Err(ShimError::InvalidArgument(format!(
+                "SRQ max_sge {} (the device allows {max_sge})",
+                a.attr.max_sge
+            )));
+        }
+        if a.attr.srq_limit != 0 {
+            return Err(ShimError::Unsupported(
+                "SRQ limit (srq_limit): no asynchronous events are generated".into(),
+            ));
+        }
+        let inner = p.inner.create_srq(a.attr.max_wr, a.attr.max_sge.max(1))?;
+        a.attr.max_wr = inner.max_wr();
+        a.attr.max_sge = inner.max_sge();
+        // SAFETY: plain C data (an all-zero mutex and cond are their static initialisers).
+        let mut srq: ibv_srq = unsafe { zeroed() };
+        srq.context = p.pd.context;
+        srq.srq_context = a.srq_context;
+        srq.pd = pd;
+        p.users.fetch_add(1, Ordering::AcqRel);
+        Ok(Box::into_raw(Box::new(ShimSrq {
+            srq,
+            inner,
+            users: AtomicU32::new(0),
+        })) as *mut ibv_srq)
+    })
+}
+
+/// # Safety
+/// `srq` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard_rc("ibv_destroy_srq", || {
+        // SAFETY: caller contract.
+        let s: &ShimSrq = unsafe { shim(srq, "SRQ")? };
+        if s.users.load(Ordering::Acquire) != 0 {
+            return Err(ShimError::Busy("SRQ still used by QPs".into()));
+        }
+        // SAFETY: a PD outlives its SRQs (its dealloc refuses while in use).
+        let p: &ShimPd = unsafe { shim(s.srq.pd, "PD")? };
+        // SAFETY: allocated by ibv_create_srq.
+        drop(unsafe { Box::from_raw(srq as *mut ShimSrq) });
+        p.users.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+/// `IBV_SRQ_LIMIT` 0 (disarmed) is accepted; a limit to arm is refused (no asynchronous
+/// events), and so is `IBV_SRQ_MAX_WR` (no resize, as mlx5).
+///
+/// # Safety
+/// `srq` ours; `a` valid.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    a: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    guard_rc("ibv_modify_srq", || {
+        // SAFETY: caller contract.
+        let _: &ShimSrq = unsafe { shim(srq, "SRQ")? };
+        nonnull(a, "SRQ attr")?;
+        let mask = mask as u32;
+        if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return Err(ShimError::InvalidArgument(format!(
+                "SRQ attr mask {mask:#x}"
+            )));
+        }
+        if mask & IBV_SRQ_MAX_WR != 0 {
+            return Err(ShimError::InvalidArgument(
+                "SRQ resize (IBV_SRQ_MAX_WR)".into(),
+            ));
+        }
+        // SAFETY: checked non-null, caller-provided.
+        if mask & IBV_SRQ_LIMIT != 0 && unsafe { (*a).srq_limit } != 0 {
+            return Err(ShimError::Unsupported(
+                "SRQ limit (srq_limit): no asynchronous events are generated".into(),
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `srq` ours; `a` writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, a: *mut ibv_srq_attr) -> c_int {
+    guard_rc("ibv_query_srq", || {
+        // SAFETY: caller contract.
+        let s: &ShimSrq = unsafe { shim(srq, "SRQ")? };
+        nonnull(a, "SRQ attr")?;
+        // SAFETY: checked non-null, caller-provided.
+        unsafe {
+            *a = ibv_srq_attr {
+                max_wr: s.inner.max_wr(),
+                max_sge: s.inner.max_sge(),
+                srq_limit: 0,
+            };
+        }
         Ok(())
     })
 }
@@ -793,10 +948,6 @@ macro_rules! refuse_rc {
     };
 }
 
-refuse_ptr!(ibv_create_srq, "shared receive queues (SRQ)", (pd: *mut ibv_pd, a: *mut ibv_srq_init_attr) -> *mut ibv_srq);
-refuse_rc!(ibv_destroy_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq));
-refuse_rc!(ibv_modify_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq, a: *mut ibv_srq_attr, m: c_int));
-refuse_rc!(ibv_query_srq, "shared receive queues (SRQ)", false, (srq: *mut ibv_srq, a: *mut ibv_srq_attr));
 refuse_ptr!(ibv_create_ah, "address handles (UD QPs)", (pd: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv_ah);
 refuse_ptr!(ibv_create_ah_from_wc, "address handles (UD QPs)", (pd: *mut ibv_pd, wc: *mut ibv_wc, g: *mut ibv_grh, p: u8) -> *mut ibv_ah);
 refuse_rc!(ibv_init_ah_from_wc, "address handles (UD QPs)", false, (c: *mut ibv_context, p: u8, wc: *mut ibv_wc, g: *mut ibv_grh, a: *mut ibv_ah_attr));

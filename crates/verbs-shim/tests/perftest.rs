@@ -185,6 +185,23 @@ fn ib_send_lat_with_completion_events() {
     );
 }
 
+/// `--use-srq`: every QP's receives come from one shared receive queue.
+#[test]
+fn ib_send_with_a_shared_receive_queue() {
+    perftest(
+        "ib_send_bw",
+        18702,
+        &["--use-srq", "-n", "500", "-s", "4096"],
+        true,
+    );
+    perftest(
+        "ib_send_lat",
+        18703,
+        &["--use-srq", "-n", "500", "-s", "2"],
+        false,
+    );
+}
+
 #[test]
 fn ib_send_bw_with_completion_events() {
     // -e: completion channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events.
@@ -260,6 +277,22 @@ fn np_ib_send_lat_with_completion_events() {
         "ib_send_lat",
         18701,
         &["-e", "-n", "1000", "-s", "2"],
+        false,
+    );
+}
+
+#[test]
+fn np_ib_send_with_a_shared_receive_queue() {
+    np(
+        "ib_send_bw",
+        18704,
+        &["--use-srq", "-n", "500", "-s", "4096"],
+        true,
+    );
+    np(
+        "ib_send_lat",
+        18705,
+        &["--use-srq", "-n", "500", "-s", "2"],
         false,
     );
 }

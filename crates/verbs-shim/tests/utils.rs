@@ -81,6 +81,16 @@ fn ibv_uc_pingpong_both_modes() {
     tool_pingpong("ibv_uc_pingpong", 18686, &["-e"], NP);
 }
 
+/// Shared receive queues: ibv_srq_pingpong's 16 QPs on one SRQ, polling and with
+/// completion events, in pinned and NP-RDMA mode.
+#[test]
+fn ibv_srq_pingpong_both_modes() {
+    tool_pingpong("ibv_srq_pingpong", 18687, &[], &[]);
+    tool_pingpong("ibv_srq_pingpong", 18688, &["-e"], &[]);
+    tool_pingpong("ibv_srq_pingpong", 18689, &[], NP);
+    tool_pingpong("ibv_srq_pingpong", 18690, &["-e"], NP);
+}
+
 #[test]
 fn np_ibv_rc_pingpong_polling() {
     pingpong_env(18635, &[], NP);

@@ -249,6 +249,22 @@ impl<N: Backend> Pd<N> {
         unsafe { reg::register(&self.ctx.sh, self.id, addr, len, access) }
     }
 
+    /// A shared receive queue of `depth` receives, for QPs of this context
+    /// ([`Qp::attach_srq`]); their messages take its receives in post order.
+    pub fn create_srq(&self, depth: u32) -> Result<Srq<N>, Error> {
+        if depth == 0 {
+            return Err(Error::Invalid("SRQ depth 0"));
+        }
+        Ok(Srq {
+            ctx: self.ctx.clone(),
+            shared: Arc::new(qp::SrqShared {
+                recvs: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+                depth,
+                pd: self.id,
+            }),
+        })
+    }
+
     /// An RC QP of `depth` outstanding send WRs (and `depth` receives).
     pub fn create_qp(&self, send_cq: &Cq<N>, recv_cq: &Cq<N>, depth: u32) -> Result<Qp<N>, Error> {
         let sh = &self.ctx.sh;
@@ -263,6 +279,28 @@ impl<N: Backend> Pd<N> {
             qpn,
             ctrl_qpn,
         })
+    }
+}
+
+/// A shared receive queue ([`Pd::create_srq`]).
+pub struct Srq<N: Backend = DefaultNic> {
+    ctx: Context<N>,
+    shared: Arc<qp::SrqShared>,
+}
+
+impl<N: Backend> Srq<N> {
+    /// Post receives (`ibv_post_srq_recv`): taken by whichever attached QP's
+    /// message arrives first. On error, `(index of the failed WR, why)`; the
+    /// WRs before it were posted.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
+        let sh = &self.ctx.sh;
+        let mut st = sh.st.lock();
+        post::post_srq_recv(sh, &mut st, &self.shared, wrs)
+    }
+
+    /// Capacity in receives.
+    pub fn depth(&self) -> u32 {
+        self.shared.depth
     }
 }
 
@@ -325,6 +363,23 @@ impl<N: Backend> Qp<N> {
         let r = post::post_recv(sh, &mut st, self.idx, self.gen, wrs);
         post::run_ready(sh, &mut st);
         r
+    }
+
+    /// Take this QP's receives from `srq` (an SRQ of this context) instead of
+    /// its own receive queue, whose `post_recv` is then refused. Before the QP
+    /// has receives of its own or messages waiting.
+    pub fn attach_srq(&self, srq: &Srq<N>) -> Result<(), Error> {
+        if !Arc::ptr_eq(&self.ctx.sh, &srq.ctx.sh) {
+            return Err(Error::Invalid("SRQ of another context"));
+        }
+        let sh = &self.ctx.sh;
+        let mut st = sh.st.lock();
+        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        if !qp.recvs.is_empty() || !qp.inbound.is_empty() {
+            return Err(Error::Invalid("the QP has receives or messages of its own"));
+        }
+        qp.srq = Some(srq.shared.clone());
+        Ok(())
     }
 
     /// Make this QP unreliable-connected (IB's UC service over the same engine):

@@ -6,6 +6,7 @@ use super::fast;
 use super::one_sided::{flush_deferred, start_op};
 use super::op::{is_atomic, Op, Retry, Stage, Versions};
 use super::pin::Hold;
+use super::qp::SrqShared;
 use super::serve::deliver_inbound;
 use super::state::{At, Shared, State};
 use super::types::{Error, RecvWr, SendWr};
@@ -13,6 +14,7 @@ use crate::nic::Access;
 use crate::nic::WcStatus;
 use crate::ordering::{Admit, Range};
 use crate::plan::{order_desc, AppOp};
+use std::sync::Arc;
 
 /// Post application send WRs (see `Qp::post_send`).
 pub(crate) fn post_send<N: Backend>(
@@ -162,6 +164,12 @@ pub(crate) fn post_recv<N: Backend>(
         if qp.dead {
             return Err((i, Error::QpState));
         }
+        if qp.srq.is_some() {
+            return Err((
+                i,
+                Error::Invalid("the QP receives from a shared receive queue"),
+            ));
+        }
         if qp.recvs.len() >= qp.depth as usize {
             return Err((i, Error::QueueFull));
         }
@@ -169,6 +177,36 @@ pub(crate) fn post_recv<N: Backend>(
     }
     deliver_inbound(sh, st, qi);
     Ok(())
+}
+
+/// Post receive WRs to a shared receive queue, then deliver what its QPs hold
+/// for a receive.
+pub(crate) fn post_srq_recv<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    srq: &Arc<SrqShared>,
+    wrs: &[RecvWr],
+) -> Result<(), (usize, Error)> {
+    let mut res = Ok(());
+    {
+        let mut q = srq.recvs.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if q.len() >= srq.depth as usize {
+                res = Err((i, Error::QueueFull));
+                break;
+            }
+            q.push_back(*wr);
+        }
+    }
+    for qi in 0..st.qps.len() {
+        let waiting = st.qp(qi).is_some_and(|q| {
+            !q.inbound.is_empty() && q.srq.as_ref().is_some_and(|s| Arc::ptr_eq(s, srq))
+        });
+        if waiting {
+            deliver_inbound(sh, st, qi);
+        }
+    }
+    res
 }
 
 /// Start the operations admitted so far.

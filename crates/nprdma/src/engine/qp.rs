@@ -40,6 +40,15 @@ fn inline_sge(s: &[u8]) -> [Sge; 1] {
 /// The control QP's number: the data QP's with this bit set.
 pub const CTRL_QPN_BIT: u32 = 1 << 23;
 
+/// A shared receive queue's WQEs (`Pd::create_srq`): the QPs attached to it
+/// take their receives from here, in post order, under the engine lock like
+/// the rest of the state (the mutex is never contended).
+pub(crate) struct SrqShared {
+    pub(super) recvs: parking_lot::Mutex<VecDeque<RecvWr>>,
+    pub(super) depth: u32,
+    pub(super) pd: u32,
+}
+
 pub(crate) struct QpState<N: Backend> {
     pub(super) data: N::Qp,
     /// The control QP; `None`: the control channel rides on the data QP
@@ -97,6 +106,9 @@ pub(crate) struct QpState<N: Backend> {
     pub(super) rob: CompletionOrder<Completion>,
     pub(super) ops: Pending<Op<N>>,
     pub(super) recvs: VecDeque<RecvWr>,
+    /// The shared receive queue this QP takes its receives from instead of
+    /// `recvs` (`Qp::attach_srq`).
+    pub(super) srq: Option<Arc<SrqShared>>,
     pub(super) inbound: VecDeque<Repr<'static>>,
     pub(super) rdv_busy: bool,
     pub(super) treqs: Pending<TReq<N>>,
@@ -250,6 +262,7 @@ impl<N: Backend> QpState<N> {
             rob: CompletionOrder::new(),
             ops: Pending::new(depth as usize).map_err(|e| Error::Other(e.to_string()))?,
             recvs: VecDeque::new(),
+            srq: None,
             inbound: VecDeque::new(),
             rdv_busy: false,
             treqs: Pending::new(4096).map_err(|e| Error::Other(e.to_string()))?,
@@ -328,6 +341,37 @@ impl<N: Backend> QpState<N> {
     }
 
     /// Complete every posted RECV with WR_FLUSH_ERR in post order.
+    /// Whether a receive is posted for the next inbound message.
+    pub(super) fn has_recv(&self) -> bool {
+        match &self.srq {
+            Some(s) => !s.recvs.lock().is_empty(),
+            None => !self.recvs.is_empty(),
+        }
+    }
+
+    /// Take the receive the next inbound message lands in.
+    pub(super) fn take_recv(&mut self) -> Option<RecvWr> {
+        match &self.srq {
+            Some(s) => s.recvs.lock().pop_front(),
+            None => self.recvs.pop_front(),
+        }
+    }
+
+    /// Give back a receive taken for a message that was dropped (UC).
+    pub(super) fn return_recv(&mut self, r: RecvWr) {
+        match &self.srq {
+            Some(s) => s.recvs.lock().push_front(r),
+            None => self.recvs.push_front(r),
+        }
+    }
+
+    /// The PD receive buffers are checked against: the receive queue's.
+    pub(super) fn recv_pd(&self) -> u32 {
+        self.srq.as_ref().map_or(self.pd, |s| s.pd)
+    }
+
+    /// Complete the QP's own posted receives with WR_FLUSH_ERR (a shared
+    /// receive queue's stay for its other QPs).
     pub(super) fn flush_recvs(&mut self) {
         for r in self.recvs.drain(..) {
             self.recv_cq.push(Completion {

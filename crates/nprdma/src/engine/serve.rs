@@ -779,15 +779,16 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
     let Some(At { qp, mrs, .. }) = st.at(qi) else {
         return;
     };
-    while !qp.rdv_busy && !qp.inbound.is_empty() && !qp.recvs.is_empty() {
+    while !qp.rdv_busy && !qp.inbound.is_empty() && qp.has_recv() {
         let msg = qp.inbound.pop_front().expect("non-empty");
-        let rwr = qp.recvs.pop_front().expect("non-empty");
+        let rwr = qp.take_recv().expect("a receive is posted");
         let (raddr, rlen, rkey) = rwr
             .sge
             .map(|s| (s.addr, s.length as u64, s.lkey))
             .unwrap_or((0, 0, 0));
+        let pd = qp.recv_pd();
         let rmr = rwr.sge.and_then(|_| mrs.get(&rkey).cloned()).filter(|m| {
-            m.pd == qp.pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
+            m.pd == pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
         });
         let valid = rwr.sge.is_none() || rmr.is_some();
         if qp.unreliable {
@@ -799,7 +800,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 _ => None,
             };
             if need.is_some_and(|n| !valid || n > rlen) {
-                qp.recvs.push_front(rwr);
+                qp.return_recv(rwr);
                 reply(qp, sh, inbound_req_id(&msg), Status::Ok, 0);
                 continue;
             }
@@ -923,7 +924,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
             _ => {}
         }
     }
-    if qp.unreliable && !qp.rdv_busy && qp.recvs.is_empty() {
+    if qp.unreliable && !qp.rdv_busy && !qp.has_recv() {
         // No receive posted: on UC the message is dropped, not held for one.
         while let Some(msg) = qp.inbound.pop_front() {
             reply(qp, sh, inbound_req_id(&msg), Status::Ok, 0);

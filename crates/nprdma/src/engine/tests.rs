@@ -587,6 +587,53 @@ fn sends_are_issued_one_at_a_time_in_post_order<N: TestNic>() {
     );
 }
 
+fn an_srq_feeds_its_qp_and_survives_the_qp_failing<N: TestNic>() {
+    let mut r = rig::<N>();
+    let srq = r._pd.create_srq(4).expect("srq");
+    r.qp.attach_srq(&srq).expect("attach");
+    // A message waits for a receive on the SRQ (none on the QP itself).
+    r.peer.send(&Repr::SendInline {
+        req_id: 31,
+        imm: None,
+        solicited: false,
+        data: Cow::Borrowed(b"one"),
+    });
+    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+    match r.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: Some(r.mr.sge(700, 8)),
+    }]) {
+        Err((0, crate::engine::Error::Invalid(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    let recv = |wr_id, off| RecvWr {
+        wr_id,
+        sge: Some(r.mr.sge(off, 8)),
+    };
+    srq.post_recv(&[recv(70, 800), recv(71, 900), recv(72, 1000)])
+        .expect("srq recv");
+    let c = r.wait(&r.rcq, 1)[0];
+    assert_eq!((c.wr_id, c.status, c.byte_len), (70, 0, 3));
+    assert_eq!(r.bytes(800, 3), b"one");
+    assert!(matches!(
+        r.peer.recv(),
+        Repr::Completion {
+            req_id: 31,
+            status: Status::Ok,
+            ..
+        }
+    ));
+    // The QP fails: the SRQ's receives are not its to flush.
+    r.qp.set_error().expect("err");
+    assert_eq!(r.rcq.poll(&mut [Completion::default(); 4]), 0);
+    // Still holding its two: two more fill its depth of 4, a fifth does not fit.
+    match srq.post_recv(&[recv(73, 1100), recv(74, 1200), recv(75, 1300)]) {
+        Err((2, crate::engine::Error::QueueFull)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(srq.depth(), 4);
+}
+
 fn uc_drops_what_its_receive_cannot_take_and_answers_ok<N: TestNic>() {
     let mut r = rig::<N>();
     r.qp.set_unreliable().expect("uc");
@@ -1233,6 +1280,7 @@ over_both_backends!(
     sends_are_issued_one_at_a_time_in_post_order,
     a_failed_answer_moves_the_qp_to_err_and_flushes_what_follows,
     uc_drops_what_its_receive_cannot_take_and_answers_ok,
+    an_srq_feeds_its_qp_and_survives_the_qp_failing,
     uc_refuses_read_and_atomics_and_completes_refused_sends_as_sent,
     set_error_flushes_outstanding_sends_and_recvs_once_in_post_order,
     an_unanswered_request_times_out_as_retry_exceeded,

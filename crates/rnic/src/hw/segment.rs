@@ -322,7 +322,11 @@ pub struct QpRec {
     _pad0: u32,
     /// `shm_lock` word serialising receive-queue consumers.
     pub rq_lock: AtomicU32,
-    _pad_rq: u32,
+    /// 1 + the table index of the shared receive queue this QP takes its receives
+    /// from (0 = its own RQ). An SRQ is a table entry of its own whose RQ fields
+    /// (lock, head, tail, WQEs, `pd`) are the shared queue; its `in_use` is
+    /// [`SRQ_IN_USE`], so it is never a QP.
+    pub srq: AtomicU32,
     /// Next receive WQE to consume.
     pub rq_head: AtomicU64,
     /// Next receive WQE slot to post.
@@ -332,6 +336,9 @@ pub struct QpRec {
     pub ring_cons: Line<AtomicU64>,
     _pad1: [u64; 16],
 }
+
+/// `QpRec::in_use` of a table entry that holds a shared receive queue.
+pub const SRQ_IN_USE: u32 = 2;
 
 #[repr(C)]
 /// One SGE of a receive WQE.

@@ -22,6 +22,11 @@ pub(crate) struct Inbound {
     /// RQ index of the WQE being filled (the RQ head while the message is in progress;
     /// a flush moves the head and ends the message).
     pub head: u64,
+    /// The WQE was taken off a shared receive queue at the first part (other QPs take
+    /// from it meanwhile): the head no longer marks it.
+    pub taken: bool,
+    /// The PD the receive buffers are checked against (their queue's).
+    pub pd: u32,
     pub wr_id: u64,
     pub sges: Vec<RecvSge>,
     /// Message length (from the first part) and bytes received so far.

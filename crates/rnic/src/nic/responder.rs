@@ -14,6 +14,22 @@ use std::sync::atomic::Ordering;
 
 scratch_slot!(RECV_SPANS: Span);
 
+/// The receive queue QP `r` (table index `idx`) takes its receives from: its own, or
+/// its shared receive queue's — (index, record). The caller holds `r.rq_lock`; it
+/// takes the SRQ's own lock when the two differ (QP before SRQ, always).
+pub(crate) fn rq_of<'a>(seg: &'a Segment, idx: u32, r: &'a QpRec) -> (u32, &'a QpRec) {
+    match r.srq.load(Ordering::Acquire) {
+        0 => (idx, r),
+        s => match seg
+            .qp(s - 1)
+            .filter(|q| q.in_use.load(Ordering::Acquire) == segment::SRQ_IN_USE)
+        {
+            Some(q) => (s - 1, q),
+            None => (idx, r),
+        },
+    }
+}
+
 /// Result of delivering a message that needs a receive WQE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Delivery {
@@ -57,6 +73,39 @@ pub(crate) fn flush_rq_locked(seg: &Segment, via: &Peer, idx: u32, r: &QpRec) {
         head += 1;
         r.rq_head.store(head, Ordering::Release);
     }
+}
+
+/// Append receive WQEs to the receive queue at table index `idx` (a QP's own or an
+/// SRQ's; its RQ lock held by the caller), at most `depth` outstanding and
+/// `max_sge` SGEs each. Err(i, what) = WR `i` and those after it were not posted.
+pub(crate) fn post_wqes(
+    seg: &Segment,
+    idx: u32,
+    rq: &QpRec,
+    depth: u32,
+    max_sge: u32,
+    wrs: &[crate::verbs::RecvWr],
+) -> Result<(), (usize, crate::error::Error)> {
+    use crate::error::Error;
+    for (i, wr) in wrs.iter().enumerate() {
+        if wr.sg_list.len() > max_sge as usize {
+            return Err((i, Error::InvalidArgument("too many SGEs")));
+        }
+        let tail = rq.rq_tail.load(Ordering::Acquire);
+        if tail - rq.rq_head.load(Ordering::Acquire) >= depth as u64 {
+            return Err((i, Error::QueueFull("receive queue")));
+        }
+        let (w, sges) = seg.wqe(idx, tail);
+        w.wr_id.store(wr.wr_id, Ordering::Relaxed);
+        w.nsge.store(wr.sg_list.len() as u32, Ordering::Relaxed);
+        for (d, s) in sges.iter().zip(wr.sg_list) {
+            d.addr.store(s.addr, Ordering::Relaxed);
+            d.len.store(s.length, Ordering::Relaxed);
+            d.lkey.store(s.lkey, Ordering::Relaxed);
+        }
+        rq.rq_tail.store(tail + 1, Ordering::Release);
+    }
+    Ok(())
 }
 
 /// Move QP `idx` of `seg` to ERR and flush its receive queue.
@@ -112,11 +161,13 @@ pub(crate) fn drops_refused(r: &QpRec) -> bool {
 /// The receive WQE at `head` of QP `idx` cannot take a message: it completes with
 /// `wc` (an error) and the QP fails (RQ lock held by the caller) — on RC; a UC
 /// responder drops the message and keeps the WQE.
-fn refuse_recv(seg: &Segment, via: &Peer, idx: u32, r: &QpRec, head: u64, wc: &Wc) {
+fn refuse_recv(seg: &Segment, via: &Peer, idx: u32, r: &QpRec, rq: Option<(&QpRec, u64)>, wc: &Wc) {
     if drops_refused(r) {
         return;
     }
-    r.rq_head.store(head + 1, Ordering::Release);
+    if let Some((rq, head)) = rq {
+        rq.rq_head.store(head + 1, Ordering::Release);
+    }
     let _ = cq_ring::push(seg, via, r.recv_cq.load(Ordering::Relaxed), wc, false);
     qp_error_locked(seg, via, idx, r);
 }
@@ -145,14 +196,17 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     if st != QpState::Rtr && st != QpState::Rts {
         return Delivery::Done(WcStatus::RetryExcErr);
     }
-    let head = r.rq_head.load(Ordering::Acquire);
-    if head >= r.rq_tail.load(Ordering::Acquire) {
+    let (qi, rq) = rq_of(seg, idx, r);
+    let _sg = (qi != idx).then(|| shm_lock(&rq.rq_lock));
+    let head = rq.rq_head.load(Ordering::Acquire);
+    if head >= rq.rq_tail.load(Ordering::Acquire) {
         return Delivery::Rnr(r.min_rnr_timer.load(Ordering::Relaxed));
     }
     let qpn = r.qpn.load(Ordering::Relaxed);
-    let pd = r.pd.load(Ordering::Relaxed);
+    // Receive buffers are checked against the PD of the queue they were posted to.
+    let pd = rq.pd.load(Ordering::Relaxed);
     let cqi = r.recv_cq.load(Ordering::Relaxed);
-    let (w, sges) = seg.wqe(idx, head);
+    let (w, sges) = seg.wqe(qi, head);
     let wr_id = w.wr_id.load(Ordering::Relaxed);
     let mut recv_wc = Wc {
         wr_id,
@@ -163,7 +217,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     };
     let fail = |recv_status: WcStatus, req: WcStatus, wc: &mut Wc| {
         wc.status = recv_status;
-        refuse_recv(seg, peer, idx, r, head, wc);
+        refuse_recv(seg, peer, idx, r, Some((rq, head)), wc);
         Delivery::Done(req)
     };
     let result = if let Some((rkey, raddr)) = m.write_to {
@@ -235,7 +289,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
         recv_wc.imm_data = i;
         recv_wc.wc_flags = WcFlags::WITH_IMM;
     }
-    r.rq_head.store(head + 1, Ordering::Release);
+    rq.rq_head.store(head + 1, Ordering::Release);
     if cq_ring::push(seg, peer, cqi, &recv_wc, m.solicited).is_err() {
         qp_error_locked(seg, peer, idx, r);
     }
@@ -566,7 +620,7 @@ fn serve_send(
     };
     if first {
         // A new message ends whatever its predecessor left (the initiator gave it up).
-        *cell = None;
+        abandon(seg, me, r, cell);
     }
     if first && last {
         if off != 0 || q.len != total {
@@ -589,10 +643,13 @@ fn serve_send(
     let _rq = shm_lock(&r.rq_lock);
     let st = QpState::from_u32(r.state.load(Ordering::Acquire));
     if st != QpState::Rtr && st != QpState::Rts {
-        *cell = None;
+        abandon(seg, me, r, cell);
         return WcStatus::RetryExcErr as u32;
     }
-    let head = r.rq_head.load(Ordering::Acquire);
+    let (qi, rq) = rq_of(seg, idx, r);
+    let shared = qi != idx;
+    let _srq = shared.then(|| shm_lock(&rq.rq_lock));
+    let head = rq.rq_head.load(Ordering::Acquire);
     let recv_wc = |status: WcStatus, wr_id: u64| Wc {
         wr_id,
         status,
@@ -601,19 +658,20 @@ fn serve_send(
         opcode: WcOpcode::Recv,
         ..Default::default()
     };
-    // A receive that cannot take the message completes in error and the QP fails.
-    let fail = |recv: WcStatus, req: WcStatus, wr_id: u64| {
-        refuse_recv(seg, me, idx, r, head, &recv_wc(recv, wr_id));
+    // A receive that cannot take the message completes in error and the QP fails. A
+    // shared queue's WQE was taken at the message's first part already.
+    let fail = |recv: WcStatus, req: WcStatus, wr_id: u64, taken: bool| {
+        refuse_recv(seg, me, idx, r, (!taken).then_some((rq, head)), &recv_wc(recv, wr_id));
         req as u32
     };
     if first {
         if total > 1 << 31 {
             return WcStatus::RemInvReqErr as u32;
         }
-        if head >= r.rq_tail.load(Ordering::Acquire) {
+        if head >= rq.rq_tail.load(Ordering::Acquire) {
             return segment::RING_ST_RNR | r.min_rnr_timer.load(Ordering::Relaxed).min(0xffff);
         }
-        let (w, wsges) = seg.wqe(idx, head);
+        let (w, wsges) = seg.wqe(qi, head);
         let wr_id = w.wr_id.load(Ordering::Relaxed);
         let n = (w.nsge.load(Ordering::Relaxed) as usize).min(wsges.len());
         let sges: Vec<RecvSge> = wsges[..n]
@@ -626,13 +684,20 @@ fn serve_send(
             .filter(|s| s.len > 0)
             .collect();
         if sges.iter().map(|s| s.len).sum::<u64>() < total {
-            return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id);
+            return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, false);
+        }
+        if shared && !drops_refused(r) {
+            // Other QPs take from the shared queue while this message arrives: its
+            // WQE is taken now (what is left of it travels in the cell).
+            rq.rq_head.store(head + 1, Ordering::Release);
         }
         *cell = Some(Inbound {
             qpn,
             src_nonce: q.src_nonce,
             src_qpn: q.src_qpn,
             head,
+            taken: shared && !drops_refused(r),
+            pd: rq.pd.load(Ordering::Relaxed),
             wr_id,
             sges,
             total,
@@ -645,15 +710,14 @@ fn serve_send(
         ib.qpn == qpn
             && ib.src_nonce == q.src_nonce
             && ib.src_qpn == q.src_qpn
-            && ib.head == head
+            && (ib.taken || ib.head == head)
             && ib.next_off == off
             && off + q.len <= ib.total
     }) else {
-        *cell = None;
+        abandon(seg, me, r, cell);
         return segment::RING_ST_DROPPED;
     };
-    let pd = r.pd.load(Ordering::Relaxed);
-    let wr_id = ib.wr_id;
+    let (pd, wr_id, taken) = (ib.pd, ib.wr_id, ib.taken);
     // Check and copy inside one epoch section (a deregistered receive buffer is
     // refused, one being deregistered waits for this part).
     let g = crate::hw::iommu::enter(seg);
@@ -668,7 +732,7 @@ fn serve_send(
             Err(_) => {
                 drop(g);
                 *cell = None;
-                return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id);
+                return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id, taken);
             }
         }
     }
@@ -681,7 +745,7 @@ fn serve_send(
     drop(g);
     if copied.is_err() {
         *cell = None;
-        return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id);
+        return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, wr_id, taken);
     }
     ib.next_off += q.len;
     if !last {
@@ -691,7 +755,7 @@ fn serve_send(
         return WcStatus::RemInvReqErr as u32;
     };
     if ib.next_off != ib.total {
-        return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id);
+        return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, taken);
     }
     let mut wc = recv_wc(WcStatus::Success, wr_id);
     wc.byte_len = ib.total as u32;
@@ -699,11 +763,29 @@ fn serve_send(
         wc.imm_data = i;
         wc.wc_flags = WcFlags::WITH_IMM;
     }
-    r.rq_head.store(head + 1, Ordering::Release);
+    if !ib.taken {
+        rq.rq_head.store(head + 1, Ordering::Release);
+    }
     if cq_ring::push(seg, me, r.recv_cq.load(Ordering::Relaxed), &wc, ib.solicited).is_err() {
         qp_error_locked(seg, me, idx, r);
     }
     WcStatus::Success as u32
+}
+
+/// End the message in progress in `cell`, if any: one whose WQE was taken off a
+/// shared receive queue will never finish, so that WQE completes (flushed) on the
+/// QP's receive CQ — every posted receive completes once.
+pub(crate) fn abandon(seg: &Segment, via: &Peer, r: &QpRec, cell: &mut Option<Inbound>) {
+    if let Some(ib) = cell.take().filter(|ib| ib.taken) {
+        let wc = Wc {
+            wr_id: ib.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: ib.qpn,
+            ..Default::default()
+        };
+        let _ = cq_ring::push(seg, via, r.recv_cq.load(Ordering::Relaxed), &wc, false);
+    }
 }
 
 /// Copy units of a shared job the initiator posted (claiming them from the counter in

@@ -1,5 +1,5 @@
 //! The handle layer: the public verbs objects (host and context, DMA-pool buffers,
-//! PD, MR, CQ and completion channel, QP). Each holds its parent.
+//! PD, MR, CQ and completion channel, QP, SRQ). Each holds its parent.
 
 pub mod context;
 pub mod cq;
@@ -7,3 +7,4 @@ pub mod dma_buffer;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod srq;

@@ -9,6 +9,7 @@ use crate::nic::responder;
 use crate::nic::small::Small;
 use crate::objects::cq::Cq;
 use crate::objects::pd::Pd;
+use crate::objects::srq::Srq;
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,12 +17,20 @@ use std::sync::Arc;
 impl Pd {
     /// Create an RC QP on this PD.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
-        Qp::create(self.clone(), send_cq, recv_cq, attr, QpType::Rc)
+        Qp::create(self.clone(), send_cq, recv_cq, None, attr, QpType::Rc)
     }
 
-    /// Create a connected QP of `qp_type` (RC or UC) on this PD.
-    pub fn create_qp_of(&self, qp_type: QpType, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr) -> Result<Qp> {
-        Qp::create(self.clone(), send_cq, recv_cq, attr, qp_type)
+    /// Create a connected QP of `qp_type` (RC or UC) on this PD, taking its receives
+    /// from `srq` if given (then `post_recv` on the QP is refused).
+    pub fn create_qp_of(
+        &self,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        attr: &QpInitAttr,
+    ) -> Result<Qp> {
+        Qp::create(self.clone(), send_cq, recv_cq, srq, attr, qp_type)
     }
 }
 
@@ -32,11 +41,15 @@ pub struct Qp {
     _pd: Pd,
     _send_cq: Cq,
     _recv_cq: Cq,
+    _srq: Option<Srq>,
 }
 
 impl Qp {
-    fn create(pd: Pd, send_cq: &Cq, recv_cq: &Cq, attr: &QpInitAttr, qp_type: QpType) -> Result<Qp> {
+    fn create(pd: Pd, send_cq: &Cq, recv_cq: &Cq, srq: Option<&Srq>, attr: &QpInitAttr, qp_type: QpType) -> Result<Qp> {
         let host = pd.host();
+        if srq.is_some_and(|s| s.pd().host().addr() != host.addr()) {
+            return Err(Error::InvalidArgument("SRQ of another host"));
+        }
         let inner = QpCtx::create(
             host.inner().clone(),
             host.qps().clone(),
@@ -51,11 +64,15 @@ impl Qp {
             l.retain(|w| w.strong_count() > 0);
             l.push(Arc::downgrade(&inner));
         }
+        if let Some(s) = srq {
+            inner.rec().srq.store(s.idx() + 1, Ordering::Release);
+        }
         Ok(Qp {
             inner,
             _pd: pd,
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
+            _srq: srq.cloned(),
         })
     }
 
@@ -236,6 +253,7 @@ impl QpCtx {
         keep!(RETRY_CNT, retry_cnt);
         match new {
             QpState::Reset => {
+                self.end_inbound();
                 let _g = shm_lock(&r.rq_lock);
                 r.state.store(QpState::Reset as u32, Ordering::Release);
                 let t = r.rq_tail.load(Ordering::Acquire);
@@ -257,11 +275,22 @@ impl QpCtx {
             }
             QpState::Err => {
                 responder::qp_error(&h.seg, &h.self_peer, self.idx);
+                self.end_inbound();
                 self.progress_locked(&mut sq);
             }
             s => r.state.store(s as u32, Ordering::Release),
         }
         Ok(())
+    }
+
+    /// End a message that was arriving in parts: a receive it took off a shared queue
+    /// completes (flushed) now, as the message never will.
+    fn end_inbound(&self) {
+        let h = &*self.nic;
+        let mut srv = h.ring_server.lock();
+        if let Some(cell) = srv.inbound(self.idx) {
+            responder::abandon(&h.seg, &h.self_peer, self.rec(), cell);
+        }
     }
 
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
@@ -330,34 +359,25 @@ impl QpCtx {
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
         let h = &*self.nic;
         let r = self.rec();
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if r.srq.load(Ordering::Relaxed) != 0 {
+            return Err(PostError {
+                bad_wr_index: 0,
+                err: Error::InvalidArgument("the QP receives from a shared receive queue"),
+            });
+        }
         let _g = shm_lock(&r.rq_lock);
         let st = self.state();
-        let mut res = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            let bad = |err| Err(PostError { bad_wr_index: i, err });
-            if st == QpState::Reset {
-                res = bad(Error::WrongQpState(st));
-                break;
-            }
-            if wr.sg_list.len() > self.cap.max_recv_sge as usize {
-                res = bad(Error::InvalidArgument("too many SGEs"));
-                break;
-            }
-            let tail = r.rq_tail.load(Ordering::Acquire);
-            if tail - r.rq_head.load(Ordering::Acquire) >= self.cap.max_recv_wr as u64 {
-                res = bad(Error::QueueFull("receive queue"));
-                break;
-            }
-            let (w, sges) = h.seg.wqe(self.idx, tail);
-            w.wr_id.store(wr.wr_id, Ordering::Relaxed);
-            w.nsge.store(wr.sg_list.len() as u32, Ordering::Relaxed);
-            for (d, s) in sges.iter().zip(wr.sg_list) {
-                d.addr.store(s.addr, Ordering::Relaxed);
-                d.len.store(s.length, Ordering::Relaxed);
-                d.lkey.store(s.lkey, Ordering::Relaxed);
-            }
-            r.rq_tail.store(tail + 1, Ordering::Release);
+        if st == QpState::Reset {
+            return Err(PostError {
+                bad_wr_index: 0,
+                err: Error::WrongQpState(st),
+            });
         }
+        let res = responder::post_wqes(&h.seg, self.idx, r, self.cap.max_recv_wr, self.cap.max_recv_sge, wrs)
+            .map_err(|(bad_wr_index, err)| PostError { bad_wr_index, err });
         if self.state() == QpState::Err {
             responder::flush_rq_locked(&h.seg, &h.self_peer, self.idx, r);
         }

@@ -43,6 +43,11 @@ pub trait Device: Send + Sync {
     fn odp(&self) -> bool {
         false
     }
+    /// Whether PDs create shared receive queues ([`Pd::create_srq`]): the SGEs a
+    /// WQE of theirs may have, or `None`.
+    fn srq_max_sge(&self) -> Option<u32> {
+        None
+    }
     /// One line of counters for `NPRDMA_STATS=1` (printed at process exit).
     fn stats(&self) -> String {
         format!("mode={}", self.mode())
@@ -68,16 +73,34 @@ pub trait Pd: Send + Sync {
         recv_cq: &dyn Cq,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
-        self.create_qp_of(QpType::Rc, send_cq, recv_cq, attr)
+        self.create_qp_of(QpType::Rc, send_cq, recv_cq, None, attr)
     }
-    /// A connected QP of `qp_type` (RC or UC) completing on `send_cq` / `recv_cq`.
+    /// A connected QP of `qp_type` (RC or UC) completing on `send_cq` / `recv_cq`,
+    /// taking its receives from `srq` (an SRQ of this PD's device) if given.
     fn create_qp_of(
         &self,
         qp_type: QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
+        srq: Option<&dyn Srq>,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>>;
+    /// A shared receive queue of `max_wr` WQEs of up to `max_sge` SGEs.
+    fn create_srq(&self, _max_wr: u32, _max_sge: u32) -> Result<Box<dyn Srq>> {
+        Err(ShimError::Unsupported("shared receive queues (SRQ)".into()))
+    }
+}
+
+/// A shared receive queue.
+pub trait Srq: Send + Sync {
+    /// For downcasting to the backend's own SRQ.
+    fn as_any(&self) -> &dyn Any;
+    /// `ibv_post_srq_recv`.
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError>;
+    /// Capacity in WQEs.
+    fn max_wr(&self) -> u32;
+    /// SGEs per WQE.
+    fn max_sge(&self) -> u32;
 }
 
 /// A registered memory region; dropping it deregisters.

@@ -256,6 +256,10 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             mapped: self.sg.mapped.clone(),
         }))
     }
+    fn srq_max_sge(&self) -> Option<u32> {
+        // The SGE-list bounce tables are per QP; an SRQ's receive carries one SGE.
+        Some(1)
+    }
     fn odp(&self) -> bool {
         true
     }
@@ -299,6 +303,39 @@ struct NpPd<N: np::engine::Backend> {
     /// Identifies the PD in [`LkeyTable`].
     id: u64,
     sg: SgShared<N>,
+}
+
+/// A shared receive queue of the NP-RDMA engine.
+struct NpSrq<N: np::engine::Backend>(np::Srq<N>);
+
+impl<N: np::engine::Backend> super::Srq for NpSrq<N> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        for (i, w) in wrs.iter().enumerate() {
+            one_sge(w.sg_list)
+                .and_then(|sge| {
+                    self.0
+                        .post_recv(&[np::RecvWr {
+                            wr_id: w.wr_id,
+                            sge,
+                        }])
+                        .map_err(|(_, e)| post_err(e, QpState::Rts))
+                })
+                .map_err(|err| PostError {
+                    bad_wr_index: i,
+                    err,
+                })?;
+        }
+        Ok(())
+    }
+    fn max_wr(&self) -> u32 {
+        self.0.depth()
+    }
+    fn max_sge(&self) -> u32 {
+        1
+    }
 }
 
 impl<N: np::engine::Backend> Pd for NpPd<N> {
@@ -350,13 +387,33 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         }
         Ok(())
     }
+    fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Box<dyn super::Srq>> {
+        // A receive an SRQ hands to any of its QPs carries its one SGE itself (the
+        // SGE-list bounce tables are per QP).
+        if max_sge > 1 {
+            return Err(ShimError::InvalidArgument(format!(
+                "SRQ max_sge {max_sge} (NP-RDMA SRQ receives carry one SGE)"
+            )));
+        }
+        let srq = self.pd.create_srq(max_wr).map_err(np_err)?;
+        Ok(Box::new(NpSrq(srq)))
+    }
     fn create_qp_of(
         &self,
         qp_type: rnic::QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
+        srq: Option<&dyn super::Srq>,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
+        let srq = srq
+            .map(|s| {
+                s.as_any()
+                    .downcast_ref::<NpSrq<N>>()
+                    .map(|p| &p.0)
+                    .ok_or_else(|| ShimError::InvalidArgument("SRQ of another backend".into()))
+            })
+            .transpose()?;
         if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
             return Err(ShimError::InvalidArgument(format!(
                 "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
@@ -391,6 +448,9 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         qp.set_remote_access(np::Access(0)).map_err(np_err)?;
         if qp_type == rnic::QpType::Uc {
             qp.set_unreliable().map_err(np_err)?;
+        }
+        if let Some(s) = srq {
+            qp.attach_srq(s).map_err(np_err)?;
         }
         let cap = QpInitAttr {
             qpn: None,

@@ -20,7 +20,7 @@
 //! cannot follow (a file mapping, or a range the application attached to its own
 //! userfaultfd) is registered unwatched.
 
-use super::{Cq, Device, Mr, Pd, Qp, Result};
+use super::{Cq, Device, Mr, Pd, Qp, Result, Srq};
 use crate::error::ShimError;
 use rnic::{
     Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpType, RecvWr, SendWr, Wc,
@@ -65,6 +65,9 @@ impl Device for PinnedDevice {
         };
         let cq = self.ctx.create_cq(depth, chan.as_ref())?;
         Ok(Box::new(PinnedCq { cq, chan }))
+    }
+    fn srq_max_sge(&self) -> Option<u32> {
+        Some(self.attr().max_sge)
     }
 }
 
@@ -181,8 +184,17 @@ impl Pd for PinnedPd {
         qp_type: QpType,
         send_cq: &dyn Cq,
         recv_cq: &dyn Cq,
+        srq: Option<&dyn Srq>,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
+        let srq = srq
+            .map(|s| {
+                s.as_any()
+                    .downcast_ref::<PinnedSrq>()
+                    .map(|p| &p.0)
+                    .ok_or_else(|| ShimError::InvalidArgument("SRQ of another backend".into()))
+            })
+            .transpose()?;
         let cq_of = |c: &dyn Cq| -> Result<rnic::Cq> {
             c.as_any()
                 .downcast_ref::<PinnedCq>()
@@ -191,8 +203,11 @@ impl Pd for PinnedPd {
         };
         let qp = self
             .0
-            .create_qp_of(qp_type, &cq_of(send_cq)?, &cq_of(recv_cq)?, attr)?;
+            .create_qp_of(qp_type, &cq_of(send_cq)?, &cq_of(recv_cq)?, srq, attr)?;
         Ok(Box::new(PinnedQp(qp)))
+    }
+    fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Box<dyn Srq>> {
+        Ok(Box::new(PinnedSrq(self.0.create_srq(max_wr, max_sge)?)))
     }
 }
 
@@ -321,6 +336,23 @@ impl Cq for PinnedCq {
         let _ = rustix::io::read(fd, &mut [0u8; 8]);
         // The channel is this CQ's alone (see `create_cq`).
         self.cq.take_event()
+    }
+}
+
+struct PinnedSrq(rnic::Srq);
+
+impl Srq for PinnedSrq {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        self.0.post_recv(wrs)
+    }
+    fn max_wr(&self) -> u32 {
+        self.0.max_wr()
+    }
+    fn max_sge(&self) -> u32 {
+        self.0.max_sge()
     }
 }
 
