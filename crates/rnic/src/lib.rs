@@ -50,11 +50,14 @@
 //!   re-validated per part, from state the server keeps in its own memory
 //!   (`nic/inbound.rs`). No `PR_SET_PTRACER_ANY`, no `process_vm_*`, no `pidfd_getfd`: a
 //!   dead or stopped peer holds none of this host's flushes, a resumed one meets the
-//!   checks of the moment, a reused PID reaches nothing. Requesters check the target's
-//!   liveness after 1 ms without an answer (RETRY_EXC_ERR at once for a dead one).
-//!   `Cq::poll` serves the host's rings too, so two polling applications exchange
-//!   messages without waking a NIC thread; a target QP moved to RESET keeps the answers
-//!   its initiator has not taken and answers unserved requests with RETRY_EXC_ERR.
+//!   checks of the moment, a reused PID reaches nothing. A request no QP is ready to
+//!   take (absent, not yet RTR, not connected to us) is what a fabric drops: it is
+//!   resent every transport timeout of the QP (4.096 µs × 2^`timeout`) and fails with
+//!   RETRY_EXC_ERR when `retry_cnt` resends went unanswered; a target process that died
+//!   (its liveness token) fails its WRs once that budget passed, a stopped one at the
+//!   host's transport timeout. `Cq::poll` serves the host's rings too, so two polling
+//!   applications exchange messages without waking a NIC thread; a target QP moved to
+//!   RESET keeps the answers its initiator has not taken.
 //! * **Trusting hosts** (`HostConfig::trusted_peers` on both sides, the labelled
 //!   opt-in; `NicStats::direct_remote` counts its WRs): the older, faster path below,
 //!   where the initiator performs the target NIC's work itself. Within one process both

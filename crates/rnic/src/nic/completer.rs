@@ -95,6 +95,10 @@ impl QpCtx {
                         self.rewind_after(sq, 0, now);
                         return true;
                     }
+                    Some(RingDone::Unanswered) => {
+                        self.unanswered(sq, 0, now);
+                        return true;
+                    }
                     None => break,
                 },
                 EState::Done { status, byte_len } => {
@@ -132,6 +136,51 @@ impl QpCtx {
         }
         let d = self.nic.cfg.rnr_delay.as_nanos() as u64 * timer.max(1) as u64;
         e.st = EState::Rnr { until: now + d };
+        self.rewind_after(sq, i, now);
+    }
+
+    /// One transport timeout of the QP (IB: 4.096 µs × 2^`timeout`), at least 10 µs;
+    /// `timeout` 0 (IB: wait forever) and anything over the host's transport timeout
+    /// split among the tries take that share.
+    fn ack_timeout_ns(&self, attr: &QpAttr) -> u64 {
+        let cap = self.nic.cfg.transport_timeout.as_nanos() as u64 / (attr.retry_cnt.min(7) as u64 + 1);
+        if attr.timeout == 0 {
+            return cap;
+        }
+        (4096u64 << attr.timeout.min(31)).clamp(10_000, cap.max(10_000))
+    }
+
+    /// How long a request may go without an answer: the QP's `retry_cnt` + 1
+    /// transport timeouts.
+    pub(crate) fn retry_budget_ns(&self, attr: &QpAttr) -> u64 {
+        self.ack_timeout_ns(attr) * (attr.retry_cnt.min(7) as u64 + 1)
+    }
+
+    /// WR `i` met no QP ready to take it (absent, not yet RTR, not connected to us —
+    /// what a fabric drops without an ACK): resend it after one transport timeout,
+    /// going back N as after an RNR NAK, until the QP's `retry_cnt` is used up, then
+    /// RETRY_EXC_ERR. A target that becomes ready meanwhile takes the resend. On UC
+    /// nothing is resent: the WR completes as sent.
+    pub(crate) fn unanswered(&self, sq: &mut Sq, i: usize, now: u64) {
+        let len = sq.entries[i].len();
+        if self.qp_type == QpType::Uc {
+            sq.entries[i].st = EState::Done {
+                status: WcStatus::Success,
+                byte_len: len as u32,
+            };
+            return;
+        }
+        let until = now + self.ack_timeout_ns(&sq.attr);
+        let e = &mut sq.entries[i];
+        if e.retries >= sq.attr.retry_cnt.min(7) {
+            e.st = EState::Done {
+                status: WcStatus::RetryExcErr,
+                byte_len: 0,
+            };
+            return;
+        }
+        e.retries += 1;
+        e.st = EState::Rnr { until };
         self.rewind_after(sq, i, now);
     }
 
@@ -196,12 +245,10 @@ pub(crate) enum RingDone {
     OdpNak,
     /// Refused unexecuted behind an earlier RNR (`RING_ST_SEQ`): resend.
     Resend,
+    /// No QP was there to take it (absent, not ready, not connected to us; a part of
+    /// a message it was not receiving): on a fabric, a packet nobody acknowledges.
+    Unanswered,
 }
-
-/// After this long without an answer, a waiting requester looks whether the target
-/// process is still alive (a dead one fails the WR at once instead of at the
-/// transport timeout).
-const LIVENESS_AFTER_NS: u64 = 1_000_000;
 
 /// Take the answers of the front WR's parts (slots `slot..slot + sent`) that arrived;
 /// None while parts are in flight or still to be issued.
@@ -228,8 +275,10 @@ pub(crate) fn finish_ring(q: &QpCtx, sq: &mut Sq, now: u64) -> Option<RingDone> 
         let (h, data) = peer.seg.slot(tq, slot + k as u64);
         if h.state.load(Ordering::Acquire) != segment::SLOT_DONE {
             let waited = now.saturating_sub(since);
+            // A target process that is gone answers nothing: its WR fails once the
+            // QP's retries would have run out (not later, not sooner).
             if waited > me.cfg.transport_timeout.as_nanos() as u64
-                || (waited > LIVENESS_AFTER_NS && peer.port != Port::Local && !peer.seg.alive())
+                || (waited > q.retry_budget_ns(&sq.attr) && peer.port != Port::Local && !peer.seg.alive())
             {
                 outcome = Some(RingDone::Done(WcStatus::RetryExcErr, 0));
             }
@@ -256,8 +305,13 @@ pub(crate) fn finish_ring(q: &QpCtx, sq: &mut Sq, now: u64) -> Option<RingDone> 
                 sq.entries[0].parts_done += 1;
                 break;
             }
-            // A part of a message the target is not receiving: lost.
-            segment::RING_ST_DROPPED => WcStatus::RetryExcErr,
+            // No QP took it, or a part of a message the target is not receiving: lost.
+            c if c == WcStatus::RetryExcErr as u32 || c == segment::RING_ST_DROPPED => {
+                outcome = Some(RingDone::Unanswered);
+                h.state.store(segment::SLOT_FREE, Ordering::Release);
+                sq.entries[0].parts_done += 1;
+                break;
+            }
             c => WcStatus::from_u32(c),
         };
         let e = &sq.entries[0];

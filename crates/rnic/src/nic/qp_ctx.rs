@@ -67,6 +67,9 @@ pub(crate) struct Entry {
     pub inflight: bool,
     /// Ring parts of this WR whose answers were taken (see [`EState::Issued`]).
     pub parts_done: u32,
+    /// Transport retries used: sends that met no QP ready to take them (what a fabric
+    /// drops, unacknowledged), see `QpCtx::unanswered`.
+    pub retries: u8,
 }
 
 impl Entry {

@@ -206,6 +206,10 @@ impl QpCtx {
                         }
                         continue;
                     }
+                    Outcome::Done(WcStatus::RetryExcErr, _) => {
+                        self.unanswered(sq, i, now);
+                        return true;
+                    }
                     Outcome::Done(status, byte_len) => {
                         let (status, byte_len) = self.sent_status(status, byte_len, sq.entries[i].len());
                         sq.entries[i].st = EState::Done { status, byte_len };
@@ -238,6 +242,10 @@ impl QpCtx {
         let e = &mut entries[i];
         e.abandon_parts(zombies, now);
         e.st = EState::Done { status, byte_len: 0 };
+        if status == WcStatus::RetryExcErr {
+            // No target QP to take it (yet): resent until the retries run out.
+            self.unanswered(sq, i, now);
+        }
     }
 
     /// ODP model: retransmit WR `i` after its NAK timeout together with every later

@@ -350,6 +350,7 @@ impl QpCtx {
                 odp_naks: 0,
                 inflight: false,
                 parts_done: 0,
+                retries: 0,
             });
         }
         self.progress_locked(&mut sq);
