@@ -216,9 +216,9 @@ fn fill_device_attr(dev: &dyn crate::backend::Device, a: &mut ibv_device_attr) {
     };
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
-    if let Some(sge) = dev.srq_max_sge() {
+    if let Some((wr, sge)) = dev.srq_limits() {
         a.max_srq = clamp(d.max_qp);
-        a.max_srq_wr = clamp(d.max_qp_wr);
+        a.max_srq_wr = clamp(wr);
         a.max_srq_sge = clamp(sge);
     }
 }
@@ -273,6 +273,9 @@ unsafe extern "C" fn query_device_ex_op(
                 | IBV_ODP_SUPPORT_WRITE
                 | IBV_ODP_SUPPORT_READ
                 | IBV_ODP_SUPPORT_ATOMIC;
+            if s.dev.srq_limits().is_some() {
+                a.odp_caps.per_transport_caps.rc_odp_caps |= IBV_ODP_SUPPORT_SRQ_RECV;
+            }
         }
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most that.

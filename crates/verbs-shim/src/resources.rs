@@ -756,17 +756,16 @@ pub unsafe extern "C" fn ibv_create_srq(
         let a = unsafe { &mut *a };
         // SAFETY: the PD's context is ours.
         let s = unsafe { ShimContext::from_ibv(p.pd.context)? };
-        let Some(max_sge) = s.dev.srq_max_sge() else {
+        let Some((max_wr, max_sge)) = s.dev.srq_limits() else {
             return Err(ShimError::Unsupported(format!(
                 "shared receive queues (SRQ) in {} mode",
                 s.dev.mode()
             )));
         };
-        let d = s.dev.attr();
-        if a.attr.max_wr == 0 || a.attr.max_wr > d.max_qp_wr {
+        if a.attr.max_wr == 0 || a.attr.max_wr > max_wr {
             return Err(ShimError::InvalidArgument(format!(
-                "SRQ max_wr {} (the device allows 1..={})",
-                a.attr.max_wr, d.max_qp_wr
+                "SRQ max_wr {} (the device allows 1..={max_wr})",
+                a.attr.max_wr
             )));
         }
         if a.attr.max_sge > max_sge {

@@ -43,9 +43,9 @@ pub trait Device: Send + Sync {
     fn odp(&self) -> bool {
         false
     }
-    /// Whether PDs create shared receive queues ([`Pd::create_srq`]): the SGEs a
-    /// WQE of theirs may have, or `None`.
-    fn srq_max_sge(&self) -> Option<u32> {
+    /// Whether PDs create shared receive queues ([`Pd::create_srq`]): the WQEs one
+    /// may hold and the SGEs each may have, or `None`.
+    fn srq_limits(&self) -> Option<(u32, u32)> {
         None
     }
     /// One line of counters for `NPRDMA_STATS=1` (printed at process exit).

@@ -256,9 +256,10 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             mapped: self.sg.mapped.clone(),
         }))
     }
-    fn srq_max_sge(&self) -> Option<u32> {
-        // The SGE-list bounce tables are per QP; an SRQ's receive carries one SGE.
-        Some(1)
+    fn srq_limits(&self) -> Option<(u32, u32)> {
+        // The engine keeps an SRQ's receives in memory (no NIC WQEs); the SGE-list
+        // bounce tables are per QP, so an SRQ's receive carries one SGE.
+        Some((NP_MAX_SRQ_WR, 1))
     }
     fn odp(&self) -> bool {
         true
@@ -304,6 +305,9 @@ struct NpPd<N: np::engine::Backend> {
     id: u64,
     sg: SgShared<N>,
 }
+
+/// Receives an NP-RDMA SRQ may hold.
+const NP_MAX_SRQ_WR: u32 = 16384;
 
 /// A shared receive queue of the NP-RDMA engine.
 struct NpSrq<N: np::engine::Backend>(np::Srq<N>);

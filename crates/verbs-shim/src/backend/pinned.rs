@@ -66,8 +66,10 @@ impl Device for PinnedDevice {
         let cq = self.ctx.create_cq(depth, chan.as_ref())?;
         Ok(Box::new(PinnedCq { cq, chan }))
     }
-    fn srq_max_sge(&self) -> Option<u32> {
-        Some(self.attr().max_sge)
+    fn srq_limits(&self) -> Option<(u32, u32)> {
+        // An SRQ is a QP table entry: its RQ has a QP's depth.
+        let a = self.attr();
+        Some((a.max_qp_wr, a.max_sge))
     }
 }
 
