@@ -435,7 +435,7 @@ fn shared_receive_queue_feeds_its_qps_in_order() {
         assert_eq!(
             errno(),
             libc::EOPNOTSUPP,
-            "no async events: a limit cannot fire"
+            "no SRQ limit events: a limit cannot fire"
         );
         ia.attr.srq_limit = 0;
         ia.srq_context = 0x77usize as *mut c_void;
@@ -524,6 +524,27 @@ fn shared_receive_queue_feeds_its_qps_in_order() {
             assert_eq!(buf[at..at + 8], [0xa0 + k; 8]);
         }
         assert_eq!(ibv_destroy_srq(srq), libc::EBUSY);
+        // A QP on the SRQ moved to ERR: LAST_WQE_REACHED tells the application it may
+        // destroy it (the SRQ's other QPs go on).
+        let mut err: ibv_qp_attr = zeroed();
+        err.qp_state = IBV_QPS_ERR;
+        assert_eq!(ibv_modify_qp(r1, &mut err, IBV_QP_STATE as c_int), 0);
+        let mut ev: ibv_async_event = zeroed();
+        assert_eq!(ibv_get_async_event(e.ctx, &mut ev), 0);
+        assert_eq!(
+            (ev.event_type, ev.element.qp),
+            (IBV_EVENT_QP_LAST_WQE_REACHED, r1)
+        );
+        ibv_ack_async_event(&mut ev);
+        // Nothing else queued: a non-blocking async fd reports EAGAIN.
+        let afd = (*e.ctx).async_fd;
+        libc::fcntl(
+            afd,
+            libc::F_SETFL,
+            libc::fcntl(afd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+        assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
+        assert_eq!(errno(), libc::EAGAIN);
         for qp in [s1, r1, s2, r2] {
             assert_eq!(ibv_destroy_qp(qp), 0);
         }

@@ -121,8 +121,11 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
     let dev = ibv_dev();
     let d = device()?;
     let cfd = cmd_fd.as_raw_fd();
-    let async_fd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
-        .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;
+    let async_fd = rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::SEMAPHORE,
+    )
+    .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;
     // SAFETY: verbs_context is plain C data.
     let mut vctx: verbs_context = unsafe { zeroed() };
     vctx.sz = std::mem::size_of::<verbs_context>() as u64;
@@ -144,6 +147,7 @@ fn new_context(cmd_fd: OwnedFd) -> Result<*mut ibv_context, ShimError> {
         vctx,
         dev: d,
         async_fd,
+        async_events: Default::default(),
         cmd_fd,
     }));
     // SAFETY: just allocated.

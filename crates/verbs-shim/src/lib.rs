@@ -31,8 +31,10 @@
 //!   refuses is dropped there and the WR completes successfully), in both modes.
 //! * Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_query_srq`,
 //!   `ibv_destroy_srq`; QPs created with `srq`), in both modes (one SGE per WQE in
-//!   NP-RDMA mode). No asynchronous events are generated, so an SRQ limit (`srq_limit`)
-//!   is refused (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
+//!   NP-RDMA mode). A QP on an SRQ moved to ERR posts `IBV_EVENT_QP_LAST_WQE_REACHED`
+//!   (`ibv_get_async_event`; the async fd is readable while events are queued). SRQ
+//!   limit events are not generated, so an SRQ limit (`srq_limit`) is refused
+//!   (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
 //! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, rereg/resize, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the

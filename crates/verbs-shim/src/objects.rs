@@ -17,8 +17,11 @@ use std::sync::Arc;
 pub struct ShimContext {
     pub vctx: verbs_context,
     pub dev: Arc<dyn Device>,
-    /// Never signalled (no async events are generated); pollable like a real one.
+    /// A semaphore eventfd counting the events in `async_events` (readable while any
+    /// is queued; `ibv_get_async_event` takes one count per event).
     pub async_fd: OwnedFd,
+    /// Asynchronous events not yet taken: (`ibv_event_type`, the QP/SRQ/CQ address).
+    pub async_events: Mutex<std::collections::VecDeque<(u32, usize)>>,
     /// `ibv_context.cmd_fd`: a private memfd (there is no uverbs device file).
     pub cmd_fd: OwnedFd,
 }
@@ -117,6 +120,13 @@ pub struct ShimChannel {
 const CTX_OFFSET: usize = std::mem::offset_of!(verbs_context, context);
 
 impl ShimContext {
+    /// Queue an asynchronous event about the object at `element` (an `ibv_qp`,
+    /// `ibv_srq` or `ibv_cq`) for `ibv_get_async_event`.
+    pub fn post_async(&self, event_type: u32, element: usize) {
+        self.async_events.lock().push_back((event_type, element));
+        let _ = rustix::io::write(&self.async_fd, &1u64.to_ne_bytes());
+    }
+
     pub fn ibv(&mut self) -> *mut ibv_context {
         &mut self.vctx.context
     }

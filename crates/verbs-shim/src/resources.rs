@@ -660,9 +660,17 @@ pub unsafe extern "C" fn ibv_modify_qp(
         nonnull(attr, "QP attr")?;
         // SAFETY: checked non-null.
         let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask)?;
+        let was = q.inner.query().qp_state;
         q.inner.modify(&a, m)?;
+        let now = q.inner.query().qp_state;
         // SAFETY: the QP struct is ours; apps read `state`.
-        unsafe { (*qp).state = q.inner.query().qp_state as u32 };
+        unsafe { (*qp).state = now as u32 };
+        if now == rnic::QpState::Err && was != rnic::QpState::Err && !q.qp.qp_base.srq.is_null() {
+            // It takes no more WQEs of its SRQ: the application may now destroy it.
+            // SAFETY: the QP's context is ours and open while the QP exists.
+            let c = unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? };
+            c.post_async(IBV_EVENT_QP_LAST_WQE_REACHED, qp as usize);
+        }
         Ok(())
     })
 }
@@ -737,8 +745,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 
 // ---- shared receive queues ----
 
-/// A shared receive queue of `attr.max_wr` WQEs (written back: what it has). No
-/// asynchronous events are generated, so an SRQ limit (`srq_limit` > 0, the
+/// A shared receive queue of `attr.max_wr` WQEs (written back: what it has). SRQ limit
+/// events are not generated, so an SRQ limit (`srq_limit` > 0, the
 /// `IBV_EVENT_SRQ_LIMIT_REACHED` trigger) is refused rather than never firing.
 ///
 /// # Safety
@@ -776,7 +784,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         }
         if a.attr.srq_limit != 0 {
             return Err(ShimError::Unsupported(
-                "SRQ limit (srq_limit): no asynchronous events are generated".into(),
+                "SRQ limit (srq_limit): SRQ limit events are not generated".into(),
             ));
         }
         let inner = p.inner.create_srq(a.attr.max_wr, a.attr.max_sge.max(1))?;
@@ -815,7 +823,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     })
 }
 
-/// `IBV_SRQ_LIMIT` 0 (disarmed) is accepted; a limit to arm is refused (no asynchronous
+/// `IBV_SRQ_LIMIT` 0 (disarmed) is accepted; a limit to arm is refused (no limit
 /// events), and so is `IBV_SRQ_MAX_WR` (no resize, as mlx5).
 ///
 /// # Safety
@@ -844,7 +852,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         // SAFETY: checked non-null, caller-provided.
         if mask & IBV_SRQ_LIMIT != 0 && unsafe { (*a).srq_limit } != 0 {
             return Err(ShimError::Unsupported(
-                "SRQ limit (srq_limit): no asynchronous events are generated".into(),
+                "SRQ limit (srq_limit): SRQ limit events are not generated".into(),
             ));
         }
         Ok(())
@@ -980,31 +988,44 @@ pub extern "C" fn ibv_is_fork_initialized() -> ibv_fork_status {
     IBV_FORK_UNNEEDED
 }
 
-/// No asynchronous events are generated: waits on the (never signalled) async fd.
+/// The next asynchronous event (blocking unless the async fd is O_NONBLOCK). Events
+/// generated: `IBV_EVENT_QP_LAST_WQE_REACHED` when a QP that receives from an SRQ is
+/// moved to ERR (no WQE of the SRQ will be taken by it any more: the application may
+/// destroy it). The event names the object; destroying the object before taking the
+/// event leaves a stale address in it (`ibv_destroy_*` does not wait for acks).
 ///
 /// # Safety
-/// `ctx` an open context.
+/// `ctx` an open context; `ev` writable.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
-    _ev: *mut ibv_async_event,
+    ev: *mut ibv_async_event,
 ) -> c_int {
     guard("ibv_get_async_event", -1, || {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
-        // The application may have set O_NONBLOCK on it.
-        if is_nonblocking(&s.async_fd) {
+        nonnull(ev, "async event out pointer")?;
+        // One count of the semaphore per queued event; blocks (a blocking fd) until
+        // one is posted, or EAGAIN (the application set O_NONBLOCK).
+        match rustix::io::read(&s.async_fd, &mut [0u8; 8]) {
+            Ok(_) => {}
+            Err(e @ (rustix::io::Errno::AGAIN | rustix::io::Errno::INTR)) => {
+                set_errno(e.raw_os_error());
+                return Ok(-1);
+            }
+            Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
+        }
+        let Some((t, el)) = s.async_events.lock().pop_front() else {
             set_errno(libc::EAGAIN);
             return Ok(-1);
+        };
+        // SAFETY: checked non-null, caller-provided; the union's members are all
+        // object pointers of the same size.
+        unsafe {
+            (*ev).event_type = t;
+            (*ev).element.qp = el as *mut ibv_qp;
         }
-        // Blocks until the fd is closed or a signal arrives.
-        let mut p = [rustix::event::PollFd::new(
-            &s.async_fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let _ = rustix::event::poll(&mut p, None);
-        set_errno(libc::EINTR);
-        Ok(-1)
+        Ok(0)
     })
 }
 
