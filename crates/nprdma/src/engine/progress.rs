@@ -134,8 +134,12 @@ fn map_in_owed<N: Backend>(sh: &Shared<N>, st: &mut State<N>) -> usize {
 }
 
 /// How long a two-sided request waits for its answer before the sweep asks
-/// whether the peer's process is still there.
-const PEER_CHECK_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+/// whether the peer's process is still there: the retry budget of the NIC QPs the
+/// engine programs (timeout 14 = 67.1 ms per try, retry_cnt 7 = 8 tries), so a
+/// vanished peer fails the engine's requests when a NIC's own retries to it would
+/// have run out — not sooner (an application that exits with its peer's last
+/// messages in flight does not fail the peer), not at the two-sided timeout.
+const PEER_CHECK_AFTER: std::time::Duration = std::time::Duration::from_nanos(8 * (4096 << 14));
 
 /// Two-sided requests the peer never answered (it destroyed its QP or
 /// died) complete with RETRY_EXC_ERR, like an RC transport timeout; a peer
