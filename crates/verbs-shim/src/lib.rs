@@ -35,7 +35,10 @@
 //!   (`ibv_get_async_event`; the async fd is readable while events are queued). SRQ
 //!   limit events are not generated, so an SRQ limit (`srq_limit`) is refused
 //!   (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
-//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, rereg/resize, DM,
+//! * `ibv_rereg_mr` (PD, range and access; keys kept, the NIC fenced off the old
+//!   registration first) in pinned mode; a QP moved to RESET takes its queued
+//!   completions out of its CQs (as mlx5).
+//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, rereg in NP-RDMA mode, CQ resize, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).

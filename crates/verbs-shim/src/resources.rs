@@ -200,6 +200,92 @@ unsafe fn reg_mr(
     })) as *mut ibv_mr)
 }
 
+/// `ibv_rereg_mr`: move an MR to another PD (`IBV_REREG_MR_CHANGE_PD`), range
+/// (`_TRANSLATION`) or access (`_ACCESS`), keeping its keys; the NIC is fenced off the
+/// old registration first (as by a deregistration). 0, or `IBV_REREG_MR_ERR_INPUT`
+/// (bad flags or arguments, nothing changed) / `IBV_REREG_MR_ERR_CMD` (refused,
+/// nothing changed) with errno set, as libibverbs returns them. Pinned mode; an
+/// NP-RDMA MR (whose keys its peers have synced) is refused with EOPNOTSUPP.
+///
+/// # Safety
+/// `mr` ours; `pd` ours when changing the PD; a new range stays mapped while
+/// registered.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let flags = flags as u32;
+    let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    let bad_input = mr.is_null()
+        || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0
+        || (translation && (addr.is_null() || length == 0))
+        || (!translation && (!addr.is_null() || length != 0))
+        || (flags & IBV_REREG_MR_CHANGE_PD != 0 && pd.is_null());
+    if bad_input {
+        crate::error::report(
+            "ibv_rereg_mr",
+            &ShimError::InvalidArgument("flags, PD, address or length".into()),
+        );
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    let rc = guard_rc("ibv_rereg_mr", || {
+        // SAFETY: caller contract.
+        let s: &mut ShimMr = unsafe { &mut *(mr as *mut ShimMr) };
+        if s.imported {
+            return Err(ShimError::InvalidArgument("an imported MR".into()));
+        }
+        let new_pd: Option<&ShimPd> = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+            // SAFETY: caller contract.
+            Some(unsafe { shim(pd, "PD")? })
+        } else {
+            None
+        };
+        let acc = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            let a = access as u32;
+            if a & !SUPPORTED_ACCESS != 0 {
+                return Err(ShimError::Unsupported(format!(
+                    "MR access flags {:#x}",
+                    a & !SUPPORTED_ACCESS
+                )));
+            }
+            Some(Access::from_bits_truncate(a))
+        } else {
+            None
+        };
+        let range = translation.then_some((addr as usize, length));
+        // SAFETY: forwarded contract (a new range stays mapped while registered).
+        unsafe { s.inner.rereg(new_pd.map(|p| &*p.inner), range, acc)? };
+        if let Some(p) = new_pd {
+            // SAFETY: the old PD outlives the MR (its dealloc refuses while in use).
+            let old: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
+            old.users.fetch_sub(1, Ordering::AcqRel);
+            p.users.fetch_add(1, Ordering::AcqRel);
+            s.mr.pd = pd;
+        }
+        if let Some((a, l)) = range {
+            s.mr.addr = a as *mut c_void;
+            s.mr.length = l as u64;
+        }
+        // SAFETY: the MR's PD is ours.
+        let pd_handle = unsafe { shim::<_, ShimPd>(s.mr.pd, "PD")? }.pd.handle;
+        if let Some(x) = EXPORTS.lock().mrs.get_mut(&s.mr.handle) {
+            x.pd_handle = pd_handle;
+            x.length = s.mr.length;
+        }
+        Ok(())
+    });
+    if rc == 0 {
+        0
+    } else {
+        IBV_REREG_MR_ERR_CMD
+    }
+}
+
 /// `verbs_context.advise_mr` (what libibverbs' `ibv_advise_mr` inline calls; set in
 /// NP-RDMA mode, whose MRs are on demand): PREFETCH / PREFETCH_WRITE fault the
 /// SGEs' pages in now (synchronously, so IBV_ADVISE_MR_FLAG_FLUSH holds),
@@ -962,7 +1048,6 @@ refuse_rc!(ibv_destroy_ah, "address handles (UD QPs)", false, (ah: *mut ibv_ah))
 refuse_rc!(ibv_attach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
 refuse_rc!(ibv_detach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
 refuse_rc!(ibv_resize_cq, "CQ resize", false, (cq: *mut ibv_cq, n: c_int));
-refuse_rc!(ibv_rereg_mr, "MR re-registration", false, (mr: *mut ibv_mr, f: c_int, pd: *mut ibv_pd, a: *mut c_void, l: usize, acc: c_int));
 refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize, i: u64, fd: c_int, a: c_int) -> *mut ibv_mr);
 refuse_rc!(ibv_query_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));

@@ -154,6 +154,11 @@ pub(crate) struct CqRing {
     /// WRs, zombie ring slots): maintained by each QP under its SQ lock
     /// (`QpCtx::note_busy`). Zero lets an idle `Cq::poll` skip its QP list entirely.
     pub busy_qps: AtomicU32,
+    /// Completions of QPs moved to RESET, which polls drop (as mlx5 cleans a reset
+    /// QP's entries out of its CQs): (QPN, ring index below which its entries go).
+    pub discard: parking_lot::Mutex<Vec<(u32, u64)>>,
+    /// Whether `discard` is non-empty (an idle poll does not take its lock).
+    pub discarding: std::sync::atomic::AtomicBool,
     /// The completion channel's eventfd, open while completions may signal it.
     _chan: Option<Arc<OwnedFd>>,
 }
@@ -169,6 +174,33 @@ impl Drop for CqRing {
 }
 
 impl CqRing {
+    /// QP `qpn` went to RESET: its completions now in the ring are dropped by polls.
+    pub fn discard_qp(&self, qpn: u32) {
+        let Some(c) = self.nic.seg.cq(self.idx) else { return };
+        let below = c.tail.load(Ordering::Acquire);
+        if below == c.head.load(Ordering::Acquire) {
+            return;
+        }
+        let mut d = self.discard.lock();
+        d.retain(|&(q, _)| q != qpn);
+        d.push((qpn, below));
+        self.discarding.store(true, Ordering::Release);
+    }
+
+    /// Whether the entry at ring index `i` of QP `qpn` is dropped (see `discard_qp`).
+    pub fn discarded(&self, qpn: u32, i: u64) -> bool {
+        self.discarding.load(Ordering::Acquire) && self.discard.lock().iter().any(|&(q, below)| q == qpn && i < below)
+    }
+
+    /// Forget what polls have passed (head at `head`).
+    pub fn prune_discard(&self, head: u64) {
+        if self.discarding.load(Ordering::Acquire) {
+            let mut d = self.discard.lock();
+            d.retain(|&(_, below)| below > head);
+            self.discarding.store(!d.is_empty(), Ordering::Release);
+        }
+    }
+
     /// Claim a CQ of `depth` entries of host `hi`, signalling `chan` (an eventfd) when
     /// armed.
     pub fn create(hi: Arc<Nic>, depth: u32, chan: Option<Arc<OwnedFd>>) -> Result<Arc<CqRing>> {
@@ -196,6 +228,8 @@ impl CqRing {
             idx,
             depth,
             busy_qps: AtomicU32::new(0),
+            discard: parking_lot::Mutex::new(Vec::new()),
+            discarding: std::sync::atomic::AtomicBool::new(false),
             _chan: chan,
         }))
     }

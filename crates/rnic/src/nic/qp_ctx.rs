@@ -136,7 +136,8 @@ pub(crate) struct QpCtx {
     pub idx: u32,
     pub qpn: u32,
     pub send_cq: Arc<CqRing>,
-    #[allow(dead_code)] // keeps the receive CQ's ring alive while the QP exists
+    /// Keeps the receive CQ's ring alive while the QP exists; a RESET drops the QP's
+    /// completions queued in it.
     pub recv_cq: Arc<CqRing>,
     pub cap: QpInitAttr,
     pub qp_type: QpType,

@@ -121,6 +121,12 @@ impl Cq {
             if e.seq.load(Ordering::Acquire) != h + 1 {
                 break;
             }
+            if self.inner.ring.discarded(e.qp_num.load(Ordering::Relaxed), h) {
+                // A completion of a QP reset since: gone with its QP's state.
+                h += 1;
+                c.head.store(h, Ordering::Release);
+                continue;
+            }
             f(Wc {
                 wr_id: e.wr_id.load(Ordering::Relaxed),
                 status: WcStatus::from_u32(e.status.load(Ordering::Relaxed)),
@@ -136,6 +142,7 @@ impl Cq {
             c.head.store(h, Ordering::Release);
             n += 1;
         }
+        self.inner.ring.prune_discard(h);
         if n == 0 && c.overflow.load(Ordering::Acquire) != 0 {
             return Err(Error::CqOverflow);
         }

@@ -141,6 +141,61 @@ impl Mr {
     pub fn pd(&self) -> &Pd {
         &self.pd
     }
+    /// `ibv_rereg_mr`: move the MR to PD `pd`, to the range `[addr, addr+len)`
+    /// (`range`), to `access` — each if given — keeping its keys. Like deregistration,
+    /// it first fences the NIC off the old registration (no DMA under the old
+    /// translation or rights after it returns), then publishes the new one. Invalid
+    /// input changes nothing.
+    ///
+    /// # Safety
+    /// A new range must stay mapped while registered (as for [`Pd::reg_mr`]).
+    pub unsafe fn rereg(
+        &mut self,
+        pd: Option<&Pd>,
+        range: Option<(usize, usize)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        let hi = self.pd.host().inner().clone();
+        let rec = hi.seg.mr(self.idx).expect("own MR entry");
+        if rec.kind.load(Ordering::Relaxed) != MR_PASSTHROUGH && range.is_some() {
+            return Err(Error::InvalidArgument("an IOVA-mapped MR keeps its translation"));
+        }
+        if let Some(p) = pd {
+            if p.host().addr() != self.pd.host().addr() {
+                return Err(Error::InvalidArgument("PD of another host"));
+            }
+        }
+        if let Some((addr, len)) = range {
+            if len == 0 {
+                return Err(Error::InvalidArgument("zero-length MR"));
+            }
+            if addr.checked_add(len).is_none() {
+                return Err(Error::InvalidArgument("MR wraps the address space"));
+            }
+        }
+        let acc = access.unwrap_or(self.access);
+        if acc.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !acc.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
+        }
+        // Fence: the key stops resolving, and the DMA already inside finishes.
+        rec.key.store(0, Ordering::Release);
+        let flushed = hi.iommu.flush();
+        if let Some(p) = pd {
+            rec.pd.store(p.id(), Ordering::Relaxed);
+            self.pd = p.clone();
+        }
+        if let Some((addr, len)) = range {
+            rec.va.store(addr as u64, Ordering::Relaxed);
+            rec.len.store(len as u64, Ordering::Relaxed);
+            self.addr = addr;
+            self.len = len;
+        }
+        rec.access.store(acc.bits(), Ordering::Relaxed);
+        self.access = acc;
+        rec.key.store(self.key, Ordering::Release);
+        flushed
+    }
+
     /// An SGE covering `[off, off+len)` of this MR.
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {

@@ -272,6 +272,9 @@ impl QpCtx {
                 self.outstanding.store(0, Ordering::Relaxed);
                 self.deadline.store(0, Ordering::Relaxed);
                 self.note_busy(&sq);
+                // Its completions still queued go with its state.
+                self.send_cq.discard_qp(self.qpn);
+                self.recv_cq.discard_qp(self.qpn);
             }
             QpState::Err => {
                 responder::qp_error(&h.seg, &h.self_peer, self.idx);

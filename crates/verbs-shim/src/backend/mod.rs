@@ -56,6 +56,8 @@ pub trait Device: Send + Sync {
 
 /// A protection domain.
 pub trait Pd: Send + Sync {
+    /// For downcasting to the backend's own PD.
+    fn as_any(&self) -> &dyn Any;
     /// Register `[addr, addr+len)` (addresses used as the MR's IOVA).
     ///
     /// # Safety
@@ -109,6 +111,21 @@ pub trait Mr: Send + Sync {
     fn lkey(&self) -> u32;
     /// Remote key.
     fn rkey(&self) -> u32;
+    /// `ibv_rereg_mr`: move the MR to `pd`, to `[addr, addr+len)` (`range`), to
+    /// `access` — each if given — keeping its keys; nothing changes on error.
+    ///
+    /// # Safety
+    /// A new range must stay mapped while registered.
+    unsafe fn rereg(
+        &self,
+        _pd: Option<&dyn Pd>,
+        _range: Option<(usize, usize)>,
+        _access: Option<Access>,
+    ) -> Result<()> {
+        Err(ShimError::Unsupported(
+            "MR re-registration (ibv_rereg_mr)".into(),
+        ))
+    }
 }
 
 /// A completion queue.

@@ -343,6 +343,9 @@ impl<N: np::engine::Backend> super::Srq for NpSrq<N> {
 }
 
 impl<N: np::engine::Backend> Pd for NpPd<N> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
         let quota = Quota::take(&self.mrs, NP_MAX_MR, "MRs (max_mr)")?;
         // SAFETY: forwarded contract: the application keeps [addr, addr+len) mapped while

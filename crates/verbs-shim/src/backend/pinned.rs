@@ -145,6 +145,9 @@ impl Drop for MemlockCharge {
 struct PinnedPd(rnic::Pd);
 
 impl Pd for PinnedPd {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
         let charge = MemlockCharge::charge(addr, len)?;
         // SAFETY: forwarded contract: the caller keeps the memory mapped while
@@ -152,33 +155,12 @@ impl Pd for PinnedPd {
         let mr = unsafe { self.0.reg_mr(addr, len, access)? };
         let (lkey, rkey) = (mr.lkey(), mr.rkey());
         let mr = Arc::new(parking_lot::Mutex::new(Some(mr)));
-        let host = self.0.host().clone();
-        let watch = unmap_watch().and_then(|w| {
-            let held = mr.clone();
-            watched_host(&host, true);
-            let on_gone = Box::new(move || {
-                // Deregistered under the lock, so an `ibv_dereg_mr` racing this
-                // returns only once the NIC is done with the MR.
-                let mut held = held.lock();
-                drop(held.take());
-                tracing::debug!(
-                    lkey,
-                    "registered memory unmapped: MR deregistered in the NIC"
-                );
-            });
-            w.watch(addr, len, on_gone)
-                .map_err(|e| {
-                    tracing::debug!(addr, len, "MR memory not watched for munmap: {e}");
-                    watched_host(&host, false);
-                })
-                .ok()
-        });
+        let watch = watch_mr(self.0.host(), &mr, lkey, addr, len);
         Ok(Box::new(PinnedMr {
             mr,
-            watch: watch.map(|id| (id, self.0.host().clone())),
+            moved: parking_lot::Mutex::new((watch, charge)),
             lkey,
             rkey,
-            _charge: charge,
         }))
     }
     fn create_qp_of(
@@ -281,22 +263,60 @@ fn unmap_watch() -> Option<&'static vmem::UnmapWatch> {
         .as_ref()
 }
 
+/// Watch `[addr, addr+len)`, registered as `mr`: unmapping it deregisters `mr` in
+/// the NIC. The watch and its host's count in [`WATCHED_HOSTS`], if userfaultfd
+/// could watch it.
+fn watch_mr(
+    host: &rnic::Host,
+    mr: &Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
+    lkey: u32,
+    addr: usize,
+    len: usize,
+) -> Option<(vmem::WatchId, rnic::Host)> {
+    let w = unmap_watch()?;
+    let held = mr.clone();
+    watched_host(host, true);
+    let on_gone = Box::new(move || {
+        // Deregistered under the lock, so an `ibv_dereg_mr` racing this returns only
+        // once the NIC is done with the MR.
+        let mut held = held.lock();
+        drop(held.take());
+        tracing::debug!(
+            lkey,
+            "registered memory unmapped: MR deregistered in the NIC"
+        );
+    });
+    match w.watch(addr, len, on_gone) {
+        Ok(id) => Some((id, host.clone())),
+        Err(e) => {
+            tracing::debug!(addr, len, "MR memory not watched for munmap: {e}");
+            watched_host(host, false);
+            None
+        }
+    }
+}
+
+/// Stop watching an MR's memory.
+fn unwatch_mr(watch: Option<(vmem::WatchId, rnic::Host)>) {
+    if let (Some((id, host)), Some(w)) = (watch, unmap_watch()) {
+        w.unwatch(id);
+        watched_host(&host, false);
+    }
+}
+
 struct PinnedMr {
     /// The NIC's MR; `None` once its memory was unmapped (the watch took it).
     mr: Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
-    /// The watch over the MR's memory, and its host's count in [`WATCHED_HOSTS`].
-    watch: Option<(vmem::WatchId, rnic::Host)>,
+    /// What follows the MR's range (re-registration moves both): the watch over its
+    /// memory, and its memlock charge.
+    moved: parking_lot::Mutex<(Option<(vmem::WatchId, rnic::Host)>, MemlockCharge)>,
     lkey: u32,
     rkey: u32,
-    _charge: MemlockCharge,
 }
 
 impl Drop for PinnedMr {
     fn drop(&mut self) {
-        if let (Some((id, host)), Some(w)) = (self.watch.take(), unmap_watch()) {
-            w.unwatch(id);
-            watched_host(&host, false);
-        }
+        unwatch_mr(self.moved.get_mut().0.take());
         // Deregister (if the watch has not; if it is, wait for it), then uncharge
         // (the field's own drop).
         let mut mr = self.mr.lock();
@@ -310,6 +330,42 @@ impl Mr for PinnedMr {
     }
     fn rkey(&self) -> u32 {
         self.rkey
+    }
+    unsafe fn rereg(
+        &self,
+        pd: Option<&dyn Pd>,
+        range: Option<(usize, usize)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        let pd = pd
+            .map(|p| {
+                p.as_any()
+                    .downcast_ref::<PinnedPd>()
+                    .map(|p| &p.0)
+                    .ok_or_else(|| ShimError::InvalidArgument("PD of another backend".into()))
+            })
+            .transpose()?;
+        let mut moved = self.moved.lock();
+        let charge = range
+            .map(|(a, l)| MemlockCharge::charge(a, l))
+            .transpose()?;
+        let mut held = self.mr.lock();
+        let Some(mr) = held.as_mut() else {
+            return Err(ShimError::InvalidArgument(
+                "the MR's memory was unmapped (it is deregistered)".into(),
+            ));
+        };
+        // SAFETY: forwarded contract: the application keeps a new range mapped while
+        // registered — and the watch set below deregisters it if it does not.
+        unsafe { mr.rereg(pd, range, access)? };
+        let host = mr.pd().host().clone();
+        drop(held);
+        if let (Some((addr, len)), Some(charge)) = (range, charge) {
+            unwatch_mr(moved.0.take());
+            moved.0 = watch_mr(&host, &self.mr, self.lkey, addr, len);
+            moved.1 = charge;
+        }
+        Ok(())
     }
 }
 
