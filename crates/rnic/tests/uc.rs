@@ -10,25 +10,9 @@ use rnic::*;
 
 /// Two connected UC QPs on hosts made with `cfg`.
 fn uc_pair(cfg: HostConfig) -> (End, End) {
-    let mk = |host: &Host| {
-        let ctx = host.open_context().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(256, None).unwrap();
-        let rcq = ctx.create_cq(256, None).unwrap();
-        let qp = pd
-            .create_qp_of(QpType::Uc, &cq, &rcq, None, &QpInitAttr::default())
-            .unwrap();
-        End {
-            host: host.clone(),
-            ctx,
-            pd,
-            cq,
-            rcq,
-            qp,
-        }
-    };
     let (ha, hb) = (Host::new(cfg.clone()).unwrap(), Host::new(cfg).unwrap());
-    let (a, b) = (mk(&ha), mk(&hb));
+    let a = end_of(&ha, &QpInitAttr::default(), QpType::Uc);
+    let b = end_of(&hb, &QpInitAttr::default(), QpType::Uc);
     connect(&a, &b, all_access(), 0);
     (a, b)
 }

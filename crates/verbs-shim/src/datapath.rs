@@ -132,6 +132,21 @@ unsafe extern "C" fn post_recv(
     }
     // SAFETY: qp was returned by our ibv_create_qp.
     let q = unsafe { &*(qp as *const ShimQp) };
+    // SAFETY: the caller's WR list and out pointer (post_recv's contract).
+    unsafe { post_recv_list(wr, bad, |rw| q.inner.post_recv(std::slice::from_ref(rw))) }
+}
+
+/// Post the NULL-terminated receive WR list `wr` one WR at a time through `post`; on
+/// a refusal, its errno, with `*bad` at the WR refused.
+///
+/// # Safety
+/// `wr` a valid NULL-terminated list whose WRs' `sg_list` have `num_sge` entries;
+/// `bad` writable or null.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    post: impl Fn(&RecvWr) -> Result<(), rnic::PostError>,
+) -> c_int {
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the application passes a valid NULL-terminated WR list.
@@ -141,13 +156,11 @@ unsafe extern "C" fn post_recv(
         let r = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }
             .map_err(|e| e.errno())
             .and_then(|sg| {
-                let rw = RecvWr {
+                post(&RecvWr {
                     wr_id: w.wr_id,
                     sg_list: sg,
-                };
-                q.inner
-                    .post_recv(std::slice::from_ref(&rw))
-                    .map_err(|e| e.err.errno())
+                })
+                .map_err(|e| e.err.errno())
             });
         if let Err(e) = r {
             if !bad.is_null() {
@@ -217,31 +230,6 @@ unsafe extern "C" fn post_srq_recv(
     }
     // SAFETY: srq was returned by our ibv_create_srq.
     let s = unsafe { &*(srq as *const ShimSrq) };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the application passes a valid NULL-terminated WR list.
-        let w = unsafe { &*cur };
-        let mut sgb = [Sge::default(); MAX_SGE];
-        // SAFETY: the WR's sg_list has num_sge entries.
-        let r = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }
-            .map_err(|e| e.errno())
-            .and_then(|sg| {
-                let rw = RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list: sg,
-                };
-                s.inner
-                    .post_recv(std::slice::from_ref(&rw))
-                    .map_err(|e| e.err.errno())
-            });
-        if let Err(e) = r {
-            if !bad.is_null() {
-                // SAFETY: caller-provided out pointer.
-                unsafe { *bad = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+    // SAFETY: the caller's WR list and out pointer (post_srq_recv's contract).
+    unsafe { post_recv_list(wr, bad, |rw| s.inner.post_recv(std::slice::from_ref(rw))) }
 }

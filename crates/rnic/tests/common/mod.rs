@@ -19,11 +19,16 @@ pub fn all_access() -> Access {
 }
 
 pub fn end(host: &Host, attr: &QpInitAttr) -> End {
+    end_of(host, attr, QpType::Rc)
+}
+
+/// An endpoint whose QP is of `qp_type`.
+pub fn end_of(host: &Host, attr: &QpInitAttr, qp_type: QpType) -> End {
     let ctx = host.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(1024, None).unwrap();
     let rcq = ctx.create_cq(1024, None).unwrap();
-    let qp = pd.create_qp(&cq, &rcq, attr).unwrap();
+    let qp = pd.create_qp_of(qp_type, &cq, &rcq, None, attr).unwrap();
     End {
         host: host.clone(),
         ctx,
