@@ -72,16 +72,6 @@ impl QpCtx {
                         sq.entries[0].st = EState::Done { status, byte_len };
                         changed = true;
                     }
-                    // An unreliable connection does not retry: the responder had no
-                    // receive, so it dropped the message.
-                    Some(RingDone::Rnr(_)) if self.qp_type == QpType::Uc => {
-                        let len = sq.entries[0].len();
-                        sq.entries[0].st = EState::Done {
-                            status: WcStatus::Success,
-                            byte_len: len as u32,
-                        };
-                        changed = true;
-                    }
                     Some(RingDone::Rnr(timer)) => {
                         self.rnr(sq, 0, timer, now);
                         return true;
@@ -119,8 +109,14 @@ impl QpCtx {
     }
 
     /// WR `i` met a receiver not ready: retry after the responder's timer, or fail
-    /// once the QP's `rnr_retry` count is used up (7 = forever).
+    /// once the QP's `rnr_retry` count is used up (7 = forever). An unreliable
+    /// connection has no RNR NAK: the responder dropped the message, the WR
+    /// completes as sent.
     pub(crate) fn rnr(&self, sq: &mut Sq, i: usize, timer: u32, now: u64) {
+        if self.qp_type == QpType::Uc {
+            sq.entries[i].complete_as_sent();
+            return;
+        }
         self.nic.seg.stats().rnr_naks.fetch_add(1, Ordering::Relaxed);
         let e = &mut sq.entries[i];
         let left = e.rnr_left.get_or_insert(sq.attr.rnr_retry);
@@ -162,12 +158,8 @@ impl QpCtx {
     /// RETRY_EXC_ERR. A target that becomes ready meanwhile takes the resend. On UC
     /// nothing is resent: the WR completes as sent.
     pub(crate) fn unanswered(&self, sq: &mut Sq, i: usize, now: u64) {
-        let len = sq.entries[i].len();
         if self.qp_type == QpType::Uc {
-            sq.entries[i].st = EState::Done {
-                status: WcStatus::Success,
-                byte_len: len as u32,
-            };
+            sq.entries[i].complete_as_sent();
             return;
         }
         let until = now + self.ack_timeout_ns(&sq.attr);

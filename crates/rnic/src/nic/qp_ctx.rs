@@ -73,6 +73,16 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Complete as sent: what an unreliable connection reports for a WR once it left,
+    /// whatever the responder did with it.
+    pub fn complete_as_sent(&mut self) {
+        let len = self.len();
+        self.st = EState::Done {
+            status: WcStatus::Success,
+            byte_len: len as u32,
+        };
+    }
+
     /// Give up the ring parts still out (their answers go to `zombies`, freed when they
     /// arrive or time out); the next issue starts from the first part again.
     pub fn abandon_parts(&mut self, zombies: &mut Vec<(u64, u64)>, now: u64) {

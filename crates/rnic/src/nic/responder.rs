@@ -6,7 +6,7 @@
 use crate::hw::dma::{self, check_key, AtomicOp, DmaErr, MrView, Port, Side, Span};
 use crate::hw::peer::Peer;
 use crate::hw::scratch::{scratch_slot, Scratch};
-use crate::hw::segment::{self, shm_lock, QpRec, Segment};
+use crate::hw::segment::{self, shm_lock, QpRec, Segment, ShmGuard};
 use crate::nic::cq_ring;
 use crate::nic::inbound::{window, Blocked, Inbound, RecvSge, RingServer};
 use crate::verbs::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
@@ -15,18 +15,20 @@ use std::sync::atomic::Ordering;
 scratch_slot!(RECV_SPANS: Span);
 
 /// The receive queue QP `r` (table index `idx`) takes its receives from: its own, or
-/// its shared receive queue's — (index, record). The caller holds `r.rq_lock`; it
-/// takes the SRQ's own lock when the two differ (QP before SRQ, always).
-pub(crate) fn rq_of<'a>(seg: &'a Segment, idx: u32, r: &'a QpRec) -> (u32, &'a QpRec) {
-    match r.srq.load(Ordering::Acquire) {
-        0 => (idx, r),
-        s => match seg
+/// its shared receive queue's — (index, record, the SRQ's lock, taken). The caller
+/// holds `r.rq_lock`, which covers the QP's own queue; an SRQ's lock is taken after
+/// it (QP before SRQ, always).
+fn lock_rq_of<'a>(seg: &'a Segment, idx: u32, r: &'a QpRec) -> (u32, &'a QpRec, Option<ShmGuard<'a>>) {
+    let srq = match r.srq.load(Ordering::Acquire) {
+        0 => None,
+        s => seg
             .qp(s - 1)
             .filter(|q| q.in_use.load(Ordering::Acquire) == segment::SRQ_IN_USE)
-        {
-            Some(q) => (s - 1, q),
-            None => (idx, r),
-        },
+            .map(|q| (s - 1, q)),
+    };
+    match srq {
+        Some((i, q)) => (i, q, Some(shm_lock(&q.rq_lock))),
+        None => (idx, r, None),
     }
 }
 
@@ -196,8 +198,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     if st != QpState::Rtr && st != QpState::Rts {
         return Delivery::Done(WcStatus::RetryExcErr);
     }
-    let (qi, rq) = rq_of(seg, idx, r);
-    let _sg = (qi != idx).then(|| shm_lock(&rq.rq_lock));
+    let (qi, rq, _srq) = lock_rq_of(seg, idx, r);
     let head = rq.rq_head.load(Ordering::Acquire);
     if head >= rq.rq_tail.load(Ordering::Acquire) {
         return Delivery::Rnr(r.min_rnr_timer.load(Ordering::Relaxed));
@@ -646,9 +647,11 @@ fn serve_send(
         abandon(seg, me, r, cell);
         return WcStatus::RetryExcErr as u32;
     }
-    let (qi, rq) = rq_of(seg, idx, r);
-    let shared = qi != idx;
-    let _srq = shared.then(|| shm_lock(&rq.rq_lock));
+    let (qi, rq, srq_lock) = lock_rq_of(seg, idx, r);
+    // Other QPs take from a shared queue while a message arrives in parts: its WQE is
+    // taken at the first part (what is left of it travels in the cell). A UC
+    // responder drops instead, so it takes nothing before the last part.
+    let take_first = srq_lock.is_some() && !drops_refused(r);
     let head = rq.rq_head.load(Ordering::Acquire);
     let recv_wc = |status: WcStatus, wr_id: u64| Wc {
         wr_id,
@@ -686,9 +689,7 @@ fn serve_send(
         if sges.iter().map(|s| s.len).sum::<u64>() < total {
             return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, false);
         }
-        if shared && !drops_refused(r) {
-            // Other QPs take from the shared queue while this message arrives: its
-            // WQE is taken now (what is left of it travels in the cell).
+        if take_first {
             rq.rq_head.store(head + 1, Ordering::Release);
         }
         *cell = Some(Inbound {
@@ -696,7 +697,7 @@ fn serve_send(
             src_nonce: q.src_nonce,
             src_qpn: q.src_qpn,
             head,
-            taken: shared && !drops_refused(r),
+            taken: take_first,
             pd: rq.pd.load(Ordering::Relaxed),
             wr_id,
             sges,

@@ -217,13 +217,6 @@ impl QpCtx {
                             return true;
                         }
                     }
-                    Outcome::Rnr(_) if self.qp_type == QpType::Uc => {
-                        let len = sq.entries[i].len();
-                        sq.entries[i].st = EState::Done {
-                            status: WcStatus::Success,
-                            byte_len: len as u32,
-                        };
-                    }
                     Outcome::Rnr(timer) => {
                         self.rnr(sq, i, timer, now);
                         return true;
@@ -239,12 +232,12 @@ impl QpCtx {
     /// are answered into zombie slots.
     fn fail_issued(&self, sq: &mut Sq, i: usize, status: WcStatus, now: u64) {
         let Sq { entries, zombies, .. } = sq;
-        let e = &mut entries[i];
-        e.abandon_parts(zombies, now);
-        e.st = EState::Done { status, byte_len: 0 };
+        entries[i].abandon_parts(zombies, now);
         if status == WcStatus::RetryExcErr {
             // No target QP to take it (yet): resent until the retries run out.
             self.unanswered(sq, i, now);
+        } else {
+            sq.entries[i].st = EState::Done { status, byte_len: 0 };
         }
     }
 
