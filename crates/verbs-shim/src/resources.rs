@@ -577,16 +577,17 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // The CQs whose eventfds are readable, in the order they became readable
             // (epoll's ready list is first-in first-out): events are taken in the
             // order they were signalled, as the kernel queues them on a channel.
-            let order: Vec<usize> =
+            let order: &[epoll::Event] =
                 match epoll::wait(&ch.epfd, &mut ready, (!block).then_some(&now)) {
-                    Ok((evs, _)) => evs.iter().map(|e| e.data.u64() as usize).collect(),
-                    Err(rustix::io::Errno::INTR) => Vec::new(),
+                    Ok((evs, _)) => evs,
+                    Err(rustix::io::Errno::INTR) => &[],
                     Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
                 };
             let cqs = ch.cqs.lock();
             // Then every CQ: an event may be pending a moment before its fd signals.
             let fired = order
-                .into_iter()
+                .iter()
+                .map(|e| e.data.u64() as usize)
                 .filter(|c| cqs.contains(c))
                 .chain(cqs.iter().copied())
                 .find(|&c| {

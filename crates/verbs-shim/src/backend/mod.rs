@@ -54,6 +54,13 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// `x` (a backend object's `as_any`) as this backend's `T`; an object of another
+/// backend (`what` names it) is an invalid argument.
+pub(crate) fn ours<'a, T: 'static>(x: &'a dyn Any, what: &str) -> Result<&'a T> {
+    x.downcast_ref::<T>()
+        .ok_or_else(|| ShimError::InvalidArgument(format!("{what} of another backend")))
+}
+
 /// A protection domain.
 pub trait Pd: Send + Sync {
     /// For downcasting to the backend's own PD.

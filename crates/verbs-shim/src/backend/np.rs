@@ -414,12 +414,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
         let srq = srq
-            .map(|s| {
-                s.as_any()
-                    .downcast_ref::<NpSrq<N>>()
-                    .map(|p| &p.0)
-                    .ok_or_else(|| ShimError::InvalidArgument("SRQ of another backend".into()))
-            })
+            .map(|s| super::ours::<NpSrq<N>>(s.as_any(), "SRQ").map(|p| &p.0))
             .transpose()?;
         if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
             return Err(ShimError::InvalidArgument(format!(
@@ -440,12 +435,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
                 self.max_wr
             )));
         }
-        let cq_of = |c: &dyn Cq| -> Result<np::Cq<N>> {
-            c.as_any()
-                .downcast_ref::<NpCq<N>>()
-                .map(|p| p.cq.clone())
-                .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
-        };
+        let cq_of = |c: &dyn Cq| super::ours::<NpCq<N>>(c.as_any(), "CQ").map(|p| p.cq.clone());
         let (scq, rcq) = (cq_of(send_cq)?, cq_of(recv_cq)?);
         let quota = Quota::take(&self.qps, NP_MAX_QP, "QPs (max_qp)")?;
         let stage = Staging::new(&self.pd, depth)?;

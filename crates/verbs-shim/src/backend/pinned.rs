@@ -20,7 +20,7 @@
 //! cannot follow (a file mapping, or a range the application attached to its own
 //! userfaultfd) is registered unwatched.
 
-use super::{Cq, Device, Mr, Pd, Qp, Result, Srq};
+use super::{ours, Cq, Device, Mr, Pd, Qp, Result, Srq};
 use crate::error::ShimError;
 use rnic::{
     Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpType, RecvWr, SendWr, Wc,
@@ -172,19 +172,9 @@ impl Pd for PinnedPd {
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
         let srq = srq
-            .map(|s| {
-                s.as_any()
-                    .downcast_ref::<PinnedSrq>()
-                    .map(|p| &p.0)
-                    .ok_or_else(|| ShimError::InvalidArgument("SRQ of another backend".into()))
-            })
+            .map(|s| ours::<PinnedSrq>(s.as_any(), "SRQ").map(|p| &p.0))
             .transpose()?;
-        let cq_of = |c: &dyn Cq| -> Result<rnic::Cq> {
-            c.as_any()
-                .downcast_ref::<PinnedCq>()
-                .map(|p| p.cq.clone())
-                .ok_or_else(|| ShimError::InvalidArgument("CQ of another backend".into()))
-        };
+        let cq_of = |c: &dyn Cq| ours::<PinnedCq>(c.as_any(), "CQ").map(|p| p.cq.clone());
         let qp = self
             .0
             .create_qp_of(qp_type, &cq_of(send_cq)?, &cq_of(recv_cq)?, srq, attr)?;
@@ -338,12 +328,7 @@ impl Mr for PinnedMr {
         access: Option<Access>,
     ) -> Result<()> {
         let pd = pd
-            .map(|p| {
-                p.as_any()
-                    .downcast_ref::<PinnedPd>()
-                    .map(|p| &p.0)
-                    .ok_or_else(|| ShimError::InvalidArgument("PD of another backend".into()))
-            })
+            .map(|p| ours::<PinnedPd>(p.as_any(), "PD").map(|p| &p.0))
             .transpose()?;
         let mut moved = self.moved.lock();
         let charge = range
