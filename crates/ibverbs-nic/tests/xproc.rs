@@ -48,11 +48,22 @@ fn register<N: Backend>(pd: &Pd<N>, region: &vmem::Region) -> Mr<N> {
     unsafe { pd.reg_mr(region.addr() as u64, LEN as u64, acc) }.expect("reg_mr")
 }
 
-/// The child: registers a pattern MR, swaps it out, serves until stdin
-/// says `check <off> <len> <seed>`, `u64 <off>`, `swap` or `quit`.
-fn child_main() {
-    let lib = common::lib_path().expect("library (the parent found it)");
-    let (pager, ctx) = context(&lib);
+/// A child's end of a connection to the parent.
+struct ChildSide<N: Backend> {
+    /// `LEN` bytes of the pattern (seed 42), registered as `mr`.
+    region: vmem::Region,
+    mr: Mr<N>,
+    cq: Cq<N>,
+    qp: Qp<N>,
+    /// The parent's lines after its first.
+    lines: std::io::Lines<std::io::StdinLock<'static>>,
+    /// The parent's first line: its endpoint word, then what it adds.
+    parent: Vec<String>,
+}
+
+/// Register the pattern region in `ctx`, tell the parent the QP's endpoint, the
+/// region's address and rkey, and connect to the endpoint of the parent's answer.
+fn child_side<N: Backend>(pager: &vmem::Pager, ctx: &Context<N>) -> ChildSide<N> {
     let mut region = pager.alloc(LEN).expect("alloc");
     region.as_mut_slice().copy_from_slice(&pattern(42, LEN));
     let pd = ctx.alloc_pd();
@@ -67,8 +78,31 @@ fn child_main() {
     ));
     let mut lines = std::io::stdin().lock().lines();
     let l = lines.next().unwrap().unwrap();
-    let w: Vec<&str> = l.split_whitespace().collect();
-    qp.connect(&ep_of(w[0])).expect("connect");
+    let parent: Vec<String> = l.split_whitespace().map(str::to_string).collect();
+    qp.connect(&ep_of(&parent[0])).expect("connect");
+    ChildSide {
+        region,
+        mr,
+        cq,
+        qp,
+        lines,
+        parent,
+    }
+}
+
+/// The child: registers a pattern MR, swaps it out, serves until stdin
+/// says `check <off> <len> <seed>`, `u64 <off>`, `swap` or `quit`.
+fn child_main() {
+    let lib = common::lib_path().expect("library (the parent found it)");
+    let (pager, ctx) = context(&lib);
+    let ChildSide {
+        region,
+        mr,
+        cq: _cq,
+        qp,
+        lines,
+        ..
+    } = child_side(&pager, &ctx);
     region.swap_out().expect("swap out");
     say("ready");
     serve_checks(lines, &region);
@@ -221,23 +255,15 @@ fn iommu_child_main() {
     })
     .expect("pager");
     let ctx = Context::new(&host, &pager, Config::default()).expect("IOMMU-mode context");
-    let mut region = pager.alloc(LEN).expect("alloc");
-    region.as_mut_slice().copy_from_slice(&pattern(42, LEN));
-    let pd = ctx.alloc_pd();
-    let mr = register(&pd, &region);
-    let cq = ctx.create_cq(64).expect("cq");
-    let qp = pd.create_qp(&cq, &cq, 16).expect("qp");
-    say(&format!(
-        "{} {} {}",
-        ep_word(&qp.endpoint()),
-        region.addr(),
-        mr.rkey()
-    ));
-    let mut lines = std::io::stdin().lock().lines();
-    let l = lines.next().unwrap().unwrap();
-    let w: Vec<&str> = l.split_whitespace().collect();
-    qp.connect(&ep_of(w[0])).expect("connect");
-    let (praddr, prkey): (u64, u32) = (w[1].parse().unwrap(), w[2].parse().unwrap());
+    let ChildSide {
+        region,
+        mr,
+        cq,
+        qp,
+        lines,
+        parent,
+    } = child_side(&pager, &ctx);
+    let (praddr, prkey): (u64, u32) = (parent[1].parse().unwrap(), parent[2].parse().unwrap());
     region.swap_out().expect("swap out");
     say("ready");
     for l in lines {
