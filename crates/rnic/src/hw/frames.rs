@@ -48,19 +48,7 @@ impl FrameMap {
             self.set_bit(off + p, !resident);
         }
         // Pages some tracked range already covers keep their recorded state.
-        for i in 0..h.nranges.load(Ordering::Acquire) {
-            let r = self.seg.range(i).expect("in range");
-            if r.used.load(Ordering::Acquire) != 1 {
-                continue;
-            }
-            let s = r.start_page.load(Ordering::Relaxed);
-            let e = s + r.npages.load(Ordering::Relaxed);
-            let roff = r.bit_off.load(Ordering::Relaxed);
-            for page in first.max(s)..(first + n).min(e) {
-                let absent = self.bit(roff + (page - s));
-                self.set_bit(off + (page - first), absent);
-            }
-        }
+        self.each_tracked(first, n, |page, bit| self.set_bit(off + (page - first), self.bit(bit)));
         let r = self.seg.range(slot).expect("in range");
         r.start_page.store(first, Ordering::Relaxed);
         r.npages.store(n, Ordering::Relaxed);
@@ -92,8 +80,13 @@ impl FrameMap {
     /// DMA that checked the old state.
     pub fn set_resident(&self, addr: usize, len: usize, resident: bool) {
         let (first, n) = Self::pages(addr, len);
-        let h = self.seg.hdr();
-        for i in 0..h.nranges.load(Ordering::Acquire) {
+        self.each_tracked(first, n, |_, bit| self.set_bit(bit, !resident));
+    }
+
+    /// `f(page, bit)` for each page of `[first, first + n)` that a tracked range
+    /// covers, once per covering range (`bit`: the page's absent-bit in that range).
+    fn each_tracked(&self, first: u64, n: u64, mut f: impl FnMut(u64, u64)) {
+        for i in 0..self.seg.hdr().nranges.load(Ordering::Acquire) {
             let Some(r) = self.seg.range(i) else { break };
             if r.used.load(Ordering::Acquire) != 1 {
                 continue;
@@ -102,7 +95,7 @@ impl FrameMap {
             let e = s + r.npages.load(Ordering::Relaxed);
             let roff = r.bit_off.load(Ordering::Relaxed);
             for page in first.max(s)..(first + n).min(e) {
-                self.set_bit(roff + (page - s), !resident);
+                f(page, roff + (page - s));
             }
         }
     }
