@@ -9,7 +9,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use ibverbs_nic::{Config, VerbsNic};
 
@@ -19,47 +18,12 @@ pub fn lib_path() -> Option<PathBuf> {
     if let Some(l) = std::env::var_os("NPRDMA_TEST_VERBS_LIB").filter(|l| !l.is_empty()) {
         return Some(PathBuf::from(l));
     }
-    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    let exe = std::env::current_exe().ok()?;
-    // target/<profile>/deps/<test> -> target/<profile>/libnprdma.so
-    let dir = exe.parent().and_then(Path::parent)?.to_path_buf();
-    if let Err(why) = BUILT.get_or_init(|| build_cdylib(&dir)) {
-        println!("SKIP: libnprdma.so could not be built ({why}); test not run");
-        return None;
-    }
-    let p = dir.join("libnprdma.so");
-    if !p.exists() {
-        println!(
-            "SKIP: {} not found (build it with `cargo build -p verbs-shim`, same profile and target dir); test not run",
-            p.display()
-        );
-        return None;
-    }
-    Some(p)
-}
-
-fn build_cdylib(profile_dir: &Path) -> Result<(), String> {
-    let Some(cargo) = std::env::var_os("CARGO") else {
-        return Ok(()); // not under cargo: use what is there
-    };
-    let name = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("debug");
-    let profile = if name == "debug" { "dev" } else { name };
-    let target = profile_dir.parent().ok_or("no target dir")?;
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../verbs-shim/Cargo.toml");
-    let st = Command::new(cargo)
-        .args(["build", "--lib", "--profile", profile, "--manifest-path"])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", target)
-        .stdin(Stdio::null())
-        .status()
-        .map_err(|e| format!("run cargo: {e}"))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("cargo build -p verbs-shim: {st}"))
+    match nprdma_test_support::cdylib::libnprdma() {
+        Ok(p) => Some(p),
+        Err(why) => {
+            println!("SKIP: libnprdma.so could not be had ({why}); test not run");
+            None
+        }
     }
 }
 

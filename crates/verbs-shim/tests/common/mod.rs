@@ -12,43 +12,10 @@ use std::time::{Duration, Instant};
 /// Per-process time limit.
 pub const LIMIT: Duration = Duration::from_secs(60);
 
-/// The libnprdma.so next to this test binary (target/<profile>/). Cargo does not build a
-/// cdylib-only library for integration tests, so (when run by cargo) build it here once,
-/// with the same cargo, target dir and profile.
+/// The libnprdma.so next to this test binary (target/<profile>/), built by
+/// [`nprdma_test_support::cdylib::libnprdma`] when cargo runs the test.
 pub fn lib_path() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().expect("test exe path");
-    // target/<profile>/deps/<test> -> target/<profile>/libnprdma.so
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    BUILT.call_once(|| build_cdylib(dir));
-    let p = dir.join("libnprdma.so");
-    assert!(
-        p.exists(),
-        "{} not found: build it with `cargo build -p verbs-shim` (same profile/target dir)",
-        p.display()
-    );
-    p
-}
-
-fn build_cdylib(profile_dir: &Path) {
-    let Some(cargo) = std::env::var_os("CARGO") else {
-        return;
-    };
-    let name = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("debug");
-    let profile = if name == "debug" { "dev" } else { name };
-    let target = profile_dir.parent().expect("target dir");
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let st = Command::new(cargo)
-        .args(["build", "--lib", "--profile", profile, "--manifest-path"])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", target)
-        .stdin(Stdio::null())
-        .status()
-        .expect("run cargo build for libnprdma.so");
-    assert!(st.success(), "cargo build of libnprdma.so failed");
+    nprdma_test_support::cdylib::libnprdma().unwrap_or_else(|why| panic!("libnprdma.so: {why}"))
 }
 
 /// Full path of `bin` in PATH, or None (the test then prints why it skips).
