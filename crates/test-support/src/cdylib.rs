@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-/// target/<profile>/libnprdma.so beside this test binary, built once per test
+/// `target/<profile>/libnprdma.so` beside this test binary, built once per test
 /// binary when cargo runs it; why not otherwise.
 pub fn libnprdma() -> Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
