@@ -339,6 +339,21 @@ fn main() {
             }
             return;
         }
+        if which == "minor" {
+            // `minor`: 2 B READs, each on a never-touched remote page.
+            let minor = np_buf(&pdb, &pgb, iters * 4096, None);
+            let mut v = Vec::with_capacity(iters);
+            for i in 0..iters {
+                let t = Instant::now();
+                let raddr = minor.0.addr() as u64 + (i * 4096) as u64;
+                np_op(&np, Opcode::Read, 2, raddr, minor.1.rkey(), i as u64);
+                v.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            let (med, avg, p99) = stats(v);
+            println!("prof minor 2 B READ: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
+            drop(minor.1);
+            return;
+        }
         // `pinned-read` / `pinned-write`: the same loop on plain rnic MRs;
         // `pinned-write-readback`: WRITE + READ-back chain on them (the NIC
         // work of NP-RDMA's small WRITE without the engine).
@@ -446,6 +461,7 @@ fn main() {
     let pages = iters.min(4000);
     let minor = np_buf(&pdb, &pgb, pages * 4096, None);
     let mut vm = Vec::new();
+    nprdma::trace::take();
     for i in 0..pages {
         let t = Instant::now();
         np_op(
@@ -457,6 +473,9 @@ fn main() {
             i as u64,
         );
         vm.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    if nprdma::trace::enabled() {
+        minor_breakdown(nprdma::trace::take());
     }
     // Remote major fault: each 2 B READ targets a swapped-out page.
     let major = np_buf(&pdb, &pgb, pages * 4096, Some(7));
@@ -552,4 +571,22 @@ fn main() {
     drop(qb);
     let _ = (cqb, rcqb);
     std::thread::sleep(Duration::from_millis(10));
+}
+
+/// With `NPRDMA_TRACE=1`: the in-process minor-fault path step by step
+/// (median ns between consecutive trace records, by step pair).
+fn minor_breakdown(recs: Vec<(nprdma::trace::Step, u64)>) {
+    type Pair = (nprdma::trace::Step, nprdma::trace::Step);
+    let mut by: std::collections::BTreeMap<Pair, Vec<f64>> = Default::default();
+    for w in recs.windows(2) {
+        by.entry((w[0].0, w[1].0))
+            .or_default()
+            .push(w[1].1.saturating_sub(w[0].1) as f64);
+    }
+    println!("# minor-fault steps (in-process): median ns between consecutive records, n");
+    for ((a, b), v) in by {
+        let n = v.len();
+        let (m, _, _) = stats(v);
+        println!("{a:?} -> {b:?}: {m:.0} ns, {n}");
+    }
 }

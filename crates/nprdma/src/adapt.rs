@@ -160,6 +160,9 @@ impl MemoryManager for VmemMm {
     fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         self.0.pin(addr as usize, len as usize)
     }
+    fn pin_read(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        self.0.pin_read(addr as usize, len as usize)
+    }
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         self.0.unpin(addr as usize, len as usize)
     }

@@ -112,6 +112,17 @@ pub enum WrOp {
     },
 }
 
+impl WrOp {
+    /// What the operation does to its local buffer: READ and the atomics
+    /// write their result into it; WRITE and SEND only read it.
+    pub fn local_pin(self) -> PinFor {
+        match self {
+            WrOp::Read | WrOp::CmpSwap { .. } | WrOp::FetchAdd { .. } => PinFor::Write,
+            WrOp::Write | WrOp::WriteImm(_) | WrOp::Send | WrOp::SendImm(_) => PinFor::Read,
+        }
+    }
+}
+
 /// A send-queue work request.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkRequest<'a> {
@@ -621,6 +632,14 @@ pub trait MemoryManager: Send + Sync {
     /// Make every page of the range resident and unevictable (refcounted),
     /// resolving faults in the calling thread. On error nothing stays pinned.
     fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
+    /// [`Self::pin`] of memory the holder only reads (the NIC reads it, or
+    /// the CPU copies out of it): a never-touched page may be backed by the
+    /// shared zero page, as a CPU read fault backs it, instead of a page
+    /// allocated and zeroed now. A write to it later is the kernel's
+    /// copy-on-write at the same address. Default: [`Self::pin`].
+    fn pin_read(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        self.pin(addr, len)
+    }
     /// Drop one pin reference of every page of the range.
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
     /// Register a swap listener.
@@ -643,6 +662,9 @@ impl<M: MemoryManager + ?Sized> MemoryManager for Arc<M> {
     fn pin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         (**self).pin(addr, len)
     }
+    fn pin_read(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
+        (**self).pin_read(addr, len)
+    }
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         (**self).unpin(addr, len)
     }
@@ -652,6 +674,15 @@ impl<M: MemoryManager + ?Sized> MemoryManager for Arc<M> {
     fn remove_swap_listener(&self, id: ListenerId) {
         (**self).remove_swap_listener(id)
     }
+}
+
+/// What the holder of a pin does with the pinned memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PinFor {
+    /// Only reads it ([`MemoryManager::pin_read`]).
+    Read,
+    /// Writes it (or may): [`MemoryManager::pin`].
+    Write,
 }
 
 /// A temporary pin that is released on drop, so a failed or abandoned
@@ -666,9 +697,16 @@ pub struct Pinned<M: MemoryManager> {
 }
 
 impl<M: MemoryManager> Pinned<M> {
-    /// Pin `[addr, addr+len)`.
+    /// Pin `[addr, addr+len)` for writing.
     pub fn new(mm: M, addr: u64, len: u64) -> Result<Self, M::Error> {
-        mm.pin(addr, len)?;
+        Self::new_for(mm, addr, len, PinFor::Write)
+    }
+    /// Pin `[addr, addr+len)` for what `for_` says the holder does with it.
+    pub fn new_for(mm: M, addr: u64, len: u64, for_: PinFor) -> Result<Self, M::Error> {
+        match for_ {
+            PinFor::Read => mm.pin_read(addr, len)?,
+            PinFor::Write => mm.pin(addr, len)?,
+        }
         Ok(Pinned {
             mm,
             addr,

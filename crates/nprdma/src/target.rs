@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ctrl::{AtomicKind, FaultKind, Repr, Status};
-use crate::nic::{Access, IommuControl, MemoryManager, Pinned};
+use crate::nic::{Access, IommuControl, MemoryManager, PinFor, Pinned};
 use crate::shadow::MrShadow;
 
 /// A local application MR as the target sees it.
@@ -65,7 +65,12 @@ pub fn admit<I: IommuControl, M: MemoryManager>(
             _pin: None,
         });
     }
-    let pin = Pinned::new(mm, addr, len).map_err(|e| {
+    let for_ = if need == Access::REMOTE_READ && !atomic {
+        PinFor::Read
+    } else {
+        PinFor::Write
+    };
+    let pin = Pinned::new_for(mm, addr, len, for_).map_err(|e| {
         tracing::warn!(addr, len, error = %e, "two-sided pin failed");
         Status::NoResources
     })?;

@@ -431,7 +431,17 @@ impl Pager {
     /// Pins every page of the range: brings non-resident pages in (in this
     /// thread) and keeps them from eviction until unpinned. All or nothing.
     pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
-        self.inner().pin(addr, len)
+        self.inner().pin(addr, len, true)
+    }
+
+    /// [`Self::pin`] of memory that the pin holder only reads (a NIC that
+    /// reads it, a copy out of it): never-touched pages map the kernel's
+    /// zero page, as a CPU read fault does, instead of a freshly allocated
+    /// page. A later write to such a page (CPU or DMA copy) is the kernel's
+    /// ordinary copy-on-write at the same address; the page stays resident
+    /// and pinned in the pager's books throughout.
+    pub fn pin_read(&self, addr: usize, len: usize) -> Result<()> {
+        self.inner().pin(addr, len, false)
     }
 
     /// Drops one pin from every page of the range. All or nothing:

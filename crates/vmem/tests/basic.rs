@@ -237,6 +237,48 @@ fn pins_resolve_in_caller_and_block_eviction() {
 }
 
 #[test]
+fn a_read_pin_maps_the_zero_page_until_the_page_is_written() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        // 64 pages (runs of the range pin) and a lone page (page at a time).
+        for n in [64, 1] {
+            let mut r = p.alloc(n * PG).unwrap();
+            let zero_fills = p.stats().zero_fills;
+            p.pin_read(r.addr(), r.len()).unwrap();
+            assert_eq!(p.stats().zero_fills - zero_fills, n as u64);
+            assert_eq!(r.resident_count().unwrap(), n);
+            assert_eq!(pagemap_present(r.addr(), r.len()), vec![true; n]);
+            assert_eq!(
+                pagemap_exclusive(r.addr(), r.len()),
+                vec![false; n],
+                "the shared zero page, nothing allocated"
+            );
+            assert!(r.as_slice().iter().all(|&b| b == 0));
+            assert_eq!(r.swap_out().unwrap(), 0, "pinned pages are not evicted");
+            // A write while pinned: the kernel's copy-on-write, no fault to us.
+            let faults = p.stats().minor_faults + p.stats().major_faults;
+            for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+                *b = pat(n as u64, i);
+            }
+            assert_eq!(p.stats().minor_faults + p.stats().major_faults, faults);
+            assert_eq!(pagemap_exclusive(r.addr(), r.len()), vec![true; n]);
+            p.unpin(r.addr(), r.len()).unwrap();
+            assert_eq!(r.swap_out().unwrap(), n);
+            assert!(r
+                .as_slice()
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == pat(n as u64, i)));
+        }
+        // A write pin allocates the page at once.
+        let r = p.alloc(4 * PG).unwrap();
+        p.pin(r.addr(), r.len()).unwrap();
+        assert_eq!(pagemap_exclusive(r.addr(), r.len()), vec![true; 4]);
+        p.unpin(r.addr(), r.len()).unwrap();
+    });
+}
+
+#[test]
 fn unpin_is_all_or_nothing() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();

@@ -133,7 +133,7 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
     let (laddr, len) = (op.laddr, op.len);
     if precheck_local(laddr, len, PS as usize, |p| lmr.shadow.is_mapped(p)).is_err() {
         stats.local_fixups += 1;
-        match engine_pin(&sh.mm, &lmr, laddr, len) {
+        match engine_pin(&sh.mm, &lmr, laddr, len, op.wr.op.local_pin()) {
             Ok(p) => drop(p),
             Err(()) => {
                 finish(st, qi, id, WcStatus::LocProtErr, 0);

@@ -10,7 +10,7 @@ use super::regcache::{RegCache, TempMr};
 use super::views::Views;
 use crate::adapt::VmemMm;
 use crate::ctrl::Status;
-use crate::nic::{Access, Pinned};
+use crate::nic::{Access, PinFor, Pinned};
 use crate::shadow::MrShadow;
 use crate::trace::{mark, Step};
 
@@ -46,15 +46,16 @@ impl<N: Backend> Drop for EnginePin<N> {
     }
 }
 
-/// Pin `[addr, addr+len)` of `mr` (faulting it in on this thread) and map
-/// it into the NIC views.
+/// Pin `[addr, addr+len)` of `mr` (faulting it in on this thread) for what
+/// `for_` says is done with it, and map it into the NIC views.
 pub(super) fn engine_pin<N: Backend>(
     mm: &VmemMm,
     mr: &MrEntry<N>,
     addr: u64,
     len: u64,
+    for_: PinFor,
 ) -> Result<EnginePin<N>, ()> {
-    pin_for_peer(mm, mr, addr, len).map_err(|_| ())
+    pin_for_peer(mm, mr, addr, len, for_).map_err(|_| ())
 }
 
 /// [`engine_pin`] for a peer's request, failing with what the peer is told: memory
@@ -65,8 +66,9 @@ pub(super) fn pin_for_peer<N: Backend>(
     mr: &MrEntry<N>,
     addr: u64,
     len: u64,
+    for_: PinFor,
 ) -> Result<EnginePin<N>, Status> {
-    let p = Pinned::new(mm.clone(), addr, len).map_err(|e| {
+    let p = Pinned::new_for(mm.clone(), addr, len, for_).map_err(|e| {
         tracing::warn!(addr, len, error = %e, "pin failed");
         if matches!(e, vmem::Error::Unmapped(_)) {
             Status::RemoteAccess

@@ -22,7 +22,7 @@ use super::types::PS;
 use super::ucq::UCq;
 use super::wrid::{WrKind, WrTag};
 use crate::ctrl::{Repr, Status, SLOT};
-use crate::nic::{CompOp, Completion, NicBuf as _, NicCq as _, NicQp as _, WcStatus};
+use crate::nic::{CompOp, Completion, NicBuf as _, NicCq as _, NicQp as _, PinFor, WcStatus};
 use crate::trace::{mark, Step};
 
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
@@ -126,7 +126,7 @@ fn map_in_owed<N: Backend>(sh: &Shared<N>, st: &mut State<N>) -> usize {
             end = end.max(owed[j].1 + owed[j].2);
             j += 1;
         }
-        drop(engine_pin(&sh.mm, m, *start, end - start));
+        drop(engine_pin(&sh.mm, m, *start, end - start, PinFor::Read));
         runs += 1;
         i = j;
     }

@@ -22,7 +22,7 @@ use crate::check::page_span;
 use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
 use crate::nic::{
-    Access, CompOp, Completion, NicMr as _, NicQp as _, Sge, WcStatus, WorkRequest, WrOp,
+    Access, CompOp, Completion, NicMr as _, NicQp as _, PinFor, Sge, WcStatus, WorkRequest, WrOp,
 };
 use crate::plan::{AppOp, Strategy};
 use crate::target::{validate, wc_status, LocalRegion};
@@ -231,7 +231,13 @@ fn grant<N: Backend>(
     if len == 0 {
         return Ok(None);
     }
-    pin_for_peer(&sh.mm, m, addr, len).map(Some)
+    // A request that only reads the memory (READ) pins it for reading.
+    let for_ = if need == Access::REMOTE_READ && !atomic {
+        PinFor::Read
+    } else {
+        PinFor::Write
+    };
+    pin_for_peer(&sh.mm, m, addr, len, for_).map(Some)
 }
 
 fn region<'a, N: Backend>(
@@ -499,7 +505,7 @@ fn on_read_inline<N: Backend>(
             if post_answer.len() < 256 {
                 post_answer.push_back((m.clone(), remote_addr, len as u64));
             } else {
-                drop(engine_pin(&sh.mm, m, remote_addr, len as u64));
+                drop(engine_pin(&sh.mm, m, remote_addr, len as u64, PinFor::Read));
             }
             return;
         }
@@ -873,10 +879,11 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     reply(qp, sh, req_id, Status::Ok, 0);
                     continue;
                 }
-                let pinned = engine_pin(&sh.mm, &m, raddr, len as u64).and_then(|p| {
-                    temp_mr(&sh.nic, &sh.cache, raddr, len as u64, Access::LOCAL_WRITE)
-                        .map(|t| (p, t))
-                });
+                let pinned =
+                    engine_pin(&sh.mm, &m, raddr, len as u64, PinFor::Write).and_then(|p| {
+                        temp_mr(&sh.nic, &sh.cache, raddr, len as u64, Access::LOCAL_WRITE)
+                            .map(|t| (p, t))
+                    });
                 let Ok((pin, tmr)) = pinned else {
                     cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);

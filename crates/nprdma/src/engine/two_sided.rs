@@ -46,7 +46,9 @@ pub(super) fn pin_local<N: Backend>(
     op: &Op<N>,
 ) -> Result<Option<EnginePin<N>>, ()> {
     match &op.lmr {
-        Some(m) if op.len > 0 => engine_pin(&sh.mm, m, op.laddr, op.len).map(Some),
+        Some(m) if op.len > 0 => {
+            engine_pin(&sh.mm, m, op.laddr, op.len, op.wr.op.local_pin()).map(Some)
+        }
         _ => Ok(None),
     }
 }

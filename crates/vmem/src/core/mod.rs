@@ -31,9 +31,33 @@ pub(crate) use registry::wait_handled;
 /// Why a page is being brought in.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Why {
-    Fault { write: bool },
-    Pin,
+    Fault {
+        write: bool,
+    },
+    /// A pin; `write: false` when the pinned memory is only read (a
+    /// never-touched page then maps the zero page, as a CPU read fault does).
+    Pin {
+        write: bool,
+    },
     Prefetch,
+}
+
+impl Why {
+    /// A pin (either kind).
+    fn is_pin(self) -> bool {
+        matches!(self, Why::Pin { .. })
+    }
+
+    /// Whether a never-touched page brought in for this may be the kernel's
+    /// shared zero page: a read (fault or pin) that writes nothing. A later
+    /// write to it is an ordinary copy-on-write in the kernel, for the CPU and
+    /// for a DMA copy alike (the page's address does not change).
+    fn reads_only(self) -> bool {
+        matches!(
+            self,
+            Why::Fault { write: false } | Why::Pin { write: false }
+        )
+    }
 }
 
 /// What bringing a page in did.

@@ -27,7 +27,7 @@ impl Inner {
             match state::kind(v) {
                 RESIDENT => match why {
                     Why::Prefetch => return Ok(Brought::Already),
-                    Why::Pin => {
+                    Why::Pin { .. } => {
                         // Clearing EVICTING cancels an eviction whose listeners
                         // already ran: whoever pinned may re-establish access
                         // (e.g. a NIC mapping) even if it unpins before the
@@ -140,7 +140,7 @@ impl Inner {
             }
             // SAFETY: buf is one readable page.
             unsafe { self.uffd.copy(addr, buf.as_ptr(), PAGE, wake) }
-        } else if why == (Why::Fault { write: false }) {
+        } else if why.reads_only() {
             self.uffd.zeropage(addr, PAGE, wake)
         } else {
             // SAFETY: self.zero is one readable page of zeroes.
@@ -205,11 +205,11 @@ impl Inner {
     ) {
         let swapped = state::kind(v) == SWAPPED;
         let is_fault = matches!(why, Why::Fault { .. });
-        let add_pin = if why == Why::Pin { PIN_ONE } else { 0 };
+        let add_pin = if why.is_pin() { PIN_ONE } else { 0 };
         // Pinned pages cannot be evicted before their notification anyway;
         // the caller clears NOTIFYING after notifying (outcomes Zero/Swap).
         let notifying = if self.cfg.eager_swap_in_notify
-            && why != Why::Pin
+            && !why.is_pin()
             && matches!(outcome, Brought::Zero | Brought::Swap)
         {
             NOTIFYING
@@ -227,7 +227,7 @@ impl Inner {
         self.resident.fetch_add(1, Relaxed);
         if swapped && outcome == Brought::Swap {
             inc(&self.stats.c.swap_ins);
-            if why == Why::Pin {
+            if why.is_pin() {
                 inc(&self.stats.c.pin_swap_ins);
             }
         } else if outcome == Brought::Zero && !is_fault {
@@ -260,7 +260,9 @@ impl Inner {
         })
     }
 
-    pub fn pin(&self, addr: usize, len: usize) -> Result<()> {
+    /// Pins `[addr, addr+len)`; `write: false` when the pinned memory is
+    /// only read (never-touched pages then map the zero page).
+    pub fn pin(&self, addr: usize, len: usize, write: bool) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
         // No allocation on the common path (a fault's pin of a few pages):
@@ -279,7 +281,7 @@ impl Inner {
                 let mut p = s.start.max(p0);
                 if end - p >= 2 {
                     // Several swapped pages: read them all at once.
-                    self.swap_in_batch(&s.arr, p, end, Why::Pin, &mut ahead);
+                    self.swap_in_batch(&s.arr, p, end, Why::Pin { write }, &mut ahead);
                 }
                 while p < end {
                     if ahead.get(next_ahead) == Some(&p) {
@@ -292,7 +294,7 @@ impl Inner {
                         continue;
                     }
                     // Runs of non-resident pages: one read + one ioctl each.
-                    let n = self.pin_run(&s.arr, p, end, |q| {
+                    let n = self.pin_run(&s.arr, p, end, write, |q| {
                         if notify {
                             swapped_in.push(q << PAGE_SHIFT);
                         }
@@ -302,7 +304,7 @@ impl Inner {
                         p += n;
                         continue;
                     }
-                    let b = self.bring_in_wait(&s.arr, p, Why::Pin, buf)?;
+                    let b = self.bring_in_wait(&s.arr, p, Why::Pin { write }, buf)?;
                     pinned += 1;
                     if notify && b != Brought::Already {
                         swapped_in.push(p << PAGE_SHIFT);

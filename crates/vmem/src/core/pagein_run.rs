@@ -1,6 +1,7 @@
 //! Pinning runs of consecutive non-resident pages at once: one swap read of
 //! consecutive slots (or one zeroed buffer) and one `UFFDIO_COPY` for the
-//! whole run, instead of a read and an ioctl per page. Used by `pin` of a
+//! whole run (one `UFFDIO_ZEROPAGE` for never-touched pages only read),
+//! instead of a read and an ioctl per page. Used by `pin` of a
 //! range (a two-sided NP-RDMA fault pins whole request ranges); anything
 //! that does not fit a run falls back to the page-at-a-time path.
 
@@ -30,9 +31,10 @@ impl Inner {
         arr: &PageArray,
         p: usize,
         end: usize,
+        write: bool,
         on_page: impl FnMut(usize),
     ) -> Result<usize> {
-        self.fill_run(arr, p, end, |_| Why::Pin, on_page)
+        self.fill_run(arr, p, end, |_| Why::Pin { write }, on_page)
     }
 
     /// Fault-around of a first-touch fault on page `p` (the fault thread):
@@ -119,29 +121,15 @@ impl Inner {
             return Ok(0);
         }
         let addr = p << PAGE_SHIFT;
-        let copied = RUN_BUF.with(|b| -> Result<usize> {
-            let mut b = b.borrow_mut();
-            let buf = b.get_or_insert_with(|| PageBuf::new(MAX_RUN));
-            let bytes = &mut buf.as_mut_slice()[..n * PAGE];
-            if kind0 == SWAPPED {
-                // Slots of BUSY swapped pages cannot be freed or reused.
-                if let Err(e) = self.swap.read(slot0, bytes) {
-                    tracing::error!(addr, slot0, n, %e, "swap read of a run failed");
-                    unlock(0);
-                    return Err(Error::SwapIo(e));
-                }
-            } else {
-                bytes.fill(0);
+        let copied = if kind0 != SWAPPED && why(0).reads_only() {
+            // A read of never-touched pages: the zero page, nothing allocated.
+            match self.uffd.zeropage(addr, n * PAGE, !fault) {
+                Ok(()) => n,
+                Err(e) => (e.done as usize / PAGE).min(n),
             }
-            // SAFETY: `buf` holds at least n readable pages; the destination
-            // pages are registered with our uffd and only filled if missing.
-            Ok(
-                match unsafe { self.uffd.copy(addr, buf.as_ptr(), n * PAGE, !fault) } {
-                    Ok(()) => n,
-                    Err(e) => (e.done as usize / PAGE).min(n),
-                },
-            )
-        })?;
+        } else {
+            self.copy_run(addr, n, kind0 == SWAPPED, slot0, !fault, &unlock)?
+        };
         let outcome = if kind0 == SWAPPED {
             Brought::Swap
         } else {
@@ -158,5 +146,44 @@ impl Inner {
             self.check_budget();
         }
         Ok(copied)
+    }
+
+    /// Fills the `n` locked pages at `addr` with one `UFFDIO_COPY` (waking
+    /// their faulting threads if `wake`): of their `n` consecutive swap
+    /// slots from `slot0` (`swapped`), else of zeroes.
+    /// Returns how many pages the ioctl filled; a failed swap read unlocks
+    /// the run (`unlock(0)`) and is the error.
+    fn copy_run(
+        &self,
+        addr: usize,
+        n: usize,
+        swapped: bool,
+        slot0: u32,
+        wake: bool,
+        unlock: &dyn Fn(usize),
+    ) -> Result<usize> {
+        RUN_BUF.with(|b| -> Result<usize> {
+            let mut b = b.borrow_mut();
+            let buf = b.get_or_insert_with(|| PageBuf::new(MAX_RUN));
+            let bytes = &mut buf.as_mut_slice()[..n * PAGE];
+            if swapped {
+                // Slots of BUSY swapped pages cannot be freed or reused.
+                if let Err(e) = self.swap.read(slot0, bytes) {
+                    tracing::error!(addr, slot0, n, %e, "swap read of a run failed");
+                    unlock(0);
+                    return Err(Error::SwapIo(e));
+                }
+            } else {
+                bytes.fill(0);
+            }
+            // SAFETY: `buf` holds at least n readable pages; the destination
+            // pages are registered with our uffd and only filled if missing.
+            Ok(
+                match unsafe { self.uffd.copy(addr, buf.as_ptr(), n * PAGE, wake) } {
+                    Ok(()) => n,
+                    Err(e) => (e.done as usize / PAGE).min(n),
+                },
+            )
+        })
     }
 }

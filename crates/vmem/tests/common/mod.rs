@@ -54,6 +54,19 @@ pub fn pagemap_present(addr: usize, len: usize) -> Vec<bool> {
         .collect()
 }
 
+/// "Exclusively mapped" bits (bit 56) of the pages of `[addr, addr+len)`
+/// from /proc/self/pagemap: set for a page of this process's own, clear
+/// for a hole and for the kernel's shared zero page.
+pub fn pagemap_exclusive(addr: usize, len: usize) -> Vec<bool> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let mut buf = vec![0u8; len / 4096 * 8];
+    f.read_exact_at(&mut buf, (addr / 4096 * 8) as u64).unwrap();
+    buf.chunks(8)
+        .map(|c| (u64::from_le_bytes(c.try_into().unwrap()) >> 56) & 1 == 1)
+        .collect()
+}
+
 pub fn small_cfg() -> vmem::PagerConfig {
     vmem::PagerConfig {
         swap_size: 64 << 20,
