@@ -340,17 +340,24 @@ fn main() {
             return;
         }
         if which == "minor" {
-            // `minor`: 2 B READs, each on a never-touched remote page.
-            let minor = np_buf(&pdb, &pgb, iters * 4096, None);
+            // `minor`: READs of NPRDMA_BENCH_PROF_LEN bytes (default 2),
+            // each on never-touched remote pages (with NPRDMA_TRACE=1, the
+            // step breakdown follows).
+            let span = len.next_multiple_of(4096);
+            let minor = np_buf(&pdb, &pgb, iters * span, None);
             let mut v = Vec::with_capacity(iters);
+            nprdma::trace::take();
             for i in 0..iters {
                 let t = Instant::now();
-                let raddr = minor.0.addr() as u64 + (i * 4096) as u64;
-                np_op(&np, Opcode::Read, 2, raddr, minor.1.rkey(), i as u64);
+                let raddr = minor.0.addr() as u64 + (i * span) as u64;
+                np_op(&np, Opcode::Read, len, raddr, minor.1.rkey(), i as u64);
                 v.push(t.elapsed().as_secs_f64() * 1e6);
             }
+            if nprdma::trace::enabled() {
+                minor_breakdown(nprdma::trace::take());
+            }
             let (med, avg, p99) = stats(v);
-            println!("prof minor 2 B READ: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
+            println!("prof minor {len} B READ: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
             drop(minor.1);
             return;
         }

@@ -340,13 +340,11 @@ impl<I: IommuControl> MrShadow<I> {
         if let Some(i) = self.page_index(first) {
             pins.push((i, i + n as usize));
         }
-        for k in 0..n {
-            if self.page_index(first + k * self.page_size).is_some() {
-                self.iommu
-                    .set_resident(first + k * self.page_size, self.page_size, true)
-                    .map_err(ShadowError::Iommu)?;
-            }
-        }
+        // The span lies inside the region (checked above): one call for all
+        // its pages.
+        self.iommu
+            .set_resident(first, n * self.page_size, true)
+            .map_err(ShadowError::Iommu)?;
         self.map_in_locked(first, n, false)
     }
 

@@ -456,6 +456,7 @@ fn pins(pages: usize) {
     println!("| swap I/O of this pager: {} | | | |", p.swap_io().label());
     let fresh = p.alloc(pages * PG).unwrap();
     range_run(&fresh, "never touched");
+    range_run(&fresh, "resident");
     let mut h = hist();
     for i in 0..pages {
         let t = Instant::now();

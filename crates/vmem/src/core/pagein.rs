@@ -10,6 +10,19 @@ use crate::state::{
 use crate::stats::inc;
 use std::sync::atomic::Ordering::*;
 
+/// One more pin on the page of word `w` if it is resident, idle and below
+/// the pin limit (what [`Inner::bring_in`] does for a resident page, without
+/// its waits and retries); `false` leaves everything to the slow path.
+#[inline]
+fn pin_resident(w: &std::sync::atomic::AtomicU64) -> bool {
+    let v = w.load(Acquire);
+    state::kind(v) == RESIDENT
+        && v & BUSY == 0
+        && state::pins(v) < MAX_PINS
+        && w.compare_exchange(v, ((v + PIN_ONE) | REF) & !EVICTING, AcqRel, Acquire)
+            .is_ok()
+}
+
 impl Inner {
     /// Brings page `p` in (or pins it if resident). `buf` is a one-page bounce
     /// buffer for swap reads. Runs in the calling thread; never takes a fault.
@@ -290,6 +303,12 @@ impl Inner {
                         if notify {
                             swapped_in.push(p << PAGE_SHIFT);
                         }
+                        p += 1;
+                        continue;
+                    }
+                    if pin_resident(s.arr.word(p)) {
+                        // The common case of a range pin: one CAS.
+                        pinned += 1;
                         p += 1;
                         continue;
                     }
