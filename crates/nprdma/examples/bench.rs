@@ -339,10 +339,15 @@ fn main() {
             }
             return;
         }
-        if which == "minor" {
-            // `minor`: READs of NPRDMA_BENCH_PROF_LEN bytes (default 2),
-            // each on never-touched remote pages (with NPRDMA_TRACE=1, the
-            // step breakdown follows).
+        if which == "minor" || which == "minor-write" {
+            // `minor` / `minor-write`: READs / WRITEs of
+            // NPRDMA_BENCH_PROF_LEN bytes (default 2), each on never-touched
+            // remote pages (with NPRDMA_TRACE=1, the step breakdown follows).
+            let op = if which == "minor" {
+                Opcode::Read
+            } else {
+                Opcode::Write
+            };
             let span = len.next_multiple_of(4096);
             let minor = np_buf(&pdb, &pgb, iters * span, None);
             let mut v = Vec::with_capacity(iters);
@@ -350,14 +355,14 @@ fn main() {
             for i in 0..iters {
                 let t = Instant::now();
                 let raddr = minor.0.addr() as u64 + (i * span) as u64;
-                np_op(&np, Opcode::Read, len, raddr, minor.1.rkey(), i as u64);
+                np_op(&np, op, len, raddr, minor.1.rkey(), i as u64);
                 v.push(t.elapsed().as_secs_f64() * 1e6);
             }
             if nprdma::trace::enabled() {
                 minor_breakdown(nprdma::trace::take());
             }
             let (med, avg, p99) = stats(v);
-            println!("prof minor {len} B READ: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
+            println!("prof {which} {len} B: median {med:.2} us, avg {avg:.2}, p99 {p99:.2}");
             drop(minor.1);
             return;
         }

@@ -444,6 +444,16 @@ impl Pager {
         self.inner().pin(addr, len, false)
     }
 
+    /// Writes `data` at `addr` (within one page) if that page was never
+    /// touched: one fill of the page with zeroes and `data` (`UFFDIO_COPY`),
+    /// which leaves it resident and unpinned, instead of a zero fill and a
+    /// copy. `Ok(false)`: the page was not untouched and nothing was written
+    /// (write it the ordinary way); [`Error::Unmapped`]: the application
+    /// unmapped it.
+    pub fn write_untouched(&self, addr: usize, data: &[u8]) -> Result<bool> {
+        self.inner().write_untouched(addr, data)
+    }
+
     /// Drops one pin from every page of the range. All or nothing:
     /// [`Error::NotPinned`] if any page has no pin.
     pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {

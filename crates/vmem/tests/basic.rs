@@ -279,6 +279,42 @@ fn a_read_pin_maps_the_zero_page_until_the_page_is_written() {
 }
 
 #[test]
+fn write_untouched_fills_a_never_touched_page_with_the_data_in_one_go() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let r = p.alloc(3 * PG).unwrap();
+        let (faults, fills) = (p.stats().minor_faults, p.stats().zero_fills);
+        assert!(p.write_untouched(r.addr() + PG + 100, &[7, 8, 9]).unwrap());
+        assert_eq!(p.stats().zero_fills - fills, 1);
+        assert_eq!(r.resident().unwrap(), [false, true, false]);
+        // Bad ranges and pages that are not untouched: nothing written.
+        assert!(!p.write_untouched(r.addr() + PG, &[1]).unwrap());
+        assert!(!p.write_untouched(r.addr() + PG - 1, &[1, 2]).unwrap());
+        assert!(!p.write_untouched(r.addr(), &[]).unwrap());
+        assert_eq!(r.resident().unwrap(), [false, true, false]);
+        let s = r.as_slice();
+        assert!(s[PG..2 * PG].iter().enumerate().all(|(i, &b)| b
+            == if (100..103).contains(&i) {
+                i as u8 - 93
+            } else {
+                0
+            }));
+        assert_eq!(
+            p.stats().minor_faults,
+            faults,
+            "the filled page is read without a fault"
+        );
+        // Resident and unpinned: it can be evicted, and comes back exact.
+        assert_eq!(p.swap_out(r.addr() + PG, PG).unwrap(), 1);
+        assert_eq!(&r.as_slice()[PG + 99..PG + 104], &[0, 7, 8, 9, 0]);
+        assert!(matches!(
+            p.write_untouched(r.addr() + 64 * PG, &[1]),
+            Err(Error::NotRegistered(_))
+        ));
+    });
+}
+
+#[test]
 fn unpin_is_all_or_nothing() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();

@@ -553,11 +553,50 @@ fn on_write_inline<N: Backend>(
     rkey: u32,
     data: &[u8],
 ) {
-    let Some(At { qp, mrs, stats, .. }) = st.at(qi) else {
+    let Some(At {
+        qp,
+        mrs,
+        stats,
+        post_answer,
+        ..
+    }) = st.at(qi)
+    else {
         return;
     };
     stats.served += 1;
     let r = region(mrs, qp.pd, rkey);
+    // Into a never-touched page: one fill of the page with zeroes and the
+    // data (no zero fill, pin, copy and unpin first); the page is mapped in
+    // for the NIC after the reply, as after an answer-first READ.
+    if let Some((m, _)) = r.as_ref().filter(|_| {
+        qp.remote_access.contains(Access::REMOTE_WRITE)
+            && validate(
+                r.as_ref().map(|x| &x.1),
+                remote_addr,
+                data.len() as u64,
+                Access::REMOTE_WRITE,
+                false,
+            )
+            .is_ok()
+    }) {
+        if let Ok(true) = sh.mm.0.write_untouched(remote_addr as usize, data) {
+            mark(Step::TValidated);
+            mark(Step::TCopied);
+            reply(qp, sh, req_id, Status::Ok, data.len() as u32);
+            if post_answer.len() < 256 {
+                post_answer.push_back((m.clone(), remote_addr, data.len() as u64));
+            } else {
+                drop(engine_pin(
+                    &sh.mm,
+                    m,
+                    remote_addr,
+                    data.len() as u64,
+                    PinFor::Read,
+                ));
+            }
+            return;
+        }
+    }
     let res = grant(
         sh,
         qp.remote_access,

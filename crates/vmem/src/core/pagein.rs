@@ -395,6 +395,62 @@ impl Inner {
         r.map(|()| true).map_err(Error::SwapIo)
     }
 
+    /// Writes `data` at `addr` (within one page) if that page is never-touched:
+    /// the page is filled with zeroes and `data` by one `UFFDIO_COPY` and
+    /// published resident and unpinned, so the write costs one page fill
+    /// (no zero fill, pin, copy and unpin). `Ok(false)`: the page is not
+    /// untouched (or busy, or the kernel holds a page there after all) and
+    /// nothing was written; the caller writes the ordinary way.
+    pub fn write_untouched(&self, addr: usize, data: &[u8]) -> Result<bool> {
+        let off = addr & (PAGE - 1);
+        if data.is_empty() || off + data.len() > PAGE {
+            return Ok(false);
+        }
+        let p = addr >> PAGE_SHIFT;
+        let segs = self.segments_for(p, p + 1)?;
+        let Some(s) = segs.first() else {
+            return Ok(false);
+        };
+        let w = s.arr.word(p);
+        let v = w.load(Acquire);
+        if s.arr.external
+            || state::kind(v) != state::UNTOUCHED
+            || v & BUSY != 0
+            || w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err()
+        {
+            return Ok(false);
+        }
+        let page = p << PAGE_SHIFT;
+        let r = Self::with_bounce(|buf| {
+            let b = buf.as_mut_slice();
+            b.fill(0);
+            b[off..off + data.len()].copy_from_slice(data);
+            // SAFETY: `buf` is one readable page; the destination page is
+            // registered with our uffd and only filled if missing.
+            unsafe { self.uffd.copy(page, buf.as_ptr(), PAGE, true) }
+        });
+        match r {
+            Ok(()) => {
+                self.publish_filled(w, v, Why::Prefetch, Brought::Zero);
+                if self.cfg.eager_swap_in_notify {
+                    self.listeners.after_swap_in(&[page]);
+                    w.fetch_and(!NOTIFYING, Release);
+                }
+                self.check_budget();
+                Ok(true)
+            }
+            Err(e) => {
+                let gone = matches!(e.err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH));
+                if gone {
+                    self.release_gone(w, v);
+                    return Err(Error::Unmapped(page));
+                }
+                w.fetch_and(!BUSY, Release);
+                Ok(false)
+            }
+        }
+    }
+
     pub fn unpin(&self, addr: usize, len: usize) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
