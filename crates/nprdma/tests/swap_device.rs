@@ -128,3 +128,55 @@ fn a_full_swap_device_is_reported_not_overrun() {
     assert_eq!(env.b.pager.stats().swap_slots_used, 8);
     read_write_check(&env, &la, &rb, &mut want, 1);
 }
+
+#[test]
+fn a_window_of_major_faults_is_swapped_in_together_and_read_exact() {
+    const N: usize = 64;
+    let env = env_with_depth(N as u32);
+    let want = pattern(11, N * 4096);
+    let la = Buf::new(&env.a, N * 64);
+    let rb = Buf::with(&env.b, N * 4096, Some(&want));
+    assert_eq!(rb.region.swap_out().unwrap(), N);
+    let before = env.b.ctx.stats().batched_swap_ins;
+    // One 8-byte READ per swapped-out page, all posted at once (a window),
+    // each into its own local slot.
+    let wrs: Vec<SendWr> = (0..N)
+        .map(|k| {
+            rd(
+                k as u64,
+                &la,
+                (k * 64) as u64,
+                &rb,
+                (k * 4096 + 100) as u64,
+                8,
+            )
+        })
+        .collect();
+    env.qa.post_send(&wrs).expect("post the window");
+    let mut ids: Vec<u64> = (0..N)
+        .map(|_| wait1(&env.a.cq))
+        .map(|c| {
+            assert_eq!(c.status, 0, "READ {}", c.wr_id);
+            c.wr_id
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..N as u64).collect::<Vec<_>>(),
+        "one completion each"
+    );
+    let got = la.bytes();
+    for k in 0..N {
+        assert_eq!(
+            got[k * 64..k * 64 + 8],
+            want[k * 4096 + 100..k * 4096 + 108],
+            "page {k}"
+        );
+    }
+    assert!(
+        env.b.ctx.stats().batched_swap_ins > before,
+        "the target swapped the window's pages in together"
+    );
+    assert_eq!(env.b.ctx.nic_stats().nonresident_dma, 0);
+}

@@ -444,6 +444,16 @@ impl Pager {
         self.inner().pin(addr, len, false)
     }
 
+    /// Brings in (unpinned) the swapped-out pages among the pages holding
+    /// `addrs` — scattered pages of any registered regions, e.g. the
+    /// targets of a batch of faults — with their swap reads issued
+    /// concurrently (up to 256 at a time), so the device's queue depth is
+    /// used. Pages not swapped out, busy, external or unregistered are
+    /// skipped. Returns how many pages it brought in.
+    pub fn swap_in_pages(&self, addrs: &[usize]) -> usize {
+        self.inner().swap_in_pages(addrs)
+    }
+
     /// Writes `data` at `addr` (within one page) if that page was never
     /// touched: one fill of the page with zeroes and `data` (`UFFDIO_COPY`),
     /// which leaves it resident and unpinned, instead of a zero fill and a
@@ -468,6 +478,13 @@ impl Pager {
     /// the kernel's swap entry, which a fill then finds). No syscall.
     pub fn is_untouched(&self, addr: usize) -> bool {
         self.inner().is_untouched(addr)
+    }
+
+    /// Whether the page holding `addr` is registered, not external, and
+    /// swapped out by this pager (a read lock, no syscall; the answer may
+    /// be stale at once).
+    pub fn is_swapped_out(&self, addr: usize) -> bool {
+        self.inner().is_swapped_out(addr)
     }
 
     /// Fault injection: while `on`, every swap write fails with an I/O error, as a

@@ -315,6 +315,62 @@ fn write_untouched_fills_a_never_touched_page_with_the_data_in_one_go() {
 }
 
 #[test]
+fn swap_in_pages_brings_scattered_pages_of_two_regions_in_together() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut a = p.alloc(16 * PG).unwrap();
+        let mut b = p.alloc(16 * PG).unwrap();
+        for (k, x) in a.as_mut_slice().iter_mut().enumerate() {
+            *x = pat(1, k);
+        }
+        for (k, x) in b.as_mut_slice().iter_mut().enumerate() {
+            *x = pat(2, k);
+        }
+        assert_eq!(a.swap_out().unwrap(), 16);
+        assert_eq!(b.swap_out().unwrap(), 16);
+        let (reads, faults) = (p.stats().batched_swap_reads, p.stats().major_faults);
+        // Scattered, unordered, repeated, one byte inside a page, and an
+        // unregistered address (skipped).
+        let want = [3usize, 4, 5, 9];
+        let mut addrs: Vec<usize> = want.iter().map(|k| b.addr() + k * PG + 7).collect();
+        addrs.extend([a.addr() + 2 * PG, a.addr() + 2 * PG + 1, a.addr() + 15 * PG]);
+        addrs.push(a.addr() + 1024 * PG);
+        addrs.reverse();
+        assert_eq!(p.swap_in_pages(&addrs), 6);
+        assert!(
+            p.stats().batched_swap_reads > reads,
+            "reads issued together"
+        );
+        let ra = a.resident().unwrap();
+        let rb = b.resident().unwrap();
+        assert_eq!(ra.iter().filter(|&&x| x).count(), 2);
+        assert!(ra[2] && ra[15]);
+        assert!(want.iter().all(|&k| rb[k]));
+        assert_eq!(rb.iter().filter(|&&x| x).count(), 4);
+        assert_eq!(
+            p.swap_in_pages(&addrs),
+            0,
+            "nothing swapped out among them now"
+        );
+        assert!(a
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(k, &x)| x == pat(1, k)));
+        assert!(b
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(k, &x)| x == pat(2, k)));
+        assert_eq!(
+            p.stats().major_faults - faults,
+            26,
+            "only the pages not brought in fault"
+        );
+    });
+}
+
+#[test]
 fn unpin_is_all_or_nothing() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();

@@ -79,6 +79,10 @@ fn progress_inner<N: Backend>(sh: &Shared<N>, st: &mut State<N>, app: bool) -> u
                 handle_wc(sh, st, wc);
                 run_ready(sh, st);
             }
+            if !st.swap_wait.is_empty() {
+                serve::serve_swap_wait(sh, st);
+                run_ready(sh, st);
+            }
             total += n;
             if n < wcs.len() {
                 break;

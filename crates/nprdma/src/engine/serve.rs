@@ -281,6 +281,10 @@ pub(super) fn reply<N: Backend>(
 
 /// Dispatch one control message from QP `qi`'s peer to its handler.
 pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Repr<'_>) {
+    if !st.swap_wait.is_empty() && !matches!(msg, Repr::ReadInline { .. }) {
+        // Whatever follows the held-back READs is served after them.
+        serve_swap_wait(sh, st);
+    }
     match msg {
         Repr::KeyQuery { req_id, .. } => on_key_query(sh, st, qi, req_id),
         Repr::KeySync { .. } | Repr::KeyRevoke { .. } => on_key_update(st, qi, &msg),
@@ -290,7 +294,7 @@ pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usiz
             remote_addr,
             rkey,
             len,
-        } => on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len),
+        } => on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len, true),
         Repr::WriteInline {
             req_id,
             remote_addr,
@@ -420,7 +424,40 @@ fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultR
     serve_fault(sh, qp, qi, f, need, r)
 }
 
-/// [`Repr::ReadInline`]: a small READ answered with its data.
+/// A small READ of a swapped-out page held back for the rest of the
+/// progress pass ([`serve_swap_wait`]).
+pub(super) struct SwapWait {
+    qi: usize,
+    req_id: u32,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+}
+
+/// How many READs of swapped-out pages one pass holds back at most.
+const SWAP_WAIT_MAX: usize = 256;
+
+/// Serve the READs of swapped-out pages held back by this progress pass:
+/// with two or more, their pages are first swapped in together, the swap
+/// reads issued concurrently (`vmem::Pager::swap_in_pages`), so a batch of
+/// major faults uses the device's queue depth instead of one read at a
+/// time; a lone one is answered from its swap slot as before.
+pub(super) fn serve_swap_wait<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
+    let waits = std::mem::take(&mut st.swap_wait);
+    if waits.len() >= 2 {
+        let addrs: Vec<usize> = waits.iter().map(|w| w.remote_addr as usize).collect();
+        let n = sh.mm.0.swap_in_pages(&addrs);
+        st.stats.batched_swap_ins += n as u64;
+    }
+    for w in waits {
+        on_read_inline(sh, st, w.qi, w.req_id, w.remote_addr, w.rkey, w.len, false);
+    }
+}
+
+/// [`Repr::ReadInline`]: a small READ answered with its data. `hold`: a
+/// READ of one swapped-out page may be held back until the end of the
+/// progress pass ([`serve_swap_wait`]).
+#[allow(clippy::too_many_arguments)]
 fn on_read_inline<N: Backend>(
     sh: &Shared<N>,
     st: &mut State<N>,
@@ -429,7 +466,23 @@ fn on_read_inline<N: Backend>(
     remote_addr: u64,
     rkey: u32,
     len: u32,
+    hold: bool,
 ) {
+    if hold
+        && len > 0
+        && st.swap_wait.len() < SWAP_WAIT_MAX
+        && page_span(remote_addr, len as u64, PS as usize).is_some_and(|(_, k)| k == 1)
+        && sh.mm.0.is_swapped_out(remote_addr as usize)
+    {
+        st.swap_wait.push(SwapWait {
+            qi,
+            req_id,
+            remote_addr,
+            rkey,
+            len,
+        });
+        return;
+    }
     let Some(At {
         qp,
         mrs,

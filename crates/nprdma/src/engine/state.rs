@@ -83,6 +83,9 @@ pub(crate) struct State<N: Backend> {
     /// `ZERO_BUF` zero bytes registered for the NIC: the source of reverse
     /// WRITEs answering READs of never-populated memory (made on first use).
     pub(super) zero: Option<N::Buf>,
+    /// READs of swapped-out pages held back until the end of the current
+    /// batch of completions (`serve::serve_swap_wait`).
+    pub(super) swap_wait: Vec<super::serve::SwapWait>,
 }
 
 impl<N: Backend> State<N> {
@@ -105,6 +108,7 @@ impl<N: Backend> State<N> {
             direct: Direct::default(),
             post_answer: VecDeque::new(),
             zero: None,
+            swap_wait: Vec::new(),
         }
     }
 

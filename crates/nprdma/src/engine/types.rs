@@ -166,6 +166,9 @@ pub struct Stats {
     pub local_fixups: u64,
     /// Two-sided requests served as target.
     pub served: u64,
+    /// Pages swapped in together for a batch of READs of swapped-out pages
+    /// served in one progress pass (their swap reads issued concurrently).
+    pub batched_swap_ins: u64,
     /// Key queries sent.
     pub key_queries: u64,
     /// Retry-mode one-sided retries after Receiver-Ready.

@@ -250,6 +250,16 @@ impl Inner {
         })
     }
 
+    /// Whether the page holding `addr` is a managed (non-external) page the
+    /// pager holds swapped out (see [`crate::Pager::is_swapped_out`]).
+    pub fn is_swapped_out(&self, addr: usize) -> bool {
+        let p = addr >> PAGE_SHIFT;
+        let sp = self.space.read();
+        sp.lookup(p).is_some_and(|s| {
+            !s.arr.external && state::kind(s.arr.word(p).load(Acquire)) == state::SWAPPED
+        })
+    }
+
     /// Whether the page holding `addr` belongs to a registered range the
     /// application unmapped (its address may hold other memory now).
     pub fn manages(&self, addr: usize, len: usize) -> bool {

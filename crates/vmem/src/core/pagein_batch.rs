@@ -9,7 +9,8 @@
 use super::pagein_run::MAX_RUN;
 use super::{Brought, Inner, Why};
 use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
-use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED};
+use crate::space::Segment;
+use crate::state::{self, PageArray, BUSY, MAX_PINS, NOTIFYING, SWAPPED};
 use crate::swap::{Slot, SwapDevice};
 use crate::swap_io::IoOp;
 use std::cell::RefCell;
@@ -24,10 +25,46 @@ thread_local! {
 
 /// A run of locked swapped pages: first page, first slot, length, and each
 /// page's state word before it was locked.
-struct Run {
+struct Run<'a> {
+    arr: &'a PageArray,
     p: usize,
     slot: Slot,
     words: Vec<u64>,
+}
+
+/// Locks page `p` of `arr` (BUSY) if it is swapped out, idle and below the
+/// pin limit; returns its slot and word before the lock.
+fn lock_swapped(arr: &PageArray, p: usize) -> Option<(Slot, u64)> {
+    let w = arr.word(p);
+    let v = w.load(Acquire);
+    match state::slot(v) {
+        Some(s) if state::kind(v) == SWAPPED && v & BUSY == 0 && state::pins(v) < MAX_PINS => w
+            .compare_exchange(v, v | BUSY, AcqRel, Acquire)
+            .is_ok()
+            .then_some((s, v)),
+        _ => None,
+    }
+}
+
+/// Appends locked page `p` (slot `slot`, word `v`) to the last run if it
+/// continues it (next page of the same array, next slot), else starts a run.
+fn extend_runs<'a>(runs: &mut Vec<Run<'a>>, arr: &'a PageArray, p: usize, slot: Slot, v: u64) {
+    match runs.last_mut() {
+        Some(r)
+            if std::ptr::eq(r.arr, arr)
+                && r.p + r.words.len() == p
+                && r.slot.wrapping_add(r.words.len() as u32) == slot
+                && r.words.len() < MAX_RUN =>
+        {
+            r.words.push(v)
+        }
+        _ => runs.push(Run {
+            arr,
+            p,
+            slot,
+            words: vec![v],
+        }),
+    }
 }
 
 impl Inner {
@@ -52,54 +89,75 @@ impl Inner {
             let mut runs: Vec<Run> = Vec::new();
             let mut pages = 0;
             while p < p1 && pages < BATCH_PAGES {
-                let w = arr.word(p);
-                let v = w.load(Acquire);
-                let slot = match state::slot(v) {
-                    Some(s)
-                        if state::kind(v) == SWAPPED
-                            && v & BUSY == 0
-                            && state::pins(v) < MAX_PINS =>
-                    {
-                        s
-                    }
-                    _ => {
-                        p += 1;
-                        continue;
-                    }
-                };
-                if w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err() {
-                    p += 1;
-                    continue;
+                if let Some((slot, v)) = lock_swapped(arr, p) {
+                    extend_runs(&mut runs, arr, p, slot, v);
+                    pages += 1;
                 }
-                match runs.last_mut() {
-                    Some(r)
-                        if r.p + r.words.len() == p
-                            && r.slot.wrapping_add(r.words.len() as u32) == slot
-                            && r.words.len() < MAX_RUN =>
-                    {
-                        r.words.push(v)
-                    }
-                    _ => runs.push(Run {
-                        p,
-                        slot,
-                        words: vec![v],
-                    }),
-                }
-                pages += 1;
                 p += 1;
             }
             if !runs.is_empty() {
-                self.fill_runs(arr, &runs, why, out);
+                self.fill_runs(&runs, why, out);
             }
         }
     }
 
+    /// Brings in (unpinned) the idle swapped-out pages among the pages
+    /// holding `addrs` (any order, any registrations; external and
+    /// unregistered ones are skipped), reading up to [`BATCH_PAGES`] of them
+    /// at a time concurrently, so a batch of scattered faults uses the swap
+    /// device's queue depth. Returns how many pages it brought in (listeners
+    /// notified first when eager swap-in notification is on, as for
+    /// `prefetch`).
+    pub fn swap_in_pages(&self, addrs: &[usize]) -> usize {
+        let mut pages: Vec<usize> = addrs.iter().map(|a| a >> PAGE_SHIFT).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let sp = self.space.read();
+        let segs: Vec<Segment> = pages
+            .iter()
+            .filter_map(|&p| sp.lookup(p).cloned())
+            .collect();
+        drop(sp);
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let mut runs: Vec<Run> = Vec::new();
+            while i < pages.len() && runs.iter().map(|r| r.words.len()).sum::<usize>() < BATCH_PAGES
+            {
+                let p = pages[i];
+                i += 1;
+                let Some(s) = segs.iter().find(|s| s.start <= p && p < s.end) else {
+                    continue;
+                };
+                if s.arr.external {
+                    continue;
+                }
+                if let Some((slot, v)) = lock_swapped(&s.arr, p) {
+                    extend_runs(&mut runs, &s.arr, p, slot, v);
+                }
+            }
+            if !runs.is_empty() {
+                self.fill_runs(&runs, Why::Prefetch, &mut out);
+            }
+        }
+        if self.cfg.eager_swap_in_notify && !out.is_empty() {
+            let brought: Vec<usize> = out.iter().map(|p| p << PAGE_SHIFT).collect();
+            self.listeners.after_swap_in(&brought);
+            for &p in &out {
+                if let Some(s) = segs.iter().find(|s| s.start <= p && p < s.end) {
+                    s.arr.word(p).fetch_and(!NOTIFYING, Release);
+                }
+            }
+        }
+        out.len()
+    }
+
     /// Reads `runs` (locked) concurrently, fills and publishes them; unlocks
     /// whatever could not be brought in.
-    fn fill_runs(&self, arr: &PageArray, runs: &[Run], why: Why, out: &mut Vec<usize>) {
+    fn fill_runs(&self, runs: &[Run], why: Why, out: &mut Vec<usize>) {
         let unlock = |r: &Run, from: usize| {
             for k in from..r.words.len() {
-                arr.word(r.p + k).fetch_and(!BUSY, Release);
+                r.arr.word(r.p + k).fetch_and(!BUSY, Release);
             }
         };
         BATCH_BUF.with(|b| {
@@ -139,7 +197,7 @@ impl Inner {
                     Err(e) => (e.done as usize / PAGE).min(n),
                 };
                 for (k, &v) in r.words.iter().enumerate().take(copied) {
-                    self.publish_filled(arr.word(r.p + k), v, why, Brought::Swap);
+                    self.publish_filled(r.arr.word(r.p + k), v, why, Brought::Swap);
                     out.push(r.p + k);
                 }
                 // Pages the ioctl did not fill (EEXIST, EAGAIN, a vanished
