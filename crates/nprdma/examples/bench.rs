@@ -339,17 +339,22 @@ fn main() {
             }
             return;
         }
-        if which == "minor" || which == "minor-write" {
-            // `minor` / `minor-write`: READs / WRITEs of
+        if ["minor", "minor-write", "major"].contains(&which.as_str()) {
+            // `minor` / `minor-write` / `major`: READs / WRITEs / READs of
             // NPRDMA_BENCH_PROF_LEN bytes (default 2), each on never-touched
-            // remote pages (with NPRDMA_TRACE=1, the step breakdown follows).
-            let op = if which == "minor" {
-                Opcode::Read
-            } else {
+            // (swapped-out for `major`) remote pages (with NPRDMA_TRACE=1,
+            // the step breakdown follows).
+            let op = if which == "minor-write" {
                 Opcode::Write
+            } else {
+                Opcode::Read
             };
             let span = len.next_multiple_of(4096);
-            let minor = np_buf(&pdb, &pgb, iters * span, None);
+            let major = which == "major";
+            let minor = np_buf(&pdb, &pgb, iters * span, major.then_some(5));
+            if major {
+                minor.0.swap_out().unwrap();
+            }
             let mut v = Vec::with_capacity(iters);
             nprdma::trace::take();
             for i in 0..iters {

@@ -56,6 +56,15 @@
 //!   pages in at once (never-touched ones, or swapped ones in consecutive
 //!   slots: one `pread` + one `UFFDIO_COPY`; `core/pagein_run.rs`, and for
 //!   swapped runs their reads concurrently, `core/pagein_batch.rs`).
+//!   [`Pager::pin_read`] pins memory the holder only reads: never-touched
+//!   pages then map the kernel's zero page (`UFFDIO_ZEROPAGE`, as a CPU read
+//!   fault does; a later write is the kernel's copy-on-write at the same
+//!   address), not a page allocated and zeroed now. Resident pages of a
+//!   range pin take one CAS each.
+//! * **Batches of faults**: [`Pager::swap_in_pages`] brings in scattered
+//!   swapped-out pages (the targets of a batch of remote faults) with their
+//!   reads issued concurrently; [`Pager::write_untouched`] fills a
+//!   never-touched page with a small write's data in one `UFFDIO_COPY`.
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
