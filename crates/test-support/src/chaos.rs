@@ -292,8 +292,24 @@ impl<N: Backend> Driver<N> {
             })
             .take(4)
             .collect();
+        // Where the latest READ took the first wrong byte from, and the ops
+        // that wrote that remote byte before it (by remote range).
+        let remote = writers
+            .iter()
+            .find(|h| h.1 == "READ")
+            .map(|h| (h.0, h.4 + (first - h.2)));
+        let remote_writers: Vec<_> = remote
+            .map(|(rid, at)| {
+                self.history
+                    .iter()
+                    .rev()
+                    .filter(|h| h.0 < rid && h.1 != "READ" && h.4 <= at && at < h.4 + h.3.max(1))
+                    .take(6)
+                    .collect()
+            })
+            .unwrap_or_default();
         panic!(
-            "local memory differs from the model after op {i}: [{first}, {last}] got {:02x?} want {:02x?}; latest writers {writers:?}",
+            "local memory differs from the model after op {i}: [{first}, {last}] got {:02x?} want {:02x?}; latest writers {writers:?}; read from remote {remote:?}, whose latest writers were {remote_writers:?}",
             &got[first..(first + 16).min(MR)],
             &self.m.local[first..(first + 16).min(MR)],
         );
