@@ -3,6 +3,7 @@
 //! ours, key-table traffic, and inbound SENDs matched with posted RECVs.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::backend::Backend;
@@ -555,11 +556,7 @@ fn on_read_inline<N: Backend>(
             // pinned path would have, so that later READs go
             // one-sided: at the next idle progress pass (a bounded
             // queue; beyond it, now).
-            if post_answer.len() < 256 {
-                post_answer.push_back((m.clone(), remote_addr, len as u64));
-            } else {
-                drop(engine_pin(&sh.mm, m, remote_addr, len as u64, PinFor::Read));
-            }
+            owe_map_in(sh, post_answer, m, remote_addr, len as u64);
             return;
         }
     }
@@ -594,6 +591,23 @@ fn on_read_inline<N: Backend>(
         },
     );
     mark(Step::TSent);
+}
+
+/// Queue the pin + map-in of `[addr, addr+len)` owed after an answer that
+/// went out before it (done at the next idle progress pass,
+/// `progress::map_in_owed`); with 256 already owed, do it now.
+fn owe_map_in<N: Backend>(
+    sh: &Shared<N>,
+    post_answer: &mut VecDeque<(Arc<MrEntry<N>>, u64, u64)>,
+    m: &Arc<MrEntry<N>>,
+    addr: u64,
+    len: u64,
+) {
+    if post_answer.len() < 256 {
+        post_answer.push_back((m.clone(), addr, len));
+    } else {
+        drop(engine_pin(&sh.mm, m, addr, len, PinFor::Read));
+    }
 }
 
 /// [`Repr::WriteInline`]: a small WRITE carrying its data.
@@ -636,17 +650,7 @@ fn on_write_inline<N: Backend>(
             mark(Step::TValidated);
             mark(Step::TCopied);
             reply(qp, sh, req_id, Status::Ok, data.len() as u32);
-            if post_answer.len() < 256 {
-                post_answer.push_back((m.clone(), remote_addr, data.len() as u64));
-            } else {
-                drop(engine_pin(
-                    &sh.mm,
-                    m,
-                    remote_addr,
-                    data.len() as u64,
-                    PinFor::Read,
-                ));
-            }
+            owe_map_in(sh, post_answer, m, remote_addr, data.len() as u64);
             return;
         }
     }
