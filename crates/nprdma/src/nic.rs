@@ -685,6 +685,18 @@ pub enum PinFor {
     Write,
 }
 
+impl PinFor {
+    /// The pin a peer's request needing `need` takes: a READ (`need` is
+    /// exactly remote read, not an atomic) only reads; anything else writes.
+    pub fn for_request(need: Access, atomic: bool) -> PinFor {
+        if need == Access::REMOTE_READ && !atomic {
+            PinFor::Read
+        } else {
+            PinFor::Write
+        }
+    }
+}
+
 /// A temporary pin that is released on drop, so a failed or abandoned
 /// two-sided operation can never leak a pin. Holds the manager by value:
 /// pass an `Arc` (or another cheap handle).

@@ -65,12 +65,7 @@ pub fn admit<I: IommuControl, M: MemoryManager>(
             _pin: None,
         });
     }
-    let for_ = if need == Access::REMOTE_READ && !atomic {
-        PinFor::Read
-    } else {
-        PinFor::Write
-    };
-    let pin = Pinned::new_for(mm, addr, len, for_).map_err(|e| {
+    let pin = Pinned::new_for(mm, addr, len, PinFor::for_request(need, atomic)).map_err(|e| {
         tracing::warn!(addr, len, error = %e, "two-sided pin failed");
         Status::NoResources
     })?;

@@ -232,13 +232,7 @@ fn grant<N: Backend>(
     if len == 0 {
         return Ok(None);
     }
-    // A request that only reads the memory (READ) pins it for reading.
-    let for_ = if need == Access::REMOTE_READ && !atomic {
-        PinFor::Read
-    } else {
-        PinFor::Write
-    };
-    pin_for_peer(&sh.mm, m, addr, len, for_).map(Some)
+    pin_for_peer(&sh.mm, m, addr, len, PinFor::for_request(need, atomic)).map(Some)
 }
 
 fn region<'a, N: Backend>(

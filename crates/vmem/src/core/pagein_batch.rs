@@ -113,39 +113,42 @@ impl Inner {
         pages.sort_unstable();
         pages.dedup();
         let sp = self.space.read();
-        let segs: Vec<Segment> = pages
+        // Each managed page with its registration: one lookup per page, in
+        // page order.
+        let found: Vec<(usize, Segment)> = pages
             .iter()
-            .filter_map(|&p| sp.lookup(p).cloned())
+            .filter_map(|&p| {
+                sp.lookup(p)
+                    .filter(|s| !s.arr.external)
+                    .map(|s| (p, s.clone()))
+            })
             .collect();
         drop(sp);
         let mut out = Vec::new();
-        let mut i = 0;
-        while i < pages.len() {
+        let mut rest = found.iter();
+        loop {
             let mut runs: Vec<Run> = Vec::new();
-            while i < pages.len() && runs.iter().map(|r| r.words.len()).sum::<usize>() < BATCH_PAGES
-            {
-                let p = pages[i];
-                i += 1;
-                let Some(s) = segs.iter().find(|s| s.start <= p && p < s.end) else {
-                    continue;
-                };
-                if s.arr.external {
-                    continue;
-                }
-                if let Some((slot, v)) = lock_swapped(&s.arr, p) {
-                    extend_runs(&mut runs, &s.arr, p, slot, v);
+            let mut locked = 0;
+            for (p, s) in rest.by_ref() {
+                if let Some((slot, v)) = lock_swapped(&s.arr, *p) {
+                    extend_runs(&mut runs, &s.arr, *p, slot, v);
+                    locked += 1;
+                    if locked == BATCH_PAGES {
+                        break;
+                    }
                 }
             }
-            if !runs.is_empty() {
-                self.fill_runs(&runs, Why::Prefetch, &mut out);
+            if runs.is_empty() {
+                break;
             }
+            self.fill_runs(&runs, Why::Prefetch, &mut out);
         }
         if self.cfg.eager_swap_in_notify && !out.is_empty() {
             let brought: Vec<usize> = out.iter().map(|p| p << PAGE_SHIFT).collect();
             self.listeners.after_swap_in(&brought);
             for &p in &out {
-                if let Some(s) = segs.iter().find(|s| s.start <= p && p < s.end) {
-                    s.arr.word(p).fetch_and(!NOTIFYING, Release);
+                if let Ok(k) = found.binary_search_by_key(&p, |(q, _)| *q) {
+                    found[k].1.arr.word(p).fetch_and(!NOTIFYING, Release);
                 }
             }
         }
