@@ -64,9 +64,6 @@ pub(crate) struct Device {
     pub next_pd: AtomicU32,
     pub peers: Mutex<HashMap<u64, Arc<Peer>>>,
     pub self_peer: Arc<Peer>,
-    /// Until this time (ns) the NIC thread progresses outstanding work eagerly
-    /// (set when an application arms a CQ to block on it).
-    pub attend_until: AtomicU64,
     /// Shared large copies are paused until this time (ns): see `dma::Help`.
     pub help_backoff: AtomicU64,
     /// Free pages of the NIC-shared DMA pool (see [`crate::pool`]).
@@ -89,7 +86,6 @@ impl Device {
             qpns: Mutex::new((0x100, Default::default())),
             next_pd: AtomicU32::new(1),
             peers: Mutex::new(HashMap::new()),
-            attend_until: AtomicU64::new(0),
             help_backoff: AtomicU64::new(0),
             pool: Mutex::new(RangeAlloc::new(
                 0,

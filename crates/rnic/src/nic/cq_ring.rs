@@ -174,6 +174,16 @@ impl Drop for CqRing {
 }
 
 impl CqRing {
+    /// Whether an application armed this CQ and its event has not fired yet: it
+    /// (or a thread on its behalf) may be blocked waiting for the next completion,
+    /// which then only the NIC thread can produce.
+    pub fn armed(&self) -> bool {
+        self.nic
+            .seg
+            .cq(self.idx)
+            .is_some_and(|c| c.notify.load(Ordering::Acquire) != 0)
+    }
+
     /// QP `qpn` went to RESET: its completions now in the ring are dropped by polls.
     pub fn discard_qp(&self, qpn: u32) {
         let Some(c) = self.nic.seg.cq(self.idx) else { return };

@@ -18,6 +18,8 @@ use std::time::Duration;
 const UNATTENDED_NS: u64 = 1_000_000;
 /// The NIC thread never sleeps longer than this (it then re-checks deferred work).
 pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
+/// How long serving a doorbell waits for the QP's send queue held by another thread.
+const SQ_WAIT: Duration = Duration::from_micros(20);
 /// While spinning, deferred work is looked at this often (or when kicked).
 const DEFERRED_EVERY_NS: u64 = 20_000;
 
@@ -44,7 +46,13 @@ fn retire_answered(qps: &HostQps, idx: u32) -> bool {
     if q.outstanding.load(Ordering::Acquire) == 0 {
         return true;
     }
-    let Some(mut sq) = q.sq.try_lock() else {
+    // The holder (an application posting or polling) lets go within µs: waiting
+    // for it here (spinning briefly, then parked until its unlock) beats re-ringing
+    // the doorbell and looping, which kept this thread busy for as long as a
+    // polling application held the queue, took its core, and then made every later
+    // wake-up of this thread wait out a scheduler slice. Bounded, as a holder
+    // may itself be waiting for the ring server this thread holds.
+    let Some(mut sq) = q.sq.try_lock_for(SQ_WAIT) else {
         return false;
     };
     q.progress_locked(&mut sq);
@@ -115,21 +123,26 @@ struct Deferred {
 
 /// Progress local QPs with due RNR timers or unattended outstanding requests; prune
 /// QPs with nothing pending from the active list.
-fn deferred(h: &Nic, qps: &HostQps, now: u64) -> Deferred {
-    let attend = now < h.attend_until.load(Ordering::Acquire);
+fn deferred(qps: &HostQps, now: u64) -> Deferred {
     let act: Vec<Arc<QpCtx>> = qps.active.lock().iter().filter_map(|w| w.upgrade()).collect();
     let mut d = Deferred {
         work: false,
         next_deadline: None,
         outstanding: false,
-        attend,
+        attend: false,
     };
     let mut idle: Vec<*const QpCtx> = Vec::new();
     for q in &act {
         let dl = q.deadline.load(Ordering::Relaxed);
         let out = q.outstanding.load(Ordering::Relaxed);
         let stale = now.saturating_sub(q.last_progress.load(Ordering::Relaxed)) > UNATTENDED_NS;
-        if (dl != 0 && dl <= now) || (out > 0 && (attend || stale)) {
+        // Attended: somebody blocked on this QP's send CQ (armed, its event not
+        // yet fired) waits for a completion only this thread can now retire. A CQ
+        // that is polled, not armed, is progressed by its poller (inline): waking
+        // this thread for each answer would only take the poller's core.
+        let attend = out > 0 && q.send_cq.armed();
+        d.attend |= attend;
+        if (dl != 0 && dl <= now) || attend || (out > 0 && stale) {
             q.progress();
             // Attending is no reason to spin: answers wake us (`kick_answer`).
             d.work |= dl != 0 || q.outstanding.load(Ordering::Relaxed) != out;
@@ -195,7 +208,7 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
         if seq != last_seq || now >= next_check || d.attend {
             last_seq = seq;
             next_check = now + DEFERRED_EVERY_NS;
-            d = deferred(&h, &qps, now);
+            d = deferred(&qps, now);
             work |= d.work;
         }
         if work {
@@ -224,12 +237,16 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
         }
         // Announce the sleep before the last look at the answers: a target that
         // answers after that look sees us asleep and wakes us (`kick_answer`).
-        let attending = now < h.attend_until.load(Ordering::Acquire);
         hdr.nic_sleeping.store(
-            if attending { NIC_ASLEEP_ATTENDING } else { NIC_ASLEEP },
+            if d.attend { NIC_ASLEEP_ATTENDING } else { NIC_ASLEEP },
             Ordering::SeqCst,
         );
-        d = deferred(&h, &qps, now);
+        d = deferred(&qps, now);
+        if d.attend && hdr.nic_sleeping.load(Ordering::SeqCst) == NIC_ASLEEP {
+            // A CQ was armed since: sleep attending (look once more first).
+            hdr.nic_sleeping.store(NIC_ASLEEP_ATTENDING, Ordering::SeqCst);
+            d = deferred(&qps, now);
+        }
         if d.work {
             hdr.nic_sleeping.store(0, Ordering::SeqCst);
             continue;

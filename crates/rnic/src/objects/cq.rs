@@ -181,8 +181,9 @@ impl Cq {
         // Pairs with the fence in `push`: a completion pushed concurrently is either
         // seen by the application's next poll or signals the channel.
         std::sync::atomic::fence(Ordering::SeqCst);
-        // The application is going to block: let the NIC thread progress deferred work.
-        hi.attend_until.store(sys::now_ns() + 50_000_000, Ordering::Release);
+        // The application is going to block: the NIC thread looks again and, while
+        // the CQ stays armed, retires the answers of the QPs completing here
+        // (`nic::thread::deferred`).
         hi.kick_nic();
         Ok(())
     }
