@@ -88,13 +88,17 @@ pub fn new_pager() -> Result<vmem::Pager> {
 /// Pages a first-touch fault fills at once (`vmem::PagerConfig::fault_around`):
 /// 64 KiB, Linux's `fault_around_bytes`.
 pub const FAULT_AROUND: usize = 16;
+/// Pages a run of in-order first touches grows to
+/// (`vmem::PagerConfig::fault_around_max`): 2 MiB, a transparent huge page.
+pub const FAULT_AROUND_MAX: usize = 512;
 
 /// A pager with a `swap_size`-byte swap file and a resident budget of
 /// `budget_pages` (`None`: unlimited); O_DIRECT swap unless
 /// `NPRDMA_SWAP_BUFFERED=1`. It notifies swap-ins eagerly, so NP-RDMA maps
 /// pages into the NIC's views in the pass that brings them in (a CPU
 /// fault, pin or prefetch) rather than on their first RDMA access, and
-/// faults around first touches ([`FAULT_AROUND`] pages).
+/// faults around first touches ([`FAULT_AROUND`] pages, growing to
+/// [`FAULT_AROUND_MAX`] while they come in order).
 pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::Pager> {
     let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
     Ok(vmem::Pager::new(vmem::PagerConfig {
@@ -103,6 +107,7 @@ pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::P
         o_direct: !buffered,
         eager_swap_in_notify: true,
         fault_around: FAULT_AROUND,
+        fault_around_max: FAULT_AROUND_MAX,
         ..vmem::PagerConfig::default()
     })?)
 }

@@ -101,6 +101,8 @@
 //!   RDMA access (two-sided), as Linux/the paper do.
 //! * `NPRDMA_FAULT_AROUND_PAGES` (default 16 = 64 KiB, at most budget / 8) —
 //!   never-touched pages filled together on a first touch; `0` off.
+//! * `NPRDMA_FAULT_AROUND_MAX_PAGES` (default 512 = 2 MiB, at most budget / 8) — the run
+//!   doubles up to this while first touches come in order; `0` no growth.
 //! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
 //!   thread: spin window after work / never spin.
 //! * `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes, default 0) — WRITEs up to this size are

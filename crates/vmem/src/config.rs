@@ -42,6 +42,14 @@ pub struct PagerConfig {
     /// 64 KiB). The extra pages count as zero fills and against the budget.
     /// 0 or 1: off (the default).
     pub fault_around: usize,
+    /// Sequential fault-around: while first-touch faults come in order (each
+    /// at the page just after the previous run of one of the last few
+    /// streams), the run doubles from `fault_around` up to this many pages
+    /// (at most 512, 2 MiB — what Linux fills at once for anonymous memory
+    /// with transparent huge pages), as Linux's readahead window grows; a
+    /// fault elsewhere starts over at `fault_around`. Growth stops at an
+    /// eighth of `budget_pages`. 0 (the default): no growth.
+    pub fault_around_max: usize,
     /// How long the fault thread keeps polling without blocking after a fault.
     pub spin: Duration,
     /// Pages per eviction batch (also the staging-area size).
@@ -61,6 +69,7 @@ impl Default for PagerConfig {
             keep_swap_file: false,
             eager_swap_in_notify: false,
             fault_around: 1,
+            fault_around_max: 0,
             spin: Duration::from_micros(50),
             evict_batch: 64,
             background_evictor: true,

@@ -14,9 +14,43 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The sequential first-touch streams the fault thread follows (Linux's
+/// readahead window, applied to fault-around): for each of the last few
+/// streams, the page its next in-order fault would hit and the run its
+/// last fault got. A fault there gets twice that run (up to the maximum);
+/// any other fault starts a stream at `PagerConfig::fault_around`.
+#[derive(Default)]
+struct Streams {
+    s: [(usize, usize); 4],
+    next_slot: usize,
+}
+
+impl Streams {
+    /// The run for a first-touch fault at page `p`.
+    fn window(&self, p: usize, base: usize, max: usize) -> usize {
+        match self.s.iter().find(|s| s.0 == p && s.1 > 0) {
+            Some(&(_, w)) if max > base => (w * 2).clamp(base, max),
+            _ => base,
+        }
+    }
+
+    /// A fault at `p` got a run of `w` pages of which `n` were filled.
+    fn ran(&mut self, p: usize, n: usize, w: usize) {
+        let i = match self.s.iter().position(|s| s.0 == p) {
+            Some(i) => i,
+            None => {
+                self.next_slot = (self.next_slot + 1) % self.s.len();
+                self.next_slot
+            }
+        };
+        self.s[i] = (p + n, w);
+    }
+}
+
 pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
     let mut buf = PageBuf::new(1);
+    let mut streams = Streams::default();
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
     // Faults the kernel asked us to retry (an munmap/mremap in flight); their
@@ -38,7 +72,7 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
             let first = i >= nretry;
             // A bug must not leave faulting threads hanging forever.
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                handle(&inner, m, &mut buf, first)
+                handle(&inner, m, &mut buf, &mut streams, first)
             }));
             match res {
                 Ok(true) => {}
@@ -94,9 +128,9 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
 }
 
 /// Handles one message; `false` = retry it later.
-fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
+fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first: bool) -> bool {
     match m.event {
-        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, first),
+        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, streams, first),
         uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
         uffd::EVENT_REMOVE => {}
         uffd::EVENT_REMAP => {
@@ -111,7 +145,7 @@ fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
 }
 
 /// Resolves one fault; `false` = retry later (the thread stays blocked).
-fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
+fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first: bool) -> bool {
     let t0 = Instant::now();
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
@@ -123,9 +157,16 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, first: bool) -> bool {
         tracing::debug!(addr, "fault outside any registered segment");
         return true;
     };
-    match inner.fault_around(&arr, p, seg_end, write) {
+    let base = inner.cfg.fault_around;
+    let max = match inner.cfg.budget_pages {
+        Some(b) => inner.cfg.fault_around_max.min(b / 8),
+        None => inner.cfg.fault_around_max,
+    };
+    let window = streams.window(p, base, max);
+    match inner.fault_around(&arr, p, seg_end, write, window) {
         Ok(0) => {}
         Ok(n) => {
+            streams.ran(p, n, window);
             if inner.cfg.eager_swap_in_notify {
                 // Published NOTIFYING (not evictable) by the fill; released
                 // once the listeners know, before the threads run on.

@@ -41,8 +41,11 @@
 //!   secondary MMUs) and spares the pages they report young.
 //! * **Fault-around** (`PagerConfig::fault_around`, off by default): a
 //!   first-touch fault zero-fills the never-touched pages after it in one
-//!   ioctl (`core/pagein_run.rs`), so fresh memory written in order costs
-//!   one userfault per run.
+//!   ioctl (`core/pagein_run.rs`, from a never-written mapping that reads as
+//!   the zero page), so fresh memory written in order costs one userfault
+//!   per run; with `PagerConfig::fault_around_max` the run doubles while the
+//!   faults come in order (up to 2 MiB, as a transparent huge page), the way
+//!   Linux's readahead window grows (`fault.rs`).
 //! * **Listeners** ([`SwapListener`]): called synchronously on the evicting
 //!   thread with the batch of pages about to leave, before they leave (the
 //!   MMU-notifier role). Optional eager swap-in notification. For memory the

@@ -588,6 +588,37 @@ fn fault_around_fills_runs_of_untouched_pages() {
     });
 }
 
+/// Sequential fault-around: first touches in order double the run each time
+/// (4, 8, 16, ... up to `fault_around_max`), like Linux's readahead window;
+/// a touch elsewhere starts over at `fault_around`. Every page reads zero
+/// and keeps what is written to it.
+#[test]
+fn sequential_first_touches_grow_the_fault_around_run() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            fault_around: 4,
+            fault_around_max: 64,
+            ..small_cfg()
+        })
+        .unwrap();
+        let mut r = p.alloc(512 * PG).unwrap();
+        for pg in 0..256 {
+            assert_eq!(r.as_slice()[pg * PG + 7], 0);
+            r.as_mut_slice()[pg * PG + 7] = pg as u8 | 1;
+        }
+        // Runs of 4, 8, 16, 32, 64, 64, 64 and 64 (pages 252..316).
+        let s = p.stats();
+        assert_eq!(s.minor_faults, 8, "{s:?}");
+        assert_eq!(s.zero_fills, 316 - 8);
+        // A touch away from the stream starts over at 4 pages.
+        r.as_mut_slice()[400 * PG] = 1;
+        assert_eq!(p.stats().minor_faults, 9);
+        assert_eq!(r.resident_count().unwrap(), 316 + 4);
+        assert!((0..256).all(|pg| r.as_slice()[pg * PG + 7] == pg as u8 | 1));
+        assert!(r.as_slice()[256 * PG..400 * PG].iter().all(|&b| b == 0));
+    });
+}
+
 #[test]
 fn external_notification_api() {
     with_timeout(30, || {

@@ -73,8 +73,15 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
         Some(b) => around.min(b / 8),
         None => around,
     };
+    // In-order first touches grow the run up to 2 MiB (the pager stops growth at
+    // an eighth of the budget too).
+    c.fault_around_max = num(get, "NPRDMA_FAULT_AROUND_MAX_PAGES")?
+        .unwrap_or(DEFAULT_FAULT_AROUND_MAX as u64) as usize;
     Ok(c)
 }
+
+/// Default `NPRDMA_FAULT_AROUND_MAX_PAGES`: 512 pages (2 MiB, a transparent huge page).
+pub const DEFAULT_FAULT_AROUND_MAX: usize = 512;
 
 /// Default `NPRDMA_FAULT_AROUND_PAGES`: 16 pages (64 KiB, Linux's `fault_around_bytes`).
 pub const DEFAULT_FAULT_AROUND: usize = 16;
@@ -146,6 +153,10 @@ mod tests {
         let c = pager_config(&with(&[])).unwrap();
         assert!(c.eager_swap_in_notify);
         assert_eq!(c.fault_around, DEFAULT_FAULT_AROUND);
+        assert_eq!(c.fault_around_max, DEFAULT_FAULT_AROUND_MAX);
+        let c = pager_config(&with(&[("NPRDMA_FAULT_AROUND_MAX_PAGES", "0")])).unwrap();
+        assert_eq!(c.fault_around_max, 0);
+        assert!(pager_config(&with(&[("NPRDMA_FAULT_AROUND_MAX_PAGES", "-1")])).is_err());
         let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "64")])).unwrap();
         assert_eq!(c.fault_around, 8, "at most an eighth of the budget");
         let c = pager_config(&with(&[("NPRDMA_BUDGET_PAGES", "4")])).unwrap();

@@ -1,22 +1,41 @@
 //! Pinning runs of consecutive non-resident pages at once: one swap read of
-//! consecutive slots (or one zeroed buffer) and one `UFFDIO_COPY` for the
+//! consecutive slots (or a shared source of zeroes) and one `UFFDIO_COPY` for the
 //! whole run (one `UFFDIO_ZEROPAGE` for never-touched pages only read),
 //! instead of a read and an ioctl per page. Used by `pin` of a
 //! range (a two-sided NP-RDMA fault pins whole request ranges); anything
 //! that does not fit a run falls back to the page-at-a-time path.
 
 use super::{Brought, Inner, Why};
+use crate::anon::AnonMapping;
 use crate::error::{Error, Result};
 use crate::mm::{PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{self, PageArray, BUSY, MAX_PINS, SWAPPED, UNTOUCHED};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::*;
+use std::sync::OnceLock;
 
-/// Longest run brought in by one read + one ioctl (128 KiB).
+/// Longest run of swapped-out pages brought in by one read + one ioctl (128 KiB).
 pub const MAX_RUN: usize = 32;
+/// Longest run of never-touched pages filled by one ioctl (2 MiB).
+pub const MAX_ZERO_RUN: usize = 512;
 
 thread_local! {
     static RUN_BUF: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+}
+
+/// The source of zeroes for filling runs of never-touched pages: a private
+/// anonymous mapping of [`MAX_ZERO_RUN`] pages that nobody ever writes, so
+/// every read of it (the kernel's, during `UFFDIO_COPY`) finds the shared
+/// zero page and it costs no memory. `None` if it could not be mapped (runs
+/// then stay within [`MAX_RUN`] and are zeroed in the thread's buffer).
+fn zero_source() -> Option<usize> {
+    static SRC: OnceLock<Option<usize>> = OnceLock::new();
+    *SRC.get_or_init(|| {
+        AnonMapping::new(MAX_ZERO_RUN * PAGE)
+            .ok()
+            // Kept for the life of the process (it holds no memory).
+            .map(|m| m.into_raw().0)
+    })
 }
 
 impl Inner {
@@ -39,7 +58,7 @@ impl Inner {
 
     /// Fault-around of a first-touch fault on page `p` (the fault thread):
     /// zero-fills `p` and the never-touched pages after it, at most
-    /// `PagerConfig::fault_around` pages and up to `end`, with one ioctl,
+    /// `max` pages (see `PagerConfig::fault_around`) and up to `end`, with one ioctl,
     /// and publishes them resident (`p` as the fault, the others as
     /// prefetched). Returns how many pages, `p` first (0: no run here, the
     /// caller resolves the fault page by page). Wakes nobody: the caller
@@ -50,8 +69,9 @@ impl Inner {
         p: usize,
         end: usize,
         write: bool,
+        max: usize,
     ) -> Result<usize> {
-        let max = self.cfg.fault_around.min(MAX_RUN);
+        let max = max.min(MAX_ZERO_RUN);
         if max < 2 || state::kind(arr.word(p).load(Acquire)) != UNTOUCHED {
             return Ok(0);
         }
@@ -65,7 +85,8 @@ impl Inner {
         self.fill_run(arr, p, end.min(p + max), why, |_| {})
     }
 
-    /// Brings in pages `p..end` (at most [`MAX_RUN`]) as one run, publishing
+    /// Brings in pages `p..end` (at most [`MAX_RUN`] swapped-out or
+    /// [`MAX_ZERO_RUN`] never-touched ones) as one run, publishing
     /// page `p + k` as brought in for `why(k)`; see [`Self::pin_run`]. For a
     /// fault (`why(0)` a fault) only never-touched pages form the run, and
     /// nobody is woken.
@@ -83,14 +104,19 @@ impl Inner {
         let fault = matches!(why(0), Why::Fault { .. });
         // Lock the run: BUSY on each page, in order, stopping at the first
         // page that does not continue it.
-        let mut words = [0u64; MAX_RUN];
+        let mut words = [0u64; MAX_ZERO_RUN];
         let mut n = 0;
         let kind0 = state::kind(arr.word(p).load(Acquire));
         if kind0 != UNTOUCHED && (fault || kind0 != SWAPPED) {
             return Ok(0);
         }
+        let limit = if kind0 == SWAPPED || zero_source().is_none() {
+            MAX_RUN
+        } else {
+            MAX_ZERO_RUN
+        };
         let mut slot0 = 0u32;
-        while n < MAX_RUN && p + n < end {
+        while n < limit && p + n < end {
             let w = arr.word(p + n);
             let v = w.load(Acquire);
             let fits = v & BUSY == 0
@@ -162,6 +188,17 @@ impl Inner {
         wake: bool,
         unlock: &dyn Fn(usize),
     ) -> Result<usize> {
+        if let (false, Some(src)) = (swapped, zero_source()) {
+            // SAFETY: the zero source holds MAX_ZERO_RUN >= n readable pages
+            // and is never written; the destination pages are registered
+            // with our uffd and only filled if missing.
+            return Ok(
+                match unsafe { self.uffd.copy(addr, src as *const u8, n * PAGE, wake) } {
+                    Ok(()) => n,
+                    Err(e) => (e.done as usize / PAGE).min(n),
+                },
+            );
+        }
         RUN_BUF.with(|b| -> Result<usize> {
             let mut b = b.borrow_mut();
             let buf = b.get_or_insert_with(|| PageBuf::new(MAX_RUN));
