@@ -87,11 +87,10 @@ pub fn device_line(r: &PerfResult) -> Option<String> {
     }
     r.device_read_4k_us?;
     Some(format!(
-        "# device (swap file, O_DIRECT 4 KiB random reads, same run): median {} us with pread (min {}, max {}), {} us polled (io_uring, as the pager reads), {:.0} IOPS at depth 1; {:.0} IOPS at depth {} (median {} us)",
+        "# device (swap file, O_DIRECT 4 KiB random reads, same run): median {} us (min {}, max {}), {:.0} IOPS at depth 1; {:.0} IOPS at depth {} (median {} us)",
         f(r.device_read_4k_us),
         f(r.device_read_4k_min_us),
         f(r.device_read_4k_max_us),
-        f(r.device_read_4k_polled_us),
         r.device_iops.unwrap_or(0.0),
         r.device_iops_at_depth.unwrap_or(0.0),
         r.device_depth.unwrap_or(0),
@@ -133,7 +132,6 @@ mod tests {
             nonresident_dma: 0,
             swap_io: None,
             device_read_4k_us: None,
-            device_read_4k_polled_us: None,
             device_read_4k_min_us: None,
             device_read_4k_max_us: None,
             device_iops: None,
@@ -177,7 +175,6 @@ mod tests {
         r.swap_io = Some("O_DIRECT".into());
         r.device_read_4k_us = Some(45.5);
         r.device_read_4k_min_us = Some(30.25);
-        r.device_read_4k_polled_us = Some(33.75);
         r.device_read_4k_max_us = Some(900.0);
         r.device_iops = Some(20000.0);
         r.device_depth = Some(16);
@@ -188,7 +185,6 @@ mod tests {
             "45.50",
             "30.25",
             "900.00",
-            "33.75 us polled",
             "20000 IOPS",
             "50000 IOPS at depth 16",
         ] {

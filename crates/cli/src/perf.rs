@@ -60,10 +60,6 @@ pub struct PerfResult {
     pub swap_io: Option<String>,
     #[serde(default)]
     pub device_read_4k_us: Option<f64>,
-    /// The same, each read polled for (io_uring) instead of slept for in
-    /// `pread`, as the pager reads: median (µs).
-    #[serde(default)]
-    pub device_read_4k_polled_us: Option<f64>,
     #[serde(default)]
     pub device_read_4k_min_us: Option<f64>,
     #[serde(default)]
@@ -224,7 +220,6 @@ pub fn run(
         nonresident_dma: c1.nonresident_dma,
         swap_io: dev.as_ref().map(|d| d.swap_io.clone()),
         device_read_4k_us: base.map(|b| b.median_us),
-        device_read_4k_polled_us: base.and_then(|b| b.median_polled_us),
         device_read_4k_min_us: base.map(|b| b.min_us),
         device_read_4k_max_us: base.map(|b| b.max_us),
         device_iops: base.map(|b| b.iops),

@@ -64,12 +64,6 @@
 //!   fault does; a later write is the kernel's copy-on-write at the same
 //!   address), not a page allocated and zeroed now. Resident pages of a
 //!   range pin take one CAS each.
-//! * **Polled swap reads** (`uring.rs`): a single swap read (of a fault, a
-//!   pin's run, [`Pager::read_swapped`]) on an O_DIRECT swap file goes to a
-//!   per-thread io_uring whose completion the thread polls for, bounded,
-//!   instead of sleeping in `pread` (the wake-up is ~10 µs on a 2-core VM);
-//!   without io_uring it is a `pread`. [`Pager::device_read_latency`]
-//!   measures the device both ways.
 //! * **Batches of faults**: [`Pager::swap_in_pages`] brings in scattered
 //!   swapped-out pages (the targets of a batch of remote faults) with their
 //!   reads issued concurrently; [`Pager::write_untouched`] fills a
@@ -169,7 +163,6 @@ mod stats;
 mod swap;
 mod swap_io;
 mod uffd;
-mod uring;
 mod watch;
 
 pub use anon::AnonMapping;
@@ -935,7 +928,6 @@ mod tests {
         assert!(d.median_us <= d.p99_us && d.p99_us <= d.max_us);
         assert!(d.min_us <= d.mean_us && d.mean_us <= d.max_us);
         assert!(d.iops > 0.0 && d.iops_at_depth > 0.0 && d.median_us_at_depth > 0.0);
-        assert!(d.median_polled_us.is_none_or(|m| m > 0.0));
         assert_eq!(p.stats().swap_slots_used, used, "baseline slots freed");
         assert!(exact(&r, 7), "the pager's own slots untouched");
         assert!(p.device_read_latency(0, 64).is_err());
