@@ -18,8 +18,6 @@ use std::time::Duration;
 const UNATTENDED_NS: u64 = 1_000_000;
 /// The NIC thread never sleeps longer than this (it then re-checks deferred work).
 pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
-/// How long serving a doorbell waits for the QP's send queue held by another thread.
-const SQ_WAIT: Duration = Duration::from_micros(20);
 /// While spinning, deferred work is looked at this often (or when kicked).
 const DEFERRED_EVERY_NS: u64 = 20_000;
 
@@ -46,13 +44,7 @@ fn retire_answered(qps: &HostQps, idx: u32) -> bool {
     if q.outstanding.load(Ordering::Acquire) == 0 {
         return true;
     }
-    // The holder (an application posting or polling) lets go within µs: waiting
-    // for it here (spinning briefly, then parked until its unlock) beats re-ringing
-    // the doorbell and looping, which kept this thread busy for as long as a
-    // polling application held the queue, took its core, and then made every later
-    // wake-up of this thread wait out a scheduler slice. Bounded, as a holder
-    // may itself be waiting for the ring server this thread holds.
-    let Some(mut sq) = q.sq.try_lock_for(SQ_WAIT) else {
+    let Some(mut sq) = q.sq.try_lock() else {
         return false;
     };
     q.progress_locked(&mut sq);
