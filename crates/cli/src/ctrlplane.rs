@@ -79,6 +79,14 @@ pub struct CtrlCosts {
     /// listener's cost is read against; pinned: equal to `swap_out_us`).
     #[serde(default)]
     pub swap_out_unregistered_us: f64,
+    /// Swap-out per page in batches of [`SWAP_BATCH`] pages (one `swap_out`
+    /// call each: NP-RDMA's listener remaps the batch and flushes the IOMMU
+    /// once), registered; and the same of pages nobody registered, on the
+    /// same pager, alternated with it.
+    #[serde(default)]
+    pub swap_out_batched_us: f64,
+    #[serde(default)]
+    pub swap_out_batched_unregistered_us: f64,
     /// NP-RDMA's own resident bytes per registered page in the steady state
     /// (every page resident and mapped in the NIC views); pinned: resident
     /// bytes a registration adds per (pinned) page.
@@ -127,6 +135,11 @@ impl CtrlPlane {
                 ("first_op_extra_us", c.first_op_extra_us),
                 ("swap_out_us", c.swap_out_us),
                 ("swap_out_unregistered_us", c.swap_out_unregistered_us),
+                ("swap_out_batched_us", c.swap_out_batched_us),
+                (
+                    "swap_out_batched_unregistered_us",
+                    c.swap_out_batched_unregistered_us,
+                ),
                 ("state_per_page_b", c.state_per_page_b),
                 ("state_per_page_untouched_b", c.state_per_page_untouched_b),
                 ("state_per_page_model_b", c.state_per_page_model_b),
@@ -227,6 +240,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     let pager = new_pager()?;
     c.swap_out_us = swap_out_us(&pager, None, reps)?;
     c.swap_out_unregistered_us = c.swap_out_us;
+    c.swap_out_batched_us = swap_out_batched_us(&pager, None, reps)?;
+    c.swap_out_batched_unregistered_us = c.swap_out_batched_us;
     let before = rss_bytes()?;
     let qps: Vec<_> = (0..16)
         .map(|_| pd.create_qp(&cq, &cq, &rnic::QpInitAttr::default()))
@@ -330,6 +345,15 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     unreg.sort_by(f64::total_cmp);
     c.swap_out_us = reg[1];
     c.swap_out_unregistered_us = unreg[1];
+    let (mut reg, mut unreg) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        reg.push(swap_out_batched_us(&pager_a, Some(&pd), reps)?);
+        unreg.push(swap_out_batched_us(&pager_a, None, reps)?);
+    }
+    reg.sort_by(f64::total_cmp);
+    unreg.sort_by(f64::total_cmp);
+    c.swap_out_batched_us = reg[1];
+    c.swap_out_batched_unregistered_us = unreg[1];
     let before = rss_bytes()?;
     let qps: Vec<_> = (0..16)
         .map(|_| pd.create_qp(&cq, &cq, 128))
@@ -493,10 +517,30 @@ fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Pages per `swap_out` call of the batched swap-out figure.
+pub const SWAP_BATCH: usize = 64;
+
 /// Median time to swap out one resident page of a fresh region, optionally
 /// registered with NP-RDMA.
 fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Result<f64> {
-    let page = page_size();
+    swap_out_runs_us(pager, pd, reps, 1)
+}
+
+/// Median time per page to swap out [`SWAP_BATCH`] resident pages of a fresh
+/// region in one call, optionally registered with NP-RDMA.
+fn swap_out_batched_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Result<f64> {
+    Ok(swap_out_runs_us(pager, pd, reps.clamp(1, 8), SWAP_BATCH)? / SWAP_BATCH as f64)
+}
+
+/// Median time to swap out `per` resident pages of a fresh region in one
+/// call, `reps` times, optionally registered with NP-RDMA.
+fn swap_out_runs_us(
+    pager: &vmem::Pager,
+    pd: Option<&nprdma::Pd>,
+    reps: usize,
+    per: usize,
+) -> Result<f64> {
+    let page = page_size() * per;
     let mut region = pager.alloc(page * reps)?;
     region.as_mut_slice().fill(7);
     let mr = match pd {
@@ -512,9 +556,9 @@ fn swap_out_us(pager: &vmem::Pager, pd: Option<&nprdma::Pd>, reps: usize) -> Res
         let t = Instant::now();
         let n = pager.swap_out(region.addr() + i * page, page)?;
         v.push(us_since(t));
-        if n != 1 {
+        if n != per {
             return Err(crate::error::CliError::Peer(format!(
-                "swap_out moved {n} pages, expected 1"
+                "swap_out moved {n} pages, expected {per}"
             )));
         }
     }
