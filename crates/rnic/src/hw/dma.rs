@@ -4,7 +4,7 @@
 
 use crate::fault_guard;
 use crate::hw::frames::page_resident;
-use crate::hw::iommu::{enter, Frame};
+use crate::hw::iommu::{enter, Frame, ACCESSED};
 use crate::hw::scratch::{scratch_slot, Scratch};
 use crate::hw::segment::{Segment, PAGE, PAGE_SHIFT};
 use crate::sys::{self, VmDir};
@@ -119,14 +119,17 @@ fn sig_word(magic: u32, off: u64) -> u32 {
 
 /// Translate the atom at `addr` of MR `mr` of the host owning `seg`.
 pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<Loc, Fault> {
-    let mut iova = None;
+    let mut entry = None;
     let frame = if mr.kind == MR_PASSTHROUGH {
         Frame::Ram((addr & !(PAGE as u64 - 1)) as usize)
     } else {
         let page = mr.iova_base + ((addr >> PAGE_SHIFT) - (mr.va >> PAGE_SHIFT));
-        iova = Some(page);
         match seg.iommu_entry(page) {
-            Some(e) => Frame::decode(e.load(Ordering::Acquire), seg.iova_rec(mr.iova_slot)),
+            Some(e) => {
+                let v = e.load(Ordering::Acquire);
+                entry = Some((e, v));
+                Frame::decode(v, seg.iova_rec(mr.iova_slot))
+            }
             None => Frame::Unmapped,
         }
     };
@@ -141,11 +144,13 @@ pub fn translate(seg: &Segment, mr: &MrView, addr: u64, write: bool) -> Result<L
                 seg.stats().nonresident_dma.fetch_add(1, Ordering::Relaxed);
                 return Err(Fault::NonResident);
             }
-            if let Some(a) = iova.and_then(|p| seg.iommu_accessed(p)) {
-                // The IOMMU's accessed bit: a load, and a store only when
-                // clear (the line stays shared while the page is hot).
-                if a.load(Ordering::Relaxed) == 0 {
-                    a.store(1, Ordering::Relaxed);
+            if let Some((e, v)) = entry {
+                // The entry's accessed bit: set only when clear (the line stays
+                // shared while the page is hot). Setting it never changes the
+                // rest of the entry, even if a remap replaced it meanwhile (the
+                // new mapping then only looks young one round longer).
+                if v & ACCESSED == 0 {
+                    e.fetch_or(ACCESSED, Ordering::Relaxed);
                 }
             }
             Ok(Loc::Addr(f as u64 + off))

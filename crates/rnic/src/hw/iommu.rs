@@ -26,16 +26,21 @@ pub enum Frame {
 
 // Entry encoding (one `u32` per IOVA page, like a real IOMMU's 4-byte PTE):
 // bits 0-1 kind; for RAM frames bits 2-3 name one of the range's frame windows
-// (an aligned block of 2^28 pages = 1 TiB of address space, see `IovaRec`) and
-// bits 4-31 the page inside it.
+// (an aligned block of 2^27 pages = 512 GiB of address space, see `IovaRec`),
+// bit 4 is the accessed bit ([`ACCESSED`]) and bits 5-31 the page inside the
+// window.
 const K_RAM: u32 = 1;
 const K_SIG: u32 = 2;
 const K_HOLE: u32 = 3;
 const WIN_SHIFT: u32 = 2;
-const OFF_SHIFT: u32 = 4;
+/// The accessed bit of a RAM entry: set by the DMA engine when it translates an
+/// atom through the entry, cleared by [`Iommu::test_and_clear_young`] and by
+/// every (re)mapping — the accessed bit of AMD/Intel IOMMU page tables.
+pub(crate) const ACCESSED: u32 = 1 << 4;
+const OFF_SHIFT: u32 = 5;
 /// Pages per frame window.
 const WIN_PAGE_BITS: u32 = 32 - OFF_SHIFT;
-const _: () = assert!(FRAME_WINDOWS <= 1 << (OFF_SHIFT - WIN_SHIFT));
+const _: () = assert!(FRAME_WINDOWS <= 4 && ACCESSED < 1 << OFF_SHIFT && ACCESSED >= 1 << (WIN_SHIFT + 2));
 
 impl Frame {
     /// The entry for `self` in a range with record `rec`; claims a frame window
@@ -91,7 +96,7 @@ fn window_slot(rec: &IovaRec, tag: u64) -> Result<usize> {
         }
     }
     Err(Error::NoResources(
-        "frame windows of the IOVA range (its frames span more than 4 aligned 1-TiB blocks)",
+        "frame windows of the IOVA range (its frames span more than 4 aligned 512-GiB blocks)",
     ))
 }
 
@@ -267,7 +272,7 @@ impl Iommu {
 
     /// Point page `index` of `range` at `frame` (as [`Iommu::map`], without
     /// looking the range up). A range's RAM frames may lie in at most
-    /// [`FRAME_WINDOWS`] aligned 1-TiB blocks of the address space.
+    /// [`FRAME_WINDOWS`] aligned 512-GiB blocks of the address space.
     ///
     /// # Safety
     /// As for [`Iommu::map`].
@@ -282,13 +287,8 @@ impl Iommu {
         }
         let e = frame.encode(self.rec(range.slot)?)?;
         let page = range.base + index;
-        self.entry(page)?.store(e, Ordering::Release);
         // A new entry starts not accessed (as a freshly written PTE).
-        if let Some(a) = self.seg.iommu_accessed(page) {
-            if a.load(Ordering::Relaxed) != 0 {
-                a.store(0, Ordering::Relaxed);
-            }
-        }
+        self.entry(page)?.store(e, Ordering::Release);
         Ok(())
     }
 
@@ -317,12 +317,14 @@ impl Iommu {
         if index >= range.npages {
             return Err(Error::InvalidArgument("IOVA index outside the range"));
         }
-        let a = self
+        let e = self
             .seg
-            .iommu_accessed(range.base + index)
+            .iommu_entry(range.base + index)
             .ok_or(Error::InvalidArgument("IOVA page out of range"))?;
-        // A plain load first: an idle page's byte is not written.
-        Ok(a.load(Ordering::Relaxed) != 0 && a.swap(0, Ordering::Relaxed) != 0)
+        // A plain load first: an idle page's entry is not written. Clearing
+        // the bit leaves the rest of the entry as it is, whatever a
+        // concurrent remap stored.
+        Ok(e.load(Ordering::Relaxed) & ACCESSED != 0 && e.fetch_and(!ACCESSED, Ordering::Relaxed) & ACCESSED != 0)
     }
 
     /// Remove the mapping of one page (DMA through it then fails).
@@ -567,19 +569,23 @@ mod tests {
     #[test]
     fn frame_windows_are_shared_and_bounded() {
         let rec = empty_rec();
-        let tib = 1usize << 40;
-        // Frames inside one aligned TiB share a window.
-        let a = Frame::Ram(3 * tib + 0x1000).encode(&rec).unwrap();
-        let b = Frame::Ram(4 * tib - 0x1000).encode(&rec).unwrap();
+        let win = 1usize << (WIN_PAGE_BITS + PAGE_SHIFT);
+        assert_eq!(win, 512 << 30, "512-GiB windows");
+        // Frames inside one aligned window share it.
+        let a = Frame::Ram(3 * win + 0x1000).encode(&rec).unwrap();
+        let b = Frame::Ram(4 * win - 0x1000).encode(&rec).unwrap();
         assert_eq!((a >> WIN_SHIFT) & 3, (b >> WIN_SHIFT) & 3);
         for k in [5, 7, 9] {
-            Frame::Ram(k * tib).encode(&rec).unwrap();
+            Frame::Ram(k * win).encode(&rec).unwrap();
         }
         assert!(
-            Frame::Ram(11 * tib).encode(&rec).is_err(),
+            Frame::Ram(11 * win).encode(&rec).is_err(),
             "a fifth window does not fit"
         );
-        assert_eq!(Frame::decode(b, Some(&rec)), Frame::Ram(4 * tib - 0x1000));
+        assert_eq!(Frame::decode(b, Some(&rec)), Frame::Ram(4 * win - 0x1000));
+        // The accessed bit is not part of the frame.
+        assert_eq!(Frame::decode(b | ACCESSED, Some(&rec)), Frame::Ram(4 * win - 0x1000));
+        assert_eq!(a & ACCESSED, 0, "a fresh entry is not accessed");
         assert_eq!(Frame::decode(a, None), Frame::Unmapped, "no record, no RAM frame");
     }
 

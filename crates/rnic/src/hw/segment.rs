@@ -8,7 +8,7 @@ use crate::config::HostConfig;
 use crate::error::{Error, Result};
 use crate::sys::{self, Mapping};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub use crate::sys::{PAGE, PAGE_SHIFT};
 const SEG_MAGIC: u64 = 0x6e70_7264_6d61_0006; // "nprdma" v6 (v5 + trusted flag, multi-part ring requests)
@@ -535,9 +535,6 @@ pub struct Layout {
     pub wc_stride: usize,
     /// Offset of the IOMMU page table.
     pub iommu: usize,
-    /// Offset of the IOMMU accessed bytes (one per IOVA page, see
-    /// [`Segment::iommu_accessed`]).
-    pub accessed: usize,
     /// Offset of the IOVA range records.
     pub iova_ranges: usize,
     /// Offset of the residency range records.
@@ -574,7 +571,6 @@ impl Layout {
         let wc_stride = align(std::mem::size_of::<WcRec>().checked_mul(p.max_cqe as usize)?, PAGE);
         let wc = region(wc_stride.checked_mul(p.max_cq as usize)?)?;
         let iommu = region((p.iova_pages as usize).checked_mul(std::mem::size_of::<IommuEntry>())?)?;
-        let accessed = region(p.iova_pages as usize)?;
         // At most one IOVA range per MR (a range exists to be registered).
         let iova_ranges = region((p.max_mr as usize).checked_mul(std::mem::size_of::<IovaRec>())?)?;
         let ranges = region((p.max_tracked_ranges as usize).checked_mul(std::mem::size_of::<RangeRec>())?)?;
@@ -599,7 +595,6 @@ impl Layout {
             wc,
             wc_stride,
             iommu,
-            accessed,
             iova_ranges,
             ranges,
             bitmap,
@@ -949,15 +944,6 @@ impl Segment {
     pub fn iommu_entry(&self, page: u64) -> Option<&IommuEntry> {
         (page < self.p.iova_pages).then(|| self.at(self.lay.iommu + page as usize * std::mem::size_of::<IommuEntry>()))
     }
-    /// The accessed byte of IOVA page `page`: set (non-zero) by the DMA
-    /// engine when it translates an atom through the page's entry to a RAM
-    /// frame, cleared by [`crate::Iommu::test_and_clear_young`] — the
-    /// accessed bit of AMD/Intel IOMMU page tables, kept beside the 4-byte
-    /// entry (a byte of its own, so setting it is a plain store and never
-    /// races with a remap of the entry).
-    pub fn iommu_accessed(&self, page: u64) -> Option<&AtomicU8> {
-        (page < self.p.iova_pages).then(|| self.at(self.lay.accessed + page as usize))
-    }
     /// The record of the IOVA range in slot `slot`.
     pub fn iova_rec(&self, slot: u32) -> Option<&IovaRec> {
         (slot < self.p.max_mr).then(|| self.at(self.lay.iova_ranges + slot as usize * std::mem::size_of::<IovaRec>()))
@@ -1066,7 +1052,6 @@ mod tests {
             l.cq,
             l.wc,
             l.iommu,
-            l.accessed,
             l.iova_ranges,
             l.ranges,
             l.bitmap,
