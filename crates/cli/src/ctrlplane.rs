@@ -336,24 +336,10 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     // NIC views and flushes the IOMMU before the page leaves).
     // Registered and unregistered pages of one pager, alternated: the
     // listener's cost, not a difference between two swap files.
-    let (mut reg, mut unreg) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        reg.push(swap_out_us(&pager_a, Some(&pd), reps)?);
-        unreg.push(swap_out_us(&pager_a, None, reps)?);
-    }
-    reg.sort_by(f64::total_cmp);
-    unreg.sort_by(f64::total_cmp);
-    c.swap_out_us = reg[1];
-    c.swap_out_unregistered_us = unreg[1];
-    let (mut reg, mut unreg) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        reg.push(swap_out_batched_us(&pager_a, Some(&pd), reps)?);
-        unreg.push(swap_out_batched_us(&pager_a, None, reps)?);
-    }
-    reg.sort_by(f64::total_cmp);
-    unreg.sort_by(f64::total_cmp);
-    c.swap_out_batched_us = reg[1];
-    c.swap_out_batched_unregistered_us = unreg[1];
+    (c.swap_out_us, c.swap_out_unregistered_us) =
+        registered_vs_not(&pager_a, &pd, reps, swap_out_us)?;
+    (c.swap_out_batched_us, c.swap_out_batched_unregistered_us) =
+        registered_vs_not(&pager_a, &pd, reps, swap_out_batched_us)?;
     let before = rss_bytes()?;
     let qps: Vec<_> = (0..16)
         .map(|_| pd.create_qp(&cq, &cq, 128))
@@ -515,6 +501,24 @@ fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
     }
     c.state_per_page_model_b = nprdma::shadow::STATE_BYTES_PER_PAGE as f64;
     Ok(())
+}
+
+/// A swap-out figure of pages registered with `pd` and of pages nobody
+/// registered, on the same pager, alternated three times: the middle of each.
+fn registered_vs_not(
+    pager: &vmem::Pager,
+    pd: &nprdma::Pd,
+    reps: usize,
+    measure: fn(&vmem::Pager, Option<&nprdma::Pd>, usize) -> Result<f64>,
+) -> Result<(f64, f64)> {
+    let (mut reg, mut unreg) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        reg.push(measure(pager, Some(pd), reps)?);
+        unreg.push(measure(pager, None, reps)?);
+    }
+    reg.sort_by(f64::total_cmp);
+    unreg.sort_by(f64::total_cmp);
+    Ok((reg[1], unreg[1]))
 }
 
 /// Pages per `swap_out` call of the batched swap-out figure.

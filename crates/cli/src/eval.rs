@@ -892,42 +892,34 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
             Some(c.pinned.library_init_us),
         ),
     );
-    row(
-        w,
+    let mut swap_row = |what: String, paper: &str, reg: f64, unreg: f64| {
+        row(
+            w,
+            what,
+            paper,
+            format!(
+                "{} µs vs {} µs (+{} µs)",
+                f2(Some(reg)),
+                f2(Some(unreg)),
+                f2(Some(reg - unreg))
+            ),
+            ratio(Some(reg), Some(unreg)),
+        )
+    };
+    swap_row(
         "swap-out of a page: registered with NP-RDMA / unregistered (same pager)".into(),
         "78 µs vs 75 µs (+3 µs)",
-        format!(
-            "{} µs vs {} µs (+{} µs)",
-            f2(Some(c.nprdma.swap_out_us)),
-            f2(Some(c.nprdma.swap_out_unregistered_us)),
-            f2(Some(
-                c.nprdma.swap_out_us - c.nprdma.swap_out_unregistered_us
-            ))
-        ),
-        ratio(
-            Some(c.nprdma.swap_out_us),
-            Some(c.nprdma.swap_out_unregistered_us),
-        ),
+        c.nprdma.swap_out_us,
+        c.nprdma.swap_out_unregistered_us,
     );
-    row(
-        w,
+    swap_row(
         format!(
             "swap-out per page in batches of {}: registered with NP-RDMA / unregistered (same pager)",
             crate::ctrlplane::SWAP_BATCH
         ),
         "+3 µs (per page)",
-        format!(
-            "{} µs vs {} µs (+{} µs)",
-            f2(Some(c.nprdma.swap_out_batched_us)),
-            f2(Some(c.nprdma.swap_out_batched_unregistered_us)),
-            f2(Some(
-                c.nprdma.swap_out_batched_us - c.nprdma.swap_out_batched_unregistered_us
-            ))
-        ),
-        ratio(
-            Some(c.nprdma.swap_out_batched_us),
-            Some(c.nprdma.swap_out_batched_unregistered_us),
-        ),
+        c.nprdma.swap_out_batched_us,
+        c.nprdma.swap_out_batched_unregistered_us,
     );
 
     major_vs_device(w, p);
