@@ -19,18 +19,34 @@ use std::time::Instant;
 /// streams, the page its next in-order fault would hit and the run its
 /// last fault got. A fault there gets twice that run (up to the maximum);
 /// any other fault starts a stream at `PagerConfig::fault_around`.
-#[derive(Default)]
 struct Streams {
     s: [(usize, usize); 4],
     next_slot: usize,
+    /// The first run of a stream (`PagerConfig::fault_around`).
+    base: usize,
+    /// The longest (`PagerConfig::fault_around_max`, at most an eighth of
+    /// the budget).
+    max: usize,
 }
 
 impl Streams {
+    fn new(cfg: &crate::PagerConfig) -> Streams {
+        Streams {
+            s: [(0, 0); 4],
+            next_slot: 0,
+            base: cfg.fault_around,
+            max: match cfg.budget_pages {
+                Some(b) => cfg.fault_around_max.min(b / 8),
+                None => cfg.fault_around_max,
+            },
+        }
+    }
+
     /// The run for a first-touch fault at page `p`.
-    fn window(&self, p: usize, base: usize, max: usize) -> usize {
+    fn window(&self, p: usize) -> usize {
         match self.s.iter().find(|s| s.0 == p && s.1 > 0) {
-            Some(&(_, w)) if max > base => (w * 2).clamp(base, max),
-            _ => base,
+            Some(&(_, w)) if self.max > self.base => (w * 2).clamp(self.base, self.max),
+            _ => self.base,
         }
     }
 
@@ -50,7 +66,7 @@ impl Streams {
 pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
     let mut buf = PageBuf::new(1);
-    let mut streams = Streams::default();
+    let mut streams = Streams::new(&inner.cfg);
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
     // Faults the kernel asked us to retry (an munmap/mremap in flight); their
@@ -157,12 +173,7 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first
         tracing::debug!(addr, "fault outside any registered segment");
         return true;
     };
-    let base = inner.cfg.fault_around;
-    let max = match inner.cfg.budget_pages {
-        Some(b) => inner.cfg.fault_around_max.min(b / 8),
-        None => inner.cfg.fault_around_max,
-    };
-    let window = streams.window(p, base, max);
+    let window = streams.window(p);
     match inner.fault_around(&arr, p, seg_end, write, window) {
         Ok(0) => {}
         Ok(n) => {
