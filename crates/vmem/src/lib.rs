@@ -67,7 +67,9 @@
 //! * **Batches of faults**: [`Pager::swap_in_pages`] brings in scattered
 //!   swapped-out pages (the targets of a batch of remote faults) with their
 //!   reads issued concurrently; [`Pager::write_untouched`] fills a
-//!   never-touched page with a small write's data in one `UFFDIO_COPY`.
+//!   never-touched page with a small write's data in one `UFFDIO_COPY`, and
+//!   [`Pager::write_untouched_then`] answers the writer before that fill,
+//!   with the page locked so that every access waits for the data.
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
@@ -165,6 +167,7 @@ mod swap_io;
 mod uffd;
 mod watch;
 
+pub use crate::core::UntouchedWrite;
 pub use anon::AnonMapping;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
@@ -473,7 +476,27 @@ impl Pager {
     /// (write it the ordinary way); [`Error::Unmapped`]: the application
     /// unmapped it.
     pub fn write_untouched(&self, addr: usize, data: &[u8]) -> Result<bool> {
-        self.inner().write_untouched(addr, data)
+        match self.inner().write_untouched_then(addr, data, || ())? {
+            UntouchedWrite::Written => Ok(true),
+            UntouchedWrite::Refused(e @ Error::Unmapped(_)) => Err(e),
+            UntouchedWrite::Skipped | UntouchedWrite::Refused(_) => Ok(false),
+        }
+    }
+
+    /// [`Self::write_untouched`] that answers the writer first: once the
+    /// never-touched page is locked, `announce` runs (e.g. sends the WRITE's
+    /// completion), then the page is filled. Between the two, every access
+    /// to the page waits for the fill (CPU faults, pins and fills wait on
+    /// the page lock; the evictor skips it; [`Self::is_untouched`] says no),
+    /// so the data is visible to anything ordered after the answer. On
+    /// [`UntouchedWrite::Refused`] the caller must still write the data.
+    pub fn write_untouched_then(
+        &self,
+        addr: usize,
+        data: &[u8],
+        announce: impl FnOnce(),
+    ) -> Result<UntouchedWrite> {
+        self.inner().write_untouched_then(addr, data, announce)
     }
 
     /// Drops one pin from every page of the range. All or nothing:
@@ -487,7 +510,8 @@ impl Pager {
     /// dropped by the application), so the pager would serve it as zeroes.
     /// Not a proof of zero content on its own: a page the kernel swapped out
     /// itself before registration is also recorded untouched (its pte holds
-    /// the kernel's swap entry, which a fill then finds). No syscall.
+    /// the kernel's swap entry, which a fill then finds). A page being filled
+    /// (locked) is not untouched. No syscall.
     pub fn is_untouched(&self, addr: usize) -> bool {
         self.inner().is_untouched(addr)
     }

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use std::sync::{Arc, Mutex};
-use vmem::{Error, Pager, PagerConfig, SwapListener, PAGE_SIZE as PG};
+use vmem::{Error, Pager, PagerConfig, SwapListener, UntouchedWrite, PAGE_SIZE as PG};
 
 #[test]
 fn minor_major_roundtrip() {
@@ -311,6 +311,46 @@ fn write_untouched_fills_a_never_touched_page_with_the_data_in_one_go() {
             p.write_untouched(r.addr() + 64 * PG, &[1]),
             Err(Error::NotRegistered(_))
         ));
+    });
+}
+
+#[test]
+fn write_untouched_then_answers_first_and_a_reader_in_between_waits_for_the_data() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let r = p.alloc(2 * PG).unwrap();
+        let addr = r.addr() + PG + 8;
+        let mut reader = None;
+        let out = p
+            .write_untouched_then(addr, &[5, 6, 7], || {
+                assert!(
+                    !p.is_untouched(addr),
+                    "a page being filled is not untouched"
+                );
+                // The writer was answered: a CPU read now must see the data, so its
+                // fault waits for the fill instead of mapping zeroes.
+                reader = Some(std::thread::spawn(move || {
+                    // SAFETY: `addr..addr+3` lies in the registered region `r`,
+                    // alive until after this thread is joined; a missing page is
+                    // served by the pager's fault thread.
+                    unsafe { std::ptr::read_volatile(addr as *const [u8; 3]) }
+                }));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            })
+            .unwrap();
+        assert!(matches!(out, UntouchedWrite::Written));
+        assert_eq!(reader.unwrap().join().unwrap(), [5, 6, 7]);
+        assert_eq!(
+            &r.as_slice()[PG..PG + 12],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 5, 6, 7, 0]
+        );
+        // A page that is no longer untouched: nothing written, nothing announced.
+        let mut announced = false;
+        let out = p
+            .write_untouched_then(addr, &[1], || announced = true)
+            .unwrap();
+        assert!(matches!(out, UntouchedWrite::Skipped) && !announced);
+        assert_eq!(r.as_slice()[PG + 8], 5);
     });
 }
 

@@ -28,6 +28,7 @@ use crate::nic::{
 use crate::plan::{AppOp, Strategy};
 use crate::target::{validate, wc_status, LocalRegion};
 use crate::trace::{mark, Step};
+use vmem::UntouchedWrite;
 
 /// A granted target range: the MR and its checked, pinned region.
 type Granted<'a, N> = (Arc<MrEntry<N>>, LocalRegion<'a, super::views::Views<N>>);
@@ -626,9 +627,13 @@ fn on_write_inline<N: Backend>(
     };
     stats.served += 1;
     let r = region(mrs, qp.pd, rkey);
-    // Into a never-touched page: one fill of the page with zeroes and the
-    // data (no zero fill, pin, copy and unpin first); the page is mapped in
+    // Into a never-touched page: the page is locked, the reply goes out, then
+    // one fill of the page with zeroes and the data (no zero fill, pin, copy
+    // and unpin first). Until the fill every access to the page waits for it
+    // (the pager's page lock; the NIC's views map it only after), so whatever
+    // the writer does after the reply sees the data. The page is mapped in
     // for the NIC after the reply, as after an answer-first READ.
+    let mut answered = false;
     if let Some((m, _)) = r.as_ref().filter(|_| {
         qp.remote_access.contains(Access::REMOTE_WRITE)
             && validate(
@@ -640,12 +645,25 @@ fn on_write_inline<N: Backend>(
             )
             .is_ok()
     }) {
-        if let Ok(true) = sh.mm.0.write_untouched(remote_addr as usize, data) {
-            mark(Step::TValidated);
-            mark(Step::TCopied);
+        mark(Step::TValidated);
+        let announce = || {
             reply(qp, sh, req_id, Status::Ok, data.len() as u32);
-            owe_map_in(sh, post_answer, m, remote_addr, data.len() as u64);
-            return;
+            answered = true;
+        };
+        match sh
+            .mm
+            .0
+            .write_untouched_then(remote_addr as usize, data, announce)
+        {
+            Ok(UntouchedWrite::Written) => {
+                mark(Step::TCopied);
+                owe_map_in(sh, post_answer, m, remote_addr, data.len() as u64);
+                return;
+            }
+            Ok(UntouchedWrite::Refused(e)) => {
+                tracing::debug!(error = %e, "page fill after the answer refused; writing the ordinary way");
+            }
+            Ok(UntouchedWrite::Skipped) | Err(_) => {}
         }
     }
     let res = grant(
@@ -668,7 +686,12 @@ fn on_write_inline<N: Backend>(
         }
         Err(s) => s,
     };
-    reply(qp, sh, req_id, status, data.len() as u32);
+    if !answered {
+        reply(qp, sh, req_id, status, data.len() as u32);
+    } else if status != Status::Ok {
+        // Answered already: the memory went away under the write (unmapped).
+        tracing::debug!(?status, "WRITE into a page unmapped after its answer");
+    }
 }
 
 /// [`Repr::Atomic`]: a compare-and-swap or fetch-and-add, done by this CPU.

@@ -73,6 +73,20 @@ pub enum Brought {
     Hole,
 }
 
+/// What [`crate::Pager::write_untouched_then`] did.
+#[derive(Debug)]
+pub enum UntouchedWrite {
+    /// The page was not never-touched (or busy, or the range not within one
+    /// page): nothing written, `announce` not run.
+    Skipped,
+    /// `announce` ran, then the page was filled with the data.
+    Written,
+    /// `announce` ran, but the kernel refused the fill (the page is left as
+    /// it was, or [`Error::Unmapped`] if the application unmapped it): the
+    /// caller writes the data the ordinary way.
+    Refused(Error),
+}
+
 pub struct Inner {
     pub cfg: PagerConfig,
     pub uffd: Uffd,
@@ -243,7 +257,14 @@ impl Inner {
     /// pager has never filled, or dropped as a hole: no content of its own
     /// (see [`crate::Pager::is_untouched`]).
     pub fn is_untouched(&self, addr: usize) -> bool {
-        self.managed_kind(addr) == Some(state::UNTOUCHED)
+        let p = addr >> PAGE_SHIFT;
+        let sp = self.space.read();
+        sp.lookup(p).filter(|s| !s.arr.external).is_some_and(|s| {
+            // A BUSY never-touched page is being filled, perhaps with data
+            // already announced to its writer (`write_untouched_then`).
+            let v = s.arr.word(p).load(Acquire);
+            state::kind(v) == state::UNTOUCHED && v & state::BUSY == 0
+        })
     }
 
     /// The state kind of the page holding `addr` if it is registered and

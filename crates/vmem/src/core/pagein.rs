@@ -1,7 +1,7 @@
 //! Bringing pages in (fault thread, `pin`, `prefetch`) and pin counts: the
 //! non-resident → resident transitions of the page state words.
 
-use super::{kernel, page_range, Brought, Inner, Why, BOUNCE};
+use super::{kernel, page_range, Brought, Inner, UntouchedWrite, Why, BOUNCE};
 use crate::error::{Error, Result};
 use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{
@@ -396,20 +396,27 @@ impl Inner {
     }
 
     /// Writes `data` at `addr` (within one page) if that page is never-touched:
-    /// the page is filled with zeroes and `data` by one `UFFDIO_COPY` and
-    /// published resident and unpinned, so the write costs one page fill
-    /// (no zero fill, pin, copy and unpin). `Ok(false)`: the page is not
-    /// untouched (or busy, or the kernel holds a page there after all) and
-    /// nothing was written; the caller writes the ordinary way.
-    pub fn write_untouched(&self, addr: usize, data: &[u8]) -> Result<bool> {
+    /// the page is locked (BUSY), `announce` runs (the caller's answer to the
+    /// writer, so it leaves before the page fill), then the page is filled
+    /// with zeroes and `data` by one `UFFDIO_COPY` and published resident and
+    /// unpinned. Everything that could observe the page between `announce`
+    /// and the fill waits on its BUSY bit (a CPU fault, a pin, a fill, the
+    /// evictor) or sees it unmapped (the NIC's views map it only after), so
+    /// the write is visible to whatever follows the answer.
+    pub fn write_untouched_then(
+        &self,
+        addr: usize,
+        data: &[u8],
+        announce: impl FnOnce(),
+    ) -> Result<UntouchedWrite> {
         let off = addr & (PAGE - 1);
         if data.is_empty() || off + data.len() > PAGE {
-            return Ok(false);
+            return Ok(UntouchedWrite::Skipped);
         }
         let p = addr >> PAGE_SHIFT;
         let segs = self.segments_for(p, p + 1)?;
         let Some(s) = segs.first() else {
-            return Ok(false);
+            return Ok(UntouchedWrite::Skipped);
         };
         let w = s.arr.word(p);
         let v = w.load(Acquire);
@@ -418,8 +425,9 @@ impl Inner {
             || v & BUSY != 0
             || w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err()
         {
-            return Ok(false);
+            return Ok(UntouchedWrite::Skipped);
         }
+        announce();
         let page = p << PAGE_SHIFT;
         let r = Self::with_bounce(|buf| {
             let b = buf.as_mut_slice();
@@ -437,16 +445,16 @@ impl Inner {
                     w.fetch_and(!NOTIFYING, Release);
                 }
                 self.check_budget();
-                Ok(true)
+                Ok(UntouchedWrite::Written)
             }
             Err(e) => {
                 let gone = matches!(e.err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH));
                 if gone {
                     self.release_gone(w, v);
-                    return Err(Error::Unmapped(page));
+                    return Ok(UntouchedWrite::Refused(Error::Unmapped(page)));
                 }
                 w.fetch_and(!BUSY, Release);
-                Ok(false)
+                Ok(UntouchedWrite::Refused(kernel("UFFDIO_COPY", page, e.err)))
             }
         }
     }
