@@ -68,8 +68,9 @@
 //!   swapped-out pages (the targets of a batch of remote faults) with their
 //!   reads issued concurrently; [`Pager::write_untouched`] fills a
 //!   never-touched page with a small write's data in one `UFFDIO_COPY`, and
-//!   [`Pager::write_untouched_then`] answers the writer before that fill,
-//!   with the page locked so that every access waits for the data.
+//!   [`Pager::write_absent_then`] answers the writer before filling a
+//!   never-touched or swapped-out page (its swap read included), with the
+//!   page locked so that every access waits for the data.
 //! * **Stats** ([`PagerStats`]): resident pages, minor/major faults, swap-ins
 //!   and -outs, bytes moved, fault-service-time percentiles (hdrhistogram).
 //!
@@ -167,7 +168,7 @@ mod swap_io;
 mod uffd;
 mod watch;
 
-pub use crate::core::UntouchedWrite;
+pub use crate::core::AbsentWrite;
 pub use anon::AnonMapping;
 pub use config::PagerConfig;
 pub use error::{Error, Result};
@@ -476,27 +477,31 @@ impl Pager {
     /// (write it the ordinary way); [`Error::Unmapped`]: the application
     /// unmapped it.
     pub fn write_untouched(&self, addr: usize, data: &[u8]) -> Result<bool> {
-        match self.inner().write_untouched_then(addr, data, || ())? {
-            UntouchedWrite::Written => Ok(true),
-            UntouchedWrite::Refused(e @ Error::Unmapped(_)) => Err(e),
-            UntouchedWrite::Skipped | UntouchedWrite::Refused(_) => Ok(false),
+        match self.inner().write_absent_then(addr, data, false, || ())? {
+            AbsentWrite::Written => Ok(true),
+            AbsentWrite::Refused(e @ Error::Unmapped(_)) => Err(e),
+            AbsentWrite::Skipped | AbsentWrite::Refused(_) => Ok(false),
         }
     }
 
-    /// [`Self::write_untouched`] that answers the writer first: once the
-    /// never-touched page is locked, `announce` runs (e.g. sends the WRITE's
-    /// completion), then the page is filled. Between the two, every access
-    /// to the page waits for the fill (CPU faults, pins and fills wait on
-    /// the page lock; the evictor skips it; [`Self::is_untouched`] says no),
-    /// so the data is visible to anything ordered after the answer. On
-    /// [`UntouchedWrite::Refused`] the caller must still write the data.
-    pub fn write_untouched_then(
+    /// Writes `data` at `addr` (within one page) into a page that is not
+    /// resident — never touched, or swapped out — answering the writer
+    /// first: once the page is locked, `announce` runs (e.g. sends the
+    /// WRITE's completion), then the page is filled with zeroes or its swap
+    /// slot's contents and `data` over them (one swap read, one
+    /// `UFFDIO_COPY`). Between the two, every access to the page waits for
+    /// the fill (CPU faults, pins and fills wait on the page lock; the
+    /// evictor skips it; [`Self::is_untouched`] says no), so the data is
+    /// visible to anything ordered after the answer; a swap-in's device read
+    /// leaves the writer's critical path. On [`AbsentWrite::Refused`] the
+    /// caller must still write the data if it can.
+    pub fn write_absent_then(
         &self,
         addr: usize,
         data: &[u8],
         announce: impl FnOnce(),
-    ) -> Result<UntouchedWrite> {
-        self.inner().write_untouched_then(addr, data, announce)
+    ) -> Result<AbsentWrite> {
+        self.inner().write_absent_then(addr, data, true, announce)
     }
 
     /// Drops one pin from every page of the range. All or nothing:

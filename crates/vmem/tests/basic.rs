@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use std::sync::{Arc, Mutex};
-use vmem::{Error, Pager, PagerConfig, SwapListener, UntouchedWrite, PAGE_SIZE as PG};
+use vmem::{AbsentWrite, Error, Pager, PagerConfig, SwapListener, PAGE_SIZE as PG};
 
 #[test]
 fn minor_major_roundtrip() {
@@ -315,42 +315,58 @@ fn write_untouched_fills_a_never_touched_page_with_the_data_in_one_go() {
 }
 
 #[test]
-fn write_untouched_then_answers_first_and_a_reader_in_between_waits_for_the_data() {
+fn write_absent_then_answers_first_and_a_reader_in_between_waits_for_the_data() {
     with_timeout(30, || {
         let p = Pager::new(small_cfg()).unwrap();
-        let r = p.alloc(2 * PG).unwrap();
-        let addr = r.addr() + PG + 8;
-        let mut reader = None;
-        let out = p
-            .write_untouched_then(addr, &[5, 6, 7], || {
-                assert!(
-                    !p.is_untouched(addr),
-                    "a page being filled is not untouched"
-                );
-                // The writer was answered: a CPU read now must see the data, so its
-                // fault waits for the fill instead of mapping zeroes.
-                reader = Some(std::thread::spawn(move || {
-                    // SAFETY: `addr..addr+3` lies in the registered region `r`,
-                    // alive until after this thread is joined; a missing page is
-                    // served by the pager's fault thread.
-                    unsafe { std::ptr::read_volatile(addr as *const [u8; 3]) }
+        let mut r = p.alloc(2 * PG).unwrap();
+        r.as_mut_slice()[..PG].fill(9);
+        assert_eq!(p.swap_out(r.addr(), PG).unwrap(), 1);
+        let swap_ins = p.stats().swap_ins;
+        // A never-touched page, then a swapped-out one (read back from its
+        // slot under the data).
+        for (page, old) in [(1, 0u8), (0, 9)] {
+            let addr = r.addr() + page * PG + 8;
+            let mut reader = None;
+            let out = p
+                .write_absent_then(addr, &[5, 6, 7], || {
+                    assert!(
+                        !p.is_untouched(addr),
+                        "a page being filled is not untouched"
+                    );
+                    // The writer was answered: a CPU read now must see the data,
+                    // so its fault waits for the fill instead of filling the page.
+                    let at = addr - 1;
+                    reader = Some(std::thread::spawn(move || {
+                        // SAFETY: `at..at+5` lies in the registered region `r`,
+                        // alive until after this thread is joined; a missing
+                        // page is served by the pager's fault thread.
+                        unsafe { std::ptr::read_volatile(at as *const [u8; 5]) }
+                    }));
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                })
+                .unwrap();
+            assert!(matches!(out, AbsentWrite::Written));
+            assert_eq!(reader.unwrap().join().unwrap(), [old, 5, 6, 7, old]);
+            let pg = &r.as_slice()[page * PG..(page + 1) * PG];
+            assert!(pg.iter().enumerate().all(|(i, &b)| b
+                == match i {
+                    8..=10 => i as u8 - 3,
+                    _ => old,
                 }));
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            })
-            .unwrap();
-        assert!(matches!(out, UntouchedWrite::Written));
-        assert_eq!(reader.unwrap().join().unwrap(), [5, 6, 7]);
-        assert_eq!(
-            &r.as_slice()[PG..PG + 12],
-            &[0, 0, 0, 0, 0, 0, 0, 0, 5, 6, 7, 0]
-        );
-        // A page that is no longer untouched: nothing written, nothing announced.
+        }
+        assert_eq!(p.stats().swap_ins, swap_ins + 1);
+        assert_eq!(p.stats().swap_slots_used, 0, "the slot is freed");
+        // A resident page: nothing written, nothing announced.
         let mut announced = false;
         let out = p
-            .write_untouched_then(addr, &[1], || announced = true)
+            .write_absent_then(r.addr() + 8, &[1], || announced = true)
             .unwrap();
-        assert!(matches!(out, UntouchedWrite::Skipped) && !announced);
-        assert_eq!(r.as_slice()[PG + 8], 5);
+        assert!(matches!(out, AbsentWrite::Skipped) && !announced);
+        assert_eq!(r.as_slice()[8], 5);
+        // write_untouched leaves a swapped-out page to the ordinary path.
+        assert_eq!(p.swap_out(r.addr(), PG).unwrap(), 1);
+        assert!(!p.write_untouched(r.addr() + 8, &[1]).unwrap());
+        assert_eq!(r.as_slice()[8], 5);
     });
 }
 

@@ -28,7 +28,7 @@ use crate::nic::{
 use crate::plan::{AppOp, Strategy};
 use crate::target::{validate, wc_status, LocalRegion};
 use crate::trace::{mark, Step};
-use vmem::UntouchedWrite;
+use vmem::AbsentWrite;
 
 /// A granted target range: the MR and its checked, pinned region.
 type Granted<'a, N> = (Arc<MrEntry<N>>, LocalRegion<'a, super::views::Views<N>>);
@@ -627,12 +627,14 @@ fn on_write_inline<N: Backend>(
     };
     stats.served += 1;
     let r = region(mrs, qp.pd, rkey);
-    // Into a never-touched page: the page is locked, the reply goes out, then
-    // one fill of the page with zeroes and the data (no zero fill, pin, copy
-    // and unpin first). Until the fill every access to the page waits for it
-    // (the pager's page lock; the NIC's views map it only after), so whatever
-    // the writer does after the reply sees the data. The page is mapped in
-    // for the NIC after the reply, as after an answer-first READ.
+    // Into a page that is not resident (never touched, or swapped out): the
+    // page is locked, the reply goes out, then one fill of the page with
+    // zeroes or its swap slot's contents and the data over them (no zero
+    // fill or swap-in, pin, copy and unpin first; the device read leaves the
+    // writer's critical path). Until the fill every access to the page waits
+    // for it (the pager's page lock; the NIC's views map it only after), so
+    // whatever the writer does after the reply sees the data. The page is
+    // mapped in for the NIC after the reply, as after an answer-first READ.
     let mut answered = false;
     if let Some((m, _)) = r.as_ref().filter(|_| {
         qp.remote_access.contains(Access::REMOTE_WRITE)
@@ -653,17 +655,17 @@ fn on_write_inline<N: Backend>(
         match sh
             .mm
             .0
-            .write_untouched_then(remote_addr as usize, data, announce)
+            .write_absent_then(remote_addr as usize, data, announce)
         {
-            Ok(UntouchedWrite::Written) => {
+            Ok(AbsentWrite::Written) => {
                 mark(Step::TCopied);
                 owe_map_in(sh, post_answer, m, remote_addr, data.len() as u64);
                 return;
             }
-            Ok(UntouchedWrite::Refused(e)) => {
+            Ok(AbsentWrite::Refused(e)) => {
                 tracing::debug!(error = %e, "page fill after the answer refused; writing the ordinary way");
             }
-            Ok(UntouchedWrite::Skipped) | Err(_) => {}
+            Ok(AbsentWrite::Skipped) | Err(_) => {}
         }
     }
     let res = grant(

@@ -73,17 +73,19 @@ pub enum Brought {
     Hole,
 }
 
-/// What [`crate::Pager::write_untouched_then`] did.
+/// What [`crate::Pager::write_absent_then`] did.
 #[derive(Debug)]
-pub enum UntouchedWrite {
-    /// The page was not never-touched (or busy, or the range not within one
-    /// page): nothing written, `announce` not run.
+pub enum AbsentWrite {
+    /// The page was resident (or busy, or of a kind not asked for, or the
+    /// range not within one page): nothing written, `announce` not run.
     Skipped,
     /// `announce` ran, then the page was filled with the data.
     Written,
-    /// `announce` ran, but the kernel refused the fill (the page is left as
-    /// it was, or [`Error::Unmapped`] if the application unmapped it): the
-    /// caller writes the data the ordinary way.
+    /// `announce` ran, but the page could not be filled: the kernel refused
+    /// the fill (the page is left as it was, or [`Error::Unmapped`] if the
+    /// application unmapped it; the caller writes the data the ordinary
+    /// way), or its swap slot could not be read ([`Error::SwapIo`]: the
+    /// page stays swapped out and its contents are lost to the device).
     Refused(Error),
 }
 
@@ -261,7 +263,7 @@ impl Inner {
         let sp = self.space.read();
         sp.lookup(p).filter(|s| !s.arr.external).is_some_and(|s| {
             // A BUSY never-touched page is being filled, perhaps with data
-            // already announced to its writer (`write_untouched_then`).
+            // already announced to its writer (`write_absent_then`).
             let v = s.arr.word(p).load(Acquire);
             state::kind(v) == state::UNTOUCHED && v & state::BUSY == 0
         })

@@ -1,7 +1,7 @@
 //! Bringing pages in (fault thread, `pin`, `prefetch`) and pin counts: the
 //! non-resident → resident transitions of the page state words.
 
-use super::{kernel, page_range, Brought, Inner, UntouchedWrite, Why, BOUNCE};
+use super::{kernel, page_range, AbsentWrite, Brought, Inner, Why, BOUNCE};
 use crate::error::{Error, Result};
 use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::state::{
@@ -395,66 +395,87 @@ impl Inner {
         r.map(|()| true).map_err(Error::SwapIo)
     }
 
-    /// Writes `data` at `addr` (within one page) if that page is never-touched:
-    /// the page is locked (BUSY), `announce` runs (the caller's answer to the
-    /// writer, so it leaves before the page fill), then the page is filled
-    /// with zeroes and `data` by one `UFFDIO_COPY` and published resident and
-    /// unpinned. Everything that could observe the page between `announce`
-    /// and the fill waits on its BUSY bit (a CPU fault, a pin, a fill, the
-    /// evictor) or sees it unmapped (the NIC's views map it only after), so
-    /// the write is visible to whatever follows the answer.
-    pub fn write_untouched_then(
+    /// Writes `data` at `addr` (within one page) if that page is not
+    /// resident: never touched, or (with `swapped_ok`) swapped out. The page
+    /// is locked (BUSY), `announce` runs (the caller's answer to the writer,
+    /// so it leaves before the page fill and any swap read), then the page is
+    /// filled by one `UFFDIO_COPY` of zeroes (or its swap slot's contents)
+    /// with `data` over them, and published resident and unpinned.
+    /// Everything that could observe the page between `announce` and the
+    /// fill waits on its BUSY bit (a CPU fault, a pin, a fill, the evictor)
+    /// or sees it unmapped (the NIC's views map it only after), so the write
+    /// is visible to whatever follows the answer.
+    pub fn write_absent_then(
         &self,
         addr: usize,
         data: &[u8],
+        swapped_ok: bool,
         announce: impl FnOnce(),
-    ) -> Result<UntouchedWrite> {
+    ) -> Result<AbsentWrite> {
         let off = addr & (PAGE - 1);
         if data.is_empty() || off + data.len() > PAGE {
-            return Ok(UntouchedWrite::Skipped);
+            return Ok(AbsentWrite::Skipped);
         }
         let p = addr >> PAGE_SHIFT;
         let segs = self.segments_for(p, p + 1)?;
         let Some(s) = segs.first() else {
-            return Ok(UntouchedWrite::Skipped);
+            return Ok(AbsentWrite::Skipped);
         };
         let w = s.arr.word(p);
         let v = w.load(Acquire);
+        let kind = state::kind(v);
+        let absent = kind == state::UNTOUCHED || (swapped_ok && kind == SWAPPED);
         if s.arr.external
-            || state::kind(v) != state::UNTOUCHED
+            || !absent
             || v & BUSY != 0
             || w.compare_exchange(v, v | BUSY, AcqRel, Acquire).is_err()
         {
-            return Ok(UntouchedWrite::Skipped);
+            return Ok(AbsentWrite::Skipped);
         }
         announce();
         let page = p << PAGE_SHIFT;
+        let slot = state::slot(v).filter(|_| kind == SWAPPED);
         let r = Self::with_bounce(|buf| {
             let b = buf.as_mut_slice();
-            b.fill(0);
+            match slot {
+                Some(slot) => self.swap.read(slot, b).map_err(Error::SwapIo)?,
+                None => b.fill(0),
+            }
             b[off..off + data.len()].copy_from_slice(data);
             // SAFETY: `buf` is one readable page; the destination page is
             // registered with our uffd and only filled if missing.
-            unsafe { self.uffd.copy(page, buf.as_ptr(), PAGE, true) }
+            unsafe { self.uffd.copy(page, buf.as_ptr(), PAGE, true) }.map_err(|e| {
+                match e.err.raw_os_error() {
+                    Some(libc::ENOENT) | Some(libc::ESRCH) => Error::Unmapped(page),
+                    _ => kernel("UFFDIO_COPY", page, e.err),
+                }
+            })
         });
         match r {
             Ok(()) => {
-                self.publish_filled(w, v, Why::Prefetch, Brought::Zero);
+                let brought = if slot.is_some() {
+                    Brought::Swap
+                } else {
+                    Brought::Zero
+                };
+                self.publish_filled(w, v, Why::Prefetch, brought);
                 if self.cfg.eager_swap_in_notify {
                     self.listeners.after_swap_in(&[page]);
                     w.fetch_and(!NOTIFYING, Release);
                 }
                 self.check_budget();
-                Ok(UntouchedWrite::Written)
+                Ok(AbsentWrite::Written)
+            }
+            Err(e @ Error::Unmapped(_)) => {
+                self.release_gone(w, v);
+                Ok(AbsentWrite::Refused(e))
             }
             Err(e) => {
-                let gone = matches!(e.err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH));
-                if gone {
-                    self.release_gone(w, v);
-                    return Ok(UntouchedWrite::Refused(Error::Unmapped(page)));
+                if let Error::SwapIo(io) = &e {
+                    tracing::error!(addr = page, ?slot, %io, "swap read failed under a write");
                 }
                 w.fetch_and(!BUSY, Release);
-                Ok(UntouchedWrite::Refused(kernel("UFFDIO_COPY", page, e.err)))
+                Ok(AbsentWrite::Refused(e))
             }
         }
     }
