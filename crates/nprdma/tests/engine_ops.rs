@@ -667,6 +667,56 @@ fn remote_read_of_swapped_pages_answers_from_swap_then_maps_them_in() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
+/// A small WRITE into a never-touched or swapped-out remote page is
+/// answered before the target fills the page (`vmem::Pager::
+/// write_absent_then`): when it completes, the target's own CPU reads the
+/// data (the rest of a swapped page as it was, of a new one zeroes), and
+/// the page is mapped in for the next one-sided WRITE.
+#[test]
+fn remote_small_write_into_absent_pages_is_visible_when_it_completes() {
+    let e = env();
+    let src = pattern(10, 4 * 4096);
+    let la = Buf::with(&e.a, 4 * 4096, Some(&src));
+    let pb = pattern(11, 4 * 4096);
+    let swapped = Buf::with(&e.b, 4 * 4096, Some(&pb));
+    swapped.swap_out();
+    let fresh = Buf::with(&e.b, 4 * 4096, None);
+    for (rb, before) in [(&swapped, pb.clone()), (&fresh, vec![0u8; 4 * 4096])] {
+        let mut want = before;
+        for (k, &(off, len)) in [
+            (10usize, 2usize),
+            (5000, 64),
+            (8192, 1024),
+            (3 * 4096 + 7, 300),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let served = e.b.ctx.stats().served;
+            let c = post1(
+                &e,
+                wr(k as u64, &la, off as u64, rb, off as u64, len as u32),
+            );
+            assert_eq!(c.status, 0);
+            assert_eq!(e.b.ctx.stats().served, served + 1, "two-sided");
+            want[off..off + len].copy_from_slice(&src[off..off + len]);
+            // The target CPU, right after the completion: the page's fill
+            // either happened or its fault waits for it.
+            assert_eq!(
+                &rb.bytes()[off - off % 4096..][..4096],
+                &want[off - off % 4096..][..4096],
+                "WRITE {k}"
+            );
+            let again =
+                || post1(&e, wr(9, &la, off as u64, rb, off as u64, len as u32)).status == 0;
+            assert!(eventually_one_sided(&e, again), "one-sided now");
+        }
+        assert_eq!(rb.bytes(), &want[..], "target memory");
+    }
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
 /// Lazy swap-in: the target's CPU brought the page back (resident, NIC
 /// views still unmapped). An inline READ goes two-sided once, is answered
 /// with the right bytes, and the page is mapped in for the next one.
