@@ -471,6 +471,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         };
         Ok(Box::new(NpQp::<N> {
             ctrl_on_data_qp: self.ctrl_on_data_qp,
+            qp_type,
             qp: Some(qp),
             cap,
             attr: Mutex::new(a),
@@ -644,6 +645,8 @@ struct NpQp<N: np::engine::Backend> {
     sg: SgShared<N>,
     /// The peer's control channel is on its data QP (`NpFlavor::CTRL_ON_DATA_QP`).
     ctrl_on_data_qp: bool,
+    /// RC or UC (the attributes each transition takes).
+    qp_type: rnic::QpType,
     _quota: Quota,
 }
 
@@ -865,6 +868,27 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         } else {
             from
         };
+        // IB's state table first (EINVAL, as rxe/mlx5: an illegal transition or
+        // a missing / extra attribute), then what this mode models (EOPNOTSUPP).
+        let (req, opt) = rnic::qp::transition_attrs(self.qp_type, from, to).ok_or(
+            ShimError::Nic(rnic::Error::IllegalTransition { from, to }),
+        )?;
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
+            return Err(ShimError::InvalidArgument(
+                "cur_qp_state does not match".into(),
+            ));
+        }
+        let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
+        if !given.contains(req) {
+            return Err(ShimError::Nic(rnic::Error::InvalidMask(
+                "required attribute missing",
+            )));
+        }
+        if !(req | opt).contains(given) {
+            return Err(ShimError::Nic(rnic::Error::InvalidMask(
+                "attribute not allowed in this transition",
+            )));
+        }
         if !transition_ok(from, to) {
             return Err(ShimError::Unsupported(format!(
                 "QP state {from:?} -> {to:?} in NP-RDMA mode"
