@@ -768,7 +768,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
-    _mask: c_int,
+    mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
     guard_rc("ibv_query_qp", || {
@@ -787,6 +787,11 @@ pub unsafe extern "C" fn ibv_query_qp(
         // SAFETY: checked non-null, caller-provided.
         unsafe {
             *attr = qp_attr_to_c(&q.inner.query(), c);
+            // libibverbs' ibv_query_qp refreshes `state` (e.g. ERR after an
+            // error completion).
+            if mask & IBV_QP_STATE as c_int != 0 {
+                (*qp).state = (*attr).qp_state;
+            }
             let i = &mut *init;
             i.qp_context = q.qp.qp_base.qp_context;
             i.send_cq = q.qp.qp_base.send_cq;

@@ -694,7 +694,18 @@ impl<N: np::engine::Backend> NpQp<N> {
         self.qp.as_ref().expect("present until drop")
     }
     fn state(&self) -> QpState {
-        self.attr.lock().qp_state
+        let mut a = self.attr.lock();
+        self.sync_error(&mut a);
+        a.qp_state
+    }
+
+    /// An error completion moved the layer's QP to ERR (RC's error rule): so is the
+    /// verbs QP, as a NIC moves it (`ibv_query_qp` reports ERR, as rxe/mlx5).
+    fn sync_error(&self, a: &mut QpAttr) {
+        if !matches!(a.qp_state, QpState::Reset | QpState::Err) && self.qp().is_error() {
+            a.qp_state = QpState::Err;
+            a.cur_qp_state = QpState::Err;
+        }
     }
 
     fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
@@ -862,6 +873,7 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
     }
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut cur = self.attr.lock();
+        self.sync_error(&mut cur);
         let from = cur.qp_state;
         let to = if mask.contains(QpAttrMask::STATE) {
             attr.qp_state
@@ -948,7 +960,9 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         Ok(())
     }
     fn query(&self) -> QpAttr {
-        *self.attr.lock()
+        let mut a = self.attr.lock();
+        self.sync_error(&mut a);
+        *a
     }
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
         for (i, w) in wrs.iter().enumerate() {
