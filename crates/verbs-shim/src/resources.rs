@@ -502,6 +502,8 @@ pub(crate) unsafe fn create_cq_common(
             inner,
             users: AtomicU32::new(0),
             cur: Mutex::new(rnic::Wc::default()),
+            unacked: Mutex::new(0),
+            acked: parking_lot::Condvar::new(),
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
@@ -534,6 +536,13 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let s: &ShimCq = unsafe { shim(cq, "CQ")? };
         if s.users.load(Ordering::Acquire) != 0 {
             return Err(ShimError::Busy("CQ still used by QPs".into()));
+        }
+        {
+            // libibverbs' destroy waits until every event it reported is acked.
+            let mut n = s.unacked.lock();
+            while *n != 0 {
+                s.acked.wait(&mut n);
+            }
         }
         if !s.cq.channel.is_null() {
             // SAFETY: a channel cannot be destroyed while it has CQs.
@@ -598,6 +607,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             drop(cqs);
             if let Some(c) = fired {
                 let c = c as *mut ShimCq;
+                // SAFETY: c is alive (see above); ibv_destroy_cq waits for this event's ack.
+                *unsafe { &*c }.unacked.lock() += 1;
                 // SAFETY: out pointers checked non-null; c is alive (see above).
                 unsafe {
                     *cq = c as *mut ibv_cq;
@@ -618,8 +629,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 /// `cq` ours.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
-    if !cq.is_null() {
-        // SAFETY: caller contract; the counter is informational.
+    // SAFETY: caller contract (a CQ of ours, or null: nothing to do).
+    if let Ok(s) = unsafe { shim::<ibv_cq, ShimCq>(cq, "CQ") } {
+        let mut n = s.unacked.lock();
+        *n = n.saturating_sub(nevents);
+        s.acked.notify_all();
+        // SAFETY: as above; the counter is informational.
         unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
     }
 }
