@@ -882,9 +882,8 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         };
         // IB's state table first (EINVAL, as rxe/mlx5: an illegal transition or
         // a missing / extra attribute), then what this mode models (EOPNOTSUPP).
-        let (req, opt) = rnic::qp::transition_attrs(self.qp_type, from, to).ok_or(
-            ShimError::Nic(rnic::Error::IllegalTransition { from, to }),
-        )?;
+        let (req, opt) = rnic::qp::transition_attrs(self.qp_type, from, to)
+            .ok_or(ShimError::Nic(rnic::Error::IllegalTransition { from, to }))?;
         if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
             return Err(ShimError::InvalidArgument(
                 "cur_qp_state does not match".into(),
