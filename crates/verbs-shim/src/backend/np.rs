@@ -1076,11 +1076,7 @@ mod tests {
                     dest_qp_num: peer,
                     ..Default::default()
                 };
-                let mut m = QpAttrMask::STATE;
-                if st == QpState::Rtr {
-                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
-                }
-                q.modify(&a, m).unwrap();
+                q.modify(&a, full_mask(st)).unwrap();
             }
         }
         let sge = |off: usize, len: u32| rnic::Sge {
@@ -1161,6 +1157,27 @@ mod tests {
         }
     }
 
+    /// The attributes an RC QP's move to `st` on the connect path needs.
+    fn full_mask(st: QpState) -> QpAttrMask {
+        use QpAttrMask as M;
+        M::STATE
+            | match st {
+                QpState::Init => M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                QpState::Rtr => {
+                    M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER
+                }
+                QpState::Rts => {
+                    M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
+                }
+                _ => M::empty(),
+            }
+    }
+
     /// Connect `a` and `b` (both on `dev`), `b` granting `b_access` remotely.
     fn connect_pair(dev: &NpDevice, a: &dyn Qp, b: &dyn Qp, b_access: Access) {
         let dest = rnic::HostAddr::from_bytes(&dev.gid());
@@ -1173,14 +1190,7 @@ mod tests {
                     qp_access_flags: acc,
                     ..Default::default()
                 };
-                let mut m = QpAttrMask::STATE;
-                if st == QpState::Init {
-                    m |= QpAttrMask::ACCESS_FLAGS;
-                }
-                if st == QpState::Rtr {
-                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
-                }
-                q.modify(&attr, m).unwrap();
+                q.modify(&attr, full_mask(st)).unwrap();
             }
         }
     }
