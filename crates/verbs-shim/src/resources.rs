@@ -762,6 +762,28 @@ pub unsafe extern "C" fn ibv_modify_qp(
         nonnull(attr, "QP attr")?;
         // SAFETY: checked non-null.
         let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask)?;
+        // SAFETY: the QP's context is ours and open while the QP exists.
+        let c = unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? };
+        // As rxe's rxe_qp_chk_attr: RDMA READ/atomic depths within the device's.
+        let max_rd = c.dev.attr().max_qp_rd_atom;
+        for (bit, v, what) in [
+            (
+                rnic::QpAttrMask::MAX_QP_RD_ATOMIC,
+                a.max_rd_atomic,
+                "max_rd_atomic",
+            ),
+            (
+                rnic::QpAttrMask::MAX_DEST_RD_ATOMIC,
+                a.max_dest_rd_atomic,
+                "max_dest_rd_atomic",
+            ),
+        ] {
+            if m.contains(bit) && u32::from(v) > max_rd {
+                return Err(ShimError::InvalidArgument(format!(
+                    "{what} {v} > max_qp_rd_atom {max_rd}"
+                )));
+            }
+        }
         let was = q.inner.query().qp_state;
         q.inner.modify(&a, m)?;
         let now = q.inner.query().qp_state;

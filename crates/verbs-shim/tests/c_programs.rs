@@ -96,3 +96,13 @@ fn channels() {
 fn two_proc() {
     check("two_proc");
 }
+
+#[test]
+fn sge_pd() {
+    check("sge_pd");
+}
+
+#[test]
+fn limits() {
+    check("limits");
+}
