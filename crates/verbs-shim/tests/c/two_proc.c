@@ -4,6 +4,7 @@
  * seconds. */
 #include "common.h"
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 struct info {
@@ -36,6 +37,8 @@ int main(void)
 	CHECK_EQ(pipe(c2p), 0);
 	pid_t pid = fork();
 	CHECK(pid >= 0);
+	if (pid == 0)
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed parent */
 	int rfd = pid ? c2p[0] : p2c[0], wfd = pid ? p2c[1] : c2p[1];
 
 	struct env e;
@@ -121,27 +124,59 @@ int main(void)
 	xread(rfd, &c, 1);
 	CHECK_EQ(c, 'k');
 
-	/* Kill the peer: WRs fail with RETRY_EXC_ERR, the rest flush, promptly. */
+	/* Kill the peer with WRITEs in flight: a prefix succeeds, the first that
+	 * does not fails with RETRY_EXC_ERR, the rest and the posted RECV flush,
+	 * within a few seconds; WRs posted afterwards flush too. */
+	CHECK_EQ(post_recv1(qp, 30, buf + 40000, 64, mr->lkey), 0);
+	enum { N = 12 }; /* + the SEND below: within the SQ's 16 */
+	for (int i = 0; i < N; i++)
+		CHECK_EQ(post_send1(qp, 100 + i, IBV_WR_RDMA_WRITE, buf, 32768, mr->lkey, peer.addr, peer.rkey, IBV_SEND_SIGNALED), 0);
 	CHECK_EQ(kill(pid, SIGKILL), 0);
 	int st;
 	CHECK_EQ(waitpid(pid, &st, 0), pid);
 	double t0 = now_s();
-	CHECK_EQ(post_send1(qp, 20, IBV_WR_RDMA_WRITE, buf, 64, mr->lkey, peer.addr, peer.rkey, IBV_SEND_SIGNALED), 0);
-	CHECK_EQ(post_send1(qp, 21, IBV_WR_SEND, buf, 64, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
-	CHECK_EQ(post_send1(qp, 22, IBV_WR_RDMA_READ, buf, 64, mr->lkey, peer.addr, peer.rkey, IBV_SEND_SIGNALED), 0);
-	poll_n(cq, wc, 3, 8);
+	CHECK_EQ(post_send1(qp, 200, IBV_WR_SEND, buf, 64, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	struct ibv_wc all[N + 2];
+	poll_n(cq, all, N + 2, 8);
 	double took = now_s() - t0;
 	if (took > 5)
 		fprintf(stderr, "errors took %.1f s\n", took);
 	CHECK(took < 5);
-	CHECK_EQ(wc[0].wr_id, 20);
-	if (wc[0].status != IBV_WC_RETRY_EXC_ERR)
-		fprintf(stderr, "got %s\n", ibv_wc_status_str(wc[0].status));
-	CHECK_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
-	CHECK_EQ(wc[1].wr_id, 21);
-	CHECK_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
-	CHECK_EQ(wc[2].wr_id, 22);
-	CHECK_EQ(wc[2].status, IBV_WC_WR_FLUSH_ERR);
+	int k = 0, recv_flushed = 0, ok = 0, retry = 0, flushed = 0;
+	for (int i = 0; i < N + 2; i++) {
+		if (all[i].wr_id == 30) {
+			CHECK_EQ(all[i].status, IBV_WC_WR_FLUSH_ERR);
+			recv_flushed++;
+			continue;
+		}
+		CHECK_EQ(all[i].wr_id, k < N ? 100 + k : 200);
+		k++;
+		switch (all[i].status) {
+		case IBV_WC_SUCCESS:
+			CHECK(retry == 0 && flushed == 0);
+			ok++;
+			break;
+		case IBV_WC_RETRY_EXC_ERR:
+			CHECK(retry == 0 && flushed == 0);
+			retry++;
+			break;
+		case IBV_WC_WR_FLUSH_ERR:
+			CHECK_EQ(retry, 1);
+			flushed++;
+			break;
+		default:
+			fprintf(stderr, "wr %llu: %s\n", (unsigned long long)all[i].wr_id,
+				ibv_wc_status_str(all[i].status));
+			CHECK(0);
+		}
+	}
+	CHECK_EQ(recv_flushed, 1);
+	CHECK_EQ(retry, 1);
+	/* Posted in ERR: flushed. */
+	CHECK_EQ(post_send1(qp, 300, IBV_WR_RDMA_READ, buf, 64, mr->lkey, peer.addr, peer.rkey, IBV_SEND_SIGNALED), 0);
+	poll_n(cq, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 300);
+	CHECK_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
 	CHECK_EQ(qp_state(qp), IBV_QPS_ERR);
 	expect_empty(cq, 0.2);
 	CHECK_EQ(ibv_destroy_qp(qp), 0);
@@ -149,6 +184,6 @@ int main(void)
 	CHECK_EQ(ibv_destroy_cq(cq), 0);
 	CHECK_EQ(ibv_dealloc_pd(e.pd), 0);
 	CHECK_EQ(ibv_close_device(e.ctx), 0);
-	printf("two_proc ok (peer death: %.2f s)\n", took);
+	printf("two_proc ok (peer death: %.2f s, %d WRITEs done before it)\n", took, ok);
 	return 0;
 }
