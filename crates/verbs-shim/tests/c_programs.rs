@@ -13,11 +13,16 @@ use std::sync::OnceLock;
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
 
-/// Where the programs are built (once per test binary).
+/// Where the programs are built: `target/<profile>/c-programs/` beside this test
+/// binary (the temp dir if that cannot be found).
 fn out_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("nprdma-c-programs-{}", std::process::id()));
+        let profile = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
+            .unwrap_or_else(std::env::temp_dir);
+        let d = profile.join("c-programs");
         std::fs::create_dir_all(&d).expect("create the programs' build dir");
         d
     })
