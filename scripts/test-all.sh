@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 # Debian packages the test suite needs: perftest and ibverbs-utils are run under
 # LD_PRELOAD=libnprdma.so by crates/verbs-shim/tests; binutils gives nm for the exports test;
 # python3-pyverbs ships rdma-core's own verbs test suite, run below against libnprdma.so.
-PKGS=(perftest ibverbs-utils binutils python3-pyverbs)
+# libibverbs-dev: <infiniband/verbs.h> for the C programs of crates/verbs-shim/tests/c_programs.rs.
+PKGS=(perftest ibverbs-utils binutils python3-pyverbs libibverbs-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -79,7 +79,6 @@ fn convert(wc: &ibv_wc) -> Completion {
         IBV_WC_RDMA_READ => CompOp::Read,
         IBV_WC_COMP_SWAP => CompOp::CmpSwap,
         IBV_WC_FETCH_ADD => CompOp::FetchAdd,
-        IBV_WC_RECV if imm => CompOp::RecvWithImm,
         IBV_WC_RECV => CompOp::Recv,
         IBV_WC_RECV_RDMA_WITH_IMM => CompOp::RecvWithImm,
         _ => CompOp::Send,

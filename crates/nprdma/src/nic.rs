@@ -204,7 +204,7 @@ pub enum CompOp {
     CmpSwap,
     /// A fetch-and-add.
     FetchAdd,
-    /// A RECV consumed by a SEND.
+    /// A RECV consumed by a SEND (with immediate data: `imm` is set).
     Recv,
     /// A RECV consumed by a WRITE with immediate.
     RecvWithImm,

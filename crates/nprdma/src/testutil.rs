@@ -706,11 +706,7 @@ impl FakeQp {
                 let mut c = Completion {
                     wr_id: rid,
                     status: 0,
-                    op: if imm.is_some() {
-                        CompOp::RecvWithImm
-                    } else {
-                        CompOp::Recv
-                    },
+                    op: CompOp::Recv,
                     byte_len: data.len() as u32,
                     imm,
                     qp_num: pq,

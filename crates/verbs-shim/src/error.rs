@@ -15,6 +15,9 @@ pub enum ShimError {
     #[error("busy: {0}")]
     /// The object is in use (EBUSY).
     Busy(String),
+    #[error("bad address: {0}")]
+    /// Memory that is not mapped (EFAULT, as `ib_umem_get` failing to pin it).
+    Fault(String),
     #[error(transparent)]
     /// The software NIC refused (its errno).
     Nic(#[from] rnic::Error),
@@ -27,6 +30,7 @@ impl ShimError {
             ShimError::Unsupported(_) => libc::EOPNOTSUPP,
             ShimError::InvalidArgument(_) => libc::EINVAL,
             ShimError::Busy(_) => libc::EBUSY,
+            ShimError::Fault(_) => libc::EFAULT,
             ShimError::Nic(e) => e.errno(),
         }
     }

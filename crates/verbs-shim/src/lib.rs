@@ -82,7 +82,12 @@
 //! WR and posted RECV completes once with WR_FLUSH_ERR; later posts are accepted and
 //! flushed, as with rdma-core providers; `ibv_query_qp` reports ERR); SQD and ERR/used
 //! QP → RESET are refused with EOPNOTSUPP (the layer connects a QP once),
-//! solicited-only notification widened to any completion. Settings:
+//! solicited-only notification widened to any completion. Also unlike rxe/mlx5
+//! (checked by `tests/c/*.c`, which skip these in this mode): a SEND that finds
+//! no posted RECV waits at the receiver for one (no RNR NAK, so no
+//! RNR_RETRY_EXC_ERR), and a receiver's error completion (LOC_LEN_ERR,
+//! LOC_PROT_ERR) does not move the receiving QP to ERR, and a one-sided WRITE is
+//! not checked against the target QP's PD. Settings:
 //! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
 //!   registered memory (default unlimited). Below the size of the MRs, pages are
 //!   swapped out and back during the run.

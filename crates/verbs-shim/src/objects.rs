@@ -57,6 +57,11 @@ pub struct ShimCq {
     pub users: AtomicU32,
     /// The completion an extended-CQ poll is on (`ibv_start_poll` .. `ibv_end_poll`).
     pub cur: Mutex<rnic::Wc>,
+    /// Completion events handed out by `ibv_get_cq_event` and not yet acknowledged
+    /// (`ibv_destroy_cq` waits for them, as libibverbs does).
+    pub unacked: Mutex<u32>,
+    /// Signalled by `ibv_ack_cq_events`.
+    pub acked: parking_lot::Condvar,
 }
 
 #[repr(C)]

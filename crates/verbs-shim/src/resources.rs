@@ -502,6 +502,8 @@ pub(crate) unsafe fn create_cq_common(
             inner,
             users: AtomicU32::new(0),
             cur: Mutex::new(rnic::Wc::default()),
+            unacked: Mutex::new(0),
+            acked: parking_lot::Condvar::new(),
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
@@ -534,6 +536,13 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let s: &ShimCq = unsafe { shim(cq, "CQ")? };
         if s.users.load(Ordering::Acquire) != 0 {
             return Err(ShimError::Busy("CQ still used by QPs".into()));
+        }
+        {
+            // libibverbs' destroy waits until every event it reported is acked.
+            let mut n = s.unacked.lock();
+            while *n != 0 {
+                s.acked.wait(&mut n);
+            }
         }
         if !s.cq.channel.is_null() {
             // SAFETY: a channel cannot be destroyed while it has CQs.
@@ -598,6 +607,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             drop(cqs);
             if let Some(c) = fired {
                 let c = c as *mut ShimCq;
+                // SAFETY: c is alive (see above); ibv_destroy_cq waits for this event's ack.
+                *unsafe { &*c }.unacked.lock() += 1;
                 // SAFETY: out pointers checked non-null; c is alive (see above).
                 unsafe {
                     *cq = c as *mut ibv_cq;
@@ -618,8 +629,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 /// `cq` ours.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
-    if !cq.is_null() {
-        // SAFETY: caller contract; the counter is informational.
+    // SAFETY: caller contract (a CQ of ours, or null: nothing to do).
+    if let Ok(s) = unsafe { shim::<ibv_cq, ShimCq>(cq, "CQ") } {
+        let mut n = s.unacked.lock();
+        *n = n.saturating_sub(nevents);
+        s.acked.notify_all();
+        // SAFETY: as above; the counter is informational.
         unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
     }
 }
@@ -747,6 +762,28 @@ pub unsafe extern "C" fn ibv_modify_qp(
         nonnull(attr, "QP attr")?;
         // SAFETY: checked non-null.
         let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask)?;
+        // SAFETY: the QP's context is ours and open while the QP exists.
+        let c = unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? };
+        // As rxe's rxe_qp_chk_attr: RDMA READ/atomic depths within the device's.
+        let max_rd = c.dev.attr().max_qp_rd_atom;
+        for (bit, v, what) in [
+            (
+                rnic::QpAttrMask::MAX_QP_RD_ATOMIC,
+                a.max_rd_atomic,
+                "max_rd_atomic",
+            ),
+            (
+                rnic::QpAttrMask::MAX_DEST_RD_ATOMIC,
+                a.max_dest_rd_atomic,
+                "max_dest_rd_atomic",
+            ),
+        ] {
+            if m.contains(bit) && u32::from(v) > max_rd {
+                return Err(ShimError::InvalidArgument(format!(
+                    "{what} {v} > max_qp_rd_atom {max_rd}"
+                )));
+            }
+        }
         let was = q.inner.query().qp_state;
         q.inner.modify(&a, m)?;
         let now = q.inner.query().qp_state;
@@ -768,7 +805,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
-    _mask: c_int,
+    mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
     guard_rc("ibv_query_qp", || {
@@ -787,6 +824,11 @@ pub unsafe extern "C" fn ibv_query_qp(
         // SAFETY: checked non-null, caller-provided.
         unsafe {
             *attr = qp_attr_to_c(&q.inner.query(), c);
+            // libibverbs' ibv_query_qp refreshes `state` (e.g. ERR after an
+            // error completion).
+            if mask & IBV_QP_STATE as c_int != 0 {
+                (*qp).state = (*attr).qp_state;
+            }
             let i = &mut *init;
             i.qp_context = q.qp.qp_base.qp_context;
             i.send_cq = q.qp.qp_base.send_cq;

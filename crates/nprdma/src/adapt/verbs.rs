@@ -116,7 +116,6 @@ pub fn completion(wc: &rnic::Wc) -> Completion {
             rnic::WcOpcode::RdmaRead => CompOp::Read,
             rnic::WcOpcode::CompSwap => CompOp::CmpSwap,
             rnic::WcOpcode::FetchAdd => CompOp::FetchAdd,
-            rnic::WcOpcode::Recv if imm => CompOp::RecvWithImm,
             rnic::WcOpcode::Recv => CompOp::Recv,
             rnic::WcOpcode::RecvRdmaWithImm => CompOp::RecvWithImm,
         },

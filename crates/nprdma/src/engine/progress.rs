@@ -285,11 +285,7 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
                     WcStatus::LocProtErr
                 }
                 .code(),
-                op: if imm.is_some() {
-                    CompOp::RecvWithImm
-                } else {
-                    CompOp::Recv
-                },
+                op: CompOp::Recv,
                 byte_len: if ok { len } else { 0 },
                 imm,
                 qp_num: qp.qpn,

@@ -939,9 +939,6 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 req_id, imm, data, ..
             } => {
                 cqe.imm = imm;
-                if imm.is_some() {
-                    cqe.op = CompOp::RecvWithImm;
-                }
                 if !valid {
                     cqe.status = WcStatus::LocProtErr.code();
                     qp.recv_cq.push(cqe);

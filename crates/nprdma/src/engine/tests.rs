@@ -482,7 +482,7 @@ fn inbound_sends_wait_for_a_recv_and_are_checked_against_it<N: TestNic>() {
     let c = r.wait(&r.rcq, 1)[0];
     assert_eq!(
         (c.wr_id, c.status, c.op, c.byte_len, c.imm),
-        (100, 0, CompOp::RecvWithImm, 7, Some(9))
+        (100, 0, CompOp::Recv, 7, Some(9))
     );
     assert_eq!(r.bytes(200, 7), b"payload");
     assert_eq!(
@@ -1209,7 +1209,7 @@ fn a_rendezvous_send_is_read_into_the_posted_recv<N: TestNic>() {
     let c = r.wait(&r.rcq, 1)[0];
     assert_eq!(
         (c.wr_id, c.status, c.op, c.byte_len, c.imm),
-        (70, 0, CompOp::RecvWithImm, 3000, Some(5))
+        (70, 0, CompOp::Recv, 3000, Some(5))
     );
     assert_eq!(r.bytes(4096, 3000), data);
     assert_eq!(

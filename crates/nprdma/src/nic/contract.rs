@@ -131,7 +131,7 @@ pub fn verbs_contract<N: Nic>(a: &N, b: &N) {
     let r1 = one(&cb);
     assert_eq!(
         (r1.wr_id, r1.status, r1.op, r1.byte_len, r1.imm),
-        (40, 0, CompOp::RecvWithImm, 16, Some(99))
+        (40, 0, CompOp::Recv, 16, Some(99))
     );
     let r2 = one(&cb);
     assert_eq!(

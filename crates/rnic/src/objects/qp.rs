@@ -152,6 +152,13 @@ impl Qp {
     }
 }
 
+/// [`allowed`] for other implementations of the verbs state machine (the verbs
+/// shim's NP-RDMA mode): the (required, optional) attributes of a transition,
+/// `None` if it is illegal.
+pub fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    allowed(qp_type, from, to)
+}
+
 /// The (required, optional) attributes of a transition (IB's QP state table); UC
 /// has no responder resources, timeouts or retries to set.
 fn allowed(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
@@ -277,6 +284,11 @@ impl QpCtx {
                 self.recv_cq.discard_qp(self.qpn);
             }
             QpState::Err => {
+                if cur == QpState::Reset {
+                    // RESET -> ERR is legal (qp_error leaves a RESET QP alone,
+                    // as a responder error must).
+                    r.state.store(QpState::Err as u32, Ordering::Release);
+                }
                 responder::qp_error(&h.seg, &h.self_peer, self.idx);
                 self.end_inbound();
                 self.progress_locked(&mut sq);

@@ -471,6 +471,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         };
         Ok(Box::new(NpQp::<N> {
             ctrl_on_data_qp: self.ctrl_on_data_qp,
+            qp_type,
             qp: Some(qp),
             cap,
             attr: Mutex::new(a),
@@ -644,6 +645,8 @@ struct NpQp<N: np::engine::Backend> {
     sg: SgShared<N>,
     /// The peer's control channel is on its data QP (`NpFlavor::CTRL_ON_DATA_QP`).
     ctrl_on_data_qp: bool,
+    /// RC or UC (the attributes each transition takes).
+    qp_type: rnic::QpType,
     _quota: Quota,
 }
 
@@ -691,7 +694,18 @@ impl<N: np::engine::Backend> NpQp<N> {
         self.qp.as_ref().expect("present until drop")
     }
     fn state(&self) -> QpState {
-        self.attr.lock().qp_state
+        let mut a = self.attr.lock();
+        self.sync_error(&mut a);
+        a.qp_state
+    }
+
+    /// An error completion moved the layer's QP to ERR (RC's error rule): so is the
+    /// verbs QP, as a NIC moves it (`ibv_query_qp` reports ERR, as rxe/mlx5).
+    fn sync_error(&self, a: &mut QpAttr) {
+        if !matches!(a.qp_state, QpState::Reset | QpState::Err) && self.qp().is_error() {
+            a.qp_state = QpState::Err;
+            a.cur_qp_state = QpState::Err;
+        }
     }
 
     fn post_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
@@ -859,12 +873,33 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
     }
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut cur = self.attr.lock();
+        self.sync_error(&mut cur);
         let from = cur.qp_state;
         let to = if mask.contains(QpAttrMask::STATE) {
             attr.qp_state
         } else {
             from
         };
+        // IB's state table first (EINVAL, as rxe/mlx5: an illegal transition or
+        // a missing / extra attribute), then what this mode models (EOPNOTSUPP).
+        let (req, opt) = rnic::qp::transition_attrs(self.qp_type, from, to)
+            .ok_or(ShimError::Nic(rnic::Error::IllegalTransition { from, to }))?;
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
+            return Err(ShimError::InvalidArgument(
+                "cur_qp_state does not match".into(),
+            ));
+        }
+        let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
+        if !given.contains(req) {
+            return Err(ShimError::Nic(rnic::Error::InvalidMask(
+                "required attribute missing",
+            )));
+        }
+        if !(req | opt).contains(given) {
+            return Err(ShimError::Nic(rnic::Error::InvalidMask(
+                "attribute not allowed in this transition",
+            )));
+        }
         if !transition_ok(from, to) {
             return Err(ShimError::Unsupported(format!(
                 "QP state {from:?} -> {to:?} in NP-RDMA mode"
@@ -924,7 +959,9 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         Ok(())
     }
     fn query(&self) -> QpAttr {
-        *self.attr.lock()
+        let mut a = self.attr.lock();
+        self.sync_error(&mut a);
+        *a
     }
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
         for (i, w) in wrs.iter().enumerate() {
@@ -1039,11 +1076,7 @@ mod tests {
                     dest_qp_num: peer,
                     ..Default::default()
                 };
-                let mut m = QpAttrMask::STATE;
-                if st == QpState::Rtr {
-                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
-                }
-                q.modify(&a, m).unwrap();
+                q.modify(&a, full_mask(st)).unwrap();
             }
         }
         let sge = |off: usize, len: u32| rnic::Sge {
@@ -1124,6 +1157,27 @@ mod tests {
         }
     }
 
+    /// The attributes an RC QP's move to `st` on the connect path needs.
+    fn full_mask(st: QpState) -> QpAttrMask {
+        use QpAttrMask as M;
+        M::STATE
+            | match st {
+                QpState::Init => M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                QpState::Rtr => {
+                    M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER
+                }
+                QpState::Rts => {
+                    M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
+                }
+                _ => M::empty(),
+            }
+    }
+
     /// Connect `a` and `b` (both on `dev`), `b` granting `b_access` remotely.
     fn connect_pair(dev: &NpDevice, a: &dyn Qp, b: &dyn Qp, b_access: Access) {
         let dest = rnic::HostAddr::from_bytes(&dev.gid());
@@ -1136,14 +1190,7 @@ mod tests {
                     qp_access_flags: acc,
                     ..Default::default()
                 };
-                let mut m = QpAttrMask::STATE;
-                if st == QpState::Init {
-                    m |= QpAttrMask::ACCESS_FLAGS;
-                }
-                if st == QpState::Rtr {
-                    m |= QpAttrMask::AV | QpAttrMask::DEST_QPN;
-                }
-                q.modify(&attr, m).unwrap();
+                q.modify(&attr, full_mask(st)).unwrap();
             }
         }
     }

@@ -149,6 +149,7 @@ impl Pd for PinnedPd {
         self
     }
     unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Box<dyn Mr>> {
+        check_mapped(addr, len)?;
         let charge = MemlockCharge::charge(addr, len)?;
         // SAFETY: forwarded contract: the caller keeps the memory mapped while
         // registered — and if it does not, the watch below deregisters the MR.
@@ -183,6 +184,32 @@ impl Pd for PinnedPd {
     fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Box<dyn Srq>> {
         Ok(Box::new(PinnedSrq(self.0.create_srq(max_wr, max_sge)?)))
     }
+}
+
+/// A registration pins its pages (`ib_umem_get`): memory that is not mapped fails
+/// with EFAULT (e.g. a NULL address), as on rxe/mlx5.
+fn check_mapped(addr: usize, len: usize) -> Result<()> {
+    let page = 4096usize;
+    let start = addr & !(page - 1);
+    let Some(end) = addr.checked_add(len) else {
+        return Err(ShimError::InvalidArgument("address range wraps".into()));
+    };
+    let pages = (end - start).div_ceil(page);
+    let mut vec = vec![0u8; pages.min(4096)];
+    let mut at = start;
+    while at < end {
+        let n = ((end - at).div_ceil(page)).min(vec.len());
+        // SAFETY: mincore only reads the page tables of [at, at + n pages) and
+        // writes n bytes into vec (n <= vec.len()).
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, n * page, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(ShimError::Fault(format!(
+                "{len} bytes at {addr:#x} are not mapped"
+            )));
+        }
+        at += n * page;
+    }
+    Ok(())
 }
 
 /// Hosts with watched MRs, and how many each has: the watch holds their DMA while it
