@@ -152,9 +152,9 @@ impl Qp {
     }
 }
 
-/// [`allowed`] for other implementations of the verbs state machine (the verbs
-/// shim's NP-RDMA mode): the (required, optional) attributes of a transition,
-/// `None` if it is illegal.
+/// The QP state table this module's QPs follow, for other implementations of
+/// the verbs state machine (the verbs shim's NP-RDMA mode): the (required,
+/// optional) attributes of a transition, `None` if it is illegal.
 pub fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     allowed(qp_type, from, to)
 }
