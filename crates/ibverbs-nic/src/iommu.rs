@@ -38,6 +38,7 @@ impl IommuControl for NoIommu {
         _len: u64,
         _access: Access,
         range: &NoRange,
+        _domain: u32,
     ) -> Result<VerbsMr, Error> {
         match *range {}
     }

@@ -113,11 +113,18 @@ impl IommuControl for RnicIommu {
         len: u64,
         access: Access,
         range: &Self::Range,
+        domain: u32,
     ) -> Result<Self::Mr, Self::Error> {
         // SAFETY: forwarded contract (memory stays mapped while the MR exists).
         unsafe {
             self.pd
-                .reg_mr_iova(addr as usize, len as usize, rnic_access(access), range)
+                .reg_mr_iova_in_domain(
+                    addr as usize,
+                    len as usize,
+                    rnic_access(access),
+                    range,
+                    domain,
+                )
                 .map(RnicMr)
         }
     }

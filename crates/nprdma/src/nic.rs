@@ -356,6 +356,10 @@ pub struct QpSpec {
     pub max_sge: u32,
     /// Largest inline payload.
     pub max_inline: u32,
+    /// Protection sub-domain (see [`IommuControl::reg_mr_iova`]): the
+    /// application PD of a data QP, 0 for none (a QP that reaches no MR
+    /// registered in a domain).
+    pub domain: u32,
 }
 
 /// An opaque peer address (GID-like, e.g. the rnic `HostAddr` bytes).
@@ -495,7 +499,11 @@ pub trait IommuControl: Send + Sync {
     fn test_and_clear_young(&self, _range: &Self::Range, _index: u64) -> Result<bool, Self::Error> {
         Ok(false)
     }
-    /// Register `[addr, addr+len)` with MTT page i → IOVA page `range`+i.
+    /// Register `[addr, addr+len)` with MTT page i → IOVA page `range`+i,
+    /// in protection sub-domain `domain` (the application PD it belongs to;
+    /// 0 = none): a peer reaches it with its rkey only through a QP of the
+    /// same domain ([`QpSpec::domain`]), as if the NIC had a PD for each
+    /// application PD.
     ///
     /// # Safety
     /// The memory must stay mapped in this process while the MR exists
@@ -507,6 +515,7 @@ pub trait IommuControl: Send + Sync {
         len: u64,
         access: Access,
         range: &Self::Range,
+        domain: u32,
     ) -> Result<Self::Mr, Self::Error>;
     /// Tell the NIC model which pages of this process are resident (the
     /// host-OS role; the software NIC counts and refuses DMA to

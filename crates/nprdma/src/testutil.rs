@@ -134,6 +134,7 @@ impl IommuControl for FakeIommu {
         _: u64,
         _: Access,
         _: &FakeRange,
+        _: u32,
     ) -> Result<FakeMr, FakeErr> {
         Ok(FakeMr)
     }
@@ -455,6 +456,7 @@ impl IommuControl for FakeNicIommu {
         len: u64,
         access: Access,
         r: &FakeRange,
+        _domain: u32,
     ) -> Result<FakeNicMr, FakeNicErr> {
         let mut f = self.fabric.lock().expect("fabric");
         let pages = (addr + len).div_ceil(FAKE_PS) - addr / FAKE_PS;

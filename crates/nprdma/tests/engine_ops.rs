@@ -327,6 +327,63 @@ fn write_with_imm_consumes_a_recv() {
     }
 }
 
+/// Protection domains hold one-sided too: through a QP of one PD of the
+/// target, a peer's READ or WRITE with the rkey of an MR of another PD of
+/// the same target process is refused (REM_ACCESS_ERR, what a NIC gives for
+/// an rkey of another PD) and touches nothing, while through a QP of the
+/// MR's own PD the same rkey works.
+#[test]
+fn an_rkey_of_another_pd_of_the_target_is_refused() {
+    let e = env();
+    let la = Buf::with(&e.a, 4096, Some(&pattern(3, 4096)));
+    let pd2 = e.b.ctx.alloc_pd();
+    let pb = pattern(4, 4096);
+    let mut region = e.b.pager.alloc(4096).expect("alloc");
+    region.as_mut_slice().copy_from_slice(&pb);
+    let acc = nprdma::Access(
+        nprdma::Access::LOCAL_WRITE.0
+            | nprdma::Access::REMOTE_READ.0
+            | nprdma::Access::REMOTE_WRITE.0,
+    );
+    // SAFETY: the region outlives the MR (both dropped at the end, MR first).
+    let mr2 = unsafe { pd2.reg_mr(region.addr() as u64, 4096, acc) }.expect("mr in pd2");
+    for op in [Opcode::Read, Opcode::Write] {
+        // A QP of the target's first PD.
+        let (qa, _qb) = connect(&e.a, &e.b, 16);
+        let wr = SendWr::new(
+            1,
+            op,
+            Some(la.mr.sge(0, 64)),
+            region.addr() as u64,
+            mr2.rkey(),
+        );
+        qa.post_send(&[wr]).expect("post");
+        let c = wait1(&e.a.cq);
+        assert_eq!(c.status, 10, "{op:?} through another PD's QP: {c:?}");
+    }
+    assert_eq!(region.as_slice(), &pb[..], "target bytes untouched");
+    assert_eq!(
+        la.bytes(),
+        &pattern(3, 4096)[..],
+        "nothing read into the source"
+    );
+    let qa = e.a.pd.create_qp(&e.a.cq, &e.a.rcq, 16).expect("qp a");
+    let qb = pd2.create_qp(&e.b.cq, &e.b.rcq, 16).expect("qp b in pd2");
+    qa.connect(&qb.endpoint()).expect("connect a");
+    qb.connect(&qa.endpoint()).expect("connect b");
+    let wr = SendWr::new(
+        2,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        region.addr() as u64,
+        mr2.rkey(),
+    );
+    qa.post_send(&[wr]).expect("post");
+    assert_eq!(wait1(&e.a.cq).status, 0);
+    assert_eq!(&la.bytes()[..64], &pb[..64]);
+    drop(mr2);
+}
+
 #[test]
 fn bad_keys_and_bounds_are_error_completions() {
     let e = env();

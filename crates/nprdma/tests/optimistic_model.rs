@@ -110,7 +110,14 @@ impl IommuControl for ToyIommu {
         Ok(())
     }
     #[allow(unsafe_code)]
-    unsafe fn reg_mr_iova(&self, _: u64, _: u64, _: Access, _: &u32) -> Result<ToyMr, ToyErr> {
+    unsafe fn reg_mr_iova(
+        &self,
+        _: u64,
+        _: u64,
+        _: Access,
+        _: &u32,
+        _: u32,
+    ) -> Result<ToyMr, ToyErr> {
         Ok(ToyMr)
     }
     fn set_resident(&self, _: u64, _: u64, _: bool) -> Result<(), ToyErr> {

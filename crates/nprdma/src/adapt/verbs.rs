@@ -400,7 +400,10 @@ impl nic::Nic for RnicNic {
                     sq_sig_all: false,
                 },
             )
-            .map(RnicQp)
+            .map(|qp| {
+                qp.set_domain(spec.domain);
+                RnicQp(qp)
+            })
     }
     fn addr(&self) -> PeerAddr {
         PeerAddr(self.host.addr().to_bytes())

@@ -173,6 +173,10 @@ impl<N: Backend> QpState<N> {
                     max_recv_wr: if shared { nslots } else { 4 },
                     max_sge: zero_sges(sh) as u32,
                     max_inline: if shared { SLOT.max(64) as u32 } else { 64 },
+                    // Peers reach, one-sided, only the views of this QP's
+                    // PD's MRs (the application PD as a NIC protection
+                    // domain).
+                    domain: pd,
                 },
                 &sh.ncq,
                 if shared { &sh.rcq } else { &sh.ncq },
@@ -197,6 +201,7 @@ impl<N: Backend> QpState<N> {
                             max_recv_wr: nslots,
                             max_sge: 1,
                             max_inline: SLOT as u32,
+                            domain: 0,
                         },
                         &sh.rcq,
                         &sh.rcq,

@@ -204,13 +204,13 @@ pub(crate) unsafe fn register<N: Backend>(
     // SAFETY: forwarded contract; the IOVA entries are maintained by the shadow.
     let read = unsafe {
         sh.iommu
-            .reg_mr_iova(addr, len, read_access, shadow.read_range())
+            .reg_mr_iova(addr, len, read_access, shadow.read_range(), pd)
             .map_err(N::error)?
     };
     // SAFETY: as above.
     let write = unsafe {
         sh.iommu
-            .reg_mr_iova(addr, len, write_access, shadow.write_range())
+            .reg_mr_iova(addr, len, write_access, shadow.write_range(), pd)
             .map_err(N::error)?
     };
     entry.key = read.rkey();

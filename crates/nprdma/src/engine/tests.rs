@@ -87,6 +87,7 @@ impl<N: Nic> Peer<N> {
             max_recv_wr: PEER_SLOTS,
             max_sge: 1,
             max_inline: SLOT as u32,
+            domain: 0,
         };
         let data = nic.create_qp(&spec(None), &cq, &cq).expect("peer data qp");
         let ctrl = nic

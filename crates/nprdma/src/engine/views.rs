@@ -145,11 +145,12 @@ impl<N: Backend> IommuControl for Views<N> {
         len: u64,
         access: Access,
         range: &Self::Range,
+        domain: u32,
     ) -> Result<Self::Mr, N::Error> {
         match (self, range) {
             (Views::Nic(io), ViewRange::Nic(r)) => {
                 // SAFETY: forwarded contract.
-                unsafe { io.reg_mr_iova(addr, len, access, r) }.map(ViewMr::Nic)
+                unsafe { io.reg_mr_iova(addr, len, access, r, domain) }.map(ViewMr::Nic)
             }
             (Views::User(k), _) => Ok(ViewMr::User {
                 key: k.next.fetch_add(1, Ordering::Relaxed),

@@ -172,6 +172,7 @@ const SPEC: QpSpec = QpSpec {
     max_recv_wr: 16,
     max_sge: 2,
     max_inline: 64,
+    domain: 0,
 };
 
 /// The remote rights of [`connected`] QPs.
@@ -267,7 +268,7 @@ pub fn iommu_contract<N: Nic>(a: &N, b: &N) {
     let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     // SAFETY: `mem` outlives the MR (dropped first, below).
     #[allow(unsafe_code)]
-    let mr = unsafe { io.reg_mr_iova(base, 2 * ps, acc, &range) }.expect("iova mr");
+    let mr = unsafe { io.reg_mr_iova(base, 2 * ps, acc, &range, 0) }.expect("iova mr");
     let local = b.alloc_buf(4096, acc).expect("local buf");
     // READ across the two pages: the real bytes, then the magic words.
     qb.post_send(&[wr(

@@ -61,14 +61,31 @@ pub(crate) fn key_any_qp(seg: &Segment, key: u32) -> bool {
         })
 }
 
-/// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`.
-pub fn check_key(seg: &Segment, key: u32, pd: u32, addr: u64, len: u64, need: Access) -> Result<MrView, KeyErr> {
+/// Validate `key` for `[addr, addr+len)` with protection domain `pd` and rights `need`;
+/// for a remote key also the QP's protection sub-domain (`Some(domain)`, see
+/// [`crate::hw::segment::MrRec::domain`]); a host's own keys in its own WRs (`None`)
+/// are not checked against it.
+pub fn check_key(
+    seg: &Segment,
+    key: u32,
+    pd: u32,
+    domain: Option<u32>,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> Result<MrView, KeyErr> {
     let rec = key_index(key).and_then(|i| seg.mr(i)).ok_or(KeyErr::Invalid)?;
     if key == 0 || rec.key.load(Ordering::Acquire) != key {
         return Err(KeyErr::Invalid);
     }
     if rec.pd.load(Ordering::Relaxed) != pd {
         return Err(KeyErr::Pd);
+    }
+    if let Some(d) = domain {
+        let own = rec.domain.load(Ordering::Relaxed);
+        if own != 0 && own != d {
+            return Err(KeyErr::Pd);
+        }
     }
     let acc = Access::from_bits_truncate(rec.access.load(Ordering::Relaxed));
     if !acc.contains(need) {

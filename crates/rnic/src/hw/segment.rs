@@ -262,7 +262,11 @@ pub struct MrRec {
     pub iova_base: AtomicU64,
     /// Slot of the IOVA range's record ([`IovaRec`]) for `kind` 1.
     pub iova_slot: AtomicU32,
-    _pad32: u32,
+    /// Protection sub-domain within the PD: 0 = any QP of the PD may reach
+    /// the MR; otherwise only a QP of the same domain
+    /// ([`QpRec::domain`]) may, as remote keys go (a layer above the NIC
+    /// that keeps one NIC PD for several of its own PDs uses it).
+    pub domain: AtomicU32,
     _pad: [u64; 2],
 }
 
@@ -319,7 +323,9 @@ pub struct QpRec {
     /// 1 for an unreliable-connected QP (its responder drops what it refuses instead
     /// of failing the QP), 0 for RC.
     pub unreliable: AtomicU32,
-    _pad0: u32,
+    /// Protection sub-domain of the QP (see [`MrRec::domain`]); 0 = none: the
+    /// QP reaches only MRs without one.
+    pub domain: AtomicU32,
     /// `shm_lock` word serialising receive-queue consumers.
     pub rq_lock: AtomicU32,
     /// 1 + the table index of the shared receive queue this QP takes its receives

@@ -234,6 +234,7 @@ impl QpCtx {
         r.peer_qpn.store(0, Ordering::Relaxed);
         r.max_recv_sge.store(attr.max_recv_sge, Ordering::Relaxed);
         r.unreliable.store(u32::from(qp_type == QpType::Uc), Ordering::Relaxed);
+        r.domain.store(0, Ordering::Relaxed);
         r.srq.store(0, Ordering::Relaxed);
         r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
         let t = r.rq_tail.load(Ordering::Relaxed);

@@ -73,7 +73,7 @@ pub(crate) fn local_spans(q: &QpCtx, e: &Entry, need: Access) -> Result<Scratch<
         if s.length == 0 {
             continue;
         }
-        match check_key(seg, s.lkey, q.pd, s.addr, s.length as u64, need) {
+        match check_key(seg, s.lkey, q.pd, None, s.addr, s.length as u64, need) {
             Ok(mr) => v.push(Span {
                 mr,
                 addr: s.addr,

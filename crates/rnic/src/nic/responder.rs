@@ -151,7 +151,8 @@ pub(crate) fn remote_check(
     if len == 0 {
         return Ok(dma::passthrough(addr, 0).mr);
     }
-    check_key(seg, rkey, r.pd.load(Ordering::Relaxed), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
+    let (pd, domain) = (r.pd.load(Ordering::Relaxed), r.domain.load(Ordering::Relaxed));
+    check_key(seg, rkey, pd, Some(domain), addr, len, need).map_err(|_| WcStatus::RemAccessErr)
 }
 
 /// Whether QP `r` is unreliable-connected: its responder drops a message it refuses
@@ -257,7 +258,7 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
             if l == 0 {
                 continue;
             }
-            match check_key(seg, k, pd, a, l, Access::LOCAL_WRITE) {
+            match check_key(seg, k, pd, None, a, l, Access::LOCAL_WRITE) {
                 Ok(mr) => spans.push(Span { mr, addr: a, len: l }),
                 Err(_) => return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, &mut recv_wc),
             }
@@ -724,7 +725,7 @@ fn serve_send(
     let g = crate::hw::iommu::enter(seg);
     let mut spans = Scratch::take(&RECV_SPANS);
     for s in window(&ib.sges, off, q.len) {
-        match check_key(seg, s.lkey, pd, s.addr, s.len, Access::LOCAL_WRITE) {
+        match check_key(seg, s.lkey, pd, None, s.addr, s.len, Access::LOCAL_WRITE) {
             Ok(mr) => spans.push(Span {
                 mr,
                 addr: s.addr,

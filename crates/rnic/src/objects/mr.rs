@@ -12,7 +12,7 @@ use crate::verbs::{Access, Sge};
 use std::sync::atomic::Ordering;
 
 impl Pd {
-    fn reg(&self, addr: usize, len: usize, access: Access, iova: Option<&IovaRange>) -> Result<Mr> {
+    fn reg(&self, addr: usize, len: usize, access: Access, iova: Option<&IovaRange>, domain: u32) -> Result<Mr> {
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length MR"));
         }
@@ -39,6 +39,7 @@ impl Pd {
         let rec = hi.seg.mr(idx).expect("allocated index in range");
         rec.pd.store(self.id(), Ordering::Relaxed);
         rec.access.store(access.bits(), Ordering::Relaxed);
+        rec.domain.store(domain, Ordering::Relaxed);
         rec.kind
             .store(if iova.is_some() { MR_IOVA } else { MR_PASSTHROUGH }, Ordering::Relaxed);
         rec.va.store(addr as u64, Ordering::Relaxed);
@@ -64,7 +65,7 @@ impl Pd {
     /// The memory must stay valid (mapped) while the MR is registered; the NIC may read
     /// or write it (per `access`) at any time until the `Mr` is dropped.
     pub unsafe fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Mr> {
-        self.reg(addr, len, access, None)
+        self.reg(addr, len, access, None, 0)
     }
 
     /// Register `[addr, addr+len)` with its MTT going through IOVA range `range`:
@@ -73,7 +74,26 @@ impl Pd {
     /// # Safety
     /// The NIC touches whatever frames the IOMMU maps (see `Iommu::map`'s contract).
     pub unsafe fn reg_mr_iova(&self, addr: usize, len: usize, access: Access, range: &IovaRange) -> Result<Mr> {
-        self.reg(addr, len, access, Some(range))
+        self.reg(addr, len, access, Some(range), 0)
+    }
+
+    /// [`Pd::reg_mr_iova`] in protection sub-domain `domain` (nonzero): of the QPs
+    /// of this PD, only those set to the same domain ([`Qp::set_domain`]) reach it
+    /// with its rkey, as if it were registered in a PD of its own.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_iova`].
+    ///
+    /// [`Qp::set_domain`]: crate::qp::Qp::set_domain
+    pub unsafe fn reg_mr_iova_in_domain(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+        range: &IovaRange,
+        domain: u32,
+    ) -> Result<Mr> {
+        self.reg(addr, len, access, Some(range), domain)
     }
 
     /// Register an owned buffer (safe: the MR keeps the buffer alive).

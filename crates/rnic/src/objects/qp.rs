@@ -81,6 +81,13 @@ impl Qp {
         self.inner.qpn
     }
 
+    /// Put the QP in protection sub-domain `domain` (0 = none): with an rkey, its
+    /// peer reaches only MRs of the PD without a domain or of this one
+    /// ([`crate::Pd::reg_mr_iova_in_domain`]). Set it before the QP is connected.
+    pub fn set_domain(&self, domain: u32) {
+        self.inner.rec().domain.store(domain, Ordering::Release);
+    }
+
     /// Transport service.
     pub fn qp_type(&self) -> QpType {
         self.inner.qp_type

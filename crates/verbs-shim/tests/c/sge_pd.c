@@ -123,14 +123,21 @@ int main(void)
 	ibv_ack_cq_events(cqc, 1);
 	poll_n(cqc, wc, 1, 5);
 	CHECK_EQ(wc[0].status, IBV_WC_LOC_PROT_ERR);
-	/* An rkey of another PD than the target QP's: REM_ACCESS_ERR. KNOWN
-	 * DEVIATION (NP-RDMA mode): a one-sided WRITE is not checked against the
-	 * target QP's PD (the layer's NIC MRs share one NIC PD), so skipped there. */
-	if (!np_mode()) {
-		CHECK_EQ(post_send1(a, 8, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, base + 32768, mr2->rkey, IBV_SEND_SIGNALED), 0);
-		poll_n(cqa, wc, 1, 5);
-		CHECK_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
-	}
+	/* An rkey of another PD than the target QP's: REM_ACCESS_ERR, and the
+	 * QP goes to ERR (a fresh pair for the READ). */
+	memset(buf + 32768, 0x5a, 8);
+	CHECK_EQ(post_send1(a, 8, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, base + 32768, mr2->rkey, IBV_SEND_SIGNALED), 0);
+	poll_n(cqa, wc, 1, 5);
+	CHECK_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+	struct ibv_qp *f = make_qp(&e, cqa), *g = make_qp(&e, cqb);
+	connect_pair(&e, f, g, 9);
+	CHECK_EQ(post_send1(f, 9, IBV_WR_RDMA_READ, buf + 64, 8, mr->lkey, base + 32768, mr2->rkey, IBV_SEND_SIGNALED), 0);
+	poll_n(cqa, wc, 1, 5);
+	CHECK_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+	for (int i = 0; i < 8; i++)
+		CHECK_EQ(((unsigned char *)buf)[32768 + i], 0x5a);
+	CHECK_EQ(ibv_destroy_qp(f), 0);
+	CHECK_EQ(ibv_destroy_qp(g), 0);
 
 	CHECK_EQ(ibv_destroy_qp(a), 0);
 	CHECK_EQ(ibv_destroy_qp(b), 0);
