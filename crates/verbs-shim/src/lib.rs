@@ -85,8 +85,8 @@
 //! solicited-only notification widened to any completion. Also unlike rxe/mlx5
 //! (checked by `tests/c/*.c`, which skip these in this mode): a SEND that finds
 //! no posted RECV waits at the receiver for one (no RNR NAK, so no
-//! RNR_RETRY_EXC_ERR), and a receiver's error completion (LOC_LEN_ERR,
-//! LOC_PROT_ERR) does not move the receiving QP to ERR. Settings:
+//! RNR_RETRY_EXC_ERR). A receiver's error completion (LOC_LEN_ERR, LOC_PROT_ERR)
+//! moves the receiving QP to ERR, as on rxe. Settings:
 //! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
 //!   registered memory (default unlimited). Below the size of the MRs, pages are
 //!   swapped out and back during the run.

@@ -277,7 +277,7 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
             imm,
         } => {
             qp.rdv_busy = false;
-            qp.recv_cq.push(Completion {
+            let c = Completion {
                 wr_id: recv_wr_id,
                 status: if ok {
                     WcStatus::Success
@@ -289,7 +289,12 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
                 byte_len: if ok { len } else { 0 },
                 imm,
                 qp_num: qp.qpn,
-            });
+            };
+            if ok {
+                qp.recv_cq.push(c);
+            } else {
+                qp.recv_error(c);
+            }
             serve::reply(qp, sh, reply, status, if ok { len } else { 0 });
             deliver_inbound(sh, st, qi);
         }

@@ -390,6 +390,17 @@ impl<N: Backend> QpState<N> {
         }
     }
 
+    /// A RECV completed in error (`cqe`: its buffer could not take the
+    /// message). As on RC the QP goes to ERR: the RECVs behind it flush now,
+    /// every later send completion and post is flushed (the error rule of
+    /// [`Self::deliver`]); the NIC QPs stay up, so the answer to the sender
+    /// and those to sends still out are delivered.
+    pub(super) fn recv_error(&mut self, cqe: Completion) {
+        self.recv_cq.push(cqe);
+        self.errored = true;
+        self.flush_recvs();
+    }
+
     /// Deliver the completions the reorder buffer has in post order, with
     /// RC's error rule: the first one that failed (other than a flush) moves
     /// the QP to ERR, and every completion behind it is WR_FLUSH_ERR — its

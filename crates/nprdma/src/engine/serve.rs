@@ -941,16 +941,16 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 cqe.imm = imm;
                 if !valid {
                     cqe.status = WcStatus::LocProtErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else if data.len() as u64 > rlen {
                     cqe.status = WcStatus::LocLenErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                 } else if mem::write(raddr, &data).is_err() {
                     // The receive buffer was unmapped under the delivery.
                     cqe.status = WcStatus::LocProtErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else {
                     cqe.byte_len = data.len() as u32;
@@ -981,7 +981,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     } else {
                         WcStatus::LocProtErr.code()
                     };
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::RemoteInvalid, 0);
                     continue;
                 };
@@ -998,7 +998,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     });
                 let Ok((pin, tmr)) = pinned else {
                     cqe.status = WcStatus::LocProtErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
                 };
@@ -1015,7 +1015,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     _mr: m,
                 }) else {
                     cqe.status = WcStatus::LocProtErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::NoResources, 0);
                     continue;
                 };
@@ -1034,7 +1034,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     tracing::warn!(error = %e.source, "rendezvous READ not posted");
                     drop(qp.treqs.take(tid));
                     cqe.status = WcStatus::LocProtErr.code();
-                    qp.recv_cq.push(cqe);
+                    qp.recv_error(cqe);
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                     continue;
                 }

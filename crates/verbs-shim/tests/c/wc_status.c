@@ -142,17 +142,13 @@ int main(void)
 	CHECK_EQ(post_recv1(b, 50, buf + 4096, 16, mr->lkey), 0);
 	CHECK_EQ(post_recv1(b, 51, buf + 4096, 64, mr->lkey), 0);
 	CHECK_EQ(post_send1(a, 60, IBV_WR_SEND, buf, 64, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
-	/* KNOWN DEVIATION (NP-RDMA mode): the receiver's QP stays in RTS after
-	 * its LOC_LEN_ERR (the layer has no responder-side error rule), so the
-	 * RECVs behind it do not flush. */
-	poll_n(cqb, wc, np_mode() ? 1 : 2, 10);
+	/* The receiver's QP goes to ERR: the RECV behind it flushes. */
+	poll_n(cqb, wc, 2, 10);
 	CHECK_EQ(wc[0].wr_id, 50);
 	CHECK_EQ(wc[0].status, IBV_WC_LOC_LEN_ERR);
-	if (!np_mode()) {
-		CHECK_EQ(wc[1].wr_id, 51);
-		CHECK_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
-		CHECK_EQ(qp_state(b), IBV_QPS_ERR);
-	}
+	CHECK_EQ(wc[1].wr_id, 51);
+	CHECK_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+	CHECK_EQ(qp_state(b), IBV_QPS_ERR);
 	poll_n(cqa, wc, 1, 10);
 	CHECK_EQ(wc[0].wr_id, 60);
 	CHECK_EQ(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
