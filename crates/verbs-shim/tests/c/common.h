@@ -63,9 +63,10 @@ static inline void env_open(struct env *e)
 	CHECK_EQ(ibv_query_gid(e->ctx, 1, 0, &e->gid), 0);
 }
 
-static inline struct ibv_qp *make_qp_caps(struct env *e, struct ibv_cq *scq,
-					  struct ibv_cq *rcq, uint32_t wr,
-					  uint32_t sge, uint32_t inl, int sig_all)
+/* An RC QP with these caps, or NULL (errno set) if the library refuses it. */
+static inline struct ibv_qp *try_qp_caps(struct env *e, struct ibv_cq *scq,
+					 struct ibv_cq *rcq, uint32_t wr,
+					 uint32_t sge, uint32_t inl, int sig_all)
 {
 	struct ibv_qp_init_attr a;
 	memset(&a, 0, sizeof(a));
@@ -78,9 +79,29 @@ static inline struct ibv_qp *make_qp_caps(struct env *e, struct ibv_cq *scq,
 	a.cap.max_send_sge = sge;
 	a.cap.max_recv_sge = sge;
 	a.cap.max_inline_data = inl;
-	struct ibv_qp *qp = ibv_create_qp(e->pd, &a);
+	return ibv_create_qp(e->pd, &a);
+}
+
+static inline struct ibv_qp *make_qp_caps(struct env *e, struct ibv_cq *scq,
+					  struct ibv_cq *rcq, uint32_t wr,
+					  uint32_t sge, uint32_t inl, int sig_all)
+{
+	struct ibv_qp *qp = try_qp_caps(e, scq, rcq, wr, sge, inl, sig_all);
 	CHECK(qp);
 	return qp;
+}
+
+/* The end of a program with one QP pair, one MR and one CQ: destroy them,
+ * then the PD and the device, each checked. */
+static inline void close_pair(struct env *e, struct ibv_qp *a, struct ibv_qp *b,
+			      struct ibv_mr *mr, struct ibv_cq *cq)
+{
+	CHECK_EQ(ibv_destroy_qp(a), 0);
+	CHECK_EQ(ibv_destroy_qp(b), 0);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	CHECK_EQ(ibv_dealloc_pd(e->pd), 0);
+	CHECK_EQ(ibv_close_device(e->ctx), 0);
 }
 
 static inline struct ibv_qp *make_qp(struct env *e, struct ibv_cq *cq)

@@ -7,17 +7,7 @@
 static struct ibv_qp *try_qp(struct env *e, struct ibv_cq *cq, uint32_t wr, uint32_t sge,
 			     uint32_t inl)
 {
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof(a));
-	a.send_cq = cq;
-	a.recv_cq = cq;
-	a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = wr;
-	a.cap.max_recv_wr = wr;
-	a.cap.max_send_sge = sge;
-	a.cap.max_recv_sge = sge;
-	a.cap.max_inline_data = inl;
-	return ibv_create_qp(e->pd, &a);
+	return try_qp_caps(e, cq, cq, wr, sge, inl, 0);
 }
 
 int main(void)
@@ -101,13 +91,7 @@ int main(void)
 	CHECK(now_s() - t0 < 5);
 	CHECK(wc[0].wr_id == id);
 	CHECK_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
-	CHECK_EQ(ibv_destroy_qp(a), 0);
-	CHECK_EQ(ibv_destroy_qp(b), 0);
-
-	CHECK_EQ(ibv_dereg_mr(mr), 0);
-	CHECK_EQ(ibv_destroy_cq(cq), 0);
-	CHECK_EQ(ibv_dealloc_pd(e.pd), 0);
-	CHECK_EQ(ibv_close_device(e.ctx), 0);
+	close_pair(&e, a, b, mr, cq);
 	printf("limits ok\n");
 	return 0;
 }

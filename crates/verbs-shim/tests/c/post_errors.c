@@ -5,6 +5,23 @@
 
 #define DEPTH 4
 
+/* w[0..n): a chain of signaled RDMA WRITEs of sge to remote/rkey, wr_ids from id0. */
+static void write_chain(struct ibv_send_wr *w, int n, uint64_t id0, struct ibv_sge *sge,
+			uint64_t remote, uint32_t rkey)
+{
+	memset(w, 0, n * sizeof(*w));
+	for (int i = 0; i < n; i++) {
+		w[i].wr_id = id0 + i;
+		w[i].opcode = IBV_WR_RDMA_WRITE;
+		w[i].sg_list = sge;
+		w[i].num_sge = 1;
+		w[i].send_flags = IBV_SEND_SIGNALED;
+		w[i].wr.rdma.remote_addr = remote;
+		w[i].wr.rdma.rkey = rkey;
+		w[i].next = i < n - 1 ? &w[i + 1] : NULL;
+	}
+}
+
 int main(void)
 {
 	struct env e;
@@ -35,17 +52,7 @@ int main(void)
 	struct ibv_wc wc[64];
 
 	/* Chain: good, too many SGEs, good. bad_wr = second; first posted. */
-	memset(w, 0, sizeof(w));
-	for (int i = 0; i < 3; i++) {
-		w[i].wr_id = 100 + i;
-		w[i].opcode = IBV_WR_RDMA_WRITE;
-		w[i].sg_list = sge;
-		w[i].num_sge = 1;
-		w[i].send_flags = IBV_SEND_SIGNALED;
-		w[i].wr.rdma.remote_addr = (uintptr_t)buf + 32768;
-		w[i].wr.rdma.rkey = mr->rkey;
-		w[i].next = i < 2 ? &w[i + 1] : NULL;
-	}
+	write_chain(w, 3, 100, sge, (uintptr_t)buf + 32768, mr->rkey);
 	w[1].num_sge = max_sge + 1;
 	bad = NULL;
 	int rc = ibv_post_send(a, w, &bad);
@@ -98,17 +105,7 @@ int main(void)
 	CHECK(memcmp(buf, buf + 32768, max_inline) == 0);
 
 	/* Bad opcode: error, bad_wr it, earlier posted. */
-	memset(w, 0, sizeof(w));
-	for (int i = 0; i < 2; i++) {
-		w[i].wr_id = 400 + i;
-		w[i].opcode = IBV_WR_RDMA_WRITE;
-		w[i].sg_list = sge;
-		w[i].num_sge = 1;
-		w[i].send_flags = IBV_SEND_SIGNALED;
-		w[i].wr.rdma.remote_addr = (uintptr_t)buf + 32768;
-		w[i].wr.rdma.rkey = mr->rkey;
-		w[i].next = i < 1 ? &w[i + 1] : NULL;
-	}
+	write_chain(w, 2, 400, sge, (uintptr_t)buf + 32768, mr->rkey);
 	w[1].opcode = (enum ibv_wr_opcode)77;
 	bad = NULL;
 	rc = ibv_post_send(a, w, &bad);
@@ -190,12 +187,7 @@ int main(void)
 			CHECK_EQ(wc[i].wr_id, 500);
 	}
 
-	CHECK_EQ(ibv_destroy_qp(a), 0);
-	CHECK_EQ(ibv_destroy_qp(b), 0);
-	CHECK_EQ(ibv_dereg_mr(mr), 0);
-	CHECK_EQ(ibv_destroy_cq(cq), 0);
-	CHECK_EQ(ibv_dealloc_pd(e.pd), 0);
-	CHECK_EQ(ibv_close_device(e.ctx), 0);
+	close_pair(&e, a, b, mr, cq);
 	printf("post_errors ok\n");
 	return 0;
 }

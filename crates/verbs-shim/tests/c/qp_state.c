@@ -190,12 +190,7 @@ int main(void)
 	CHECK_EQ(ibv_modify_qp(b, &at, IBV_QP_STATE), 0);
 	CHECK_EQ(qp_state(b), IBV_QPS_ERR);
 
-	CHECK_EQ(ibv_destroy_qp(a), 0);
-	CHECK_EQ(ibv_destroy_qp(b), 0);
-	CHECK_EQ(ibv_dereg_mr(mr), 0);
-	CHECK_EQ(ibv_destroy_cq(cq), 0);
-	CHECK_EQ(ibv_dealloc_pd(e.pd), 0);
-	CHECK_EQ(ibv_close_device(e.ctx), 0);
+	close_pair(&e, a, b, mr, cq);
 	printf("qp_state ok\n");
 	return 0;
 }
