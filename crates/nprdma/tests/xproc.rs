@@ -21,13 +21,26 @@ fn child_main() {
     let mut out = std::io::stdout();
     let b = Buf::with(&s, LEN, Some(&pattern(42, LEN)));
     let qp = s.pd.create_qp(&s.cq, &s.rcq, 16).unwrap();
+    // A page of a second PD (resident and mapped): no QP of the peer's may reach it.
+    let pd2 = s.ctx.alloc_pd();
+    let mut other = s.pager.alloc(4096).unwrap();
+    other.as_mut_slice().copy_from_slice(&pattern(43, 4096));
+    let acc = nprdma::Access(
+        nprdma::Access::LOCAL_WRITE.0
+            | nprdma::Access::REMOTE_READ.0
+            | nprdma::Access::REMOTE_WRITE.0,
+    );
+    // SAFETY: `other` outlives the MR (dropped after it, at the end of this function).
+    let mr2 = unsafe { pd2.reg_mr(other.addr() as u64, 4096, acc) }.unwrap();
     say(
         &mut out,
         &format!(
-            "{} {} {}",
+            "{} {} {} {} {}",
             hex(&qp.endpoint().to_bytes()),
             b.addr(),
-            b.mr.rkey()
+            b.mr.rkey(),
+            other.addr(),
+            mr2.rkey()
         ),
     );
     let stdin = std::io::stdin();
@@ -38,6 +51,12 @@ fn child_main() {
     say(&mut out, "ready");
     nprdma_test_support::serve_checks(lines, &b.region);
     assert_eq!(s.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(
+        other.as_slice(),
+        &pattern(43, 4096)[..],
+        "the second PD's page"
+    );
+    drop(mr2);
 }
 
 #[test]
@@ -56,6 +75,8 @@ struct Parent {
     qa: nprdma::Qp,
     raddr: u64,
     rkey: u32,
+    /// A page of the child's second PD and its rkey.
+    other: (u64, u32),
 }
 
 /// Spawn the child target and connect to it with a QP of `depth`.
@@ -65,6 +86,7 @@ fn start(cfg: nprdma::Config, depth: u32) -> Parent {
     let w: Vec<&str> = first.split_whitespace().collect();
     let (peer, raddr, rkey): (Endpoint, u64, u32) =
         (ep_from(w[0]), w[1].parse().unwrap(), w[2].parse().unwrap());
+    let other = (w[3].parse().unwrap(), w[4].parse().unwrap());
     let a = side_with(cfg);
     let la = Buf::with(&a, LEN, Some(&pattern(7, LEN)));
     let qa = a.pd.create_qp(&a.cq, &a.rcq, depth).unwrap();
@@ -78,6 +100,7 @@ fn start(cfg: nprdma::Config, depth: u32) -> Parent {
         qa,
         raddr,
         rkey,
+        other,
     }
 }
 
@@ -99,6 +122,7 @@ fn cross_process_read_write_with_faults() {
         qa,
         raddr,
         rkey,
+        ..
     } = start(nprdma::Config::default(), 16);
 
     // READ with a remote major fault (small: inline; large: reverse WRITE).
@@ -187,6 +211,36 @@ fn cross_process_read_write_with_faults() {
     assert_eq!(a.ctx.nic_stats().nonresident_dma, 0);
 }
 
+/// Protection domains across processes: the child's QP is in its first PD;
+/// a WRITE through it with the rkey of a (resident, mapped) page of the
+/// child's second PD is refused by the child's NIC (REM_ACCESS_ERR, the QP
+/// to ERR, the WR behind it flushed) and the page keeps its bytes (the child
+/// checks them when it exits).
+#[test]
+fn an_rkey_of_another_pd_is_refused_across_processes() {
+    let Parent {
+        mut child,
+        a,
+        la,
+        qa,
+        other: (addr2, rkey2),
+        ..
+    } = start(nprdma::Config::default(), 16);
+    let wr = |id, op| SendWr::new(id, op, Some(la.mr.sge(0, 64)), addr2, rkey2);
+    qa.post_send(&[wr(1, Opcode::Write), wr(2, Opcode::Read)])
+        .unwrap();
+    let c = a.cq.poll_wait(2, Duration::from_secs(10));
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!((c[0].wr_id, c[0].status), (1, 10), "{c:?}");
+    assert_eq!((c[1].wr_id, c[1].status), (2, 5), "flushed behind: {c:?}");
+    assert_eq!(&la.bytes()[..64], &pattern(7, 64)[..], "nothing read");
+    child.send("quit");
+    assert!(
+        child.finish(),
+        "child failed (its second PD's page changed?)"
+    );
+}
+
 /// The target process dies with operations in flight (two-sided: its MR is
 /// swapped out) and after: the survivor's WRs complete as on a fabric whose
 /// peer vanished — the oldest with RETRY_EXC_ERR, the rest WR_FLUSH_ERR,
@@ -201,6 +255,7 @@ fn a_dead_target_process_fails_wrs_with_retry_exceeded_then_flush() {
         qa,
         raddr,
         rkey,
+        ..
     } = start(short_timeout(), 16);
     qa.post_send(&[SendWr::new(
         1,
@@ -280,6 +335,7 @@ fn peer_lost_at_random_points(sig: i32) {
             qa,
             raddr,
             rkey,
+            ..
         } = start(short_timeout(), 32);
         let pid = child.pid() as i32;
         let delay = Duration::from_micros(500 + 4000 * round);
