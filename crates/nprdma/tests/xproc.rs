@@ -51,10 +51,9 @@ fn child_main() {
     say(&mut out, "ready");
     nprdma_test_support::serve_checks(lines, &b.region);
     assert_eq!(s.ctx.nic_stats().nonresident_dma, 0);
-    assert_eq!(
-        other.as_slice(),
-        &pattern(43, 4096)[..],
-        "the second PD's page"
+    assert!(
+        other.as_slice() == &pattern(43, 4096)[..],
+        "the second PD's page changed"
     );
     drop(mr2);
 }
