@@ -159,16 +159,10 @@ impl Qp {
     }
 }
 
-/// The QP state table this module's QPs follow, for other implementations of
-/// the verbs state machine (the verbs shim's NP-RDMA mode): the (required,
-/// optional) attributes of a transition, `None` if it is illegal.
+/// The (required, optional) attributes of a transition (IB's QP state table), `None`
+/// if it is illegal; UC has no responder resources, timeouts or retries to set. Public
+/// for other implementations of the verbs state machine (the verbs shim's NP-RDMA mode).
 pub fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
-    allowed(qp_type, from, to)
-}
-
-/// The (required, optional) attributes of a transition (IB's QP state table); UC
-/// has no responder resources, timeouts or retries to set.
-fn allowed(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     use QpAttrMask as M;
     use QpState::*;
     let none = M::empty();
@@ -183,7 +177,7 @@ fn allowed(qp_type: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, Q
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
             )),
             (Rts, Rts) => Some((none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE)),
-            _ => allowed(QpType::Rc, from, to),
+            _ => transition_attrs(QpType::Rc, from, to),
         };
     }
     match (from, to) {
@@ -219,7 +213,8 @@ impl QpCtx {
         } else {
             cur
         };
-        let (req, opt) = allowed(self.qp_type, cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
+        let (req, opt) =
+            transition_attrs(self.qp_type, cur, new).ok_or(Error::IllegalTransition { from: cur, to: new })?;
         let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
         if !given.contains(req) {
             return Err(Error::InvalidMask("required attribute missing"));
@@ -416,17 +411,17 @@ mod tests {
     fn transition_table_matches_ib_rc_rules() {
         use QpState::*;
         for s in [Reset, Init, Rtr, Rts, Err] {
-            assert!(allowed(QpType::Rc, s, Reset).is_some());
-            assert!(allowed(QpType::Rc, s, Err).is_some());
+            assert!(transition_attrs(QpType::Rc, s, Reset).is_some());
+            assert!(transition_attrs(QpType::Rc, s, Err).is_some());
         }
-        assert!(allowed(QpType::Rc, Reset, Rtr).is_none());
-        assert!(allowed(QpType::Rc, Reset, Rts).is_none());
-        assert!(allowed(QpType::Rc, Init, Rts).is_none());
-        assert!(allowed(QpType::Rc, Rtr, Init).is_none());
-        assert!(allowed(QpType::Rc, Rts, Rtr).is_none());
-        assert!(allowed(QpType::Rc, Err, Rts).is_none());
-        assert!(allowed(QpType::Rc, Rts, Sqd).is_none(), "SQD is not modelled");
-        let (req, _) = allowed(QpType::Rc, Init, Rtr).unwrap();
+        assert!(transition_attrs(QpType::Rc, Reset, Rtr).is_none());
+        assert!(transition_attrs(QpType::Rc, Reset, Rts).is_none());
+        assert!(transition_attrs(QpType::Rc, Init, Rts).is_none());
+        assert!(transition_attrs(QpType::Rc, Rtr, Init).is_none());
+        assert!(transition_attrs(QpType::Rc, Rts, Rtr).is_none());
+        assert!(transition_attrs(QpType::Rc, Err, Rts).is_none());
+        assert!(transition_attrs(QpType::Rc, Rts, Sqd).is_none(), "SQD is not modelled");
+        let (req, _) = transition_attrs(QpType::Rc, Init, Rtr).unwrap();
         assert!(req.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN));
         let (_, m) = QpAttr::rtr(
             HostAddr {
@@ -437,9 +432,9 @@ mod tests {
             5,
         );
         assert!(m.contains(req));
-        let (req, _) = allowed(QpType::Rc, Rtr, Rts).unwrap();
+        let (req, _) = transition_attrs(QpType::Rc, Rtr, Rts).unwrap();
         assert!(QpAttr::rts(7).1.contains(req));
-        let (req, _) = allowed(QpType::Rc, Reset, Init).unwrap();
+        let (req, _) = transition_attrs(QpType::Rc, Reset, Init).unwrap();
         assert!(QpAttr::init(Access::empty()).1.contains(req));
     }
 
@@ -448,15 +443,18 @@ mod tests {
         use QpAttrMask as M;
         use QpState::*;
         for (from, to) in [(Reset, Init), (Init, Init), (Rts, Err), (Init, Reset)] {
-            assert_eq!(allowed(QpType::Uc, from, to), allowed(QpType::Rc, from, to));
+            assert_eq!(
+                transition_attrs(QpType::Uc, from, to),
+                transition_attrs(QpType::Rc, from, to)
+            );
         }
-        let (req, opt) = allowed(QpType::Uc, Init, Rtr).unwrap();
+        let (req, opt) = transition_attrs(QpType::Uc, Init, Rtr).unwrap();
         assert_eq!(req, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
         assert!(!(req | opt).intersects(M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER));
-        let (req, opt) = allowed(QpType::Uc, Rtr, Rts).unwrap();
+        let (req, opt) = transition_attrs(QpType::Uc, Rtr, Rts).unwrap();
         assert_eq!(req, M::SQ_PSN);
         assert!(!(req | opt).intersects(M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC));
-        assert!(allowed(QpType::Uc, Reset, Rts).is_none());
+        assert!(transition_attrs(QpType::Uc, Reset, Rts).is_none());
     }
 
     /// The send CQ's busy count tracks SQ work: raised while a SEND waits out RNR

@@ -259,30 +259,26 @@ impl Inner {
     /// pager has never filled, or dropped as a hole: no content of its own
     /// (see [`crate::Pager::is_untouched`]).
     pub fn is_untouched(&self, addr: usize) -> bool {
-        let p = addr >> PAGE_SHIFT;
-        let sp = self.space.read();
-        sp.lookup(p).filter(|s| !s.arr.external).is_some_and(|s| {
-            // A BUSY never-touched page is being filled, perhaps with data
-            // already announced to its writer (`write_absent_then`).
-            let v = s.arr.word(p).load(Acquire);
-            state::kind(v) == state::UNTOUCHED && v & state::BUSY == 0
-        })
+        // A BUSY never-touched page is being filled, perhaps with data
+        // already announced to its writer (`write_absent_then`).
+        self.managed_word(addr)
+            .is_some_and(|v| state::kind(v) == state::UNTOUCHED && v & state::BUSY == 0)
     }
 
-    /// The state kind of the page holding `addr` if it is registered and
+    /// The state word of the page holding `addr` if it is registered and
     /// not external (a read lock, no syscall).
-    fn managed_kind(&self, addr: usize) -> Option<u64> {
+    fn managed_word(&self, addr: usize) -> Option<u64> {
         let p = addr >> PAGE_SHIFT;
         let sp = self.space.read();
         sp.lookup(p)
             .filter(|s| !s.arr.external)
-            .map(|s| state::kind(s.arr.word(p).load(Acquire)))
+            .map(|s| s.arr.word(p).load(Acquire))
     }
 
     /// Whether the page holding `addr` is a managed (non-external) page the
     /// pager holds swapped out (see [`crate::Pager::is_swapped_out`]).
     pub fn is_swapped_out(&self, addr: usize) -> bool {
-        self.managed_kind(addr) == Some(state::SWAPPED)
+        self.managed_word(addr).map(state::kind) == Some(state::SWAPPED)
     }
 
     /// Whether the page holding `addr` belongs to a registered range the
