@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,9 @@ use super::backend::{Backend, DefaultNic};
 use super::progress;
 use super::state::Shared;
 use super::types::Error;
-use super::ucq::UCq;
+#[cfg(doc)]
+use super::types::SendWr;
+use super::ucq::{UCq, DISARMED};
 use crate::nic::Completion;
 
 /// An application completion queue.
@@ -52,7 +54,7 @@ impl<N: Backend> Cq<N> {
                 q: Mutex::new(VecDeque::new()),
                 len: AtomicUsize::new(0),
                 depth: depth as usize,
-                armed: AtomicBool::new(false),
+                armed: AtomicU8::new(DISARMED),
                 armed_total,
                 efd,
                 overflowed: AtomicBool::new(false),
@@ -120,7 +122,15 @@ impl<N: Backend> Cq<N> {
     /// after arming to find them); an application that re-arms before polling the
     /// completion that fired gets no second event for it.
     pub fn req_notify(&self) {
-        self.u.arm();
+        self.u.arm(false);
+    }
+
+    /// Arm for the next *solicited* completion (`ibv_req_notify_cq(cq, 1)`): a
+    /// receive of a message its sender posted with [`SendWr::solicited`], or a
+    /// completion in error; other completions are queued without an event and
+    /// leave the CQ armed. A [`Cq::req_notify`] not yet fired is not narrowed.
+    pub fn req_notify_solicited(&self) {
+        self.u.arm(true);
     }
 
     /// The completion channel (eventfd; read it to reset).

@@ -105,6 +105,8 @@ pub(super) enum TKind {
         recv_wr_id: u64,
         len: u32,
         imm: Option<u32>,
+        /// The SEND asked for a solicited event.
+        solicited: bool,
     },
 }
 

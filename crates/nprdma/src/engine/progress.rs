@@ -275,6 +275,7 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
             recv_wr_id,
             len,
             imm,
+            solicited,
         } => {
             qp.rdv_busy = false;
             let c = Completion {
@@ -291,7 +292,7 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
                 qp_num: qp.qpn,
             };
             if ok {
-                qp.recv_cq.push(c);
+                qp.recv_cq.push_se(c, solicited);
             } else {
                 qp.recv_error(c);
             }

@@ -936,7 +936,10 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
         };
         match msg {
             Repr::SendInline {
-                req_id, imm, data, ..
+                req_id,
+                imm,
+                data,
+                solicited,
             } => {
                 cqe.imm = imm;
                 if !valid {
@@ -954,17 +957,21 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else {
                     cqe.byte_len = data.len() as u32;
-                    qp.recv_cq.push(cqe);
+                    qp.recv_cq.push_se(cqe, solicited);
                     reply(qp, sh, req_id, Status::Ok, data.len() as u32);
                 }
             }
             Repr::WriteImmNotify {
-                req_id, len, imm, ..
+                req_id,
+                len,
+                imm,
+                solicited,
+                ..
             } => {
                 cqe.op = CompOp::RecvWithImm;
                 cqe.imm = Some(imm);
                 cqe.byte_len = len;
-                qp.recv_cq.push(cqe);
+                qp.recv_cq.push_se(cqe, solicited);
                 reply(qp, sh, req_id, Status::Ok, len);
             }
             Repr::SendRendezvous {
@@ -973,7 +980,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 len,
                 key,
                 imm,
-                ..
+                solicited,
             } => {
                 let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
                     cqe.status = if valid {
@@ -987,7 +994,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 };
                 if len == 0 {
                     cqe.imm = imm;
-                    qp.recv_cq.push(cqe);
+                    qp.recv_cq.push_se(cqe, solicited);
                     reply(qp, sh, req_id, Status::Ok, 0);
                     continue;
                 }
@@ -1009,6 +1016,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                         recv_wr_id: rwr.wr_id,
                         len,
                         imm,
+                        solicited,
                     },
                     _tmr: Some(tmr),
                     _pin: Some(pin),

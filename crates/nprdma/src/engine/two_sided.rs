@@ -35,7 +35,7 @@ pub(super) fn start_notify<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
         len: op.len as u32,
         rkey: op.wr.rkey,
         imm,
-        solicited: false,
+        solicited: op.wr.solicited,
     };
     qp.send_ctrl(&sh.cfg.ctrl, &msg);
 }
@@ -195,7 +195,7 @@ fn send_request<'s, N: Backend>(
         return Ok(Repr::SendInline {
             req_id: id,
             imm,
-            solicited: false,
+            solicited: op.wr.solicited,
             data: mem::copy_out(laddr, len as usize, stack).map_err(|_| ())?,
         });
     }
@@ -209,6 +209,6 @@ fn send_request<'s, N: Backend>(
         len: len as u32,
         key,
         imm,
-        solicited: false,
+        solicited: op.wr.solicited,
     })
 }

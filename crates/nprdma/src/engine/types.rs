@@ -128,6 +128,10 @@ pub struct SendWr {
     pub order_before: bool,
     /// Issue nothing behind this WR until it completes.
     pub order_after: bool,
+    /// SEND / SEND_WITH_IMM / WRITE_WITH_IMM with the solicited-event bit
+    /// (`IBV_SEND_SOLICITED`): the receive completion it causes wakes a peer
+    /// CQ armed with [`crate::Cq::req_notify_solicited`].
+    pub solicited: bool,
 }
 
 impl SendWr {
@@ -142,6 +146,7 @@ impl SendWr {
             signaled: true,
             order_before: false,
             order_after: false,
+            solicited: false,
         }
     }
 }

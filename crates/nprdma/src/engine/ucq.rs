@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -16,7 +16,8 @@ pub(crate) struct UCq {
     /// instead of taking the lock.
     pub(super) len: AtomicUsize,
     pub(super) depth: usize,
-    pub(super) armed: AtomicBool,
+    /// [`DISARMED`], [`ARMED_SOLICITED`] or [`ARMED_ANY`].
+    pub(super) armed: AtomicU8,
     /// The context's count of armed CQs (see `Shared::armed_cqs`), this one's
     /// arming included while `armed` is set.
     pub(super) armed_total: Arc<AtomicU32>,
@@ -24,22 +25,50 @@ pub(crate) struct UCq {
     pub(super) overflowed: AtomicBool,
 }
 
+/// Not armed.
+pub(super) const DISARMED: u8 = 0;
+/// Armed for the next solicited completion (`ibv_req_notify_cq(cq, 1)`): a
+/// receive of a message sent with the solicited-event bit, or any completion
+/// in error.
+pub(super) const ARMED_SOLICITED: u8 = 1;
+/// Armed for the next completion of any kind.
+pub(super) const ARMED_ANY: u8 = 2;
+
 impl UCq {
     /// Empty and not armed: a completion may bypass the queue straight to
     /// the thread polling it (called under the engine lock, the only place
     /// completions are pushed).
     pub(crate) fn bypassable(&self) -> bool {
-        self.len.load(Ordering::Acquire) == 0 && !self.armed.load(Ordering::Acquire)
+        self.len.load(Ordering::Acquire) == 0 && self.armed.load(Ordering::Acquire) == DISARMED
     }
 
-    /// Arm: the next completion pushed signals the eventfd.
-    pub(crate) fn arm(&self) {
-        if !self.armed.swap(true, Ordering::AcqRel) {
+    /// Arm: the next completion pushed (`solicited_only`: the next solicited
+    /// one, see [`UCq::push_se`]) signals the eventfd. Arming for any
+    /// completion is not narrowed by a later solicited-only request before it
+    /// fired (as on rxe).
+    pub(crate) fn arm(&self, solicited_only: bool) {
+        let want = if solicited_only {
+            ARMED_SOLICITED
+        } else {
+            ARMED_ANY
+        };
+        if self.armed.fetch_max(want, Ordering::AcqRel) == DISARMED {
             self.armed_total.fetch_add(1, Ordering::Release);
         }
     }
 
+    /// Queue `c`, not solicited (a send completion; a receive of a message
+    /// without the solicited-event bit). See [`UCq::push_se`].
     pub(crate) fn push(&self, c: Completion) {
+        self.push_se(c, false);
+    }
+
+    /// Queue `c`; `solicited`: a receive completion of a message sent with the
+    /// solicited-event bit. A CQ armed for any completion signals its eventfd;
+    /// one armed solicited-only signals it for a solicited completion or one in
+    /// error (IB's rule; rxe treats flushed receives so, mlx5 every error CQE),
+    /// and stays armed otherwise.
+    pub(crate) fn push_se(&self, c: Completion, solicited: bool) {
         let mut q = self.q.lock();
         if q.len() >= self.depth {
             // Kept (no completion is ever lost) but reported.
@@ -50,7 +79,12 @@ impl UCq {
         q.push_back(c);
         self.len.store(q.len(), Ordering::Release);
         drop(q);
-        if self.armed.swap(false, Ordering::AcqRel) {
+        let fire = match self.armed.load(Ordering::Acquire) {
+            DISARMED => false,
+            ARMED_SOLICITED => solicited || c.status != 0,
+            _ => true,
+        };
+        if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
             self.armed_total.fetch_sub(1, Ordering::Release);
             let one: u64 = 1;
             #[allow(unsafe_code)]
@@ -64,7 +98,7 @@ impl UCq {
 
 impl Drop for UCq {
     fn drop(&mut self) {
-        if *self.armed.get_mut() {
+        if *self.armed.get_mut() != DISARMED {
             self.armed_total.fetch_sub(1, Ordering::Release);
         }
     }

@@ -173,11 +173,17 @@ impl Cq {
     }
 
     /// Arm the CQ: the next completion (or next solicited/error completion) signals
-    /// the completion channel.
+    /// the completion channel. An arm for any completion that has not fired yet is
+    /// not narrowed by a later solicited-only one (IB's rule; rxe does the same).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let hi = self.inner.host.inner();
         let c = hi.seg.cq(self.inner.idx).expect("own CQ");
-        c.notify.store(if solicited_only { 2 } else { 1 }, Ordering::Release);
+        if solicited_only {
+            // Disarmed -> solicited; already armed (either way) stays as it is.
+            let _ = c.notify.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Acquire);
+        } else {
+            c.notify.store(1, Ordering::Release);
+        }
         // Pairs with the fence in `push`: a completion pushed concurrently is either
         // seen by the application's next poll or signals the channel.
         std::sync::atomic::fence(Ordering::SeqCst);

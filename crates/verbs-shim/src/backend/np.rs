@@ -565,10 +565,12 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
         }
         Ok(got)
     }
-    fn req_notify(&self, _solicited_only: bool) -> Result<()> {
-        // Solicited-only arming is widened to any completion (a spurious wake-up is
-        // allowed; a missed one is not).
-        self.cq.req_notify();
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if solicited_only {
+            self.cq.req_notify_solicited();
+        } else {
+            self.cq.req_notify();
+        }
         Ok(())
     }
     fn event_fd(&self) -> Option<RawFd> {
@@ -764,6 +766,7 @@ impl<N: np::engine::Backend> NpQp<N> {
                 signaled: true,
                 order_before: false,
                 order_after: false,
+                solicited: false,
             };
             return self
                 .qp()
@@ -782,6 +785,7 @@ impl<N: np::engine::Backend> NpQp<N> {
             signaled: self.cap.sq_sig_all || w.flags.contains(SendFlags::SIGNALED),
             order_before: w.flags.contains(SendFlags::FENCE),
             order_after: false,
+            solicited: w.flags.contains(SendFlags::SOLICITED),
         };
         if w.flags.contains(SendFlags::INLINE) {
             if w.inline_data.len() > MAX_INLINE as usize {

@@ -4,6 +4,7 @@
 #include "common.h"
 #include <fcntl.h>
 #include <poll.h>
+#include <arpa/inet.h>
 
 static struct ibv_comp_channel *ch;
 
@@ -90,28 +91,88 @@ int main(void)
 	CHECK_EQ(wc[0].wr_id, 10);
 
 	/* solicited_only: an unsolicited SEND raises no event at the receiver, a
-	 * solicited one does (NP-RDMA mode widens it to any completion: README). */
+	 * solicited one does. */
 	CHECK_EQ(ibv_req_notify_cq(c2, 1), 0);
 	CHECK_EQ(post_recv1(b, 11, buf + 8192, 64, mr->lkey), 0);
 	CHECK_EQ(post_recv1(b, 12, buf + 8192, 64, mr->lkey), 0);
 	CHECK_EQ(post_send1(a, 5, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
 	poll_n(c1, wc, 1, 5);
-	if (!np_mode()) {
-		usleep(50000);
-		CHECK(event(0.1, &ctx) == NULL);
-		CHECK_EQ(post_send1(a, 6, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
-		poll_n(c1, wc, 1, 5);
-	}
+	usleep(50000);
+	CHECK(event(0.1, &ctx) == NULL);
+	CHECK_EQ(post_send1(a, 6, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
+	poll_n(c1, wc, 1, 5);
 	got = event(5, &ctx);
 	CHECK(got == c2);
 	acks2++;
-	if (np_mode()) {
-		CHECK_EQ(post_send1(a, 6, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
-		poll_n(c1, wc, 1, 5);
-	}
 	poll_n(c2, wc, 2, 5);
 	CHECK_EQ(wc[0].wr_id, 11);
 	CHECK_EQ(wc[1].wr_id, 12);
+
+	/* A large solicited SEND (a rendezvous in NP-RDMA mode) and a
+	 * solicited WRITE_WITH_IMM fire it too; an arm for any completion is not
+	 * narrowed by a later solicited-only one. */
+	CHECK_EQ(ibv_req_notify_cq(c2, 1), 0);
+	CHECK_EQ(post_recv1(b, 13, buf + 16384, 8192, mr->lkey), 0);
+	CHECK_EQ(post_send1(a, 7, IBV_WR_SEND, buf, 8192, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	poll_n(c1, wc, 1, 5);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	usleep(50000);
+	CHECK(event(0.1, &ctx) == NULL);
+	CHECK_EQ(post_recv1(b, 14, buf + 16384, 8192, mr->lkey), 0);
+	CHECK_EQ(post_send1(a, 8, IBV_WR_SEND, buf, 8192, mr->lkey, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
+	poll_n(c1, wc, 1, 5);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	got = event(5, &ctx);
+	CHECK(got == c2);
+	acks2++;
+	poll_n(c2, wc, 2, 5);
+	CHECK_EQ(wc[0].wr_id, 13);
+	CHECK_EQ(wc[1].wr_id, 14);
+	CHECK_EQ(wc[1].byte_len, 8192);
+	CHECK_EQ(ibv_req_notify_cq(c2, 1), 0);
+	CHECK_EQ(post_recv1(b, 15, buf + 8192, 64, mr->lkey), 0);
+	{
+		struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED,
+			.imm_data = htonl(0x1234) }, *bad;
+		wr.wr.rdma.remote_addr = (uintptr_t)buf + 4096;
+		wr.wr.rdma.rkey = mr->rkey;
+		CHECK_EQ(ibv_post_send(a, &wr, &bad), 0);
+	}
+	poll_n(c1, wc, 1, 5);
+	got = event(5, &ctx);
+	CHECK(got == c2);
+	acks2++;
+	poll_n(c2, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 15);
+	CHECK_EQ(wc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+	CHECK_EQ(ibv_req_notify_cq(c2, 0), 0);
+	CHECK_EQ(ibv_req_notify_cq(c2, 1), 0);
+	CHECK_EQ(post_recv1(b, 16, buf + 8192, 64, mr->lkey), 0);
+	CHECK_EQ(post_send1(a, 10, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	poll_n(c1, wc, 1, 5);
+	got = event(5, &ctx);
+	CHECK(got == c2);
+	acks2++;
+	poll_n(c2, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 16);
+
+	/* Armed solicited-only, a receive completing in error fires it: an
+	 * unsolicited SEND too long for its receive (LOC_LEN_ERR; the QPs go to
+	 * ERR, the last use of them). */
+	CHECK_EQ(ibv_req_notify_cq(c2, 1), 0);
+	CHECK_EQ(post_recv1(b, 17, buf + 8192, 16, mr->lkey), 0);
+	CHECK_EQ(post_send1(a, 11, IBV_WR_SEND, buf, 64, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	got = event(5, &ctx);
+	CHECK(got == c2);
+	acks2++;
+	poll_n(c2, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 17);
+	CHECK_EQ(wc[0].status, IBV_WC_LOC_LEN_ERR);
+	poll_n(c1, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 11);
+	CHECK(wc[0].status != IBV_WC_SUCCESS);
 
 	/* Acks, then everything goes. */
 	ibv_ack_cq_events(c1, acks1);
