@@ -113,6 +113,7 @@ mod tests {
                 req_id: 2,
                 imm: Some(3),
                 solicited: false,
+                rnr_retry: 7,
                 data: Cow::Borrowed(&data),
             },
             &cfg,

@@ -128,10 +128,17 @@
 //!   `adapt::RnicBuf`; `rnic::Host::alloc_dma_buffer`), so the peer's software NIC delivers a
 //!   control SEND with a memcpy instead of a cross-process copy syscall; a
 //!   QP whose pool is off or full falls back to an owned heap ring.
-//! * A SEND without a posted RECV waits at the receiver (no RNR NAK); any
-//!   two-sided request unanswered for `Config::two_sided_timeout` (5 s),
-//!   including such a SEND, completes with RETRY_EXC_ERR (peer gone or no
-//!   RECV), instead of the paper's RNR policy / RNR_RETRY_EXC_ERR.
+//! * A SEND or WRITE_WITH_IMM without a posted RECV is held at the receiver
+//!   for the sender's `rnr_retry` × the receiver's `min_rnr_timer`
+//!   (`Qp::set_rnr`; 7 = forever) — what RC's RNR NAKs and resends amount
+//!   to — then answered [`ctrl::Status::RnrNoRecv`] (RNR_RETRY_EXC_ERR, the
+//!   sender's QP fails, what it sent behind is dropped); while held, the
+//!   receiver tells the sender every 25 ms ([`ctrl::Status::RnrWait`]), so
+//!   only a receiver that is gone or stopped lets it reach
+//!   `Config::two_sided_timeout` (5 s, RETRY_EXC_ERR), like any two-sided
+//!   request unanswered that long.
+//! * `Qp::reset` returns a QP to RESET (outstanding WRs flushed) with its
+//!   number kept, to connect it again (not in user-space mode).
 //! * Rendezvous receives of a QP are served one at a time; the eager
 //!   swap-in hook is not wired.
 //! * On a NIC without IOMMU control (`ibverbs-nic`: any libibverbs device)

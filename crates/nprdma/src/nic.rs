@@ -378,6 +378,18 @@ pub struct PostError<E: std::error::Error + 'static> {
     pub source: E,
 }
 
+/// IB's RNR NAK timer for the 5-bit `min_rnr_timer` code (IBA table 45:
+/// 0 = 655.36 ms, 1 = 0.01 ms … 31 = 491.52 ms; the software RNIC's
+/// `verbs::rnr_timer` is the same table).
+pub fn rnr_timer(code: u8) -> std::time::Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    std::time::Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}
+
 /// A registered memory region. Dropping it deregisters; the NIC must make
 /// that safe while WRs referencing it are in flight (they then fail).
 pub trait NicMr: Send + Sync {

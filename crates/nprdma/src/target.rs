@@ -128,6 +128,7 @@ pub fn wc_status(status: Status) -> u32 {
         Status::RemoteOp => 11,     // IBV_WC_REM_OP_ERR
         Status::Retry => 11,        // a retry that cannot be retried
         Status::RnrNoRecv => 13,    // IBV_WC_RNR_RETRY_EXC_ERR
+        Status::RnrWait => 13,      // not an outcome (never completes an op)
     }
 }
 

@@ -870,3 +870,97 @@ fn control_channel_on_the_data_qp() {
     assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
+
+/// RC's receiver-not-ready rule: a SEND (inline or rendezvous) or a
+/// WRITE_WITH_IMM that finds no RECV waits at the receiver for the sender's
+/// `rnr_retry` × the receiver's `min_rnr_timer`: with 7 as long as it takes
+/// (past the two-sided timeout), with 0 not at all (RNR_RETRY_EXC_ERR, the
+/// sender's QP fails and what it sent behind is never delivered), and a RECV
+/// posted inside the budget takes the message.
+#[test]
+fn a_message_without_a_recv_follows_the_rnr_policy() {
+    let cfg = nprdma::Config {
+        two_sided_timeout: std::time::Duration::from_millis(150),
+        ..nprdma::Config::default()
+    };
+    let (a, b) = (side_with(cfg.clone()), side_with(cfg));
+    let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
+    let rb = Buf::with(&b, LEN, None);
+    let recv = |qb: &nprdma::Qp, id: u64| {
+        qb.post_recv(&[RecvWr {
+            wr_id: id,
+            sge: Some(rb.mr.sge(0, LEN as u32)),
+        }])
+        .expect("recv")
+    };
+    let empty = |cq: &nprdma::Cq, ms: u64| {
+        let t = std::time::Instant::now();
+        let mut c = [nprdma::Completion::default(); 1];
+        while t.elapsed() < std::time::Duration::from_millis(ms) {
+            assert_eq!(cq.poll(&mut c), 0, "unexpected completion {:?}", c[0]);
+        }
+    };
+    // rnr_retry 7: held past the 150 ms two-sided timeout, then delivered.
+    for (k, op, len) in [
+        (0u64, Opcode::Send, 100u32),
+        (1, Opcode::SendImm(5), 20000),
+        (2, Opcode::WriteImm(6), 3000),
+    ] {
+        let (qa, qb) = connect(&a, &b, 16);
+        qa.set_rnr(Some(7), None).unwrap();
+        let raddr = if matches!(op, Opcode::WriteImm(_)) {
+            rb.addr()
+        } else {
+            0
+        };
+        qa.post_send(&[SendWr::new(
+            k,
+            op,
+            Some(la.mr.sge(0, len)),
+            raddr,
+            rb.mr.rkey(),
+        )])
+        .unwrap();
+        empty(&a.cq, 400);
+        recv(&qb, 100 + k);
+        let c = wait1(&a.cq);
+        assert_eq!((c.wr_id, c.status), (k, 0), "{op:?}");
+        let r = wait1(&b.rcq);
+        assert_eq!((r.wr_id, r.status, r.byte_len), (100 + k, 0, len), "{op:?}");
+    }
+    // rnr_retry 0: at once; the SEND behind it is flushed and never lands.
+    let (qa, qb) = connect(&a, &b, 16);
+    qa.set_rnr(Some(0), None).unwrap();
+    let t = std::time::Instant::now();
+    qa.post_send(&[
+        SendWr::new(10, Opcode::Send, Some(la.mr.sge(0, 64)), 0, 0),
+        SendWr::new(11, Opcode::Send, Some(la.mr.sge(0, 64)), 0, 0),
+    ])
+    .unwrap();
+    let c = wait1(&a.cq);
+    assert_eq!((c.wr_id, c.status), (10, 13)); // RNR_RETRY_EXC_ERR
+    assert!(t.elapsed() < std::time::Duration::from_millis(100));
+    assert_eq!(wait1(&a.cq).status, 5); // WR_FLUSH_ERR
+    assert!(qa.is_error());
+    recv(&qb, 110);
+    empty(&b.rcq, 100);
+    // rnr_retry 2 × 655.36 ms (code 0): a RECV posted 100 ms late takes it;
+    // rnr_retry 1 × 0.64 ms (code 12) runs out well before 100 ms.
+    let (qa, qb) = connect(&a, &b, 16);
+    qa.set_rnr(Some(2), None).unwrap();
+    qb.set_rnr(None, Some(0)).unwrap();
+    qa.post_send(&[SendWr::new(20, Opcode::Send, Some(la.mr.sge(0, 64)), 0, 0)])
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    recv(&qb, 120);
+    assert_eq!(wait1(&a.cq).status, 0);
+    assert_eq!(wait1(&b.rcq).wr_id, 120);
+    let (qa, qb) = connect(&a, &b, 16);
+    qa.set_rnr(Some(1), None).unwrap();
+    qa.post_send(&[SendWr::new(21, Opcode::Send, Some(la.mr.sge(0, 64)), 0, 0)])
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    recv(&qb, 121);
+    assert_eq!(wait1(&a.cq).status, 13);
+    empty(&b.rcq, 50);
+}

@@ -615,3 +615,64 @@ fn set_error_flushes_key_wait_deferred_and_two_sided_ops_once() {
         0
     );
 }
+
+/// `Qp::reset` (ibv_modify_qp to RESET): what was outstanding completes once
+/// with WR_FLUSH_ERR, the QP keeps its number and connects again — to the same
+/// peer QP, reset too — and moves exact bytes, faults included; what the peer
+/// was sent before never lands after.
+#[test]
+fn a_reset_qp_keeps_its_number_and_connects_again() {
+    let a = side();
+    let b = side();
+    let la = Buf::with(&a, LEN, Some(&pattern(3, LEN)));
+    let rb = Buf::with(&b, LEN, Some(&pattern(4, LEN)));
+    let (qa, qb) = connect(&a, &b, 8);
+    let (na, nb) = (qa.qpn(), qb.qpn());
+    qa.post_send(&[SendWr::new(
+        1,
+        Opcode::Read,
+        Some(la.mr.sge(0, 64)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+    // A RECV outstanding at b when it is reset (from RTS); a reset from ERR.
+    qb.post_recv(&[nprdma::RecvWr {
+        wr_id: 2,
+        sge: Some(rb.mr.sge(0, 64)),
+    }])
+    .unwrap();
+    qa.set_error().unwrap();
+    qa.reset().unwrap();
+    qb.reset().unwrap();
+    let c = wait1(&b.rcq);
+    assert_eq!((c.wr_id, c.status), (2, 5), "b's RECV flushed by the reset");
+    assert_eq!((qa.qpn(), qb.qpn()), (na, nb));
+    assert!(!qa.is_error());
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    // Traffic again, the remote side swapped out (two-sided path) too.
+    rb.swap_out();
+    qa.post_send(&[SendWr::new(
+        3,
+        Opcode::Read,
+        Some(la.mr.sge(0, 5000)),
+        rb.addr(),
+        rb.mr.rkey(),
+    )])
+    .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+    assert_eq!(&la.bytes()[..5000], &pattern(4, LEN)[..5000]);
+    qb.post_recv(&[nprdma::RecvWr {
+        wr_id: 4,
+        sge: Some(rb.mr.sge(8192, 2000)),
+    }])
+    .unwrap();
+    qa.post_send(&[SendWr::new(5, Opcode::Send, Some(la.mr.sge(0, 1500)), 0, 0)])
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, 0);
+    let c = wait1(&b.rcq);
+    assert_eq!((c.wr_id, c.status, c.byte_len), (4, 0, 1500));
+    assert_eq!(&rb.bytes()[8192..8192 + 1500], &pattern(4, LEN)[..1500]);
+}

@@ -57,7 +57,8 @@ pub struct HostConfig {
     pub dma_section: usize,
     /// Transport timeout for requests served by a remote NIC thread.
     pub transport_timeout: Duration,
-    /// Unit of min_rnr_timer (the RNR back-off per retry).
+    /// The RNR back-off of `min_rnr_timer` code 1 (IB: 10 µs); the other codes scale
+    /// with it (IB's table, `verbs::rnr_timer`).
     pub rnr_delay: Duration,
     /// ODP model: how long an initiator waits after a remote page-fault NAK before it
     /// retransmits (go-back-N). ConnectX-5 is reported at ~2 ms.

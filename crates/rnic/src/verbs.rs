@@ -635,3 +635,13 @@ impl HostAddr {
         self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
 }
+
+/// IB's RNR NAK timer for the 5-bit `min_rnr_timer` code (IBA table 45, as
+/// rxe's `rnrnak_usec`): 0 = 655.36 ms, 1 = 0.01 ms … 31 = 491.52 ms.
+pub fn rnr_timer(code: u8) -> std::time::Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+        10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+    ];
+    std::time::Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}

@@ -176,6 +176,10 @@ pub enum Status {
     Flushed = 6,
     /// The target hit an operational error executing the request.
     RemoteOp = 7,
+    /// Not an outcome: the receiver holds the SEND / WRITE_WITH_IMM notice
+    /// until a RECV is posted, however long that takes (the sender's
+    /// `rnr_retry` is 7); its outcome follows in a later answer.
+    RnrWait = 8,
 }
 
 impl TryFrom<u8> for Status {
@@ -190,6 +194,7 @@ impl TryFrom<u8> for Status {
             5 => Status::RnrNoRecv,
             6 => Status::Flushed,
             7 => Status::RemoteOp,
+            8 => Status::RnrWait,
             other => return Err(CtrlError::UnknownStatus(other)),
         })
     }
@@ -211,6 +216,10 @@ pub mod flags {
     pub const HAS_IMM: u8 = 0x01;
     /// Send* / WriteImmNotify: solicited event.
     pub const SOLICITED: u8 = 0x02;
+    /// Send* / WriteImmNotify: the sender QP's `rnr_retry` (3 bits).
+    pub const RNR_RETRY: u8 = 0x1c;
+    /// Shift of [`RNR_RETRY`].
+    pub const RNR_RETRY_SHIFT: u8 = 2;
 }
 
 /// Per-opcode field offsets (absolute, from the start of the message).

@@ -191,6 +191,10 @@ pub enum Repr<'a> {
         imm: Option<u32>,
         /// The SEND was solicited.
         solicited: bool,
+        /// The sender QP's `rnr_retry` (0–7, 7 = forever): how long the
+        /// receiver holds the message for a RECV before answering
+        /// [`Status::RnrNoRecv`] (see the engine's receiver-not-ready rule).
+        rnr_retry: u8,
     },
     /// SEND with inline data.
     SendInline {
@@ -200,6 +204,10 @@ pub enum Repr<'a> {
         imm: Option<u32>,
         /// The SEND was solicited.
         solicited: bool,
+        /// The sender QP's `rnr_retry` (0–7, 7 = forever): how long the
+        /// receiver holds the message for a RECV before answering
+        /// [`Status::RnrNoRecv`] (see the engine's receiver-not-ready rule).
+        rnr_retry: u8,
         /// The payload.
         data: Cow<'a, [u8]>,
     },
@@ -217,6 +225,10 @@ pub enum Repr<'a> {
         imm: u32,
         /// The SEND was solicited.
         solicited: bool,
+        /// The sender QP's `rnr_retry` (0–7, 7 = forever): how long the
+        /// receiver holds the message for a RECV before answering
+        /// [`Status::RnrNoRecv`] (see the engine's receiver-not-ready rule).
+        rnr_retry: u8,
     },
     /// Padding over `slots` slots.
     Pad {
@@ -462,7 +474,7 @@ impl<'a> Repr<'a> {
                 }
             }
             Opcode::SendRendezvous => {
-                check_flags(fl, flags::HAS_IMM | flags::SOLICITED)?;
+                check_flags(fl, flags::HAS_IMM | flags::SOLICITED | flags::RNR_RETRY)?;
                 let has = fl & flags::HAS_IMM != 0;
                 if !has && rd32(bytes, l::RDV_IMM) != 0 {
                     return Err(bad("imm", rd32(bytes, l::RDV_IMM) as u64));
@@ -474,10 +486,11 @@ impl<'a> Repr<'a> {
                     key: rd32(bytes, l::RDV_KEY),
                     imm: imm(has, l::RDV_IMM),
                     solicited: fl & flags::SOLICITED != 0,
+                    rnr_retry: (fl & flags::RNR_RETRY) >> flags::RNR_RETRY_SHIFT,
                 }
             }
             Opcode::SendInline => {
-                check_flags(fl, flags::HAS_IMM | flags::SOLICITED)?;
+                check_flags(fl, flags::HAS_IMM | flags::SOLICITED | flags::RNR_RETRY)?;
                 let has = fl & flags::HAS_IMM != 0;
                 if !has && rd32(bytes, l::SEND_INLINE_IMM) != 0 {
                     return Err(bad("imm", rd32(bytes, l::SEND_INLINE_IMM) as u64));
@@ -486,11 +499,12 @@ impl<'a> Repr<'a> {
                     req_id,
                     imm: imm(has, l::SEND_INLINE_IMM),
                     solicited: fl & flags::SOLICITED != 0,
+                    rnr_retry: (fl & flags::RNR_RETRY) >> flags::RNR_RETRY_SHIFT,
                     data: data()?,
                 }
             }
             Opcode::WriteImmNotify => {
-                check_flags(fl, flags::SOLICITED)?;
+                check_flags(fl, flags::SOLICITED | flags::RNR_RETRY)?;
                 Repr::WriteImmNotify {
                     req_id,
                     addr: rd64(bytes, l::WIMM_ADDR),
@@ -498,6 +512,7 @@ impl<'a> Repr<'a> {
                     rkey: rd32(bytes, l::WIMM_RKEY),
                     imm: rd32(bytes, l::WIMM_IMM),
                     solicited: fl & flags::SOLICITED != 0,
+                    rnr_retry: (fl & flags::RNR_RETRY) >> flags::RNR_RETRY_SHIFT,
                 }
             }
             Opcode::Pad => unreachable!("handled above"),
@@ -707,6 +722,7 @@ impl<'a> Repr<'a> {
                 key,
                 imm,
                 solicited,
+                rnr_retry,
                 ..
             } => {
                 p.set_u32_field(l::RDV_LEN, *len);
@@ -719,10 +735,12 @@ impl<'a> Repr<'a> {
                 if *solicited {
                     fl |= flags::SOLICITED;
                 }
+                fl |= (*rnr_retry).min(7) << flags::RNR_RETRY_SHIFT;
             }
             Repr::SendInline {
                 imm,
                 solicited,
+                rnr_retry,
                 data,
                 ..
             } => {
@@ -733,6 +751,7 @@ impl<'a> Repr<'a> {
                 if *solicited {
                     fl |= flags::SOLICITED;
                 }
+                fl |= (*rnr_retry).min(7) << flags::RNR_RETRY_SHIFT;
                 p.bytes_mut_from(l::SEND_INLINE_DATA)[..data.len()].copy_from_slice(data);
             }
             Repr::WriteImmNotify {
@@ -741,6 +760,7 @@ impl<'a> Repr<'a> {
                 rkey,
                 imm,
                 solicited,
+                rnr_retry,
                 ..
             } => {
                 p.set_u32_field(l::WIMM_LEN, *len);
@@ -750,6 +770,7 @@ impl<'a> Repr<'a> {
                 if *solicited {
                     fl |= flags::SOLICITED;
                 }
+                fl |= (*rnr_retry).min(7) << flags::RNR_RETRY_SHIFT;
             }
             Repr::Pad { .. } => {}
         }
@@ -801,11 +822,13 @@ impl<'a> Repr<'a> {
                 req_id,
                 imm,
                 solicited,
+                rnr_retry,
                 data,
             } => Repr::SendInline {
                 req_id,
                 imm,
                 solicited,
+                rnr_retry,
                 data: Cow::Owned(data.into_owned()),
             },
             Repr::KeyQuery { req_id, rkey } => Repr::KeyQuery { req_id, rkey },
@@ -850,6 +873,7 @@ impl<'a> Repr<'a> {
                 key,
                 imm,
                 solicited,
+                rnr_retry,
             } => Repr::SendRendezvous {
                 req_id,
                 addr,
@@ -857,6 +881,7 @@ impl<'a> Repr<'a> {
                 key,
                 imm,
                 solicited,
+                rnr_retry,
             },
             Repr::WriteImmNotify {
                 req_id,
@@ -865,6 +890,7 @@ impl<'a> Repr<'a> {
                 rkey,
                 imm,
                 solicited,
+                rnr_retry,
             } => Repr::WriteImmNotify {
                 req_id,
                 addr,
@@ -872,6 +898,7 @@ impl<'a> Repr<'a> {
                 rkey,
                 imm,
                 solicited,
+                rnr_retry,
             },
             Repr::Pad { slots } => Repr::Pad { slots },
         }

@@ -95,6 +95,7 @@ fn single_slot_messages_roundtrip_with_expected_layout() {
         key: 0x99,
         imm: Some(0),
         solicited: true,
+        rnr_retry: 7,
     });
     roundtrip(&Repr::WriteImmNotify {
         req_id: 8,
@@ -103,6 +104,7 @@ fn single_slot_messages_roundtrip_with_expected_layout() {
         rkey: 0x99,
         imm: 0xfeed,
         solicited: false,
+        rnr_retry: 7,
     });
 }
 
@@ -126,6 +128,7 @@ fn inline_data_spans_continuation_slots() {
         req_id: 1,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Owned(vec![1; SLOT - layout::SEND_INLINE_DATA]),
     };
     assert_eq!(r.nslots(), 1);
@@ -444,48 +447,53 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
             any::<u32>(),
             any::<u32>(),
             any::<Option<u32>>(),
-            any::<bool>()
+            (any::<bool>(), 0u8..8)
         )
-            .prop_map(
-                |(req_id, addr, len, key, imm, solicited)| Repr::SendRendezvous {
+            .prop_map(|(req_id, addr, len, key, imm, (solicited, rnr_retry))| {
+                Repr::SendRendezvous {
                     req_id,
                     addr,
                     len,
                     key,
                     imm,
-                    solicited
+                    solicited,
+                    rnr_retry,
                 }
-            ),
+            }),
         (
             any::<u32>(),
             any::<Option<u32>>(),
-            any::<bool>(),
+            (any::<bool>(), 0u8..8),
             arb_data()
         )
-            .prop_map(|(req_id, imm, solicited, d)| Repr::SendInline {
-                req_id,
-                imm,
-                solicited,
-                data: Cow::Owned(d)
-            }),
+            .prop_map(
+                |(req_id, imm, (solicited, rnr_retry), d)| Repr::SendInline {
+                    req_id,
+                    imm,
+                    solicited,
+                    rnr_retry,
+                    data: Cow::Owned(d)
+                }
+            ),
         (
             any::<u32>(),
             any::<u64>(),
             any::<u32>(),
             any::<u32>(),
             any::<u32>(),
-            any::<bool>()
+            (any::<bool>(), 0u8..8)
         )
-            .prop_map(
-                |(req_id, addr, len, rkey, imm, solicited)| Repr::WriteImmNotify {
+            .prop_map(|(req_id, addr, len, rkey, imm, (solicited, rnr_retry))| {
+                Repr::WriteImmNotify {
                     req_id,
                     addr,
                     len,
                     rkey,
                     imm,
-                    solicited
+                    solicited,
+                    rnr_retry,
                 }
-            ),
+            }),
         (1u8..=255).prop_map(|slots| Repr::Pad { slots }),
     ]
 }

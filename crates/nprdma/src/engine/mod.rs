@@ -268,14 +268,13 @@ impl<N: Backend> Pd<N> {
     /// An RC QP of `depth` outstanding send WRs (and `depth` receives).
     pub fn create_qp(&self, send_cq: &Cq<N>, recv_cq: &Cq<N>, depth: u32) -> Result<Qp<N>, Error> {
         let sh = &self.ctx.sh;
-        let qs = QpState::create(sh, self.id, send_cq.inner(), recv_cq.inner(), depth)?;
+        let qs = QpState::create(sh, self.id, send_cq.inner(), recv_cq.inner(), depth, None)?;
         let qpn = qs.qpn();
         let ctrl_qpn = qs.ctrl_qpn_for_peer();
         let (idx, gen) = sh.st.lock().insert_qp(qs);
         Ok(Qp {
             ctx: self.ctx.clone(),
-            idx,
-            gen,
+            slot: std::sync::atomic::AtomicU64::new(slot_of(idx, gen)),
             qpn,
             ctrl_qpn,
         })
@@ -308,13 +307,24 @@ impl<N: Backend> Srq<N> {
 /// [`Qp::set_unreliable`].
 pub struct Qp<N: Backend = DefaultNic> {
     ctx: Context<N>,
-    idx: usize,
-    gen: u8,
+    /// The QP's slot in the engine state: index << 8 | generation (a new one
+    /// after [`Qp::reset`]).
+    slot: std::sync::atomic::AtomicU64,
     qpn: u32,
     ctrl_qpn: u32,
 }
 
+fn slot_of(idx: usize, gen: u8) -> u64 {
+    (idx as u64) << 8 | u64::from(gen)
+}
+
 impl<N: Backend> Qp<N> {
+    /// The QP's slot: (index, generation).
+    fn at(&self) -> (usize, u8) {
+        let s = self.slot.load(std::sync::atomic::Ordering::Acquire);
+        ((s >> 8) as usize, s as u8)
+    }
+
     /// The application-visible QP number (the data QP's).
     pub fn qpn(&self) -> u32 {
         self.qpn
@@ -331,8 +341,9 @@ impl<N: Backend> Qp<N> {
 
     /// Connect to the peer QP (both sides must connect).
     pub fn connect(&self, peer: &Endpoint) -> Result<(), Error> {
+        let (idx, gen) = self.at();
         let mut st = self.ctx.sh.st.lock();
-        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
         qp.connect(peer)
     }
 
@@ -342,25 +353,51 @@ impl<N: Backend> Qp<N> {
     /// grant fail with REM_INV_REQ_ERR at the peer, one-sided (the data QP's
     /// NIC) or two-sided (the target's check). A new QP grants all three.
     pub fn set_remote_access(&self, access: Access) -> Result<(), Error> {
+        let (idx, gen) = self.at();
         let mut st = self.ctx.sh.st.lock();
-        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
         qp.set_remote_access(access)
+    }
+
+    /// Set the QP's receiver-not-ready policy, as `ibv_modify_qp` does:
+    /// `rnr_retry` (0–7; 7, the default, = forever; larger values count as 7)
+    /// for the SENDs and WRITE_WITH_IMMs this QP sends, and `min_rnr_timer`
+    /// (IB's 5-bit code: 0 = 655.36 ms, 1 = 10 µs … 31 = 491.52 ms; default
+    /// 12 = 0.64 ms) for the ones it receives. A message that finds no RECV
+    /// posted waits at the receiver for `rnr_retry` × the receiver's timer
+    /// (a RECV posted meanwhile takes it), then its WR completes with
+    /// RNR_RETRY_EXC_ERR and the sender's QP fails (RC's error rule); with
+    /// `rnr_retry` 0 at once, with 7 for as long as it takes. `None` leaves a
+    /// value as it is.
+    pub fn set_rnr(&self, rnr_retry: Option<u8>, min_rnr_timer: Option<u8>) -> Result<(), Error> {
+        let (idx, gen) = self.at();
+        let mut st = self.ctx.sh.st.lock();
+        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
+        if let Some(r) = rnr_retry {
+            qp.rnr_retry = r.min(7);
+        }
+        if let Some(t) = min_rnr_timer {
+            qp.min_rnr_timer = t & 31;
+        }
+        Ok(())
     }
 
     /// Post send WRs; on an error, WRs before the failing one were posted.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
+        let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
         let mut st = sh.st.lock();
-        let r = post::post_send(sh, &mut st, self.idx, self.gen, wrs);
+        let r = post::post_send(sh, &mut st, idx, gen, wrs);
         post::run_ready(sh, &mut st);
         r
     }
 
     /// Post receive WRs.
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
+        let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
         let mut st = sh.st.lock();
-        let r = post::post_recv(sh, &mut st, self.idx, self.gen, wrs);
+        let r = post::post_recv(sh, &mut st, idx, gen, wrs);
         post::run_ready(sh, &mut st);
         r
     }
@@ -369,12 +406,13 @@ impl<N: Backend> Qp<N> {
     /// its own receive queue, whose `post_recv` is then refused. Before the QP
     /// has receives of its own or messages waiting.
     pub fn attach_srq(&self, srq: &Srq<N>) -> Result<(), Error> {
+        let (idx, gen) = self.at();
         if !Arc::ptr_eq(&self.ctx.sh, &srq.ctx.sh) {
             return Err(Error::Invalid("SRQ of another context"));
         }
         let sh = &self.ctx.sh;
         let mut st = sh.st.lock();
-        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
         if !qp.recvs.is_empty() || !qp.inbound.is_empty() {
             return Err(Error::Invalid("the QP has receives or messages of its own"));
         }
@@ -390,9 +428,10 @@ impl<N: Backend> Qp<N> {
     /// Both ends of a connection must be UC (as on verbs, the service is part of
     /// the connection); set it before posting.
     pub fn set_unreliable(&self) -> Result<(), Error> {
+        let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
         let mut st = sh.st.lock();
-        let qp = st.qp_mut(self.idx, self.gen).ok_or(Error::QpState)?;
+        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
         qp.unreliable = true;
         Ok(())
     }
@@ -408,32 +447,76 @@ impl<N: Backend> Qp<N> {
     /// with WR_FLUSH_ERR. Idempotent; there is no way back (destroy and
     /// recreate the QP).
     pub fn set_error(&self) -> Result<(), Error> {
+        let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
         let mut st = sh.st.lock();
-        retire::set_error(&mut st, self.idx, self.gen)
+        retire::set_error(&mut st, idx, gen)
+    }
+
+    /// Move the QP to RESET (`ibv_modify_qp(IBV_QPS_RESET)`, from any state),
+    /// so that it can be connected again ([`Qp::connect`]) to the same or
+    /// another peer QP, keeping its number, PD, CQs, depth, SRQ and service
+    /// (RC/UC); remote access and the RNR policy go back to their defaults.
+    /// What is outstanding completes first with WR_FLUSH_ERR, as on the way
+    /// through ERR (every posted WR completes exactly once). Not in
+    /// user-space mode, whose device numbers its QPs itself (`Error::Invalid`).
+    /// If the new NIC QPs cannot be made, the QP stays unusable (every later
+    /// call fails with `Error::QpState`) and the error is returned.
+    pub fn reset(&self) -> Result<(), Error> {
+        let sh = &self.ctx.sh;
+        if sh.iommu.is_user() {
+            return Err(Error::Invalid(
+                "a QP cannot return to RESET in user-space mode (its device numbers QPs)",
+            ));
+        }
+        let (idx, gen) = self.at();
+        let (keep, old) = {
+            let mut st = sh.st.lock();
+            let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
+            let keep = (
+                qp.pd,
+                qp.send_cq.clone(),
+                qp.recv_cq.clone(),
+                qp.depth,
+                qp.unreliable,
+                qp.srq.clone(),
+            );
+            (keep, retire::destroy_qp(sh, &mut st, idx, gen))
+        };
+        // The old NIC QPs go (and free the number) outside the engine lock.
+        drop(old);
+        let (pd, scq, rcq, depth, unreliable, srq) = keep;
+        let mut qs = QpState::create(sh, pd, scq, rcq, depth, Some(self.qpn))?;
+        qs.unreliable = unreliable;
+        qs.srq = srq;
+        let (idx, gen) = sh.st.lock().insert_qp(qs);
+        self.slot
+            .store(slot_of(idx, gen), std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// Whether the QP is in ERR ([`Qp::set_error`]).
     pub fn is_error(&self) -> bool {
+        let (idx, gen) = self.at();
         let mut st = self.ctx.sh.st.lock();
-        st.qp_mut(self.idx, self.gen).is_some_and(|q| q.is_error())
+        st.qp_mut(idx, gen).is_some_and(|q| q.is_error())
     }
 
     /// Operations of this QP not yet completed.
     pub fn outstanding(&self) -> usize {
+        let (idx, gen) = self.at();
         let mut st = self.ctx.sh.st.lock();
-        st.qp_mut(self.idx, self.gen)
-            .map(|q| q.outstanding())
-            .unwrap_or(0)
+        st.qp_mut(idx, gen).map(|q| q.outstanding()).unwrap_or(0)
     }
 }
 
 impl<N: Backend> Drop for Qp<N> {
     fn drop(&mut self) {
+        let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
         let qs = {
             let mut st = sh.st.lock();
-            retire::destroy_qp(sh, &mut st, self.idx, self.gen)
+            retire::destroy_qp(sh, &mut st, idx, gen)
         };
         // The NIC QPs and buffers go away outside the engine lock.
         drop(qs);

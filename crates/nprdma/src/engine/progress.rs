@@ -15,6 +15,7 @@ use super::one_sided::{check_batch, eval_one_sided, flush_deferred};
 use super::op::{Stage, TKind};
 use super::pin::engine_pin;
 use super::post::run_ready;
+use super::qp::RnrWait;
 use super::retire::{fail_qp, finish};
 use super::serve::{self, deliver_inbound, handle_msg};
 use super::state::{Shared, State};
@@ -166,6 +167,15 @@ fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
         if waiting && (qp.ctrl.as_ref().is_some_and(|c| c.peer_gone()) || qp.data.peer_gone()) {
             gone.push(qi);
         }
+    }
+    // Messages held for a RECV: answered RNR past their budget; the others'
+    // senders are told they are still held (see `serve::rnr_refresh`).
+    let now = Instant::now();
+    for q in st.qps.iter_mut().flatten() {
+        if matches!(q.rnr_wait, RnrWait::Until(t) if t <= now) {
+            serve::rnr_expire(sh, q);
+        }
+        serve::rnr_refresh(sh, q, now);
     }
     // (The failed QPs' ops are all completed by `fail_qp`.)
     late.retain(|(qi, _)| !gone.contains(qi));

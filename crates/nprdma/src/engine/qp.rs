@@ -37,6 +37,17 @@ fn inline_sge(s: &[u8]) -> [Sge; 1] {
     }]
 }
 
+/// How long the inbound message at the head of a QP's queue waits for a RECV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RnrWait {
+    /// Not waiting (no message, or a RECV is there).
+    Idle,
+    /// Until then; answered RNR_RETRY_EXC_ERR if no RECV came.
+    Until(std::time::Instant),
+    /// Until a RECV comes (the sender's `rnr_retry` is 7).
+    Forever,
+}
+
 /// The control QP's number: the data QP's with this bit set.
 pub const CTRL_QPN_BIT: u32 = 1 << 23;
 
@@ -110,6 +121,22 @@ pub(crate) struct QpState<N: Backend> {
     /// `recvs` (`Qp::attach_srq`).
     pub(super) srq: Option<Arc<SrqShared>>,
     pub(super) inbound: VecDeque<Repr<'static>>,
+    /// The message at the head of `inbound` waits for a RECV (RC's
+    /// receiver-not-ready rule, `serve::rnr_hold`): until when.
+    pub(super) rnr_wait: RnrWait,
+    /// When the senders of held messages were last told so
+    /// (`serve::rnr_refresh`).
+    pub(super) rnr_refreshed: std::time::Instant,
+    /// A message of the peer ran out of RNR retries: its QP failed, so what it
+    /// sent after is dropped, as RC's responder discards the packets behind
+    /// the one it NAKed.
+    pub(super) rnr_failed: bool,
+    /// This QP's `rnr_retry` as a requester (0–7, 7 = forever): carried by
+    /// its SENDs and WRITE_WITH_IMM notices to the receiver.
+    pub(super) rnr_retry: u8,
+    /// This QP's `min_rnr_timer` as a responder (IB's 5-bit code, see
+    /// [`crate::nic::rnr_timer`]).
+    pub(super) min_rnr_timer: u8,
     pub(super) rdv_busy: bool,
     pub(super) treqs: Pending<TReq<N>>,
     /// Unsignaled WRITEs waiting for their read-back, in post order.
@@ -132,12 +159,15 @@ pub(crate) struct QpState<N: Backend> {
 }
 
 impl<N: Backend> QpState<N> {
+    /// A new QP of PD `pd`; `qpn`: the number its data QP must have (a QP
+    /// reset to RESET keeps its number), `None` = the NIC's choice.
     pub fn create(
         sh: &Dev<N>,
         pd: u32,
         send_cq: Arc<UCq>,
         recv_cq: Arc<UCq>,
         depth: u32,
+        qpn: Option<u32>,
     ) -> Result<QpState<N>, Error> {
         if depth == 0 || depth > 1000 {
             return Err(Error::Invalid("QP depth must be 1..=1000"));
@@ -168,7 +198,7 @@ impl<N: Backend> QpState<N> {
             .nic
             .create_qp(
                 &QpSpec {
-                    qpn: None,
+                    qpn,
                     max_send_wr: data_wr,
                     max_recv_wr: if shared { nslots } else { 4 },
                     max_sge: zero_sges(sh) as u32,
@@ -269,6 +299,11 @@ impl<N: Backend> QpState<N> {
             recvs: VecDeque::new(),
             srq: None,
             inbound: VecDeque::new(),
+            rnr_wait: RnrWait::Idle,
+            rnr_refreshed: std::time::Instant::now(),
+            rnr_failed: false,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
             rdv_busy: false,
             treqs: Pending::new(4096).map_err(|e| Error::Other(e.to_string()))?,
             deferred: Vec::new(),

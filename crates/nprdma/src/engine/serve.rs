@@ -6,6 +6,8 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::backend::Backend;
 use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
@@ -13,7 +15,7 @@ use super::mr::MrEntry;
 use super::one_sided::post_steps;
 use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
 use super::pin::{engine_pin, pin_for_peer, temp_mr, EnginePin};
-use super::qp::QpState;
+use super::qp::{QpState, RnrWait};
 use super::retire::finish;
 use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
@@ -23,7 +25,8 @@ use crate::check::page_span;
 use crate::ctrl::{AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
 use crate::nic::{
-    Access, CompOp, Completion, NicMr as _, NicQp as _, PinFor, Sge, WcStatus, WorkRequest, WrOp,
+    rnr_timer, Access, CompOp, Completion, NicMr as _, NicQp as _, PinFor, Sge, WcStatus,
+    WorkRequest, WrOp,
 };
 use crate::plan::{AppOp, Strategy};
 use crate::target::{validate, wc_status, LocalRegion};
@@ -739,6 +742,11 @@ fn on_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Rep
     let Some(qp) = st.qp(qi) else {
         return;
     };
+    if qp.rnr_failed {
+        // Sent behind a message that ran out of RNR retries: its sender's QP
+        // failed and flushed it (see `rnr_expire`).
+        return;
+    }
     qp.inbound.push_back(msg.into_owned());
     deliver_inbound(sh, st, qi);
 }
@@ -756,6 +764,14 @@ fn on_completion<N: Backend>(
     let Some(op) = st.op_mut(qi, req_id) else {
         return;
     };
+    if status == Status::RnrWait {
+        // Still held by the receiver for a RECV: the peer is there, the real
+        // answer follows; the two-sided timeout starts again.
+        if matches!(op.stage, Stage::TwoSided | Stage::ImmNotify) {
+            op.sent = Some(std::time::Instant::now());
+        }
+        return;
+    }
     match op.stage {
         Stage::TwoSided => {
             if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
@@ -902,6 +918,8 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
     };
     while !qp.rdv_busy && !qp.inbound.is_empty() && qp.has_recv() {
         let msg = qp.inbound.pop_front().expect("non-empty");
+        // The next message (if any) starts its own receiver-not-ready round.
+        qp.rnr_wait = RnrWait::Idle;
         let rwr = qp.take_recv().expect("a receive is posted");
         let (raddr, rlen, rkey) = rwr
             .sge
@@ -940,6 +958,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 imm,
                 data,
                 solicited,
+                ..
             } => {
                 cqe.imm = imm;
                 if !valid {
@@ -981,6 +1000,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 key,
                 imm,
                 solicited,
+                ..
             } => {
                 let Some(m) = rmr.filter(|_| len as u64 <= rlen) else {
                     cqe.status = if valid {
@@ -1057,6 +1077,84 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
             reply(qp, sh, inbound_req_id(&msg), Status::Ok, 0);
         }
     }
+    if !qp.unreliable {
+        rnr_hold(sh, qp);
+    }
+}
+
+/// RC's receiver-not-ready rule for the message at the head of `inbound`
+/// when no RECV is posted. A NIC's responder NAKs it and the requester
+/// resends it every `min_rnr_timer` of the responder, `rnr_retry` times
+/// (7: forever), then fails it with RNR_RETRY_EXC_ERR. Here the receiver
+/// holds the message for that long instead (a RECV posted meanwhile takes
+/// it, as a resend would find it): `rnr_retry` × the timer, then
+/// [`rnr_expire`] (at once for `rnr_retry` 0), or forever for 7. Meanwhile
+/// [`rnr_refresh`] keeps the senders from timing out.
+fn rnr_hold<N: Backend>(sh: &Shared<N>, qp: &mut QpState<N>) {
+    if qp.rdv_busy || qp.rnr_wait != RnrWait::Idle || qp.has_recv() {
+        return;
+    }
+    let Some(head) = qp.inbound.front() else {
+        return;
+    };
+    let retry = match head {
+        Repr::SendInline { rnr_retry, .. }
+        | Repr::SendRendezvous { rnr_retry, .. }
+        | Repr::WriteImmNotify { rnr_retry, .. } => *rnr_retry,
+        _ => return,
+    };
+    if retry >= 7 {
+        qp.rnr_wait = RnrWait::Forever;
+        return;
+    }
+    let budget = rnr_timer(qp.min_rnr_timer) * u32::from(retry);
+    if budget.is_zero() {
+        rnr_expire(sh, qp);
+    } else {
+        qp.rnr_wait = RnrWait::Until(std::time::Instant::now() + budget);
+    }
+}
+
+/// How often the senders of held messages hear that they are still held.
+const RNR_REFRESH: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Tell the senders of the messages held for a RECV (at most every
+/// [`RNR_REFRESH`]) that they still are ([`Status::RnrWait`]): a held
+/// message is not lost, so its sender's two-sided timeout starts again. If
+/// this QP is destroyed, or its process stops or dies, the refreshes stop
+/// and the sender's WRs fail at its timeout (RETRY_EXC_ERR), as an RC
+/// requester's whose resends go unanswered.
+pub(super) fn rnr_refresh<N: Backend>(
+    sh: &Shared<N>,
+    qp: &mut QpState<N>,
+    now: std::time::Instant,
+) {
+    if qp.inbound.is_empty() || qp.unreliable || qp.errored || qp.dead {
+        return;
+    }
+    if now.duration_since(qp.rnr_refreshed) < RNR_REFRESH {
+        return;
+    }
+    qp.rnr_refreshed = now;
+    let ids: SmallVec<[u32; 8]> = qp.inbound.iter().map(inbound_req_id).collect();
+    for id in ids {
+        reply(qp, sh, id, Status::RnrWait, 0);
+    }
+}
+
+/// The message at the head of `inbound` ran out of RNR retries: answered
+/// RNR_RETRY_EXC_ERR, which fails its sender's QP (RC's error rule); the
+/// messages behind it, and any still on their way, are dropped — the sender
+/// flushes them, as RC's responder drops what follows a NAKed packet.
+pub(super) fn rnr_expire<N: Backend>(sh: &Shared<N>, qp: &mut QpState<N>) {
+    qp.rnr_wait = RnrWait::Idle;
+    let Some(head) = qp.inbound.pop_front() else {
+        return;
+    };
+    tracing::debug!(qpn = qp.qpn, "receiver not ready: RNR retries exhausted");
+    reply(qp, sh, inbound_req_id(&head), Status::RnrNoRecv, 0);
+    qp.inbound.clear();
+    qp.rnr_failed = true;
 }
 
 /// The request id of an inbound message (answered when it is taken or dropped).

@@ -182,6 +182,20 @@ impl<N: Nic> Peer<N> {
     fn recv(&mut self) -> Repr<'static> {
         self.recv_within(WAIT).expect("no message from the engine")
     }
+
+    /// The next control message that is not a [`Status::RnrWait`] refresh
+    /// (one may still be on its way when a RECV is posted).
+    fn answer(&mut self) -> Repr<'static> {
+        loop {
+            match self.recv() {
+                Repr::Completion {
+                    status: Status::RnrWait,
+                    ..
+                } => continue,
+                m => return m,
+            }
+        }
+    }
 }
 
 /// The engine under test: a context with one QP connected to a [`Peer`],
@@ -281,6 +295,30 @@ impl<N: TestNic> Rig<N> {
             m => panic!("expected an atomic request, got {m:?}"),
         }
     }
+    /// For `d`, the peer hears nothing but that its messages are still held
+    /// for a RECV ([`Status::RnrWait`], at least once if `d` is long enough).
+    fn peer_gets_only_rnr_waits(&mut self, d: Duration) {
+        let t = std::time::Instant::now();
+        let mut seen = 0;
+        while let Some(m) = self.peer.recv_within(d.saturating_sub(t.elapsed())) {
+            match m {
+                Repr::Completion {
+                    status: Status::RnrWait,
+                    byte_len: 0,
+                    ..
+                } => seen += 1,
+                m => panic!("expected only RnrWait, got {m:?}"),
+            }
+            if t.elapsed() >= d {
+                break;
+            }
+        }
+        assert!(
+            d < Duration::from_millis(60) || seen > 0,
+            "no RnrWait within {d:?}"
+        );
+    }
+
     /// The request id of the SEND the peer receives next (and its data).
     fn peer_gets_send(&mut self) -> (u32, Vec<u8>) {
         match self.peer.recv() {
@@ -469,10 +507,12 @@ fn inbound_sends_wait_for_a_recv_and_are_checked_against_it<N: TestNic>() {
         req_id: 11,
         imm: Some(9),
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"payload"),
     });
-    // No RECV posted: neither a completion nor an answer yet.
-    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+    // No RECV posted: no completion, and no answer but that the message is
+    // still held (its rnr_retry is 7).
+    r.peer_gets_only_rnr_waits(Duration::from_millis(80));
     assert!(r.rcq.poll(&mut [Completion::default(); 1]) == 0);
     let recv = |wr_id, off, len| RecvWr {
         wr_id,
@@ -487,7 +527,7 @@ fn inbound_sends_wait_for_a_recv_and_are_checked_against_it<N: TestNic>() {
     );
     assert_eq!(r.bytes(200, 7), b"payload");
     assert_eq!(
-        r.peer.recv(),
+        r.peer.answer(),
         Repr::Completion {
             req_id: 11,
             status: Status::Ok,
@@ -499,16 +539,49 @@ fn inbound_sends_wait_for_a_recv_and_are_checked_against_it<N: TestNic>() {
         req_id: 12,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"too long"),
     });
     let c = r.wait(&r.rcq, 1)[0];
     assert_eq!((c.wr_id, c.status), (101, code(WcStatus::LocLenErr)));
-    match r.peer.recv() {
+    match r.peer.answer() {
         Repr::Completion { req_id, status, .. } => {
             assert_eq!((req_id, status), (12, Status::RemoteInvalid))
         }
         m => panic!("{m:?}"),
     }
+}
+
+fn an_inbound_send_out_of_rnr_retries_fails_and_drops_what_follows<N: TestNic>() {
+    let mut r = rig::<N>();
+    let send = |req_id, rnr_retry| Repr::SendInline {
+        req_id,
+        imm: None,
+        solicited: false,
+        rnr_retry,
+        data: Cow::Borrowed(b"x"),
+    };
+    // rnr_retry 0 and no RECV: answered RNR at once (the sender's QP fails);
+    // the message behind it, and one arriving later, are dropped.
+    r.peer.send(&send(40, 0));
+    r.peer.send(&send(41, 7));
+    assert_eq!(
+        r.peer.recv(),
+        Repr::Completion {
+            req_id: 40,
+            status: Status::RnrNoRecv,
+            byte_len: 0
+        }
+    );
+    r.peer.send(&send(42, 7));
+    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+    r.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: Some(r.mr.sge(0, 8)),
+    }])
+    .expect("recv");
+    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+    assert!(r.rcq.poll(&mut [Completion::default(); 1]) == 0);
 }
 
 // ---- the initiator's two-sided path and the exit of its operations ----
@@ -597,9 +670,10 @@ fn an_srq_feeds_its_qp_and_survives_the_qp_failing<N: TestNic>() {
         req_id: 31,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"one"),
     });
-    assert_eq!(r.peer.recv_within(Duration::from_millis(50)), None);
+    r.peer_gets_only_rnr_waits(Duration::from_millis(80));
     match r.qp.post_recv(&[RecvWr {
         wr_id: 1,
         sge: Some(r.mr.sge(700, 8)),
@@ -617,7 +691,7 @@ fn an_srq_feeds_its_qp_and_survives_the_qp_failing<N: TestNic>() {
     assert_eq!((c.wr_id, c.status, c.byte_len), (70, 0, 3));
     assert_eq!(r.bytes(800, 3), b"one");
     assert!(matches!(
-        r.peer.recv(),
+        r.peer.answer(),
         Repr::Completion {
             req_id: 31,
             status: Status::Ok,
@@ -643,6 +717,7 @@ fn uc_drops_what_its_receive_cannot_take_and_answers_ok<N: TestNic>() {
         req_id: 21,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"lost"),
     });
     assert_eq!(
@@ -663,6 +738,7 @@ fn uc_drops_what_its_receive_cannot_take_and_answers_ok<N: TestNic>() {
         req_id: 22,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"too long"),
     });
     assert_eq!(
@@ -679,6 +755,7 @@ fn uc_drops_what_its_receive_cannot_take_and_answers_ok<N: TestNic>() {
         req_id: 23,
         imm: None,
         solicited: false,
+        rnr_retry: 7,
         data: Cow::Borrowed(b"fits"),
     });
     let c = r.wait(&r.rcq, 1)[0];
@@ -1206,6 +1283,7 @@ fn a_rendezvous_send_is_read_into_the_posted_recv<N: TestNic>() {
         key: pm.mr.rkey(),
         imm: Some(5),
         solicited: false,
+        rnr_retry: 7,
     });
     let c = r.wait(&r.rcq, 1)[0];
     assert_eq!(
@@ -1277,6 +1355,7 @@ over_both_backends!(
     atomics_are_applied_by_the_target_cpu,
     a_key_query_is_answered_with_the_key_table,
     inbound_sends_wait_for_a_recv_and_are_checked_against_it,
+    an_inbound_send_out_of_rnr_retries_fails_and_drops_what_follows,
     two_sided_ops_complete_in_post_order_whatever_the_answer_order,
     sends_are_issued_one_at_a_time_in_post_order,
     a_failed_answer_moves_the_qp_to_err_and_flushes_what_follows,

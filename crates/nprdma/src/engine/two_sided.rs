@@ -22,6 +22,7 @@ use crate::trace::{mark, Step};
 /// its RECV completes with the immediate.
 pub(super) fn start_notify<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
     let Some(qp) = st.qp(qi) else { return };
+    let rnr_retry = qp.rnr_retry;
     let Some(op) = qp.ops.get_mut(id) else { return };
     let AppOp::WriteImm(imm) = op.wr.op else {
         return;
@@ -36,6 +37,7 @@ pub(super) fn start_notify<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
         rkey: op.wr.rkey,
         imm,
         solicited: op.wr.solicited,
+        rnr_retry,
     };
     qp.send_ctrl(&sh.cfg.ctrl, &msg);
 }
@@ -59,6 +61,7 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     mark(Step::ICheckFail);
     st.stats.two_sided += 1;
     let Some(qp) = st.qp(qi) else { return };
+    let rnr_retry = qp.rnr_retry;
     let Some(op) = qp.ops.get_mut(id) else { return };
     if local_fenced(&sh.mm, op) {
         // Deregistered (or unmapped) since it was posted: no temporary MR
@@ -76,7 +79,9 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
             Ok(atomic_request(op, id, AtomicKind::CmpSwap, compare, swap))
         }
         AppOp::FetchAdd { add } => Ok(atomic_request(op, id, AtomicKind::FetchAdd, add, 0)),
-        AppOp::Send | AppOp::SendImm(_) => send_request(sh, op, id, &mut hold, &mut stack),
+        AppOp::Send | AppOp::SendImm(_) => {
+            send_request(sh, op, id, rnr_retry, &mut hold, &mut stack)
+        }
     };
     let Ok(msg) = msg else {
         // No pin or temporary MR: a local protection error (what was
@@ -183,6 +188,7 @@ fn send_request<'s, N: Backend>(
     sh: &Shared<N>,
     op: &mut Op<N>,
     id: u32,
+    rnr_retry: u8,
     hold: &mut Hold<N>,
     stack: &'s mut [u8; mem::STACK_COPY],
 ) -> Result<Repr<'s>, ()> {
@@ -196,6 +202,7 @@ fn send_request<'s, N: Backend>(
             req_id: id,
             imm,
             solicited: op.wr.solicited,
+            rnr_retry,
             data: mem::copy_out(laddr, len as usize, stack).map_err(|_| ())?,
         });
     }
@@ -210,5 +217,6 @@ fn send_request<'s, N: Backend>(
         key,
         imm,
         solicited: op.wr.solicited,
+        rnr_retry,
     })
 }

@@ -130,7 +130,10 @@ impl QpCtx {
         if *left != 7 {
             *left -= 1;
         }
-        let d = self.nic.cfg.rnr_delay.as_nanos() as u64 * timer.max(1) as u64;
+        // IB's timer for the responder's code, in units of `rnr_delay` per 10 µs
+        // (the default 10 µs gives IB's table).
+        let d = (crate::verbs::rnr_timer(timer.min(31) as u8).as_nanos() * self.nic.cfg.rnr_delay.as_nanos() / 10_000)
+            as u64;
         e.st = EState::Rnr { until: now + d };
         self.rewind_after(sq, i, now);
     }

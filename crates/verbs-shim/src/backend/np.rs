@@ -851,14 +851,15 @@ impl<N: np::engine::Backend> NpQp<N> {
     }
 }
 
-/// The transitions NP-RDMA mode models: the connect path, and any state to ERR
-/// (`np::Qp::set_error`: every outstanding WR and posted RECV flushes). A used QP
-/// cannot go back to RESET (the NP-RDMA layer connects a QP once), nor to SQD.
+/// The transitions NP-RDMA mode models: the connect path, any state to ERR
+/// (`np::Qp::set_error`: every outstanding WR and posted RECV flushes) and any
+/// state to RESET (`np::Qp::reset`: flushed the same way, then a fresh QP of the
+/// same number to connect again); not SQD/SQE.
 fn transition_ok(from: QpState, to: QpState) -> bool {
     use QpState::*;
     matches!(
         (from, to),
-        (Reset, Reset)
+        (Reset | Init | Rtr | Rts | Err, Reset)
             | (Reset, Init)
             | (Init, Init)
             | (Init, Rtr)
@@ -909,8 +910,37 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
                 "QP state {from:?} -> {to:?} in NP-RDMA mode"
             )));
         }
+        if to == QpState::Reset {
+            if from != QpState::Reset {
+                // A fresh layer QP of the same number (user-space mode cannot:
+                // its device numbers QPs itself), granting nothing until the
+                // next INIT sets qp_access_flags, as a new QP.
+                self.qp().reset().map_err(|e| match e {
+                    np::Error::Invalid(m) => ShimError::Unsupported(m.into()),
+                    e => np_err(e),
+                })?;
+                self.qp().set_remote_access(np::Access(0)).map_err(np_err)?;
+            }
+            *cur = QpAttr {
+                qp_state: QpState::Reset,
+                cur_qp_state: QpState::Reset,
+                ..Default::default()
+            };
+            return Ok(());
+        }
         if to == QpState::Err && from != QpState::Err {
             self.qp().set_error().map_err(np_err)?;
+        }
+        let rnr_retry = mask
+            .contains(QpAttrMask::RNR_RETRY)
+            .then_some(attr.rnr_retry);
+        let rnr_timer = mask
+            .contains(QpAttrMask::MIN_RNR_TIMER)
+            .then_some(attr.min_rnr_timer);
+        if rnr_retry.is_some() || rnr_timer.is_some() {
+            // A SEND that finds no RECV waits at the receiver for rnr_retry x
+            // its min_rnr_timer, then fails RNR_RETRY_EXC_ERR (as RC's NAKs).
+            self.qp().set_rnr(rnr_retry, rnr_timer).map_err(np_err)?;
         }
         if mask.contains(QpAttrMask::ACCESS_FLAGS) {
             // Enforced by the peer-facing side of the layer (the data QP's NIC
@@ -1019,8 +1049,8 @@ mod tests {
         assert!(transition_ok(Init, Err));
         assert!(transition_ok(Err, Err));
         assert!(!transition_ok(Err, Rts));
-        assert!(!transition_ok(Err, Reset));
-        assert!(!transition_ok(Rts, Reset));
+        assert!(transition_ok(Err, Reset));
+        assert!(transition_ok(Rts, Reset));
     }
 
     #[test]

@@ -157,11 +157,7 @@ int main(void)
 	expect_empty(cqb, 0.1);
 	unpair();
 
-	/* RNR with rnr_retry 0: RNR_RETRY_EXC_ERR, promptly. KNOWN DEVIATION
-	 * (NP-RDMA mode): the layer holds a SEND at the receiver until a RECV is
-	 * posted (no RNR NAK), so this case is skipped there. */
-	if (np_mode())
-		goto unsignaled;
+	/* RNR with rnr_retry 0: RNR_RETRY_EXC_ERR, promptly. */
 	pair(0);
 	double t0 = now_s();
 	CHECK_EQ(post_send1(a, 70, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
@@ -176,7 +172,57 @@ int main(void)
 	expect_empty(cqb, 0.1);
 	unpair();
 
-unsignaled:
+	/* rnr_retry 3 x the receiver's min_rnr_timer 1 (10 us): RNR_RETRY_EXC_ERR
+	 * within moments; a RECV posted afterwards takes nothing of it. */
+	pair(3);
+	t0 = now_s();
+	CHECK_EQ(post_send1(a, 72, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	poll_n(cqa, wc, 1, 5);
+	CHECK(now_s() - t0 < 3);
+	CHECK_EQ(wc[0].wr_id, 72);
+	CHECK_EQ(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+	CHECK_EQ(qp_state(b), IBV_QPS_RTS);
+	CHECK_EQ(post_recv1(b, 73, buf + 4096, 64, mr->lkey), 0);
+	expect_empty(cqb, 0.2);
+	unpair();
+
+	/* rnr_retry 7 (forever): the SEND waits for the RECV however late, then
+	 * lands. */
+	pair(7);
+	memset(buf + 4096, 0, 64);
+	memcpy(buf, "rnr-late", 8);
+	CHECK_EQ(post_send1(a, 74, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	expect_empty(cqa, 0.3);
+	CHECK_EQ(post_recv1(b, 75, buf + 4096, 64, mr->lkey), 0);
+	poll_n(cqa, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 74);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	poll_n(cqb, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 75);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	CHECK_EQ(memcmp(buf + 4096, "rnr-late", 8), 0);
+	unpair();
+
+	/* rnr_retry 2 x min_rnr_timer 0 (655.36 ms): a RECV posted 100 ms after
+	 * the SEND still takes it (a resend finds it). */
+	pair(2);
+	{
+		struct ibv_qp_attr at;
+		memset(&at, 0, sizeof(at));
+		at.qp_state = IBV_QPS_RTS;
+		at.min_rnr_timer = 0;
+		CHECK_EQ(ibv_modify_qp(b, &at, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER), 0);
+	}
+	CHECK_EQ(post_send1(a, 76, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	usleep(100000);
+	CHECK_EQ(post_recv1(b, 77, buf + 4096, 64, mr->lkey), 0);
+	poll_n(cqa, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 76);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	poll_n(cqb, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 77);
+	unpair();
+
 	/* An unsignaled WR that fails still completes (with its error). */
 	cqa = ibv_create_cq(e.ctx, 64, NULL, NULL, 0);
 	cqb = ibv_create_cq(e.ctx, 64, NULL, NULL, 0);
