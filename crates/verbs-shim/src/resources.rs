@@ -527,6 +527,32 @@ pub(crate) unsafe fn create_cq_common(
     }
 }
 
+/// `ibv_resize_cq`: 1..=max_cqe entries, not fewer than the completions waiting
+/// (EINVAL, as rxe); `cq->cqe` says the new size.
+///
+/// # Safety
+/// `cq` ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard_rc("ibv_resize_cq", || {
+        // SAFETY: caller contract.
+        let s: &ShimCq = unsafe { shim(cq, "CQ")? };
+        // SAFETY: a CQ's context outlives it.
+        let c = unsafe { ShimContext::from_ibv(s.cq.context)? };
+        let max_cqe = c.dev.attr().max_cqe;
+        if cqe <= 0 || cqe as u32 > max_cqe {
+            return Err(ShimError::InvalidArgument(format!(
+                "cqe {cqe} (the device allows 1..={max_cqe})"
+            )));
+        }
+        s.inner.resize(cqe as u32)?;
+        // SAFETY: `cq` is our live CQ; its `cqe` field is the size the application
+        // reads (libibverbs' providers update it the same way).
+        unsafe { (*cq).cqe = cqe };
+        Ok(())
+    })
+}
+
 /// # Safety
 /// `cq` ours.
 #[no_mangle]
@@ -1090,7 +1116,6 @@ refuse_rc!(ibv_init_ah_from_wc, "address handles (UD QPs)", false, (c: *mut ibv_
 refuse_rc!(ibv_destroy_ah, "address handles (UD QPs)", false, (ah: *mut ibv_ah));
 refuse_rc!(ibv_attach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
 refuse_rc!(ibv_detach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
-refuse_rc!(ibv_resize_cq, "CQ resize", false, (cq: *mut ibv_cq, n: c_int));
 refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize, i: u64, fd: c_int, a: c_int) -> *mut ibv_mr);
 refuse_rc!(ibv_query_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));
 refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *mut ibv_qp, e: *mut ibv_ece));

@@ -53,7 +53,7 @@ impl<N: Backend> Cq<N> {
             u: Arc::new(UCq {
                 q: Mutex::new(VecDeque::new()),
                 len: AtomicUsize::new(0),
-                depth: depth as usize,
+                depth: AtomicUsize::new(depth as usize),
                 armed: AtomicU8::new(DISARMED),
                 armed_total,
                 efd,
@@ -131,6 +131,18 @@ impl<N: Backend> Cq<N> {
     /// leave the CQ armed. A [`Cq::req_notify`] not yet fired is not narrowed.
     pub fn req_notify_solicited(&self) {
         self.u.arm(true);
+    }
+
+    /// Resize to `depth` entries (`ibv_resize_cq`): the completions it holds
+    /// stay; `Error::Invalid` for 0 or fewer entries than are waiting. (The
+    /// queue is the engine's own memory: only the overflow limit changes.)
+    pub fn resize(&self, depth: u32) -> Result<(), Error> {
+        let q = self.u.q.lock();
+        if depth == 0 || (depth as usize) < q.len() {
+            return Err(Error::Invalid("fewer CQ entries than completions waiting"));
+        }
+        self.u.depth.store(depth as usize, Ordering::Release);
+        Ok(())
     }
 
     /// The completion channel (eventfd; read it to reset).

@@ -15,7 +15,9 @@ pub(crate) struct UCq {
     /// Entries in `q` (updated under its lock): an empty poll reads this
     /// instead of taking the lock.
     pub(super) len: AtomicUsize,
-    pub(super) depth: usize,
+    /// The CQ's size (`Cq::resize` changes it): more entries are kept but
+    /// reported as an overflow.
+    pub(super) depth: AtomicUsize,
     /// [`DISARMED`], [`ARMED_SOLICITED`] or [`ARMED_ANY`].
     pub(super) armed: AtomicU8,
     /// The context's count of armed CQs (see `Shared::armed_cqs`), this one's
@@ -70,10 +72,11 @@ impl UCq {
     /// and stays armed otherwise.
     pub(crate) fn push_se(&self, c: Completion, solicited: bool) {
         let mut q = self.q.lock();
-        if q.len() >= self.depth {
+        let depth = self.depth.load(Ordering::Relaxed);
+        if q.len() >= depth {
             // Kept (no completion is ever lost) but reported.
             if !self.overflowed.swap(true, Ordering::Relaxed) {
-                tracing::warn!(depth = self.depth, "user CQ overflow");
+                tracing::warn!(depth, "user CQ overflow");
             }
         }
         q.push_back(c);

@@ -456,8 +456,11 @@ pub struct SlotHdr {
 pub struct CqRec {
     /// 1 while the table slot holds a CQ.
     pub in_use: AtomicU32,
-    /// Ring depth.
+    /// Ring size: the modulus of the entry slots, fixed for the CQ's life.
     pub depth: AtomicU32,
+    /// Entries the ring may hold (at most `depth`): the CQ's size as the
+    /// application sees it (`Cq::resize` changes it).
+    pub limit: AtomicU32,
     /// Set when a completion found the ring full.
     pub overflow: AtomicU32,
     /// 0 = disarmed, 1 = next completion, 2 = solicited only.
@@ -468,7 +471,7 @@ pub struct CqRec {
     pub event_pending: AtomicU32,
     /// Bumped when the slot is reused.
     pub incarnation: AtomicU32,
-    _pad0: [u32; 9],
+    _pad0: [u32; 8],
     /// Consumer index.
     pub head: Line<AtomicU64>,
     /// Producer index.

@@ -64,6 +64,7 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
         return Err(());
     }
     let depth = c.depth.load(Ordering::Relaxed).max(1);
+    let limit = c.limit.load(Ordering::Relaxed).clamp(1, depth);
     let cached = via.cq_head(idx);
     let t = loop {
         let t = c.tail.load(Ordering::Acquire);
@@ -75,7 +76,7 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
         // consumer writes on every poll.
         if let Some(ch) = cached {
             let h = ch.load(Ordering::Relaxed);
-            if h <= t && t - h < depth as u64 {
+            if h <= t && t - h < limit as u64 {
                 if c.tail
                     .compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
@@ -100,7 +101,7 @@ pub(crate) fn push(seg: &Segment, via: &Peer, idx: u32, wc: &Wc, solicited: bool
         if h > t {
             continue;
         }
-        if t - h >= depth as u64 {
+        if t - h >= limit as u64 {
             if c.tail.load(Ordering::Acquire) != t {
                 continue;
             }
@@ -219,7 +220,11 @@ impl CqRing {
         }
         let idx = hi.cqs.lock().alloc().ok_or(Error::NoResources("CQs"))?;
         let c = hi.seg.cq(idx).expect("allocated index");
-        c.depth.store(depth, Ordering::Relaxed);
+        // Room to grow (`Cq::resize`) without moving entries: the slot has
+        // `max_cqe` entries of storage; a small ring keeps its entries close.
+        let cap = depth.saturating_mul(2).max(1024).min(hi.cfg.max_cqe);
+        c.depth.store(cap, Ordering::Relaxed);
+        c.limit.store(depth, Ordering::Relaxed);
         c.overflow.store(0, Ordering::Relaxed);
         c.notify.store(0, Ordering::Relaxed);
         c.event_pending.store(0, Ordering::Relaxed);
@@ -236,7 +241,7 @@ impl CqRing {
         Ok(Arc::new(CqRing {
             nic: hi,
             idx,
-            depth,
+            depth: cap,
             busy_qps: AtomicU32::new(0),
             discard: parking_lot::Mutex::new(Vec::new()),
             discarding: std::sync::atomic::AtomicBool::new(false),

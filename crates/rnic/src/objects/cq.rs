@@ -63,9 +63,33 @@ impl Cq {
         Ok(cq)
     }
 
-    /// Ring depth.
+    /// The CQ's size: the completions it holds before it overflows.
     pub fn depth(&self) -> u32 {
-        self.inner.depth
+        let c = self.inner.host.inner().seg.cq(self.inner.idx).expect("own CQ");
+        c.limit.load(Ordering::Acquire)
+    }
+
+    /// Resize the CQ to `depth` entries (`ibv_resize_cq`), keeping the
+    /// completions it holds. `InvalidArgument` for 0, more than the device's
+    /// `max_cqe`, or fewer than the completions waiting in it (rxe's rules);
+    /// `NoResources` beyond the room its ring was given at creation (twice
+    /// its size, at least 1024 entries).
+    pub fn resize(&self, depth: u32) -> Result<()> {
+        let hi = self.inner.host.inner();
+        if depth == 0 || depth > hi.cfg.max_cqe {
+            return Err(Error::InvalidArgument("CQ depth"));
+        }
+        if depth > self.inner.depth {
+            return Err(Error::NoResources("CQ resize beyond the ring's room"));
+        }
+        let c = hi.seg.cq(self.inner.idx).expect("own CQ");
+        let _g = self.inner.poll_lock.lock();
+        let waiting = c.tail.load(Ordering::Acquire) - c.head.load(Ordering::Acquire);
+        if waiting > u64::from(depth) {
+            return Err(Error::InvalidArgument("fewer CQ entries than completions waiting"));
+        }
+        c.limit.store(depth, Ordering::Release);
+        Ok(())
     }
 
     #[cfg(test)]

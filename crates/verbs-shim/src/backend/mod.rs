@@ -148,6 +148,9 @@ pub trait Cq: Send + Sync {
     /// Consume this CQ's pending completion event, if any (clears `event_fd`'s
     /// readiness first; the fd is the CQ's own).
     fn take_event(&self) -> bool;
+    /// `ibv_resize_cq` to `cqe` entries (1..=max_cqe, checked by the caller),
+    /// keeping the completions it holds; refused (EINVAL) below their count.
+    fn resize(&self, cqe: u32) -> Result<()>;
 }
 
 /// An RC queue pair.

@@ -544,6 +544,9 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn resize(&self, cqe: u32) -> Result<()> {
+        self.cq.resize(cqe).map_err(np_err)
+    }
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let mut buf = [np::Completion::default(); POLL_CHUNK];
         let mut got = 0;

@@ -390,6 +390,9 @@ impl Cq for PinnedCq {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn resize(&self, cqe: u32) -> Result<()> {
+        Ok(self.cq.resize(cqe)?)
+    }
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         Ok(self.cq.poll(out)?)
     }

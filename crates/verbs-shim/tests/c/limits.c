@@ -91,6 +91,42 @@ int main(void)
 	CHECK(now_s() - t0 < 5);
 	CHECK(wc[0].wr_id == id);
 	CHECK_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+
+	/* ibv_resize_cq (rxe's rules): down and up while empty, cq->cqe follows;
+	 * not below the completions waiting, not 0, not past max_cqe (EINVAL);
+	 * the waiting completions survive a resize. */
+	{
+		struct ibv_cq *rc = ibv_create_cq(e.ctx, 3, NULL, NULL, 0);
+		CHECK(rc);
+		CHECK_EQ(ibv_resize_cq(rc, 1), 0);
+		CHECK(rc->cqe >= 1);
+		CHECK_EQ(ibv_resize_cq(rc, 7), 0);
+		CHECK(rc->cqe >= 7);
+		struct ibv_qp *x = make_qp(&e, rc), *y = make_qp(&e, rc);
+		connect_pair(&e, x, y, 7);
+		for (int i = 0; i < 6; i++)
+			CHECK_EQ(post_send1(x, 100 + i, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey,
+					    (uintptr_t)buf + 1024, mr->rkey, IBV_SEND_SIGNALED), 0);
+		/* All six are in the CQ once the last one is (in order). */
+		usleep(200000);
+		errno = 0;
+		CHECK_EQ(ibv_resize_cq(rc, 1), EINVAL);
+		CHECK_EQ(ibv_resize_cq(rc, 0), EINVAL);
+		CHECK_EQ(ibv_resize_cq(rc, da.max_cqe + 1), EINVAL);
+		CHECK(rc->cqe >= 7);
+		CHECK_EQ(ibv_resize_cq(rc, 6), 0);
+		struct ibv_wc w6[6];
+		poll_n(rc, w6, 6, 5);
+		for (int i = 0; i < 6; i++) {
+			CHECK_EQ(w6[i].wr_id, 100 + i);
+			CHECK_EQ(w6[i].status, IBV_WC_SUCCESS);
+		}
+		CHECK_EQ(ibv_resize_cq(rc, 2), 0);
+		CHECK_EQ(rc->cqe, 2);
+		CHECK_EQ(ibv_destroy_qp(x), 0);
+		CHECK_EQ(ibv_destroy_qp(y), 0);
+		CHECK_EQ(ibv_destroy_cq(rc), 0);
+	}
 	close_pair(&e, a, b, mr, cq);
 	printf("limits ok\n");
 	return 0;
