@@ -571,6 +571,26 @@ pub trait Nic: Send + Sync {
     /// The memory must stay mapped while the MR exists.
     #[allow(unsafe_code)] // declaration only: the caller upholds the contract
     unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Self::Mr, Self::Error>;
+    /// [`Nic::reg_mr`] in protection sub-domain `domain` (0 = none; see
+    /// [`IommuControl::reg_mr_iova`]): the temporary MRs a peer's reverse
+    /// operation reaches, through a QP of that domain only. A backend without
+    /// sub-domains (the default) registers it as [`Nic::reg_mr`] does: its
+    /// peers reach it from any QP of its PD.
+    ///
+    /// # Safety
+    /// As [`Nic::reg_mr`].
+    #[allow(unsafe_code)] // the caller upholds the contract
+    unsafe fn reg_mr_in_domain(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        domain: u32,
+    ) -> Result<Self::Mr, Self::Error> {
+        let _ = domain;
+        // SAFETY: forwarded contract.
+        unsafe { self.reg_mr(addr, len, access) }
+    }
     /// `len` zeroed bytes the backend allocates and registers with `access`
     /// ([`NicBuf`]).
     fn alloc_buf(&self, len: usize, access: Access) -> Result<Self::Buf, Self::Error>;

@@ -613,3 +613,40 @@ fn any_qp_mr_waives_qp_access_flags_only() {
         }
     }
 }
+
+/// A standard (passthrough) MR in a protection sub-domain (`Pd::reg_mr_in_domain`,
+/// the NP-RDMA layer's temporary MRs) is reached with its rkey only through a
+/// QP of that domain: from another domain's QP the READ fails with
+/// REM_ACCESS_ERR and the WRITE leaves the bytes as they were.
+#[test]
+fn a_standard_mr_in_a_sub_domain_is_reached_only_from_that_domain() {
+    for cfg in [HostConfig::default(), ring_cfg()] {
+        for (qp_domain, ok) in [(5u32, true), (6, false)] {
+            let ha = Host::new(cfg.clone()).unwrap();
+            let hb = Host::new(cfg.clone()).unwrap();
+            let a = end(&ha, &QpInitAttr::default());
+            let b = end(&hb, &QpInitAttr::default());
+            b.qp.set_domain(qp_domain);
+            connect(&a, &b, all_access(), 7);
+            let mut mem = vec![7u8; 4096];
+            // SAFETY: `mem` outlives the MR (dropped at the end of the iteration,
+            // after it).
+            let mr = unsafe {
+                b.pd.reg_mr_in_domain(mem.as_mut_ptr() as usize, mem.len(), all_access() | Access::ANY_QP, 5)
+            }
+            .unwrap();
+            let l = buf(&a.pd, 64, 9);
+            let sge = [l.sge(0, 64)];
+            a.qp.post_send(&[SendWr::new(1, WrOpcode::Write, &sge).remote(mr.addr() as u64, mr.rkey())])
+                .unwrap();
+            let w = wait1(&a.cq);
+            if ok {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            } else {
+                assert_eq!(w.status, WcStatus::RemAccessErr, "{w:?}");
+            }
+            drop(mr);
+            assert_eq!(mem[0], if ok { 9 } else { 7 });
+        }
+    }
+}

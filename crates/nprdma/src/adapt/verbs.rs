@@ -356,6 +356,22 @@ impl nic::Nic for RnicNic {
                 .map(RnicMr)
         }
     }
+    #[allow(unsafe_code)]
+    unsafe fn reg_mr_in_domain(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        domain: u32,
+    ) -> Result<RnicMr, rnic::Error> {
+        // SAFETY: forwarded contract (the memory stays mapped while the MR
+        // exists).
+        unsafe {
+            self.pd
+                .reg_mr_in_domain(addr as usize, len as usize, rnic_access(access), domain)
+                .map(RnicMr)
+        }
+    }
     fn alloc_buf(&self, len: usize, access: Access) -> Result<RnicBuf, rnic::Error> {
         self.pd
             .reg_mr_owned(vec![0; len], rnic_access(access))

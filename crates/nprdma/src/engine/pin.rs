@@ -100,11 +100,14 @@ pub(super) fn temp_mr<N: Backend>(
     addr: u64,
     len: u64,
     acc: Access,
+    domain: u32,
 ) -> Result<TempMr<N>, ()> {
     // `ANY_QP`: the peer's reverse operation reaches it whatever the
-    // application's flags on the QP (the MR's own rights still apply).
+    // application's flags on the QP (the MR's own rights still apply); in
+    // sub-domain `domain` (the operation's QP's PD; 0 for an MR only this
+    // side's NIC uses), only through a QP of that PD.
     let acc = acc | Access::ANY_QP;
-    if let Some(m) = cache.lookup(addr, len, acc) {
+    if let Some(m) = cache.lookup(addr, len, acc, domain) {
         return Ok(m);
     }
     let (start, rlen) = if cache.enabled() {
@@ -119,10 +122,10 @@ pub(super) fn temp_mr<N: Backend>(
     // `Hold` drops its reference before the pin). A reference the cache
     // keeps longer is dropped before those pages are evicted or unmapped, or
     // the application MR deregistered (`RegCache` is a swap listener).
-    let mr = unsafe { nic.reg_mr(start, rlen, acc) }.map_err(|e| {
+    let mr = unsafe { nic.reg_mr_in_domain(start, rlen, acc, domain) }.map_err(|e| {
         tracing::warn!(error = %e, "temporary MR failed");
     })?;
     let mr = Arc::new(mr);
-    cache.insert(start, rlen, acc, &mr);
+    cache.insert(start, rlen, acc, domain, &mr);
     Ok(mr)
 }

@@ -28,6 +28,8 @@ struct Entry<N: Backend> {
     start: u64,
     end: u64,
     access: Access,
+    /// The protection sub-domain it was registered in (`temp_mr`).
+    domain: u32,
     mr: TempMr<N>,
     used: u64,
 }
@@ -83,18 +85,24 @@ impl<N: Backend> RegCache<N> {
         }
     }
 
-    /// A cached MR covering `[addr, addr+len)` with exactly `access`.
-    pub(super) fn lookup(&self, addr: u64, len: u64, access: Access) -> Option<TempMr<N>> {
+    /// A cached MR covering `[addr, addr+len)` with exactly `access`, in
+    /// sub-domain `domain`.
+    pub(super) fn lookup(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        domain: u32,
+    ) -> Option<TempMr<N>> {
         if !self.enabled() {
             return None;
         }
         let mut g = self.inner.lock();
         g.tick += 1;
         let tick = g.tick;
-        let e = g
-            .entries
-            .iter_mut()
-            .find(|e| e.access == access && e.start <= addr && addr + len <= e.end)?;
+        let e = g.entries.iter_mut().find(|e| {
+            e.access == access && e.domain == domain && e.start <= addr && addr + len <= e.end
+        })?;
         e.used = tick;
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(e.mr.clone())
@@ -108,7 +116,7 @@ impl<N: Backend> RegCache<N> {
 
     /// Keep `mr` (over `[start, start+len)`, registered after a miss),
     /// evicting the least recently used entries beyond the budget.
-    pub(super) fn insert(&self, start: u64, len: u64, access: Access, mr: &TempMr<N>) {
+    pub(super) fn insert(&self, start: u64, len: u64, access: Access, domain: u32, mr: &TempMr<N>) {
         self.misses.fetch_add(1, Ordering::Relaxed);
         if !self.enabled() || len > self.budget {
             return;
@@ -122,6 +130,7 @@ impl<N: Backend> RegCache<N> {
                 start,
                 end: start + len,
                 access,
+                domain,
                 mr: mr.clone(),
                 used,
             });

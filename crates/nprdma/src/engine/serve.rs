@@ -98,6 +98,7 @@ fn serve_fault<N: Backend>(
         f.remote_addr,
         f.len as u64,
         Access::LOCAL_WRITE,
+        0,
     ) else {
         return reply(qp, sh, f.req_id, Status::NoResources, 0);
     };
@@ -736,6 +737,10 @@ fn on_atomic<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, a: &Atomi
     );
 }
 
+/// Messages a QP holds for its RECVs at most: a peer's QP has at most its
+/// depth (≤ 1000) of them outstanding.
+const MAX_INBOUND: usize = 1024;
+
 /// [`Repr::SendInline`], [`Repr::SendRendezvous`],
 /// [`Repr::WriteImmNotify`]: queued for the posted RECVs.
 fn on_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Repr<'_>) {
@@ -745,6 +750,13 @@ fn on_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, msg: Rep
     if qp.rnr_failed {
         // Sent behind a message that ran out of RNR retries: its sender's QP
         // failed and flushed it (see `rnr_expire`).
+        return;
+    }
+    if qp.inbound.len() >= MAX_INBOUND {
+        // More than any peer's QP can have outstanding: a peer that does not
+        // play by the protocol gets an error answer, not our memory.
+        tracing::warn!(qpn = qp.qpn, "inbound message queue full: dropped");
+        reply(qp, sh, inbound_req_id(&msg), Status::RemoteOp, 0);
         return;
     }
     qp.inbound.push_back(msg.into_owned());
@@ -1020,8 +1032,15 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 }
                 let pinned =
                     engine_pin(&sh.mm, &m, raddr, len as u64, PinFor::Write).and_then(|p| {
-                        temp_mr(&sh.nic, &sh.cache, raddr, len as u64, Access::LOCAL_WRITE)
-                            .map(|t| (p, t))
+                        temp_mr(
+                            &sh.nic,
+                            &sh.cache,
+                            raddr,
+                            len as u64,
+                            Access::LOCAL_WRITE,
+                            0,
+                        )
+                        .map(|t| (p, t))
                     });
                 let Ok((pin, tmr)) = pinned else {
                     cqe.status = WcStatus::LocProtErr.code();

@@ -61,7 +61,7 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     mark(Step::ICheckFail);
     st.stats.two_sided += 1;
     let Some(qp) = st.qp(qi) else { return };
-    let rnr_retry = qp.rnr_retry;
+    let (rnr_retry, domain) = (qp.rnr_retry, qp.pd);
     let Some(op) = qp.ops.get_mut(id) else { return };
     if local_fenced(&sh.mm, op) {
         // Deregistered (or unmapped) since it was posted: no temporary MR
@@ -73,14 +73,14 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     let mut stack = [0u8; mem::STACK_COPY];
     let msg = match op.wr.op {
         AppOp::Read | AppOp::Write | AppOp::WriteImm(_) => {
-            rw_request(sh, op, id, &mut hold, &mut stack)
+            rw_request(sh, op, id, domain, &mut hold, &mut stack)
         }
         AppOp::CmpSwap { compare, swap } => {
             Ok(atomic_request(op, id, AtomicKind::CmpSwap, compare, swap))
         }
         AppOp::FetchAdd { add } => Ok(atomic_request(op, id, AtomicKind::FetchAdd, add, 0)),
         AppOp::Send | AppOp::SendImm(_) => {
-            send_request(sh, op, id, rnr_retry, &mut hold, &mut stack)
+            send_request(sh, op, id, rnr_retry, domain, &mut hold, &mut stack)
         }
     };
     let Ok(msg) = msg else {
@@ -103,6 +103,7 @@ fn rw_request<'s, N: Backend>(
     sh: &Shared<N>,
     op: &mut Op<N>,
     id: u32,
+    domain: u32,
     hold: &mut Hold<N>,
     stack: &'s mut [u8; mem::STACK_COPY],
 ) -> Result<Repr<'s>, ()> {
@@ -140,7 +141,7 @@ fn rw_request<'s, N: Backend>(
     } else {
         Access::REMOTE_READ
     };
-    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, acc)?;
+    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, acc, domain)?;
     let key = mr.rkey();
     hold.mr = Some(mr);
     let retry_mode = sh.cfg.retry_mode && op.retry == Retry::NotTried;
@@ -189,6 +190,7 @@ fn send_request<'s, N: Backend>(
     op: &mut Op<N>,
     id: u32,
     rnr_retry: u8,
+    domain: u32,
     hold: &mut Hold<N>,
     stack: &'s mut [u8; mem::STACK_COPY],
 ) -> Result<Repr<'s>, ()> {
@@ -207,7 +209,7 @@ fn send_request<'s, N: Backend>(
         });
     }
     hold.pin = pin_local(sh, op)?;
-    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, Access::REMOTE_READ)?;
+    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, Access::REMOTE_READ, domain)?;
     let key = mr.rkey();
     hold.mr = Some(mr);
     Ok(Repr::SendRendezvous {

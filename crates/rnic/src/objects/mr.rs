@@ -68,6 +68,16 @@ impl Pd {
         self.reg(addr, len, access, None, 0)
     }
 
+    /// [`Pd::reg_mr`] in protection sub-domain `domain` (nonzero: of the QPs of this
+    /// PD only those set to the same domain reach it with its rkey; see
+    /// [`Pd::reg_mr_iova_in_domain`]).
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr`].
+    pub unsafe fn reg_mr_in_domain(&self, addr: usize, len: usize, access: Access, domain: u32) -> Result<Mr> {
+        self.reg(addr, len, access, None, domain)
+    }
+
     /// Register `[addr, addr+len)` with its MTT going through IOVA range `range`:
     /// MR page i -> IOVA page `range.base + i` -> IOMMU -> frame.
     ///
