@@ -31,6 +31,9 @@ impl IommuControl for NoIommu {
     fn flush(&self) -> Result<(), Error> {
         match *self {}
     }
+    fn set_mr_rights(&self, _mr: &mut VerbsMr, _access: Access, _domain: u32) -> Result<(), Error> {
+        match *self {}
+    }
     #[allow(unsafe_code)]
     unsafe fn reg_mr_iova(
         &self,

@@ -330,6 +330,12 @@ impl NicQp for VerbsQp {
         self.modify("ibv_modify_qp(ERR)", &mut a, IBV_QP_STATE)
     }
 
+    fn reset(&self) -> Result<(), Error> {
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = IBV_QPS_RESET;
+        self.modify("ibv_modify_qp(RESET)", &mut a, IBV_QP_STATE)
+    }
+
     fn set_access(&self, access: Access) -> Result<(), Error> {
         let mut a: ibv_qp_attr = zeroed();
         a.qp_access_flags = qp_access(access) as u32;

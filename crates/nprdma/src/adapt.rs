@@ -106,6 +106,14 @@ impl IommuControl for RnicIommu {
     fn test_and_clear_young(&self, range: &Self::Range, index: u64) -> Result<bool, Self::Error> {
         self.host.iommu().test_and_clear_young(range, index)
     }
+    fn set_mr_rights(
+        &self,
+        mr: &mut RnicMr,
+        access: Access,
+        domain: u32,
+    ) -> Result<(), Self::Error> {
+        mr.0.set_rights(rnic_access(access), domain)
+    }
     #[allow(unsafe_code)]
     unsafe fn reg_mr_iova(
         &self,

@@ -137,8 +137,10 @@
 //!   only a receiver that is gone or stopped lets it reach
 //!   `Config::two_sided_timeout` (5 s, RETRY_EXC_ERR), like any two-sided
 //!   request unanswered that long.
-//! * `Qp::reset` returns a QP to RESET (outstanding WRs flushed) with its
-//!   number kept, to connect it again (not in user-space mode).
+//! * `Qp::reset` returns a QP to RESET with its number kept (its NIC QPs
+//!   reset in place), to connect it again; what was outstanding goes without
+//!   a completion, as on verbs hardware. `Mr::rereg` changes an MR's PD or
+//!   rights in place, keys kept.
 //! * Rendezvous receives of a QP are served one at a time; the eager
 //!   swap-in hook is not wired.
 //! * On a NIC without IOMMU control (`ibverbs-nic`: any libibverbs device)

@@ -458,6 +458,9 @@ pub trait NicQp: Send + Sync {
     fn post_recv(&self, wrs: &[RecvRequest<'_>]) -> Result<(), PostError<Self::Error>>;
     /// Move the QP to ERR: outstanding WRs complete with WR_FLUSH_ERR.
     fn set_error(&self) -> Result<(), Self::Error>;
+    /// Move the QP to RESET (from ERR): its queues emptied, its connection
+    /// forgotten; [`NicQp::connect`] connects it again, with its number.
+    fn reset(&self) -> Result<(), Self::Error>;
     /// Change the rights the QP grants the peer's requests
     /// (`ibv_modify_qp` with `IBV_QP_ACCESS_FLAGS`; REMOTE_* bits count).
     fn set_access(&self, access: Access) -> Result<(), Self::Error>;
@@ -529,6 +532,16 @@ pub trait IommuControl: Send + Sync {
         range: &Self::Range,
         domain: u32,
     ) -> Result<Self::Mr, Self::Error>;
+    /// Change an MR made by [`IommuControl::reg_mr_iova`] in place — its
+    /// rights and its protection sub-domain — keeping its keys and
+    /// translation (`ibv_rereg_mr` of an application MR's views); the DMA
+    /// already inside it finishes first.
+    fn set_mr_rights(
+        &self,
+        mr: &mut Self::Mr,
+        access: Access,
+        domain: u32,
+    ) -> Result<(), Self::Error>;
     /// Tell the NIC model which pages of this process are resident (the
     /// host-OS role; the software NIC counts and refuses DMA to
     /// non-resident frames). A real IOMMU driver ignores it.

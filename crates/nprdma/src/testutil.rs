@@ -121,6 +121,14 @@ impl IommuControl for FakeIommu {
         self.log.lock().unwrap().push(Ev::Flush);
         Ok(())
     }
+    fn set_mr_rights(
+        &self,
+        _mr: &mut FakeMr,
+        _access: Access,
+        _domain: u32,
+    ) -> Result<(), FakeErr> {
+        Ok(())
+    }
     fn test_and_clear_young(&self, r: &FakeRange, idx: u64) -> Result<bool, FakeErr> {
         if idx >= r.npages {
             return Err(FakeErr("bad index"));
@@ -477,6 +485,18 @@ impl IommuControl for FakeNicIommu {
             fabric: self.fabric.clone(),
         })
     }
+    fn set_mr_rights(
+        &self,
+        mr: &mut FakeNicMr,
+        access: Access,
+        _domain: u32,
+    ) -> Result<(), FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let e = f.mrs.get_mut(&mr.key).ok_or(FakeNicErr("no such MR"))?;
+        e.1.access = access;
+        mr.region.access = access;
+        Ok(())
+    }
     fn set_resident(&self, _addr: u64, _len: u64, _resident: bool) -> Result<(), FakeNicErr> {
         Ok(())
     }
@@ -747,6 +767,14 @@ impl NicQp for FakeQp {
         let mut f = self.fabric.lock().expect("fabric");
         let q = f.qps.get_mut(&self.qpn).ok_or(FakeNicErr("no such QP"))?;
         q.access = access;
+        Ok(())
+    }
+    fn reset(&self) -> Result<(), FakeNicErr> {
+        let mut f = self.fabric.lock().expect("fabric");
+        let q = f.qps.get_mut(&self.qpn).ok_or(FakeNicErr("no such QP"))?;
+        q.err = false;
+        q.peer = None;
+        q.recvs.clear();
         Ok(())
     }
     fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), PostError<FakeNicErr>> {

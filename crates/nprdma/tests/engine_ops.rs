@@ -964,3 +964,71 @@ fn a_message_without_a_recv_follows_the_rnr_policy() {
     assert_eq!(wait1(&a.cq).status, 13);
     empty(&b.rcq, 50);
 }
+
+/// `Mr::rereg` in place (ibv_rereg_mr without a new translation): the keys
+/// stay; new rights and a new PD hold at once, one-sided (the target's NIC)
+/// and two-sided (its CPU, a page swapped out) alike.
+#[test]
+fn rereg_changes_rights_and_pd_in_place() {
+    let e = env();
+    let la = Buf::with(&e.a, 8192, Some(&pattern(5, 8192)));
+    let rb = Buf::with(&e.b, 8192, Some(&pattern(6, 8192)));
+    let key = rb.mr.rkey();
+    let write = |qp: &nprdma::Qp, id: u64| {
+        qp.post_send(&[SendWr::new(
+            id,
+            Opcode::Write,
+            Some(la.mr.sge(0, 64)),
+            rb.addr(),
+            key,
+        )])
+        .unwrap();
+        wait1(&e.a.cq)
+    };
+    let (q1, _q1b) = connect(&e.a, &e.b, 16);
+    assert_eq!(write(&q1, 1).status, 0);
+    // No REMOTE_WRITE any more: refused, resident page or swapped out.
+    rb.mr
+        .rereg(
+            None,
+            Some(nprdma::Access(
+                nprdma::Access::LOCAL_WRITE.0 | nprdma::Access::REMOTE_READ.0,
+            )),
+        )
+        .unwrap();
+    assert_eq!(rb.mr.rkey(), key);
+    assert_eq!(
+        write(&q1, 2).status,
+        10,
+        "one-sided WRITE after the rights went"
+    );
+    for swapped in [false, true] {
+        let (q, _qb) = connect(&e.a, &e.b, 16);
+        if swapped {
+            rb.swap_out();
+        }
+        assert_eq!(write(&q, 3).status, 10, "WRITE, swapped out {swapped}");
+    }
+    // Rights back, then the MR moves to another PD: a QP of the old PD is
+    // refused, one of the new PD reaches it.
+    let all = nprdma::Access(
+        nprdma::Access::LOCAL_WRITE.0
+            | nprdma::Access::REMOTE_READ.0
+            | nprdma::Access::REMOTE_WRITE.0,
+    );
+    rb.mr.rereg(None, Some(all)).unwrap();
+    let (q, _qb) = connect(&e.a, &e.b, 16);
+    assert_eq!(write(&q, 4).status, 0);
+    let pd2 = e.b.ctx.alloc_pd();
+    rb.mr.rereg(Some(pd2.id()), None).unwrap();
+    let (q, _qb) = connect(&e.a, &e.b, 16);
+    assert_eq!(write(&q, 5).status, 10, "a QP of the old PD");
+    let qa = e.a.pd.create_qp(&e.a.cq, &e.a.rcq, 16).unwrap();
+    let qb = pd2.create_qp(&e.b.cq, &e.b.rcq, 16).unwrap();
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    assert_eq!(write(&qa, 6).status, 0, "a QP of the new PD");
+    rb.swap_out();
+    assert_eq!(write(&qa, 7).status, 0, "two-sided, new PD");
+    assert_eq!(&rb.bytes()[..64], &pattern(5, 8192)[..64]);
+}

@@ -87,6 +87,9 @@ impl IommuControl for ToyIommu {
     fn free_range(&self, _: u32) -> Result<(), ToyErr> {
         Ok(())
     }
+    fn set_mr_rights(&self, _mr: &mut ToyMr, _access: Access, _domain: u32) -> Result<(), ToyErr> {
+        Ok(())
+    }
     fn map(&self, r: &u32, idx: u64, frame: Frame) -> Result<(), ToyErr> {
         let e = match frame {
             Frame::Unmapped => F_UNMAPPED,

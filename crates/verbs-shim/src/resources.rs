@@ -271,6 +271,10 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             s.mr.addr = a as *mut c_void;
             s.mr.length = l as u64;
         }
+        // A new translation may come with new keys (NP-RDMA mode; libibverbs
+        // updates them from the kernel's answer the same way).
+        s.mr.lkey = s.inner.lkey();
+        s.mr.rkey = s.inner.rkey();
         // SAFETY: the MR's PD is ours.
         let pd_handle = unsafe { shim::<_, ShimPd>(s.mr.pd, "PD")? }.pd.handle;
         if let Some(x) = EXPORTS.lock().mrs.get_mut(&s.mr.handle) {

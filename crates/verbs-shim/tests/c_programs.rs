@@ -1,6 +1,7 @@
 //! C programs written against `<infiniband/verbs.h>` only (`tests/c/*.c`), compiled
 //! with `cc -libverbs` and run under `LD_PRELOAD=libnprdma.so` in pinned and NP-RDMA
-//! mode: verbs semantics as rxe/mlx5 give them (QP state machine, post-time
+//! mode, and in NP-RDMA's user-space mode over a second copy of the library (the
+//! chain): verbs semantics as rxe/mlx5 give them (QP state machine, post-time
 //! refusals and `bad_wr`, completion statuses and fields, resource rules,
 //! completion channels, a peer killed mid-run). Each program asserts and exits
 //! non-zero on a mismatch. Skipped (with a message) without libibverbs' headers.
@@ -53,11 +54,18 @@ fn compile(name: &str) -> Option<PathBuf> {
     Some(exe)
 }
 
-/// Run `name` in both modes; each must exit 0.
+/// Run `name` in both modes, and in NP-RDMA's user-space mode over the C ABI of a
+/// second copy of the library (the chain of `perftest.rs`); each must exit 0.
 fn check(name: &str) {
     let Some(exe) = compile(name) else { return };
-    for mode in ["pinned", "nprdma"] {
-        let o = run(&exe, &[], &[("NPRDMA_MODE", mode)]);
+    let chain = chain_env(&[]);
+    let runs: [(&str, Vec<(&str, &str)>); 3] = [
+        ("pinned", vec![("NPRDMA_MODE", "pinned")]),
+        ("nprdma", vec![("NPRDMA_MODE", "nprdma")]),
+        ("user-space (chain)", env_refs(&chain)),
+    ];
+    for (mode, env) in runs {
+        let o = run(&exe, &[], &env);
         assert!(
             o.ok(),
             "{name} in {mode} mode: exit {:?}\n{}",

@@ -234,6 +234,13 @@ impl nic::NicQp for RnicQp {
         self.0
             .connect(acc, rnic::HostAddr::from_bytes(&peer.0), peer_qpn, 7)
     }
+    fn reset(&self) -> Result<(), rnic::Error> {
+        let a = rnic::QpAttr {
+            qp_state: rnic::QpState::Reset,
+            ..rnic::QpAttr::default()
+        };
+        self.0.modify(&a, rnic::QpAttrMask::STATE)
+    }
     #[inline]
     fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), PostError<rnic::Error>> {
         // The engine's common cases, a few WRs without inline data (their

@@ -73,9 +73,9 @@ pub(super) fn try_post<N: Backend>(
     let Some(lmr) = mrs.get(&sge.lkey) else {
         return false;
     };
-    if lmr.pd != qp.pd
+    if lmr.pd() != qp.pd
         || !lmr.contains(laddr, len)
-        || (wr.op == AppOp::Read && !lmr.access.contains(Access::LOCAL_WRITE))
+        || (wr.op == AppOp::Read && !lmr.access().contains(Access::LOCAL_WRITE))
     {
         return false;
     }

@@ -249,6 +249,11 @@ impl<N: Backend> Pd<N> {
         unsafe { reg::register(&self.ctx.sh, self.id, addr, len, access) }
     }
 
+    /// This PD's id, for [`Mr::rereg`].
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// A shared receive queue of `depth` receives, for QPs of this context
     /// ([`Qp::attach_srq`]); their messages take its receives in post order.
     pub fn create_srq(&self, depth: u32) -> Result<Srq<N>, Error> {
@@ -457,38 +462,26 @@ impl<N: Backend> Qp<N> {
     /// so that it can be connected again ([`Qp::connect`]) to the same or
     /// another peer QP, keeping its number, PD, CQs, depth, SRQ and service
     /// (RC/UC); remote access and the RNR policy go back to their defaults.
-    /// What is outstanding completes first with WR_FLUSH_ERR, as on the way
-    /// through ERR (every posted WR completes exactly once). Not in
-    /// user-space mode, whose device numbers its QPs itself (`Error::Invalid`).
-    /// If the new NIC QPs cannot be made, the QP stays unusable (every later
-    /// call fails with `Error::QpState`) and the error is returned.
+    /// As on verbs hardware (IB: "WQEs are removed without completion"; mlx5
+    /// also cleans the QP's completions out of its CQs), what is outstanding
+    /// is dropped and the QP's completions still queued in its CQs go with
+    /// it. Its NIC QPs are reset in place, so a peer connected to it
+    /// meanwhile still reaches it. If they cannot be, the QP stays unusable
+    /// (every later call fails with `Error::QpState`) and the error is
+    /// returned.
     pub fn reset(&self) -> Result<(), Error> {
         let sh = &self.ctx.sh;
-        if sh.iommu.is_user() {
-            return Err(Error::Invalid(
-                "a QP cannot return to RESET in user-space mode (its device numbers QPs)",
-            ));
-        }
         let (idx, gen) = self.at();
-        let (keep, old) = {
+        let old = {
             let mut st = sh.st.lock();
-            let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
-            let keep = (
-                qp.pd,
-                qp.send_cq.clone(),
-                qp.recv_cq.clone(),
-                qp.depth,
-                qp.unreliable,
-                qp.srq.clone(),
-            );
-            (keep, retire::destroy_qp(sh, &mut st, idx, gen))
+            st.qp_mut(idx, gen).ok_or(Error::QpState)?;
+            let old = retire::destroy_qp(sh, &mut st, idx, gen).ok_or(Error::QpState)?;
+            old.send_cq.discard_qp(self.qpn);
+            old.recv_cq.discard_qp(self.qpn);
+            old
         };
-        // The old NIC QPs go (and free the number) outside the engine lock.
-        drop(old);
-        let (pd, scq, rcq, depth, unreliable, srq) = keep;
-        let mut qs = QpState::create(sh, pd, scq, rcq, depth, Some(self.qpn))?;
-        qs.unreliable = unreliable;
-        qs.srq = srq;
+        // The NIC QPs go to RESET outside the engine lock.
+        let qs = old.renew(sh)?;
         let (idx, gen) = sh.st.lock().insert_qp(qs);
         self.slot
             .store(slot_of(idx, gen), std::sync::atomic::Ordering::Release);

@@ -2,7 +2,7 @@
 //! Write MR over two IOVA ranges (mapped from residency) + a pinned Version
 //! MR, a swap listener, a pager registration and a frame-map range.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -19,10 +19,13 @@ use crate::shadow::MrShadow;
 /// once, so no DMA reaches the memory after `Mr` drop returns, and the
 /// operations still in flight complete with an error.
 pub(crate) struct MrEntry<N: Backend> {
-    pub pd: u32,
+    /// The application PD (see [`MrEntry::pd`]; `Mr::rereg` changes it).
+    pub(super) pd: AtomicU32,
     pub addr: u64,
     pub len: u64,
-    pub access: Access,
+    /// The application's rights (see [`MrEntry::access`]; `Mr::rereg`
+    /// changes them).
+    pub(super) access: AtomicU32,
     pub key: u32,
     pub mapping: KeyMapping,
     /// The NIC MRs; `None` once fenced (or before registration finished).
@@ -51,6 +54,14 @@ pub(super) struct NicMrs<N: Backend> {
 }
 
 impl<N: Backend> MrEntry<N> {
+    /// The application PD the MR is registered in.
+    pub fn pd(&self) -> u32 {
+        self.pd.load(Ordering::Acquire)
+    }
+    /// The application's access rights of the MR.
+    pub fn access(&self) -> Access {
+        Access(self.access.load(Ordering::Acquire))
+    }
     /// The Read MR's lkey (invalid at the NIC once fenced).
     pub fn read_lkey(&self) -> u32 {
         self.read_lkey

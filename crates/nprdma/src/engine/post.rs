@@ -62,9 +62,9 @@ pub(crate) fn post_send<N: Backend>(
             match &lmr {
                 None => status = WcStatus::LocProtErr,
                 Some(m) => {
-                    if m.pd != qp.pd
+                    if m.pd() != qp.pd
                         || !m.contains(laddr, len)
-                        || (local_write && !m.access.contains(Access::LOCAL_WRITE))
+                        || (local_write && !m.access().contains(Access::LOCAL_WRITE))
                     {
                         status = WcStatus::LocProtErr;
                     }

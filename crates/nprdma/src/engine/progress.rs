@@ -166,6 +166,9 @@ fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
         // at once (as the NIC does for its own requests), not at the timeout.
         if waiting && (qp.ctrl.as_ref().is_some_and(|c| c.peer_gone()) || qp.data.peer_gone()) {
             gone.push(qi);
+        } else if waiting && qp.probed.is_none_or(|t| t.elapsed() > PEER_CHECK_AFTER) {
+            // A device that cannot say: ask its transport.
+            qp.probe_peer();
         }
     }
     // Messages held for a RECV: answered RNR past their budget; the others'
@@ -226,6 +229,12 @@ pub(super) fn handle_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, wc: &Comp
         WrKind::Op => on_op_wc(sh, st, qi, id, step, status),
         WrKind::Rev => on_rev_wc(sh, st, qi, id, status == WcStatus::Success),
         WrKind::CtrlSend => on_ctrl_send_wc(st, qi, status),
+        WrKind::Probe => {
+            if status != WcStatus::Success && status != WcStatus::WrFlushErr {
+                tracing::warn!(status = ?status, "liveness probe failed: peer gone");
+                fail_qp(st, qi, WcStatus::RetryExcErr);
+            }
+        }
         WrKind::Readback => {
             if st.qp(qi).is_some() {
                 check_batch(sh, st, qi, id, status);

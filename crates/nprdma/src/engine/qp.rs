@@ -37,6 +37,16 @@ fn inline_sge(s: &[u8]) -> [Sge; 1] {
     }]
 }
 
+/// A QP's NIC resources: what [`QpState::renew`] keeps.
+struct NicParts<N: Backend> {
+    data: N::Qp,
+    ctrl: Option<N::Qp>,
+    ring: N::Buf,
+    scratch: N::Buf,
+    nslots: u32,
+    slot_size: usize,
+}
+
 /// How long the inbound message at the head of a QP's queue waits for a RECV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum RnrWait {
@@ -156,6 +166,9 @@ pub(crate) struct QpState<N: Backend> {
     /// target page out: the next ones probe versions first. A probe that
     /// finds every page in clears it, so a QP without faults never probes.
     pub(super) probe_hint: bool,
+    /// When the last liveness probe of the peer went out
+    /// ([`QpState::probe_peer`]).
+    pub(super) probed: Option<std::time::Instant>,
 }
 
 impl<N: Backend> QpState<N> {
@@ -261,6 +274,60 @@ impl<N: Backend> QpState<N> {
             .nic
             .alloc_buf(scratch_len as usize, Access::LOCAL_WRITE)
             .map_err(N::error)?;
+        let nic = NicParts {
+            data,
+            ctrl,
+            ring,
+            scratch,
+            nslots,
+            slot_size,
+        };
+        Self::assemble(sh, pd, send_cq, recv_cq, depth, nic)
+    }
+
+    /// A QP in RESET again (`Qp::reset`): the state of a new QP over this
+    /// one's NIC resources — its NIC QPs, moved to RESET here (they keep
+    /// their numbers, and a peer's NIC its way to them), rings and scratch —
+    /// with its PD, CQs, depth, SRQ and service. Its operations and RECVs
+    /// were flushed by the caller (`retire::destroy_qp`).
+    pub fn renew(self, sh: &Dev<N>) -> Result<QpState<N>, Error> {
+        self.data.reset().map_err(N::error)?;
+        if let Some(c) = &self.ctrl {
+            c.reset().map_err(N::error)?;
+        }
+        let (unreliable, srq) = (self.unreliable, self.srq.clone());
+        let nic = NicParts {
+            data: self.data,
+            ctrl: self.ctrl,
+            ring: self.ring,
+            scratch: self.scratch,
+            nslots: self.nslots,
+            slot_size: self.slot_size,
+        };
+        let mut qs = Self::assemble(sh, self.pd, self.send_cq, self.recv_cq, self.depth, nic)?;
+        qs.unreliable = unreliable;
+        qs.srq = srq;
+        Ok(qs)
+    }
+
+    /// The state of a QP in RESET over `nic`.
+    fn assemble(
+        sh: &Dev<N>,
+        pd: u32,
+        send_cq: Arc<UCq>,
+        recv_cq: Arc<UCq>,
+        depth: u32,
+        nic: NicParts<N>,
+    ) -> Result<QpState<N>, Error> {
+        let NicParts {
+            data,
+            ctrl,
+            ring,
+            scratch,
+            nslots,
+            slot_size,
+        } = nic;
+        let qpn = data.qpn();
         Ok(QpState {
             data,
             ctrl,
@@ -313,6 +380,7 @@ impl<N: Backend> QpState<N> {
             fast_promoted: None,
             inline_max: inline_max(sh),
             probe_hint: false,
+            probed: None,
         })
     }
 
@@ -535,6 +603,33 @@ impl<N: Backend> QpState<N> {
             Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
         } else {
             self.remote_access
+        }
+    }
+
+    /// Ask the NIC whether the peer QP is still there: a zero-length RDMA
+    /// WRITE on the control QP (no key is checked for zero bytes; the peer's
+    /// control QP grants every right), which a live peer's NIC acknowledges
+    /// and a vanished one's does not — the NIC then fails it after its retry
+    /// budget (RETRY_EXC_ERR) and the QP fails with it (`progress`). For a
+    /// device that cannot tell the engine of a peer's death otherwise
+    /// (user-space mode over libibverbs). Not when the channel rides on a data
+    /// QP that may lack REMOTE_WRITE (the probe would fail a live peer).
+    pub(super) fn probe_peer(&mut self) {
+        if !self.connected || self.dead || self.errored {
+            return;
+        }
+        if self.ctrl.is_none() && !self.nic_all_rights {
+            return;
+        }
+        self.probed = Some(std::time::Instant::now());
+        let wr = WorkRequest::new(
+            WrTag::new(self.idx, self.gen, WrKind::Probe, 0, 0).wr_id(),
+            WrOp::Write,
+            &[],
+        )
+        .remote(0, 0);
+        if let Err(e) = self.ctrl_qp().post_send(&[wr]) {
+            tracing::debug!(error = %e.source, "liveness probe not posted");
         }
     }
 

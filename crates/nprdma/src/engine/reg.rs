@@ -2,7 +2,7 @@
 //! [`Mr`] handle, [`register`] (shadow, NIC MRs, key table, peers told) and
 //! the fence that deregistration puts on everything still using the MR.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -53,6 +53,52 @@ impl<N: Backend> Mr<N> {
         let e = self.sh.st.lock().mrs.get(&self.key).cloned();
         e.is_some_and(|e| e.shadow.is_mapped(addr))
     }
+    /// Re-register in place (`ibv_rereg_mr` without a new translation):
+    /// move the MR to PD `pd` (`Pd::id` of a PD of this context)
+    /// and/or give it `access`, keeping its keys and memory. The NIC views
+    /// change first (the DMA already inside them finishes), so from the
+    /// return on a peer's one-sided operation meets the new rights and PD at
+    /// the NIC and its two-sided one at the target's check. `Error::Invalid`
+    /// for REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE or a deregistered MR.
+    pub fn rereg(&self, pd: Option<u32>, access: Option<Access>) -> Result<(), Error> {
+        let e = self
+            .sh
+            .st
+            .lock()
+            .mrs
+            .get(&self.key)
+            .cloned()
+            .ok_or(Error::Invalid("MR deregistered"))?;
+        let pd = pd.unwrap_or_else(|| e.pd());
+        let access = access.unwrap_or_else(|| e.access());
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(Error::Invalid(
+                "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        {
+            let mut nic = e.nic.lock();
+            let Some(m) = nic.as_mut() else {
+                return Err(Error::Invalid("MR deregistered"));
+            };
+            let (ra, wa) = view_access(access);
+            self.sh
+                .iommu
+                .set_mr_rights(&mut m._read, ra, pd)
+                .map_err(N::error)?;
+            self.sh
+                .iommu
+                .set_mr_rights(&mut m._write, wa, pd)
+                .map_err(N::error)?;
+        }
+        e.pd.store(pd, std::sync::atomic::Ordering::Release);
+        e.access
+            .store(access.0, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
     /// An SGE over `[addr()+off, +len)`.
     pub fn sge(&self, off: u64, len: u32) -> nic::Sge {
         nic::Sge {
@@ -83,6 +129,15 @@ impl<N: Backend> Drop for Mr<N> {
             .invalidate(start, (self.addr + self.len).next_multiple_of(PS));
         drop(entry);
     }
+}
+
+/// The NIC rights of an MR's Read and Write views for the application's
+/// `access`.
+fn view_access(access: Access) -> (Access, Access) {
+    (
+        Access(access.0 & Access::REMOTE_READ.0),
+        Access(Access::LOCAL_WRITE.0 | (access.0 & Access::REMOTE_WRITE.0)),
+    )
 }
 
 /// See `Pd::reg_mr`.
@@ -154,10 +209,10 @@ pub(crate) unsafe fn register<N: Backend>(
         }
     }
     let mut entry = MrEntry {
-        pd,
+        pd: AtomicU32::new(pd),
         addr,
         len,
-        access,
+        access: AtomicU32::new(access.0),
         key: 0,
         mapping: KeyMapping {
             app_rkey: 0,
@@ -199,8 +254,7 @@ pub(crate) unsafe fn register<N: Backend>(
                 .map_err(N::error)?
         })
     };
-    let read_access = Access(access.0 & Access::REMOTE_READ.0);
-    let write_access = Access(Access::LOCAL_WRITE.0 | (access.0 & Access::REMOTE_WRITE.0));
+    let (read_access, write_access) = view_access(access);
     // SAFETY: forwarded contract; the IOVA entries are maintained by the shadow.
     let read = unsafe {
         sh.iommu

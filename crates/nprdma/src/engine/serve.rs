@@ -245,11 +245,11 @@ fn region<'a, N: Backend>(
     pd: u32,
     rkey: u32,
 ) -> Option<Granted<'a, N>> {
-    let m = mrs.get(&rkey).filter(|m| m.pd == pd)?;
+    let m = mrs.get(&rkey).filter(|m| m.pd() == pd)?;
     Some((
         m.clone(),
         LocalRegion {
-            access: m.access,
+            access: m.access(),
             shadow: &m.shadow,
         },
     ))
@@ -939,7 +939,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
             .unwrap_or((0, 0, 0));
         let pd = qp.recv_pd();
         let rmr = rwr.sge.and_then(|_| mrs.get(&rkey).cloned()).filter(|m| {
-            m.pd == pd && m.contains(raddr, rlen) && m.access.contains(Access::LOCAL_WRITE)
+            m.pd() == pd && m.contains(raddr, rlen) && m.access().contains(Access::LOCAL_WRITE)
         });
         let valid = rwr.sge.is_none() || rmr.is_some();
         if qp.unreliable {

@@ -99,6 +99,16 @@ impl UCq {
     }
 }
 
+impl UCq {
+    /// Remove the queued completions of QP `qpn` (a QP moved to RESET, as
+    /// mlx5 cleans a reset QP's entries out of its CQs).
+    pub(crate) fn discard_qp(&self, qpn: u32) {
+        let mut q = self.q.lock();
+        q.retain(|c| c.qp_num != qpn);
+        self.len.store(q.len(), Ordering::Release);
+    }
+}
+
 impl Drop for UCq {
     fn drop(&mut self) {
         if *self.armed.get_mut() != DISARMED {

@@ -162,6 +162,18 @@ impl<N: Backend> IommuControl for Views<N> {
             }
         }
     }
+    fn set_mr_rights(
+        &self,
+        mr: &mut Self::Mr,
+        access: Access,
+        domain: u32,
+    ) -> Result<(), N::Error> {
+        match (self, mr) {
+            (Views::Nic(io), ViewMr::Nic(m)) => io.set_mr_rights(m, access, domain),
+            // Key-only views: the rights live in the engine's MR entry.
+            _ => Ok(()),
+        }
+    }
     fn set_resident(&self, addr: u64, len: u64, resident: bool) -> Result<(), N::Error> {
         match self {
             Views::Nic(io) => io.set_resident(addr, len, resident),

@@ -18,6 +18,9 @@ pub(super) enum WrKind {
     Readback = 4,
     /// A step of the QP's lean-path operation (the `fast` file).
     Fast = 5,
+    /// A zero-length RDMA WRITE on the control QP asking the NIC whether the
+    /// peer QP is still there (`QpState::probe_peer`).
+    Probe = 6,
 }
 
 impl WrKind {
@@ -29,6 +32,7 @@ impl WrKind {
             3 => WrKind::CtrlRecv,
             4 => WrKind::Readback,
             5 => WrKind::Fast,
+            6 => WrKind::Probe,
             _ => return None,
         })
     }

@@ -226,6 +226,25 @@ impl Mr {
         flushed
     }
 
+    /// Change the MR's rights and protection sub-domain in place, keeping its keys
+    /// and translation (a layer above the NIC re-registering an MR whose views it
+    /// keeps in sub-domains): fenced as [`Mr::rereg`] is (the key stops resolving
+    /// and the DMA already inside finishes first).
+    pub fn set_rights(&mut self, access: Access, domain: u32) -> Result<()> {
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
+        }
+        let hi = self.pd.host().inner().clone();
+        let rec = hi.seg.mr(self.idx).expect("own MR entry");
+        rec.key.store(0, Ordering::Release);
+        let flushed = hi.iommu.flush();
+        rec.access.store(access.bits(), Ordering::Relaxed);
+        rec.domain.store(domain, Ordering::Relaxed);
+        self.access = access;
+        rec.key.store(self.key, Ordering::Release);
+        flushed
+    }
+
     /// An SGE covering `[off, off+len)` of this MR.
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {

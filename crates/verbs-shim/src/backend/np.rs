@@ -355,17 +355,17 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
                 .reg_mr(addr as u64, len as u64, np::Access(access.bits()))
                 .map_err(np_err)?
         };
-        self.sg.lkeys.insert(
-            mr.lkey(),
-            MrInfo {
-                pd: self.id,
-                addr: addr as u64,
-                len: len as u64,
-                local_write: access.contains(Access::LOCAL_WRITE),
-            },
-        );
-        Ok(Box::new(NpMr::<N> {
+        let st = NpMrState {
             mr,
+            pd: self.pd.clone(),
+            pd_id: self.id,
+            addr: addr as u64,
+            len: len as u64,
+            access,
+        };
+        self.sg.lkeys.insert(st.mr.lkey(), st.info());
+        Ok(Box::new(NpMr::<N> {
+            st: Mutex::new(st),
             lkeys: self.sg.lkeys.clone(),
             _quota: quota,
         }))
@@ -485,24 +485,90 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
     }
 }
 
-struct NpMr<N: np::engine::Backend> {
+/// What `ibv_rereg_mr` may change of an NP-RDMA MR.
+struct NpMrState<N: np::engine::Backend> {
     mr: np::Mr<N>,
+    pd: np::Pd<N>,
+    /// The PD's id in the [`LkeyTable`].
+    pd_id: u64,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+impl<N: np::engine::Backend> NpMrState<N> {
+    fn info(&self) -> MrInfo {
+        MrInfo {
+            pd: self.pd_id,
+            addr: self.addr,
+            len: self.len,
+            local_write: self.access.contains(Access::LOCAL_WRITE),
+        }
+    }
+}
+
+struct NpMr<N: np::engine::Backend> {
+    st: Mutex<NpMrState<N>>,
     lkeys: Arc<LkeyTable>,
     _quota: Quota,
 }
 
 impl<N: np::engine::Backend> Drop for NpMr<N> {
     fn drop(&mut self) {
-        self.lkeys.remove(self.mr.lkey());
+        self.lkeys.remove(self.st.get_mut().mr.lkey());
     }
 }
 
 impl<N: np::engine::Backend> Mr for NpMr<N> {
     fn lkey(&self) -> u32 {
-        self.mr.lkey()
+        self.st.lock().mr.lkey()
     }
     fn rkey(&self) -> u32 {
-        self.mr.rkey()
+        self.st.lock().mr.rkey()
+    }
+    /// A new PD or rights: the layer's MR changes in place (same keys, the
+    /// NIC views first). A new range: a new registration (new keys, as
+    /// `ibv_rereg_mr` allows) replaces the old one once it exists.
+    unsafe fn rereg(
+        &self,
+        pd: Option<&dyn Pd>,
+        range: Option<(usize, usize)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        let new_pd = pd
+            .map(|p| super::ours::<NpPd<N>>(p.as_any(), "PD"))
+            .transpose()?;
+        let mut st = self.st.lock();
+        let acc = access.unwrap_or(st.access);
+        if let Some((addr, len)) = range {
+            let target = new_pd.map_or(&st.pd, |p| &p.pd);
+            // SAFETY: forwarded contract: the application keeps the new range
+            // mapped while registered.
+            let mr = unsafe {
+                target
+                    .reg_mr(addr as u64, len as u64, np::Access(acc.bits()))
+                    .map_err(np_err)?
+            };
+            self.lkeys.remove(st.mr.lkey());
+            // The old registration goes (fenced) as it is replaced.
+            st.mr = mr;
+            st.addr = addr as u64;
+            st.len = len as u64;
+        } else {
+            st.mr
+                .rereg(
+                    new_pd.map(|p| p.pd.id()),
+                    access.map(|a| np::Access(a.bits())),
+                )
+                .map_err(np_err)?;
+        }
+        if let Some(p) = new_pd {
+            st.pd = p.pd.clone();
+            st.pd_id = p.id;
+        }
+        st.access = acc;
+        self.lkeys.insert(st.mr.lkey(), st.info());
+        Ok(())
     }
 }
 
@@ -915,13 +981,14 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         }
         if to == QpState::Reset {
             if from != QpState::Reset {
-                // A fresh layer QP of the same number (user-space mode cannot:
-                // its device numbers QPs itself), granting nothing until the
-                // next INIT sets qp_access_flags, as a new QP.
-                self.qp().reset().map_err(|e| match e {
-                    np::Error::Invalid(m) => ShimError::Unsupported(m.into()),
-                    e => np_err(e),
-                })?;
+                // The layer's QP anew over the same NIC QPs (reset in place),
+                // granting nothing until the next INIT sets qp_access_flags, as
+                // a new QP.
+                self.qp().reset().map_err(np_err)?;
+                if let Some(t) = &self.sgl {
+                    // Its WRs went without completions: their bounce buffers too.
+                    *t.lock() = Sgl::default();
+                }
                 self.qp().set_remote_access(np::Access(0)).map_err(np_err)?;
             }
             *cur = QpAttr {
@@ -1111,6 +1178,9 @@ mod tests {
                     qp_state: st,
                     dest: Some(dest),
                     dest_qp_num: peer,
+                    // The SEND below waits for a RECV as long as it takes.
+                    rnr_retry: 7,
+                    min_rnr_timer: 12,
                     ..Default::default()
                 };
                 q.modify(&a, full_mask(st)).unwrap();
