@@ -73,7 +73,7 @@ impl Cq {
     /// completions it holds. `InvalidArgument` for 0, more than the device's
     /// `max_cqe`, or fewer than the completions waiting in it (rxe's rules);
     /// `NoResources` beyond the room its ring was given at creation (twice
-    /// its size, at least 1024 entries).
+    /// its size, at least 64 entries).
     pub fn resize(&self, depth: u32) -> Result<()> {
         let hi = self.inner.host.inner();
         if depth == 0 || depth > hi.cfg.max_cqe {
