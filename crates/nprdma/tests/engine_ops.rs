@@ -880,7 +880,7 @@ fn control_channel_on_the_data_qp() {
 #[test]
 fn a_message_without_a_recv_follows_the_rnr_policy() {
     let cfg = nprdma::Config {
-        two_sided_timeout: std::time::Duration::from_millis(150),
+        two_sided_timeout: std::time::Duration::from_millis(300),
         ..nprdma::Config::default()
     };
     let (a, b) = (side_with(cfg.clone()), side_with(cfg));
@@ -900,7 +900,7 @@ fn a_message_without_a_recv_follows_the_rnr_policy() {
             assert_eq!(cq.poll(&mut c), 0, "unexpected completion {:?}", c[0]);
         }
     };
-    // rnr_retry 7: held past the 150 ms two-sided timeout, then delivered.
+    // rnr_retry 7: held past the 300 ms two-sided timeout, then delivered.
     for (k, op, len) in [
         (0u64, Opcode::Send, 100u32),
         (1, Opcode::SendImm(5), 20000),
@@ -921,7 +921,7 @@ fn a_message_without_a_recv_follows_the_rnr_policy() {
             rb.mr.rkey(),
         )])
         .unwrap();
-        empty(&a.cq, 400);
+        empty(&a.cq, 800);
         recv(&qb, 100 + k);
         let c = wait1(&a.cq);
         assert_eq!((c.wr_id, c.status), (k, 0), "{op:?}");
