@@ -119,3 +119,8 @@ fn sge_pd() {
 fn limits() {
     check("limits");
 }
+
+#[test]
+fn threads() {
+    check("threads");
+}
