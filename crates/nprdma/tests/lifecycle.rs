@@ -628,15 +628,18 @@ fn a_reset_qp_keeps_its_number_and_connects_again() {
     let rb = Buf::with(&b, LEN, Some(&pattern(4, LEN)));
     let (qa, qb) = connect(&a, &b, 8);
     let (na, nb) = (qa.qpn(), qb.qpn());
-    qa.post_send(&[SendWr::new(
-        1,
-        Opcode::Read,
-        Some(la.mr.sge(0, 64)),
-        rb.addr(),
-        rb.mr.rkey(),
-    )])
-    .unwrap();
-    assert_eq!(wait1(&a.cq).status, 0);
+    let read = |id: u64, len: u32| {
+        let wr = SendWr::new(
+            id,
+            Opcode::Read,
+            Some(la.mr.sge(0, len)),
+            rb.addr(),
+            rb.mr.rkey(),
+        );
+        qa.post_send(&[wr]).unwrap();
+        wait1(&a.cq).status
+    };
+    assert_eq!(read(1, 64), 0);
     // A RECV outstanding at b when it is reset (from RTS); a reset from ERR.
     qb.post_recv(&[nprdma::RecvWr {
         wr_id: 2,
@@ -656,15 +659,7 @@ fn a_reset_qp_keeps_its_number_and_connects_again() {
     qb.connect(&qa.endpoint()).unwrap();
     // Traffic again, the remote side swapped out (two-sided path) too.
     rb.swap_out();
-    qa.post_send(&[SendWr::new(
-        3,
-        Opcode::Read,
-        Some(la.mr.sge(0, 5000)),
-        rb.addr(),
-        rb.mr.rkey(),
-    )])
-    .unwrap();
-    assert_eq!(wait1(&a.cq).status, 0);
+    assert_eq!(read(3, 5000), 0);
     assert_eq!(&la.bytes()[..5000], &pattern(4, LEN)[..5000]);
     qb.post_recv(&[nprdma::RecvWr {
         wr_id: 4,
