@@ -36,9 +36,12 @@
 //!   limit events are not generated, so an SRQ limit (`srq_limit`) is refused
 //!   (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
 //! * `ibv_rereg_mr` (PD, range and access; keys kept, the NIC fenced off the old
-//!   registration first) in pinned mode; a QP moved to RESET takes its queued
-//!   completions out of its CQs (as mlx5).
-//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, rereg in NP-RDMA mode, CQ resize, DM,
+//!   registration first) in pinned mode; in NP-RDMA mode a new PD or access in
+//!   place (keys kept), a new range as a new registration (new keys). A QP moved to
+//!   RESET takes its queued completions out of its CQs (as mlx5), in both modes.
+//! * `ibv_resize_cq` (rxe's rules: not below the completions waiting; pinned mode
+//!   up to twice the created size or 64 entries, ENOMEM beyond).
+//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
@@ -78,15 +81,17 @@
 //! finishes), QP depth up to 1000 (`max_qp_wr`), 256 QPs and 4096 MRs per process
 //! (what `ibv_query_device` advertises), the target QP's `qp_access_flags` enforced
 //! as by a NIC (REM_INV_REQ_ERR), QP state
-//! RESET→INIT→RTR→RTS, and any state → ERR (`nprdma::Qp::set_error`: every outstanding
+//! RESET→INIT→RTR→RTS, any state → ERR (`nprdma::Qp::set_error`: every outstanding
 //! WR and posted RECV completes once with WR_FLUSH_ERR; later posts are accepted and
-//! flushed, as with rdma-core providers; `ibv_query_qp` reports ERR); SQD and ERR/used
-//! QP → RESET are refused with EOPNOTSUPP (the layer connects a QP once),
-//! solicited-only notification widened to any completion. Also unlike rxe/mlx5
-//! (checked by `tests/c/*.c`, which skip these in this mode): a SEND that finds
-//! no posted RECV waits at the receiver for one (no RNR NAK, so no
-//! RNR_RETRY_EXC_ERR). A receiver's error completion (LOC_LEN_ERR, LOC_PROT_ERR)
-//! moves the receiving QP to ERR, as on rxe. Settings:
+//! flushed, as with rdma-core providers; `ibv_query_qp` reports ERR) and any state →
+//! RESET (`nprdma::Qp::reset`: the same QP number, connected again at the next RTR;
+//! what was outstanding goes without a completion, as on hardware); not SQD.
+//! Solicited-only notification (`IBV_SEND_SOLICITED`), and RC's receiver-not-ready
+//! rule: a SEND or WRITE_WITH_IMM that finds no posted RECV waits at the receiver for
+//! the sender's `rnr_retry` × the receiver's `min_rnr_timer` (7 = forever), then
+//! completes with RNR_RETRY_EXC_ERR (checked by `tests/c/*.c` in every mode). A
+//! receiver's error completion (LOC_LEN_ERR, LOC_PROT_ERR) moves the receiving QP to
+//! ERR, as on rxe. Settings:
 //! * `NPRDMA_BUDGET_PAGES` or `NPRDMA_BUDGET_MB` — the pager's resident budget for
 //!   registered memory (default unlimited). Below the size of the MRs, pages are
 //!   swapped out and back during the run.
