@@ -166,3 +166,93 @@ impl Direct {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    fn ucq() -> UCq {
+        #[allow(unsafe_code)]
+        // SAFETY: plain eventfd creation; the fd is owned by the `OwnedFd`.
+        let efd = unsafe {
+            let fd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+            assert!(fd >= 0);
+            OwnedFd::from_raw_fd(fd)
+        };
+        UCq {
+            q: Mutex::new(VecDeque::new()),
+            len: AtomicUsize::new(0),
+            depth: AtomicUsize::new(16),
+            armed: AtomicU8::new(DISARMED),
+            armed_total: Arc::new(AtomicU32::new(0)),
+            efd,
+            overflowed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether an event was signalled (and reset it).
+    fn fired(u: &UCq) -> bool {
+        let mut v = [0u8; 8];
+        #[allow(unsafe_code)]
+        // SAFETY: reading 8 bytes into a local buffer from our own eventfd.
+        let n = unsafe { libc::read(u.efd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        n == 8
+    }
+
+    fn c(status: u32) -> Completion {
+        Completion {
+            status,
+            ..Completion::default()
+        }
+    }
+
+    #[test]
+    fn solicited_only_arming_fires_for_solicited_or_error_completions() {
+        let u = ucq();
+        // Not armed: nothing fires.
+        u.push(c(0));
+        assert!(!fired(&u));
+        // Solicited-only: an ordinary completion leaves it armed, a solicited one
+        // fires it once.
+        u.arm(true);
+        assert_eq!(u.armed_total.load(Ordering::Relaxed), 1);
+        u.push(c(0));
+        assert!(!fired(&u));
+        u.push_se(c(0), true);
+        assert!(fired(&u));
+        assert_eq!(u.armed_total.load(Ordering::Relaxed), 0);
+        u.push_se(c(0), true);
+        assert!(!fired(&u), "one event per arm");
+        // A completion in error fires a solicited-only arm.
+        u.arm(true);
+        u.push(c(5));
+        assert!(fired(&u));
+        // Armed for any completion, a later solicited-only request does not narrow it.
+        u.arm(false);
+        u.arm(true);
+        u.push(c(0));
+        assert!(fired(&u));
+        // ... and a solicited-only arm is widened by a later request for any.
+        u.arm(true);
+        u.arm(false);
+        u.push(c(0));
+        assert!(fired(&u));
+        assert_eq!(u.armed_total.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn discard_qp_removes_only_that_qps_completions() {
+        let u = ucq();
+        for qpn in [1, 2, 1, 3] {
+            u.push(Completion {
+                qp_num: qpn,
+                ..Completion::default()
+            });
+        }
+        u.discard_qp(1);
+        let left: Vec<u32> = u.q.lock().iter().map(|c| c.qp_num).collect();
+        assert_eq!(left, [2, 3]);
+        assert_eq!(u.len.load(Ordering::Relaxed), 2);
+    }
+}
