@@ -166,7 +166,7 @@ fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
         // at once (as the NIC does for its own requests), not at the timeout.
         if waiting && (qp.ctrl.as_ref().is_some_and(|c| c.peer_gone()) || qp.data.peer_gone()) {
             gone.push(qi);
-        } else if waiting && qp.probed.is_none_or(|t| t.elapsed() > PEER_CHECK_AFTER) {
+        } else if waiting && !qp.probed.is_some_and(|t| t.elapsed() <= PEER_CHECK_AFTER) {
             // A device that cannot say: ask its transport.
             qp.probe_peer();
         }
