@@ -199,7 +199,7 @@ pub mod verbs;
 
 pub use hw::{dma, frames, iommu, segment};
 pub use nic::odp;
-pub use objects::{context as host, cq, dma_buffer as pool, qp, srq};
+pub use objects::{ah, context as host, cq, dma_buffer as pool, qp, srq};
 
 /// Protection domains and memory regions.
 pub mod mr {
@@ -207,6 +207,7 @@ pub mod mr {
     pub use crate::objects::pd::Pd;
 }
 
+pub use ah::Ah;
 pub use config::HostConfig;
 pub use cq::{CompChannel, Cq};
 pub use error::{Error, PostError, Result};

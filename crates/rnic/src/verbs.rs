@@ -110,6 +110,10 @@ pub enum QpType {
     /// a message the responder refuses (no receive posted, a bad rkey, a receive
     /// too small) is dropped there and never reported back.
     Uc,
+    /// Unreliable datagram: SEND / SEND_WITH_IMM of up to [`PORT_MTU`] bytes, each to
+    /// the destination its WR names ([`UdDest`]); nothing is acknowledged, a receive
+    /// gets the [`grh`] first.
+    Ud,
 }
 
 /// Completion opcode, numerically equal to `enum ibv_wc_opcode`.
@@ -290,6 +294,9 @@ pub struct SendWr<'a> {
     pub rkey: u32,
     /// Inline payload (with `SendFlags::INLINE`).
     pub inline_data: &'a [u8],
+    /// A UD QP's destination (an address handle's host, its QPN and Q_Key); unused
+    /// on connected QPs.
+    pub ud: Option<UdDest>,
 }
 
 impl<'a> SendWr<'a> {
@@ -303,7 +310,13 @@ impl<'a> SendWr<'a> {
             remote_addr: 0,
             rkey: 0,
             inline_data: &[],
+            ud: None,
         }
+    }
+    /// Address a UD send (`ibv_send_wr.wr.ud`).
+    pub fn to(mut self, dest: UdDest) -> Self {
+        self.ud = Some(dest);
+        self
     }
     /// Set the remote address and rkey.
     pub fn remote(mut self, remote_addr: u64, rkey: u32) -> Self {
@@ -477,6 +490,8 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// 7 = retry forever.
     pub rnr_retry: u8,
+    /// A UD QP's Q_Key: a datagram is received only if it carries this key.
+    pub qkey: u32,
 }
 
 impl QpAttr {
@@ -634,6 +649,43 @@ impl HostAddr {
     pub fn to_hex(&self) -> String {
         self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
+}
+
+/// The port's MTU in bytes: a UD message longer than this is not sent (its WR still
+/// completes successfully, IBA C10-93.1.1, as rxe does).
+pub const PORT_MTU: u32 = 4096;
+
+/// Bytes of the global route header a UD receive gets before the payload.
+pub const GRH_LEN: usize = 40;
+
+/// Where a UD send goes (`ibv_send_wr.wr.ud`): the host an address handle names,
+/// the destination QP and the Q_Key to present (one with the high bit set means
+/// the sending QP's own Q_Key, as IB specifies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdDest {
+    /// The destination host (the address handle's GID).
+    pub dest: HostAddr,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Q_Key to present.
+    pub remote_qkey: u32,
+}
+
+/// The 40-byte global route header a UD receive starts with, as rxe writes it for
+/// RoCE with IPv6-form GIDs: an IPv6 header (version 6, traffic class and flow label
+/// 0, payload length = the UDP datagram, next header UDP, hop limit 64), the sender's
+/// GID (`sgid`) and the receiver's (`dgid`).
+pub fn grh(sgid: &HostAddr, dgid: &HostAddr, payload: u32, imm: bool) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    g[0] = 0x60;
+    // UDP header, BTH, DETH, the immediate, the payload and the ICRC.
+    let udp = 8 + 12 + 8 + if imm { 4 } else { 0 } + payload + 4;
+    g[4..6].copy_from_slice(&(udp.min(0xffff) as u16).to_be_bytes());
+    g[6] = 17;
+    g[7] = 64;
+    g[8..24].copy_from_slice(&sgid.to_bytes());
+    g[24..40].copy_from_slice(&dgid.to_bytes());
+    g
 }
 
 /// IB's RNR NAK timer for the 5-bit `min_rnr_timer` code (IBA table 45, as

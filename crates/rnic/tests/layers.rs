@@ -61,6 +61,7 @@ const ORDER: &[(&str, &[&str])] = &[
             "objects/cq",
             "objects/srq",
             "objects/qp",
+            "objects/ah",
         ],
     ),
     ("root", &["lib"]),

@@ -320,7 +320,8 @@ pub struct QpRec {
     pub rq_depth: AtomicU32,
     /// Bumped on every RESET so stale peers notice a recycled QP.
     pub incarnation: AtomicU32,
-    /// 1 for an unreliable-connected QP (its responder drops what it refuses instead
+    /// [`QP_UC`] for an unreliable-connected QP, [`QP_UD`] for a datagram QP (their
+    /// responders drop what they refuse instead
     /// of failing the QP), 0 for RC.
     pub unreliable: AtomicU32,
     /// Protection sub-domain of the QP (see [`MrRec::domain`]); 0 = none: the
@@ -337,11 +338,21 @@ pub struct QpRec {
     pub rq_head: AtomicU64,
     /// Next receive WQE slot to post.
     pub rq_tail: AtomicU64,
-    _pad_rq2: [u64; 5],
+    /// A UD QP's Q_Key (a datagram presenting another is dropped).
+    pub qkey: AtomicU32,
+    _pad_q: u32,
+    _pad_rq2: [u64; 4],
     /// Request-ring consumer index.
     pub ring_cons: Line<AtomicU64>,
     _pad1: [u64; 16],
 }
+
+/// `QpRec::unreliable` of an unreliable-connected QP.
+pub const QP_UC: u32 = 1;
+/// `QpRec::unreliable` of an unreliable-datagram QP: its request ring takes
+/// [`RING_UD`] requests from any peer (slots claimed [`SLOT_FREE`] -> [`SLOT_FILL`]
+/// -> [`SLOT_REQ`], freed by the consumer; nothing is answered).
+pub const QP_UD: u32 = 2;
 
 /// `QpRec::in_use` of a table entry that holds a shared receive queue.
 pub const SRQ_IN_USE: u32 = 2;
@@ -375,6 +386,8 @@ pub const SLOT_REQ: u32 = 1;
 pub const SLOT_DONE: u32 = 2;
 /// A shared-copy job taken by the target's NIC thread.
 pub const SLOT_BUSY: u32 = 3;
+/// A UD QP's slot a producer claimed and is filling.
+pub const SLOT_FILL: u32 = 4;
 
 /// Ring op codes.
 pub const RING_READ: u32 = 1;
@@ -394,6 +407,12 @@ pub const RING_SEND: u32 = 7;
 /// The last part of a WRITE_WITH_IMM (earlier parts are RING_WRITEs): writes its
 /// payload, then consumes a receive (`swp` = the whole WRITE's length, `cmp` = imm).
 pub const RING_WRITE_IMM: u32 = 8;
+/// A datagram for a UD QP, in one slot, never answered: `len` payload bytes in the
+/// data area, `rkey` = the Q_Key presented, `cmp` = immediate data (low half) and
+/// the destination QPN (high half), `raddr` = the sender's PID (high half) and
+/// segment fd (low half), `src_nonce` its nonce (with them: the sender's GID),
+/// `swp` = when it was claimed (the monotonic clock, in ns: the serving order).
+pub const RING_UD: u32 = 9;
 /// Op-code mask; the bits above it are flags.
 pub const RING_OP_MASK: u32 = 0xff;
 /// Flag: first part of a WR (READ/WRITE: `swp` = the WR's whole length, checked

@@ -70,6 +70,18 @@ pub(crate) struct Entry {
     /// Transport retries used: sends that met no QP ready to take them (what a fabric
     /// drops, unacknowledged), see `QpCtx::unanswered`.
     pub retries: u8,
+    /// A UD send's destination, resolved at post time.
+    pub ud: Option<UdTarget>,
+}
+
+/// Where a UD send goes: the resolved peer host, its address (the GRH's `dgid`), the
+/// destination QPN and the Q_Key presented (the QP's own already substituted for one
+/// with the high bit set).
+pub(crate) struct UdTarget {
+    pub peer: Arc<Peer>,
+    pub dest: HostAddr,
+    pub qpn: u32,
+    pub qkey: u32,
 }
 
 impl Entry {
@@ -233,7 +245,13 @@ impl QpCtx {
         r.peer_nonce.store(0, Ordering::Relaxed);
         r.peer_qpn.store(0, Ordering::Relaxed);
         r.max_recv_sge.store(attr.max_recv_sge, Ordering::Relaxed);
-        r.unreliable.store(u32::from(qp_type == QpType::Uc), Ordering::Relaxed);
+        let kind = match qp_type {
+            QpType::Rc => 0,
+            QpType::Uc => segment::QP_UC,
+            QpType::Ud => segment::QP_UD,
+        };
+        r.unreliable.store(kind, Ordering::Relaxed);
+        r.qkey.store(0, Ordering::Relaxed);
         r.domain.store(0, Ordering::Relaxed);
         r.srq.store(0, Ordering::Relaxed);
         r.rq_depth.store(attr.max_recv_wr, Ordering::Relaxed);
@@ -286,7 +304,7 @@ impl QpCtx {
     /// connection nothing comes back from the responder, so its refusals (and a
     /// missing answer) complete the WR successfully, as sent.
     pub(crate) fn sent_status(&self, status: WcStatus, byte_len: u32, len: u64) -> (WcStatus, u32) {
-        if self.qp_type == QpType::Uc && status.is_remote() {
+        if self.qp_type != QpType::Rc && status.is_remote() {
             (WcStatus::Success, len as u32)
         } else {
             (status, byte_len)
@@ -311,10 +329,17 @@ impl QpCtx {
 /// left in a slot it is about to use). Excludes the thread serving the rings.
 pub(crate) fn reset_ring(h: &Nic, idx: u32, r: &QpRec, fresh: bool) {
     let _srv = h.ring_server.lock();
+    let ud = r.unreliable.load(Ordering::Relaxed) == segment::QP_UD;
     for s in 0..h.seg.p.ring_slots as u64 {
         let slot = h.seg.slot(idx, s).0;
         let st = slot.state.load(Ordering::Acquire);
-        if fresh {
+        if ud && !fresh {
+            // Datagrams are never answered: what waits is dropped (a slot a producer
+            // is filling is left to it).
+            if st != segment::SLOT_FILL {
+                slot.state.store(segment::SLOT_FREE, Ordering::Release);
+            }
+        } else if fresh {
             slot.state.store(segment::SLOT_FREE, Ordering::Release);
         } else if st == segment::SLOT_REQ || st == segment::SLOT_BUSY {
             slot.status.store(WcStatus::RetryExcErr as u32, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use crate::hw::scratch::{scratch_slot, Scratch};
 use crate::hw::segment::{self, QpRec};
 use crate::nic::odp;
 use crate::nic::qp_ctx::{EState, Entry, QpCtx, Sq};
-use crate::nic::responder::{self, Delivery, Message};
+use crate::nic::responder::{self, Datagram, Delivery, Message};
 use crate::nic::state::Nic;
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
@@ -139,6 +139,130 @@ pub(crate) fn uses_ring(q: &QpCtx, sq: &Sq, e: &Entry) -> bool {
 /// issued alone, so a NAK never has later WRs executed behind it).
 pub(crate) fn ring_odp(sq: &Sq, e: &Entry) -> bool {
     matches!(e.op, WrOpcode::Read | WrOpcode::Write) && sq.peer.as_ref().is_some_and(|p| remote_odp(&p.seg, e.rkey))
+}
+
+/// Send UD WR `e`: hand its datagram to the destination QP — delivered directly (in
+/// this process, or between trusting hosts) with its GRH, or put in one slot of the
+/// destination QP's request ring, served by its host — or drop it. Nothing is
+/// acknowledged, so the status is local: a message longer than the port MTU is not
+/// sent yet succeeds (IBA C10-93.1.1, as rxe), a bad gather list is LOC_PROT_ERR; an
+/// absent, dead or refusing destination drops it. `None`: the destination's ring has
+/// no free slot now (the caller retries, as a lossless fabric holds the packet, and
+/// drops it once the transport timeout passed or the destination died).
+pub(crate) fn send_ud(q: &QpCtx, e: &Entry) -> Option<WcStatus> {
+    Some(match send_ud_inner(q, e) {
+        Ok(s) | Err(Some(s)) => s,
+        Err(None) => return None,
+    })
+}
+
+fn send_ud_inner(q: &QpCtx, e: &Entry) -> Result<WcStatus, Option<WcStatus>> {
+    let me = &*q.nic;
+    let Some(t) = e.ud.as_ref() else {
+        return Ok(WcStatus::LocQpOpErr);
+    };
+    let len = e.len();
+    if len > PORT_MTU as u64 {
+        return Ok(WcStatus::Success);
+    }
+    let spans = match local_spans(q, e, local_need(&e.op)) {
+        Ok(s) => s,
+        Err(s) => return Ok(s),
+    };
+    if let Err(s) = odp_local(me, &spans, false) {
+        return Ok(s);
+    }
+    let imm = e.op.imm();
+    let solicited = e.flags.contains(SendFlags::SOLICITED);
+    let section = me.cfg.dma_section;
+    let seg = &*t.peer.seg;
+    let Some(idx) = seg.find_qp(t.qpn) else {
+        return Ok(WcStatus::Success);
+    };
+    let ring = !direct_ok(me, &t.peer) || (me.cfg.inproc_ring && !me.cfg.trusted_peers);
+    if !ring {
+        let grh = grh(&me.addr, &t.dest, len as u32, imm.is_some());
+        let mut src = Vec::with_capacity(spans.len() + 1);
+        src.push(passthrough(grh.as_ptr() as u64, GRH_LEN as u64));
+        src.extend(spans.iter().copied());
+        let d = Datagram {
+            src: Side {
+                seg: &me.seg,
+                port: Port::Local,
+                spans: &src,
+            },
+            len: GRH_LEN as u64 + len,
+            imm,
+            src_qpn: q.qpn,
+            qpn: t.qpn,
+            qkey: t.qkey,
+            solicited,
+            section,
+        };
+        return Ok(responder::deliver_ud(&t.peer, idx, &d));
+    }
+    if len > seg.p.ring_max as u64 {
+        return Ok(WcStatus::Success);
+    }
+    let Some(r) = seg.qp(idx) else {
+        return Ok(WcStatus::Success);
+    };
+    if r.unreliable.load(Ordering::Acquire) != segment::QP_UD {
+        return Ok(WcStatus::Success);
+    }
+    // Claim a free slot (any producer may: slots are claimed, not assigned), stamped
+    // with the system-wide monotonic clock: the consumer serves in that order.
+    let seq = crate::sys::now_ns();
+    let slots = seg.p.ring_slots as u64;
+    let Some((h, data)) = (0..slots).map(|k| seg.slot(idx, k)).find(|(h, _)| {
+        h.state
+            .compare_exchange(
+                segment::SLOT_FREE,
+                segment::SLOT_FILL,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }) else {
+        return Err(None);
+    };
+    if len > 0 {
+        let src = Side {
+            seg: &me.seg,
+            port: Port::Local,
+            spans: &spans,
+        };
+        let dst_span = [passthrough(data as u64, len)];
+        let dst = Side {
+            seg: &me.seg,
+            port: Port::Local,
+            spans: &dst_span,
+        };
+        if dma::copy(&src, &dst, len, section).is_err() {
+            h.state.store(segment::SLOT_FREE, Ordering::Release);
+            return Ok(WcStatus::LocProtErr);
+        }
+    }
+    let mut op = segment::RING_UD;
+    if imm.is_some() {
+        op |= segment::RING_F_IMM;
+    }
+    if solicited {
+        op |= segment::RING_F_SOLICITED;
+    }
+    h.op.store(op, Ordering::Relaxed);
+    h.len.store(len as u32, Ordering::Relaxed);
+    h.raddr
+        .store(u64::from(me.addr.pid) << 32 | u64::from(me.addr.fd), Ordering::Relaxed);
+    h.rkey.store(t.qkey, Ordering::Relaxed);
+    h.src_qpn.store(q.qpn, Ordering::Relaxed);
+    h.src_nonce.store(me.addr.nonce, Ordering::Relaxed);
+    h.cmp
+        .store(u64::from(imm.unwrap_or(0)) | u64::from(t.qpn) << 32, Ordering::Relaxed);
+    h.swp.store(seq, Ordering::Relaxed);
+    h.state.store(segment::SLOT_REQ, Ordering::Release);
+    seg.ring_doorbell(idx);
+    Ok(WcStatus::Success)
 }
 
 /// Ring parts a WR needs: payloads travel in slot-sized parts (`ring_max` bytes).

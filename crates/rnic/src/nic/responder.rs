@@ -9,7 +9,7 @@ use crate::hw::scratch::{scratch_slot, Scratch};
 use crate::hw::segment::{self, shm_lock, QpRec, Segment, ShmGuard};
 use crate::nic::cq_ring;
 use crate::nic::inbound::{window, Blocked, Inbound, RecvSge, RingServer};
-use crate::verbs::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
+use crate::verbs::{grh, Access, HostAddr, QpState, Wc, WcFlags, WcOpcode, WcStatus, GRH_LEN, PORT_MTU};
 use std::sync::atomic::Ordering;
 
 scratch_slot!(RECV_SPANS: Span);
@@ -298,6 +298,177 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
     Delivery::Done(WcStatus::Success)
 }
 
+/// A UD datagram as the responder receives it.
+pub(crate) struct Datagram<'a> {
+    /// The GRH then the payload.
+    pub src: Side<'a>,
+    /// Bytes of `src` (the GRH included): the receive's byte_len.
+    pub len: u64,
+    pub imm: Option<u32>,
+    pub src_qpn: u32,
+    /// The destination QP number it carries.
+    pub qpn: u32,
+    /// The Q_Key it presents.
+    pub qkey: u32,
+    pub solicited: bool,
+    pub section: usize,
+}
+
+/// Deliver a datagram into UD QP `idx` of `peer`'s host. As rxe's responder: one for
+/// a QP that is not that UD QP in RTR/RTS, presenting another Q_Key, finding no
+/// receive or one too small (on a shared queue that receive completes with
+/// REM_INV_REQ_ERR) is dropped; a receive whose buffers fail their lkey check
+/// completes with LOC_PROT_ERR and the QP fails. The receive gets `d.src` (GRH first),
+/// its completion src_qp, the GRH flag and the immediate. The returned status is the
+/// requester's: LOC_PROT_ERR if its own gather list failed mid-copy, else success.
+pub(crate) fn deliver_ud(peer: &Peer, idx: u32, d: &Datagram) -> WcStatus {
+    let seg = &*peer.seg;
+    let Some(r) = seg.qp(idx) else {
+        return WcStatus::Success;
+    };
+    let _g = shm_lock(&r.rq_lock);
+    let st = QpState::from_u32(r.state.load(Ordering::Acquire));
+    if r.in_use.load(Ordering::Acquire) != 1
+        || r.qpn.load(Ordering::Acquire) != d.qpn
+        || r.unreliable.load(Ordering::Acquire) != segment::QP_UD
+        || !matches!(st, QpState::Rtr | QpState::Rts)
+        || r.qkey.load(Ordering::Acquire) != d.qkey
+    {
+        return WcStatus::Success;
+    }
+    let (qi, rq, srq) = lock_rq_of(seg, idx, r);
+    let head = rq.rq_head.load(Ordering::Acquire);
+    if head >= rq.rq_tail.load(Ordering::Acquire) {
+        return WcStatus::Success;
+    }
+    let pd = rq.pd.load(Ordering::Relaxed);
+    let cqi = r.recv_cq.load(Ordering::Relaxed);
+    let (w, sges) = seg.wqe(qi, head);
+    let mut wc = Wc {
+        wr_id: w.wr_id.load(Ordering::Relaxed),
+        qp_num: d.qpn,
+        src_qp: d.src_qpn,
+        opcode: WcOpcode::Recv,
+        ..Default::default()
+    };
+    // The receive completes with `status` (consumed); LOC_PROT_ERR also fails the QP.
+    let fail = |wc: &mut Wc, status: WcStatus| {
+        wc.status = status;
+        rq.rq_head.store(head + 1, Ordering::Release);
+        let _ = cq_ring::push(seg, peer, cqi, wc, false);
+        if status == WcStatus::LocProtErr {
+            qp_error_locked(seg, peer, idx, r);
+        }
+        WcStatus::Success
+    };
+    let n = (w.nsge.load(Ordering::Relaxed) as usize).min(sges.len());
+    let mut spans = Scratch::take(&RECV_SPANS);
+    let mut total = 0u64;
+    for s in &sges[..n] {
+        let (a, l, k) = (
+            s.addr.load(Ordering::Relaxed),
+            s.len.load(Ordering::Relaxed) as u64,
+            s.lkey.load(Ordering::Relaxed),
+        );
+        if l == 0 {
+            continue;
+        }
+        match check_key(seg, k, pd, None, a, l, Access::LOCAL_WRITE) {
+            Ok(mr) => spans.push(Span { mr, addr: a, len: l }),
+            Err(_) => return fail(&mut wc, WcStatus::LocProtErr),
+        }
+        total += l;
+    }
+    if total < d.len {
+        // rxe: class D (dropped, the receive stays) on the QP's own queue, class E
+        // (the receive completes REM_INV_REQ_ERR) on a shared one.
+        if srq.is_some() {
+            return fail(&mut wc, WcStatus::RemInvReqErr);
+        }
+        return WcStatus::Success;
+    }
+    let dst = Side {
+        seg,
+        port: peer.port,
+        spans: &spans,
+    };
+    match dma::copy(&d.src, &dst, d.len, d.section) {
+        Ok(_) => {}
+        Err(DmaErr::Src(_)) => return WcStatus::LocProtErr,
+        Err(_) => return fail(&mut wc, WcStatus::LocProtErr),
+    }
+    wc.byte_len = d.len as u32;
+    wc.wc_flags = WcFlags::GRH;
+    if let Some(i) = d.imm {
+        wc.imm_data = i;
+        wc.wc_flags |= WcFlags::WITH_IMM;
+    }
+    rq.rq_head.store(head + 1, Ordering::Release);
+    if cq_ring::push(seg, peer, cqi, &wc, d.solicited).is_err() {
+        qp_error_locked(seg, peer, idx, r);
+    }
+    WcStatus::Success
+}
+
+/// Serve the datagrams waiting in UD QP `idx`'s request ring (this host is `own`),
+/// oldest claim first; each slot is freed once served (nothing is answered). Every
+/// field is a peer's word, read once; `deliver_ud` checks the QP, Q_Key and receive.
+/// Returns whether there was any.
+fn serve_ud(seg: &Segment, me: &Peer, own: &HostAddr, idx: u32, section: usize) -> bool {
+    let slots = seg.p.ring_slots as u64;
+    let mut reqs: Vec<(u64, u64)> = (0..slots)
+        .filter_map(|s| {
+            let h = seg.slot(idx, s).0;
+            (h.state.load(Ordering::Acquire) == segment::SLOT_REQ).then(|| (h.swp.load(Ordering::Relaxed), s))
+        })
+        .collect();
+    if reqs.is_empty() {
+        return false;
+    }
+    reqs.sort_unstable();
+    for (_, s) in reqs {
+        let (h, data) = seg.slot(idx, s);
+        let op = h.op.load(Ordering::Relaxed);
+        let len = h.len.load(Ordering::Relaxed) as u64;
+        let raddr = h.raddr.load(Ordering::Relaxed);
+        let cmp = h.cmp.load(Ordering::Relaxed);
+        if op & segment::RING_OP_MASK == segment::RING_UD && len <= seg.p.ring_max as u64 && len <= PORT_MTU as u64 {
+            let imm = (op & segment::RING_F_IMM != 0).then_some(cmp as u32);
+            let sgid = HostAddr {
+                pid: (raddr >> 32) as u32,
+                fd: raddr as u32,
+                nonce: h.src_nonce.load(Ordering::Relaxed),
+            };
+            let g = grh(&sgid, own, len as u32, imm.is_some());
+            let src = [
+                dma::passthrough(g.as_ptr() as u64, GRH_LEN as u64),
+                dma::passthrough(data as u64, len),
+            ];
+            let d = Datagram {
+                src: Side {
+                    seg,
+                    port: Port::Local,
+                    spans: &src,
+                },
+                len: GRH_LEN as u64 + len,
+                imm,
+                src_qpn: h.src_qpn.load(Ordering::Relaxed),
+                qpn: (cmp >> 32) as u32,
+                qkey: h.rkey.load(Ordering::Relaxed),
+                solicited: op & segment::RING_F_SOLICITED != 0,
+                section,
+            };
+            // Check and copy inside one epoch section (a deregistered receive buffer
+            // is refused, one being deregistered waits for the copy).
+            let _g = crate::hw::iommu::enter(seg);
+            deliver_ud(me, idx, &d);
+        }
+        h.state.store(segment::SLOT_FREE, Ordering::Release);
+        seg.stats().ring_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    true
+}
+
 /// Execute an atomic on target memory of *this* process (in-process initiator or the
 /// target's NIC thread). Returns (status, original value).
 pub(crate) fn atomic_here(seg: &Segment, r: &QpRec, rkey: u32, addr: u64, op: AtomicOp) -> (WcStatus, u64) {
@@ -325,8 +496,18 @@ pub(crate) fn atomic_here(seg: &Segment, r: &QpRec, rkey: u32, addr: u64, op: At
 /// the thread serving its rings). Every field of the slot is a peer's word: it is read
 /// once, and the QP, rkey, bounds and rights are checked here, by the target, whatever
 /// the peer checked. Returns false if there was none.
-pub(crate) fn serve_one(seg: &Segment, me: &Peer, idx: u32, section: usize, srv: &mut RingServer) -> bool {
+pub(crate) fn serve_one(
+    seg: &Segment,
+    me: &Peer,
+    own: &HostAddr,
+    idx: u32,
+    section: usize,
+    srv: &mut RingServer,
+) -> bool {
     let Some(r) = seg.qp(idx) else { return false };
+    if r.unreliable.load(Ordering::Acquire) == segment::QP_UD {
+        return serve_ud(seg, me, own, idx, section);
+    }
     let cons = r.ring_cons.load(Ordering::Acquire);
     let (h, data) = seg.slot(idx, cons);
     if h.state.load(Ordering::Acquire) != segment::SLOT_REQ {

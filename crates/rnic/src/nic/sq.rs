@@ -100,6 +100,9 @@ impl QpCtx {
 
     /// Start every WR that may start now. Returns whether anything changed.
     pub(crate) fn issue(&self, sq: &mut Sq, now: u64) -> bool {
+        if self.qp_type == QpType::Ud {
+            return self.issue_ud(sq, now);
+        }
         let mut changed = false;
         let mut i = 0;
         let mut earlier_issued = false;
@@ -228,6 +231,53 @@ impl QpCtx {
         changed
     }
 
+    /// UD: every pending WR goes out now, in post order, and is done once sent
+    /// (nothing is acknowledged); a local error stops the queue there (the completer
+    /// fails the QP and flushes the rest). A destination whose ring is full holds
+    /// the queue (retried shortly, as a lossless fabric holds a packet) until the
+    /// transport timeout, or its host's death, drops the datagram.
+    fn issue_ud(&self, sq: &mut Sq, now: u64) -> bool {
+        let mut changed = false;
+        let timeout = self.nic.cfg.transport_timeout.as_nanos() as u64;
+        for e in sq.entries.iter_mut() {
+            match e.st {
+                EState::Done { status, .. } if !status.is_ok() => break,
+                EState::Pending => {}
+                EState::Rnr { until } if now >= until => {}
+                EState::Rnr { .. } => break,
+                _ => continue,
+            }
+            let Some(status) = requester::send_ud(self, e) else {
+                // `atoms` (unused by a datagram) keeps when it first found no room.
+                if e.atoms == 0 {
+                    e.atoms = now;
+                }
+                let gone = e.ud.as_ref().is_some_and(|t| !t.peer.seg.alive());
+                if !gone && now.saturating_sub(e.atoms) < timeout {
+                    e.st = EState::Rnr {
+                        until: now + UD_FULL_RETRY_NS,
+                    };
+                    break;
+                }
+                e.atoms = 0;
+                e.st = EState::Done {
+                    status: WcStatus::Success,
+                    byte_len: e.len() as u32,
+                };
+                changed = true;
+                continue;
+            };
+            e.atoms = 0;
+            let byte_len = if status.is_ok() { e.len() as u32 } else { 0 };
+            e.st = EState::Done { status, byte_len };
+            changed = true;
+            if !status.is_ok() {
+                break;
+            }
+        }
+        changed
+    }
+
     /// Ring WR `i` failed locally (before or between its parts): the parts still out
     /// are answered into zombie slots.
     fn fail_issued(&self, sq: &mut Sq, i: usize, status: WcStatus, now: u64) {
@@ -293,6 +343,9 @@ fn overlaps_local(e: &Entry, writes: &[(u64, u64)]) -> bool {
 fn chunk(sq: &Sq) -> u64 {
     sq.peer.as_ref().map_or(1, |p| p.seg.p.ring_max as u64)
 }
+
+/// How soon a UD send that found its destination's ring full tries again.
+const UD_FULL_RETRY_NS: u64 = 20_000;
 
 /// Re-executions of one WR whose local ODP pages were invalidated mid-copy.
 const ODP_MAX_RETRIES: u32 = 16;

@@ -91,7 +91,7 @@ pub(crate) fn serve_doorbells_locked(h: &Nic, qps: &HostQps, srv: &mut crate::ni
             }
             let held = cq_ring::Held::new(&h.self_peer);
             let mut served = false;
-            while responder::serve_one(seg, &h.self_peer, idx, h.cfg.dma_section, srv) {
+            while responder::serve_one(seg, &h.self_peer, &h.addr, idx, h.cfg.dma_section, srv) {
                 served = true;
             }
             if served {

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, PostError, Result};
 use crate::hw::segment::shm_lock;
-use crate::nic::qp_ctx::{reset_ring, EState, Entry, QpCtx};
+use crate::nic::qp_ctx::{reset_ring, EState, Entry, QpCtx, UdTarget};
 use crate::nic::responder;
 use crate::nic::small::Small;
 use crate::objects::cq::Cq;
@@ -166,6 +166,19 @@ pub fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(
     use QpAttrMask as M;
     use QpState::*;
     let none = M::empty();
+    if qp_type == QpType::Ud {
+        // IB's UD column (the kernel's ib_modify_qp_is_ok): a Q_Key instead of access
+        // flags, no path, no responder resources, timeouts or retries.
+        return match (from, to) {
+            (_, Reset) | (_, Err) => Some((none, none)),
+            (Reset, Init) => Some((M::PKEY_INDEX | M::PORT | M::QKEY, none)),
+            (Init, Init) => Some((none, M::PKEY_INDEX | M::PORT | M::QKEY)),
+            (Init, Rtr) => Some((none, M::PKEY_INDEX | M::QKEY)),
+            (Rtr, Rts) => Some((M::SQ_PSN, M::CUR_STATE | M::QKEY)),
+            (Rts, Rts) => Some((none, M::CUR_STATE | M::QKEY)),
+            _ => None,
+        };
+    }
     if qp_type == QpType::Uc {
         return match (from, to) {
             (Init, Rtr) => Some((
@@ -251,6 +264,10 @@ impl QpCtx {
                 }
             };
         }
+        if mask.contains(QpAttrMask::QKEY) {
+            r.qkey.store(attr.qkey, Ordering::Release);
+            sq.attr.qkey = attr.qkey;
+        }
         keep!(PKEY_INDEX, pkey_index);
         keep!(PORT, port_num);
         keep!(PATH_MTU, path_mtu);
@@ -270,6 +287,7 @@ impl QpCtx {
                 reset_ring(h, self.idx, r, false);
                 r.peer_nonce.store(0, Ordering::Release);
                 r.peer_qpn.store(0, Ordering::Release);
+                r.qkey.store(0, Ordering::Release);
                 r.incarnation.fetch_add(1, Ordering::Relaxed);
                 sq.entries.clear();
                 sq.peer = None;
@@ -330,6 +348,36 @@ impl QpCtx {
                 ));
                 break;
             }
+            let ud = if self.qp_type == QpType::Ud {
+                if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendImm(_)) {
+                    res = bad(Error::InvalidArgument("a UD QP sends only SEND / SEND_WITH_IMM"));
+                    break;
+                }
+                let Some(d) = wr.ud else {
+                    res = bad(Error::InvalidArgument("a UD send needs a destination (address handle)"));
+                    break;
+                };
+                let peer = match self.nic.resolve_peer(d.dest) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        res = bad(e);
+                        break;
+                    }
+                };
+                let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+                    self.rec().qkey.load(Ordering::Relaxed)
+                } else {
+                    d.remote_qkey
+                };
+                Some(UdTarget {
+                    peer,
+                    dest: d.dest,
+                    qpn: d.remote_qpn,
+                    qkey,
+                })
+            } else {
+                None
+            };
             let inline = wr.flags.contains(SendFlags::INLINE);
             if inline {
                 if wr.inline_data.len() > self.cap.max_inline_data as usize {
@@ -368,6 +416,7 @@ impl QpCtx {
                 inflight: false,
                 parts_done: 0,
                 retries: 0,
+                ud,
             });
         }
         self.progress_locked(&mut sq);
