@@ -571,19 +571,36 @@ fn refusals_set_errno() {
         // REMOTE_WRITE without LOCAL_WRITE: the NIC's EINVAL.
         assert!(ibv_reg_mr(e.pd, p, 4096, IBV_ACCESS_REMOTE_WRITE as c_int).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        // UD QPs, SRQs, AHs.
+        // Raw-packet QPs; SRQs and AHs without attributes; an AH without GRH, for
+        // an unknown GID, or for an empty GID table entry.
         let cq = ibv_create_cq(e.ctx, 4, null_mut(), null_mut(), 0);
         let mut a: ibv_qp_init_attr = zeroed();
         a.send_cq = cq;
         a.recv_cq = cq;
-        a.qp_type = IBV_QPT_UD;
+        a.qp_type = IBV_QPT_RAW_PACKET;
         a.cap.max_send_wr = 1;
         assert!(ibv_create_qp(e.pd, &mut a).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         assert!(ibv_create_srq(e.pd, null_mut()).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        assert!(ibv_create_ah(e.pd, null_mut()).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!(crate::ah::ibv_create_ah(e.pd, null_mut()).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let mut ah: ibv_ah_attr = zeroed();
+        ah.port_num = 1;
+        assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        ah.is_global = 1;
+        ah.grh.dgid.raw = [7; 16];
+        assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut ah.grh.dgid), 0);
+        ah.grh.sgid_index = 1;
+        assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        ah.grh.sgid_index = 0;
+        let h = crate::ah::ibv_create_ah(e.pd, &mut ah);
+        assert!(!h.is_null());
+        assert_eq!(crate::ah::ibv_destroy_ah(h), 0);
         assert!(ibv_qp_to_qp_ex(null_mut()).is_null());
         // No async events: a non-blocking async fd reports EAGAIN.
         let afd = (*e.ctx).async_fd;

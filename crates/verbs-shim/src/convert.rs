@@ -59,6 +59,7 @@ pub fn qp_attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask)
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
+        qkey: a.qkey,
         ..Default::default()
     };
     if m.contains(QpAttrMask::STATE) && a.qp_state > IBV_QPS_ERR {
@@ -117,6 +118,7 @@ pub fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
     o.timeout = a.timeout;
     o.retry_cnt = a.retry_cnt;
     o.rnr_retry = a.rnr_retry;
+    o.qkey = a.qkey;
     o
 }
 

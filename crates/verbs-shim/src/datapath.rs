@@ -5,7 +5,7 @@
 use crate::convert::{sges, wc_to_c, wr_opcode};
 use crate::error::{report, ShimError};
 use crate::ffi::*;
-use crate::objects::{ShimCq, ShimQp, ShimSrq};
+use crate::objects::{ShimAh, ShimCq, ShimQp, ShimSrq};
 use rnic::{RecvWr, SendFlags, SendWr, Sge, Wc};
 use std::ffi::c_int;
 
@@ -46,6 +46,17 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
     // SAFETY: the WR's sg_list has num_sge entries.
     let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }.map_err(|e| e.errno())?;
     let flags = SendFlags::from_bits_truncate(w.send_flags);
+    let ud = if q.qp.qp_base.qp_type == IBV_QPT_UD {
+        // SAFETY: a UD QP's WR fills the `ud` member of the union.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: the application's address handle (NULL is refused).
+        Some(
+            unsafe { ShimAh::ud_dest(u.ah, u.remote_qpn, u.remote_qkey) }
+                .map_err(|e| report("ibv_post_send", &e))?,
+        )
+    } else {
+        None
+    };
     let wr = SendWr {
         wr_id: w.wr_id,
         sg_list: sg,
@@ -54,6 +65,7 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
         remote_addr,
         rkey,
         inline_data: &[],
+        ud,
     };
     if flags.contains(SendFlags::INLINE) {
         // SAFETY: forwarded contract (inline sources readable now).

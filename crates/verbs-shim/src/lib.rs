@@ -148,6 +148,7 @@
 
 #[cfg(test)]
 mod abi_tests;
+mod ah;
 pub mod backend;
 mod convert;
 mod cq_ex;

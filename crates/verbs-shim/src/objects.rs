@@ -3,7 +3,7 @@
 //! back by a cast, and what those objects hold (a QP's `ibv_wr_*` batch). Also the
 //! entry-point guard (errors -> stderr + errno, no unwinding across the C boundary).
 
-use crate::backend::{self, Cq, Device, Mr, Pd, Qp, Srq};
+use crate::backend::{self, Ah, Cq, Device, Mr, Pd, Qp, Srq};
 use crate::error::{report, set_errno, ShimError};
 use crate::ffi::*;
 use parking_lot::Mutex;
@@ -84,6 +84,32 @@ pub struct ShimSrq {
     pub users: AtomicU32,
 }
 
+/// `struct ibv_ah` + the backend address handle.
+#[repr(C)]
+pub struct ShimAh {
+    pub ah: ibv_ah,
+    pub inner: Box<dyn Ah>,
+    /// The PD's user count (the AH holds one).
+    pub pd_users: Arc<AtomicU32>,
+}
+
+impl ShimAh {
+    /// A UD send's destination through address handle `ah` (one of ours, or NULL:
+    /// EINVAL).
+    ///
+    /// # Safety
+    /// `ah` is NULL or an address handle this library created and has not destroyed.
+    pub unsafe fn ud_dest(ah: *mut ibv_ah, qpn: u32, qkey: u32) -> Result<rnic::UdDest, ShimError> {
+        // SAFETY: forwarded contract.
+        let a: &ShimAh = unsafe { shim(ah, "address handle")? };
+        Ok(rnic::UdDest {
+            dest: a.inner.dest(),
+            remote_qpn: qpn,
+            remote_qkey: qkey,
+        })
+    }
+}
+
 /// One work request of an `ibv_wr_*` batch (see `qp_ex`).
 pub struct PendingWr {
     /// The application's `wr_id`.
@@ -100,6 +126,8 @@ pub struct PendingWr {
     pub sges: Vec<rnic::Sge>,
     /// Its inline payload.
     pub inline: Vec<u8>,
+    /// A UD QP's destination (`ibv_wr_set_ud_addr`).
+    pub ud: Option<rnic::UdDest>,
 }
 
 /// The batch a QP builds between `ibv_wr_start` and `ibv_wr_complete` /

@@ -54,6 +54,7 @@ unsafe fn push(qp: *mut ibv_qp_ex, op: WrOpcode, remote_addr: u64, rkey: u32) {
                 rkey,
                 sges: Vec::new(),
                 inline: Vec::new(),
+                ud: None,
             });
         })
     }
@@ -101,6 +102,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             remote_addr: p.remote_addr,
             rkey: p.rkey,
             inline_data: &p.inline,
+            ud: p.ud,
         })
         .collect();
     match q.inner.post_send(&wrs) {
@@ -245,9 +247,14 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _h: *mut c_void, _hs: u16, 
     // SAFETY: as above.
     unsafe { refuse(qp, "ibv_wr_send_tso") }
 }
-unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut ibv_ah, _qpn: u32, _qkey: u32) {
-    // SAFETY: as above.
-    unsafe { refuse(qp, "ibv_wr_set_ud_addr (UD)") }
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    // SAFETY: the application passes an address handle of ours (NULL is refused).
+    match unsafe { crate::objects::ShimAh::ud_dest(ah, qpn, qkey) } {
+        // SAFETY: as above.
+        Ok(d) => unsafe { last(qp, |p| p.ud = Some(d)) },
+        // SAFETY: as above.
+        Err(e) => unsafe { with(qp, |b, _| fail(b, e)) },
+    }
 }
 unsafe extern "C" fn wr_atomic_write(
     qp: *mut ibv_qp_ex,

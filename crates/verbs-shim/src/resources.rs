@@ -671,7 +671,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
 
 // ---- QP ----
 
-/// Create an RC or UC QP from `a` (caps written back). With `send_ops`, the QP also offers
+/// Create an RC, UC or UD QP from `a` (caps written back). With `send_ops`, the QP also offers
 /// the `ibv_qp_ex` work-request builder (`ibv_qp_to_qp_ex`).
 ///
 /// # Safety
@@ -686,12 +686,20 @@ pub(crate) unsafe fn create_qp_common(
     let qp_type = match a.qp_type {
         IBV_QPT_RC => rnic::QpType::Rc,
         IBV_QPT_UC => rnic::QpType::Uc,
+        IBV_QPT_UD => rnic::QpType::Ud,
         t => {
             return Err(ShimError::Unsupported(format!(
-                "QP type {t} (RC and UC QPs are supported)"
+                "QP type {t} (RC, UC and UD QPs are supported)"
             )))
         }
     };
+    // UD carries SEND and SEND_WITH_IMM only (as rxe's provider).
+    const UD_OPS: u64 = (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+    if qp_type == rnic::QpType::Ud && send_ops.is_some_and(|f| f & !UD_OPS != 0) {
+        return Err(ShimError::Unsupported(
+            "send_ops_flags of a UD QP other than SEND / SEND_WITH_IMM".into(),
+        ));
+    }
     // UC carries no READ or atomics (as rxe's provider refuses them in send_ops_flags).
     const RC_ONLY_OPS: u64 = (IBV_QP_EX_WITH_RDMA_READ
         | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
@@ -1114,10 +1122,6 @@ macro_rules! refuse_rc {
     };
 }
 
-refuse_ptr!(ibv_create_ah, "address handles (UD QPs)", (pd: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv_ah);
-refuse_ptr!(ibv_create_ah_from_wc, "address handles (UD QPs)", (pd: *mut ibv_pd, wc: *mut ibv_wc, g: *mut ibv_grh, p: u8) -> *mut ibv_ah);
-refuse_rc!(ibv_init_ah_from_wc, "address handles (UD QPs)", false, (c: *mut ibv_context, p: u8, wc: *mut ibv_wc, g: *mut ibv_grh, a: *mut ibv_ah_attr));
-refuse_rc!(ibv_destroy_ah, "address handles (UD QPs)", false, (ah: *mut ibv_ah));
 refuse_rc!(ibv_attach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
 refuse_rc!(ibv_detach_mcast, "multicast (UD QPs)", false, (qp: *mut ibv_qp, g: *const ibv_gid, l: u16));
 refuse_ptr!(ibv_reg_dmabuf_mr, "dma-buf MRs", (pd: *mut ibv_pd, o: u64, l: usize, i: u64, fd: c_int, a: c_int) -> *mut ibv_mr);

@@ -84,7 +84,7 @@ pub trait Pd: Send + Sync {
     ) -> Result<Box<dyn Qp>> {
         self.create_qp_of(QpType::Rc, send_cq, recv_cq, None, attr)
     }
-    /// A connected QP of `qp_type` (RC or UC) completing on `send_cq` / `recv_cq`,
+    /// A QP of `qp_type` (RC, UC, or UD where the backend offers it) completing on `send_cq` / `recv_cq`,
     /// taking its receives from `srq` (an SRQ of this PD's device) if given.
     fn create_qp_of(
         &self,
@@ -94,10 +94,23 @@ pub trait Pd: Send + Sync {
         srq: Option<&dyn Srq>,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>>;
+    /// An address handle for the host whose GID is `gid` (UD destinations):
+    /// refused (EINVAL) for a GID no device of this backend can reach.
+    fn create_ah(&self, _gid: [u8; 16]) -> Result<Box<dyn Ah>> {
+        Err(ShimError::Unsupported(
+            "address handles (UD QPs) in this mode (NPRDMA_MODE=pinned has them)".into(),
+        ))
+    }
     /// A shared receive queue of `max_wr` WQEs of up to `max_sge` SGEs.
     fn create_srq(&self, _max_wr: u32, _max_sge: u32) -> Result<Box<dyn Srq>> {
         Err(ShimError::Unsupported("shared receive queues (SRQ)".into()))
     }
+}
+
+/// An address handle: a resolved UD destination host.
+pub trait Ah: Send + Sync {
+    /// The destination host (its GID).
+    fn dest(&self) -> rnic::HostAddr;
 }
 
 /// A shared receive queue.

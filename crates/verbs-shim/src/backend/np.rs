@@ -413,6 +413,11 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         srq: Option<&dyn super::Srq>,
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
+        if qp_type == rnic::QpType::Ud {
+            return Err(ShimError::Unsupported(
+                "UD QPs in NP-RDMA mode (NPRDMA_MODE=pinned has them)".into(),
+            ));
+        }
         let srq = srq
             .map(|s| super::ours::<NpSrq<N>>(s.as_any(), "SRQ").map(|p| &p.0))
             .transpose()?;

@@ -20,7 +20,7 @@
 //! cannot follow (a file mapping, or a range the application attached to its own
 //! userfaultfd) is registered unwatched.
 
-use super::{ours, Cq, Device, Mr, Pd, Qp, Result, Srq};
+use super::{ours, Ah, Cq, Device, Mr, Pd, Qp, Result, Srq};
 use crate::error::ShimError;
 use rnic::{
     Access, DeviceAttr, PostError, QpAttr, QpAttrMask, QpInitAttr, QpType, RecvWr, SendWr, Wc,
@@ -183,6 +183,22 @@ impl Pd for PinnedPd {
     }
     fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Box<dyn Srq>> {
         Ok(Box::new(PinnedSrq(self.0.create_srq(max_wr, max_sge)?)))
+    }
+    fn create_ah(&self, gid: [u8; 16]) -> Result<Box<dyn Ah>> {
+        let dest = rnic::HostAddr::from_bytes(&gid);
+        let ah = self.0.create_ah(dest).map_err(|e| {
+            ShimError::InvalidArgument(format!("no device has GID {}: {e}", dest.to_hex()))
+        })?;
+        Ok(Box::new(PinnedAh(ah)))
+    }
+}
+
+/// An address handle: rnic's (the destination host resolved at creation).
+struct PinnedAh(rnic::Ah);
+
+impl Ah for PinnedAh {
+    fn dest(&self) -> rnic::HostAddr {
+        self.0.dest()
     }
 }
 
