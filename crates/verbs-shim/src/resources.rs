@@ -108,7 +108,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: caller contract.
         let s: &ShimPd = unsafe { shim(pd, "PD")? };
         if s.users.load(Ordering::Acquire) != 0 {
-            return Err(ShimError::Busy("PD still has MRs or QPs".into()));
+            return Err(ShimError::Busy("PD still has MRs, QPs or address handles".into()));
         }
         if !s.imported {
             EXPORTS.lock().pds.remove(&s.pd.handle);

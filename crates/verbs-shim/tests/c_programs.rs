@@ -116,6 +116,11 @@ fn sge_pd() {
 }
 
 #[test]
+fn ud() {
+    check("ud");
+}
+
+#[test]
 fn limits() {
     check("limits");
 }

@@ -1,5 +1,6 @@
-//! ibverbs-utils over libnprdma.so: ibv_devices, ibv_devinfo, ibv_rc_pingpong (two
-//! processes, with its data check; also through the chain NP-RDMA user-space mode →
+//! ibverbs-utils over libnprdma.so: ibv_devices, ibv_devinfo, ibv_rc_pingpong,
+//! ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong (two processes, with their data
+//! check; also through the chain NP-RDMA user-space mode →
 //! libibverbs C ABI → software NIC, `NPRDMA_DEVICE=verbs`), and clean failures for
 //! unsupported setups.
 
@@ -79,6 +80,25 @@ fn ibv_uc_pingpong_both_modes() {
     tool_pingpong("ibv_uc_pingpong", 18684, &["-e"], &[]);
     tool_pingpong("ibv_uc_pingpong", 18685, &[], NP);
     tool_pingpong("ibv_uc_pingpong", 18686, &["-e"], NP);
+}
+
+/// Unreliable datagram QPs (`IBV_QPT_UD`, address handles from the peer's GID 0):
+/// ibv_ud_pingpong with its data check, polling and with completion events, up to
+/// the port MTU, in pinned mode; NP-RDMA mode refuses UD QPs with a clear message.
+#[test]
+fn ibv_ud_pingpong_pinned_and_refused_in_np_mode() {
+    tool_pingpong("ibv_ud_pingpong", 18691, &[], &[]);
+    tool_pingpong("ibv_ud_pingpong", 18692, &["-e", "-s", "4096"], &[]);
+    let Some(b) = require(&["ibv_ud_pingpong"]) else {
+        return;
+    };
+    let o = run(&b[0], &["-g", "0", "-p", "18693", "localhost"], NP);
+    assert!(!o.ok(), "{}", o.all());
+    assert!(
+        o.stderr.contains("libnprdma: ibv_create_qp: not supported: UD QPs in NP-RDMA mode"),
+        "{}",
+        o.all()
+    );
 }
 
 /// Shared receive queues: ibv_srq_pingpong's 16 QPs on one SRQ, polling and with
