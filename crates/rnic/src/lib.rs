@@ -1,4 +1,4 @@
-//! # rnic — a software commodity RC RNIC (ConnectX class, no page-fault support)
+//! # rnic — a software commodity RNIC (ConnectX class, no page-fault support)
 //!
 //! Every DMA goes MR -> MTT -> host IOMMU -> frame and the NIC never takes a page
 //! fault: frames the host declared non-resident are refused (the WR fails) and
@@ -14,7 +14,8 @@
 //!   .stats() -> NicStats      .query_device() -> DeviceAttr     .open_context() -> Context
 //! Context: alloc_pd, create_cq(depth, Option<&CompChannel>), create_comp_channel
 //! Pd: unsafe reg_mr(addr, len, Access), unsafe reg_mr_iova(addr, len, Access, &IovaRange),
-//!     reg_mr_owned(Vec<u8>, Access) -> OwnedMr, create_qp(&send_cq, &recv_cq, &QpInitAttr)
+//!     reg_mr_owned(Vec<u8>, Access) -> OwnedMr, create_qp(&send_cq, &recv_cq, &QpInitAttr),
+//!     create_qp_of(QpType, ..), create_ah(HostAddr) -> Ah (UD: SendWr::to(ah.to(qpn, qkey)))
 //! Mr/OwnedMr: lkey, rkey, addr, len, sge(off, len); Drop deregisters (and waits for DMA)
 //! Cq: poll(&mut [Wc]) (non-blocking; also progresses its QPs), poll_wait, req_notify(solicited_only)
 //! CompChannel: fd() (eventfd, poll/epoll it), get_event(timeout) -> Cq, ack
@@ -148,7 +149,7 @@
 //!   `completer` (ring answers, NAKs, in-order completion and flush), `sq` (the send
 //!   queue's driver), `thread` (the NIC thread);
 //! * handles, `objects/`: `context` ([`Host`], [`Context`]), `dma_buffer`, `pd`, `mr`,
-//!   `cq`, `qp`. The public modules ([`host`], [`cq`], [`mr`], [`qp`], [`pool`],
+//!   `cq`, `srq`, `qp`, `ah`. The public modules ([`host`], [`cq`], [`mr`], [`qp`], [`pool`],
 //!   [`odp`], [`dma`], [`segment`], ...) re-export them.
 //!
 //! Engines hold `Arc<nic::state::Nic>` and each other's contexts (a QP its CQ rings),
@@ -168,12 +169,31 @@
 //! error state of the CQ (`poll` returns `Error::CqOverflow`) and moves the QP to ERR.
 //!
 //! ## QP types
-//! RC, and UC (`Pd::create_qp_of(QpType::Uc, ..)`): SEND / SEND_WITH_IMM / WRITE /
+//! RC, UC (`Pd::create_qp_of(QpType::Uc, ..)`) and UD (below): SEND / SEND_WITH_IMM / WRITE /
 //! WRITE_WITH_IMM only (READ and atomics are refused at post), UC's own transition
 //! attributes (no responder resources, timeouts or retries), and nothing acknowledged:
 //! a message or WRITE the responder refuses (no receive posted, a bad rkey, a receive
 //! too small) is dropped there — the receive stays posted, the QP stays up — and the
 //! requester completes the WR successfully.
+//!
+//! UD (`QpType::Ud`): IB's UD transitions (RESET→INIT needs PKEY_INDEX | PORT | QKEY,
+//! INIT→RTR the state only, RTR→RTS SQ_PSN; QKEY optional after), SEND /
+//! SEND_WITH_IMM only, each to the destination its WR names
+//! (`SendWr::to(ah.to(qpn, qkey))`; a Q_Key with the high bit set means the QP's own).
+//! [`Pd::create_ah`] resolves the destination host (maps its segment) when the handle is
+//! made. Nothing is acknowledged: a WR completes once its datagram left; one longer than
+//! [`PORT_MTU`] is never sent yet succeeds (IBA C10-93.1.1, as rxe). The responder
+//! drops a datagram for an absent, non-UD or not-RTR/RTS QP, with another Q_Key,
+//! finding no receive, or one too small (on an SRQ that receive completes
+//! REM_INV_REQ_ERR, rxe's class E); a receive gets the 40-byte [`grh`] (sgid = the
+//! sender's GID, dgid = ours) then the payload, its completion src_qp, `WcFlags::GRH`
+//! and the immediate. In-process (and between trusting hosts) the sender delivers
+//! directly; otherwise the datagram takes one slot of the destination QP's request
+//! ring, which any peer may claim (FREE → FILL → REQ, stamped with the monotonic
+//! clock, served oldest first, freed unanswered); the target checks everything. A full
+//! ring holds the sender, as a lossless fabric would, until the transport timeout or
+//! the destination's death drops the datagram: a dead peer never wedges a sender (a
+//! producer that dies mid-fill leaves its slot claimed).
 //!
 //! ## Shared receive queues
 //! `Pd::create_srq` makes a table entry whose receive queue QPs created on it
@@ -184,7 +204,7 @@
 //! limit events (the crate has no asynchronous events).
 //!
 //! ## Known limits
-//! SQD/SQE states, memory windows, UD QPs, asynchronous events are not modelled; PSNs are accepted
+//! SQD/SQE states, memory windows, multicast, asynchronous events are not modelled; PSNs are accepted
 //! and ignored (the transports are lossless). Between trusting hosts
 //! (`HostConfig::trusted_peers`), a peer performs the target NIC's checks itself.
 

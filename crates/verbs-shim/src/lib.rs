@@ -29,6 +29,14 @@
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
 //! * RC and UC QPs (UC: SEND/WRITE only, nothing acknowledged — what the responder
 //!   refuses is dropped there and the WR completes successfully), in both modes.
+//! * UD QPs in pinned mode (`ibv_create_qp[_ex]` with `IBV_QPT_UD`, SEND /
+//!   SEND_WITH_IMM, `wr.ud` and `ibv_wr_set_ud_addr`): address handles
+//!   (`ibv_create_ah` needs `is_global`, port 1, sgid index 0 and the GID of a
+//!   reachable device, else EINVAL; `ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`,
+//!   `ibv_destroy_ah`), the Q_Key in `ibv_modify_qp` / `ibv_query_qp`, receives with
+//!   the 40-byte GRH first (`IBV_WC_GRH`, `src_qp`); rxe's rules (see rnic's "QP
+//!   types"). NP-RDMA mode refuses UD QPs and AHs (EOPNOTSUPP: its engine has no
+//!   datagram path).
 //! * Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_query_srq`,
 //!   `ibv_destroy_srq`; QPs created with `srq`), in both modes (one SGE per WQE in
 //!   NP-RDMA mode). A QP on an SRQ moved to ERR posts `IBV_EVENT_QP_LAST_WQE_REACHED`
@@ -41,7 +49,7 @@
 //!   RESET takes its queued completions out of its CQs (as mlx5), in both modes.
 //! * `ibv_resize_cq` (rxe's rules: not below the completions waiting; pinned mode
 //!   up to twice the created size or 64 entries, ENOMEM beyond).
-//! * Unsupported verbs/options (UD/AH, multicast, MW, ECE, DM,
+//! * Unsupported verbs/options (UD/AH in NP-RDMA mode, multicast, MW, ECE, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
@@ -143,7 +151,7 @@
 //! Modules: [`ffi`] (bindgen types + layout tests: the `verbs-sys` crate), [`backend`] (internal verbs
 //! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode, `np_verbs`: its libibverbs device), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
-//! `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
+//! `ah` (address handles), `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (rdma_cm refusal).
 
 #[cfg(test)]

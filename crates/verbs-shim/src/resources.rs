@@ -1,6 +1,6 @@
 //! Resource verbs: PDs, MRs, completion channels, CQs and their events, QPs
 //! (create / modify / query / destroy), shared receive queues, and clean refusals for
-//! what the NIC does not model (AH/UD, multicast, ECE, rereg/resize, …).
+//! what the NIC does not model (multicast, ECE, rereg/resize, …).
 
 use crate::convert::{qp_attr_from_c, qp_attr_to_c};
 use crate::error::{set_errno, ShimError};
@@ -108,7 +108,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: caller contract.
         let s: &ShimPd = unsafe { shim(pd, "PD")? };
         if s.users.load(Ordering::Acquire) != 0 {
-            return Err(ShimError::Busy("PD still has MRs, QPs or address handles".into()));
+            return Err(ShimError::Busy(
+                "PD still has MRs, QPs or address handles".into(),
+            ));
         }
         if !s.imported {
             EXPORTS.lock().pds.remove(&s.pd.handle);

@@ -95,7 +95,8 @@ fn ibv_ud_pingpong_pinned_and_refused_in_np_mode() {
     let o = run(&b[0], &["-g", "0", "-p", "18693", "localhost"], NP);
     assert!(!o.ok(), "{}", o.all());
     assert!(
-        o.stderr.contains("libnprdma: ibv_create_qp: not supported: UD QPs in NP-RDMA mode"),
+        o.stderr
+            .contains("libnprdma: ibv_create_qp: not supported: UD QPs in NP-RDMA mode"),
         "{}",
         o.all()
     );
