@@ -168,6 +168,50 @@ fn refused_datagrams_are_dropped_and_the_sender_never_hears() {
 }
 
 #[test]
+fn on_a_shared_receive_queue_a_receive_too_small_completes_in_error() {
+    for cfg in [HostConfig::default(), secure_cfg()] {
+        let (ha, hb) = (Host::new(cfg.clone()).unwrap(), Host::new(cfg).unwrap());
+        let a = ud_end(&ha);
+        let ctx = hb.open_context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let rcq = ctx.create_cq(16, None).unwrap();
+        let srq = pd.create_srq(8, 1).unwrap();
+        let qp = pd
+            .create_qp_of(QpType::Ud, &rcq, &rcq, Some(&srq), &QpInitAttr::default())
+            .unwrap();
+        ud_up(&qp, QKEY);
+        let dst = buf(&pd, 4096, 0);
+        let post = |wr_id: u64, len: u32| {
+            let sge = [dst.sge(0, len)];
+            srq.post_recv(&[RecvWr { wr_id, sg_list: &sge }]).unwrap();
+        };
+        let src = buf(&a.pd, 256, 0);
+        src.write(0, &pattern(256, 2));
+        let ah = a.pd.create_ah(hb.addr()).unwrap();
+        let go = |wr_id: u64, len: u32| {
+            let sge = [src.sge(0, len)];
+            a.qp.post_send(&[SendWr::new(wr_id, WrOpcode::Send, &sge).to(ah.to(qp.qpn(), QKEY))])
+                .unwrap();
+            assert_eq!(wait1(&a.cq).status, WcStatus::Success);
+        };
+        // rxe's class E: the shared receive completes REM_INV_REQ_ERR, the QP stays.
+        post(1, 100);
+        go(1, 100);
+        let wc = wait1(&rcq);
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemInvReqErr));
+        assert_eq!(qp.state(), QpState::Rts);
+        post(2, 200);
+        go(2, 100);
+        let wc = wait1(&rcq);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len, wc.qp_num),
+            (2, WcStatus::Success, 140, qp.qpn())
+        );
+        assert_eq!(dst.to_vec(40, 100), pattern(100, 2));
+    }
+}
+
+#[test]
 fn only_addressed_sends_are_posted() {
     let h = Host::new(HostConfig::default()).unwrap();
     let (a, b) = (ud_end(&h), ud_end(&h));
