@@ -5,11 +5,14 @@
 //! nothing is acknowledged — a datagram the responder refuses (wrong Q_Key, absent QP,
 //! no receive, a receive too small, a QP not ready) is dropped and the sender's WR
 //! completes successfully, as does one longer than the port MTU (never sent, as rxe).
+//! Datagrams forged into a UD QP's ring by another process never reach past the
+//! receive they land in.
 
 mod common;
 use common::child::{serve, Child};
 use common::*;
 use rnic::*;
+use std::sync::atomic::Ordering;
 
 const QKEY: u32 = 0x1111_1111;
 
@@ -335,6 +338,7 @@ fn ud_child() {
     let host = Host::new(HostConfig::default()).unwrap();
     let e = ud_end(&host);
     let rbuf = buf(&e.pd, 4096 + 40, 0);
+    let canary = buf(&e.pd, 4096, 0x77);
     let info = format!("{} {}", host.addr().to_hex(), e.qp.qpn());
     serve(&info, |w| {
         let reply = match w {
@@ -369,6 +373,24 @@ fn ud_child() {
                     .unwrap();
                 format!("WC {:?}", e.cq.poll_wait(1, T).unwrap()[0].status)
             }
+            ["SMALL"] => {
+                // A 48-byte receive inside a buffer of canaries.
+                let sge = [canary.sge(100, 48)];
+                e.qp.post_recv(&[RecvWr {
+                    wr_id: 4,
+                    sg_list: &sge,
+                }])
+                .unwrap();
+                "READY".to_string()
+            }
+            ["CANARY"] => {
+                let mut wc = [Wc::default(); 8];
+                let n = e.rcq.poll(&mut wc).unwrap();
+                let v = canary.to_vec(0, 4096);
+                let untouched = v[..100].iter().chain(&v[148..]).all(|&b| b == 0x77);
+                let got: Vec<String> = wc[..n].iter().map(|w| format!("{}:{}", w.wr_id, w.byte_len)).collect();
+                format!("WC [{}] {} {:?}", got.join(","), untouched, e.qp.state())
+            }
             ["EXIT"] => return None,
             _ => "?".into(),
         };
@@ -377,6 +399,64 @@ fn ud_child() {
 }
 
 const REPLIES: &[&str] = &["INFO", "READY", "WC", "ERR"];
+
+/// Forge a datagram into slot `slot` of UD QP `tq`'s ring of `seg` (bypassing every
+/// check of a requester) and wait until the target freed it.
+#[allow(clippy::too_many_arguments)]
+fn forge(seg: &segment::Segment, tq: u32, slot: u64, op: u32, len: u32, qpn: u32, qkey: u32, data: &[u8]) {
+    let (h, area) = seg.slot(tq, slot);
+    assert_eq!(h.state.load(Ordering::Acquire), segment::SLOT_FREE);
+    h.op.store(op, Ordering::Relaxed);
+    h.len.store(len, Ordering::Relaxed);
+    h.raddr.store(0x1234_0000_0005, Ordering::Relaxed);
+    h.rkey.store(qkey, Ordering::Relaxed);
+    h.src_qpn.store(77, Ordering::Relaxed);
+    h.src_nonce.store(99, Ordering::Relaxed);
+    h.cmp.store(u64::from(qpn) << 32, Ordering::Relaxed);
+    h.swp.store(slot, Ordering::Relaxed);
+    // SAFETY: the slot's data area holds ring_max (>= 4096) bytes; data is smaller.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), area, data.len()) };
+    h.state.store(segment::SLOT_REQ, Ordering::Release);
+    seg.ring_doorbell(tq);
+    let t = std::time::Instant::now();
+    while h.state.load(Ordering::Acquire) != segment::SLOT_FREE {
+        assert!(t.elapsed() < T, "a forged datagram was never served");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn forged_datagrams_never_reach_past_a_receive() {
+    let mut c = Child::spawn("ud_child", "RNIC_UD_CHILD", "1", REPLIES);
+    let info = c.line();
+    let f: Vec<&str> = info.split_whitespace().collect();
+    let (raddr, rqpn) = (HostAddr::from_hex(f[1]).unwrap(), f[2].parse::<u32>().unwrap());
+    let seg = segment::Segment::open(raddr.pid, raddr.fd, raddr.nonce).unwrap();
+    let tq = seg.find_qp(rqpn).unwrap();
+    assert_eq!(c.cmd("SMALL"), "READY");
+    let data = vec![0xabu8; 4096];
+    // Longer than the slot, longer than the MTU, longer than the receive; another
+    // QPN, Q_Key or op: all dropped, the receive untouched.
+    forge(&seg, tq, 0, segment::RING_UD, u32::MAX, rqpn, QKEY, &data);
+    forge(&seg, tq, 1, segment::RING_UD, PORT_MTU + 1, rqpn, QKEY, &data);
+    forge(&seg, tq, 2, segment::RING_UD, 9, rqpn, QKEY, &data);
+    forge(&seg, tq, 3, segment::RING_UD, 8, rqpn + 1, QKEY, &data);
+    forge(&seg, tq, 4, segment::RING_UD, 8, rqpn, QKEY ^ 1, &data);
+    forge(
+        &seg,
+        tq,
+        5,
+        segment::RING_SEND | segment::RING_F_FIRST | segment::RING_F_LAST,
+        8,
+        rqpn,
+        QKEY,
+        &data,
+    );
+    assert_eq!(c.cmd("CANARY"), "WC [] true Rts");
+    // A well-formed one lands inside it, GRH first.
+    forge(&seg, tq, 6, segment::RING_UD, 8, rqpn, QKEY, &data);
+    assert_eq!(c.cmd("CANARY"), "WC [4:48] true Rts");
+}
 
 #[test]
 fn datagrams_cross_processes_and_a_dead_destination_never_wedges() {
