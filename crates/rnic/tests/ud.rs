@@ -90,6 +90,7 @@ fn a_datagram_arrives_after_its_grh() {
         let data = pattern(4096, 5);
         src.write(0, &data);
         let dst = buf(&b.pd, 4096 + 40, 0xee);
+        let dst2 = buf(&b.pd, 100, 0);
         recv(&b, 9, &dst, 4096 + 40);
         send(&a, &b, 1, WrOpcode::SendImm(0x1234_5678), &src, 100, b.qp.qpn(), QKEY);
         let wc = wait1(&b.rcq);
@@ -112,6 +113,29 @@ fn a_datagram_arrives_after_its_grh() {
         recv(&b, 11, &dst, 40);
         send(&a, &b, 3, WrOpcode::Send, &src, 0, b.qp.qpn(), QKEY);
         assert_eq!(wait1(&b.rcq).byte_len, 40);
+        // Inline, unsignaled then signaled: one completion, both delivered.
+        recv(&b, 12, &dst, 100);
+        recv(&b, 13, &dst2, 100);
+        let ah = a.pd.create_ah(b.host.addr()).unwrap();
+        let to = ah.to(b.qp.qpn(), QKEY);
+        a.qp.post_send(&[
+            SendWr::new(4, WrOpcode::Send, &[])
+                .inline(&data[..50])
+                .flags(SendFlags::INLINE)
+                .to(to),
+            SendWr::new(5, WrOpcode::SendImm(3), &[]).inline(&data[..60]).to(to),
+        ])
+        .unwrap();
+        let wc = wait1(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+        assert_empty(&a.cq);
+        let wcs = b.rcq.poll_wait(2, T).unwrap();
+        assert_eq!(
+            (wcs[0].wr_id, wcs[0].byte_len, wcs[1].wr_id, wcs[1].byte_len),
+            (12, 90, 13, 100)
+        );
+        assert_eq!(dst.to_vec(40, 50), data[..50]);
+        assert_eq!(dst2.to_vec(40, 60), data[..60]);
     });
 }
 
