@@ -193,7 +193,7 @@
 //! clock, served oldest first, freed unanswered); the target checks everything. A full
 //! ring holds the sender, as a lossless fabric would, until the transport timeout or
 //! the destination's death drops the datagram: a dead peer never wedges a sender (a
-//! producer that dies mid-fill leaves its slot claimed).
+//! producer that dies mid-fill leaves its slot claimed until the QP is reset).
 //!
 //! ## Shared receive queues
 //! `Pd::create_srq` makes a table entry whose receive queue QPs created on it

@@ -239,6 +239,48 @@ fn on_a_shared_receive_queue_a_receive_too_small_completes_in_error() {
 }
 
 #[test]
+fn a_full_ring_holds_the_sender_until_the_transport_timeout_and_a_reset_recovers_it() {
+    let cfg = HostConfig {
+        transport_timeout: std::time::Duration::from_millis(100),
+        ..secure_cfg()
+    };
+    let (ha, hb) = (Host::new(cfg.clone()).unwrap(), Host::new(cfg).unwrap());
+    let (a, b) = (ud_end(&ha), ud_end(&hb));
+    let src = buf(&a.pd, 64, 0);
+    let dst = buf(&b.pd, 64, 0);
+    // Every slot claimed by producers that died mid-fill.
+    let addr = hb.addr();
+    let seg = segment::Segment::open(addr.pid, addr.fd, addr.nonce).unwrap();
+    let tq = seg.find_qp(b.qp.qpn()).unwrap();
+    for s in 0..seg.p.ring_slots as u64 {
+        seg.slot(tq, s).0.state.store(segment::SLOT_FILL, Ordering::Release);
+    }
+    recv(&b, 1, &dst, 64);
+    let t = std::time::Instant::now();
+    send(&a, &b, 1, WrOpcode::Send, &src, 8, b.qp.qpn(), QKEY);
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_empty(&b.rcq);
+    // A reset empties the ring.
+    b.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    ud_up(&b.qp, QKEY);
+    recv(&b, 2, &dst, 64);
+    send(&a, &b, 2, WrOpcode::Send, &src, 8, b.qp.qpn(), QKEY);
+    let wc = wait1(&b.rcq);
+    assert_eq!((wc.wr_id, wc.byte_len), (2, 48));
+}
+
+#[test]
 fn only_addressed_sends_are_posted() {
     let h = Host::new(HostConfig::default()).unwrap();
     let (a, b) = (ud_end(&h), ud_end(&h));

@@ -326,22 +326,23 @@ impl QpCtx {
 /// still be taking them: a SEND delivered before the reset completes as delivered) and
 /// answers the requests it had not served with RETRY_EXC_ERR, as a RESET QP drops
 /// packets; the initiator frees those slots (`requester::issue_ring` frees an answer
-/// left in a slot it is about to use). Excludes the thread serving the rings.
+/// left in a slot it is about to use). A UD QP's ring is emptied (datagrams are never
+/// answered). Excludes the thread serving the rings.
 pub(crate) fn reset_ring(h: &Nic, idx: u32, r: &QpRec, fresh: bool) {
     let _srv = h.ring_server.lock();
     let ud = r.unreliable.load(Ordering::Relaxed) == segment::QP_UD;
     for s in 0..h.seg.p.ring_slots as u64 {
         let slot = h.seg.slot(idx, s).0;
-        let st = slot.state.load(Ordering::Acquire);
-        if ud && !fresh {
-            // Datagrams are never answered: what waits is dropped (a slot a producer
-            // is filling is left to it).
-            if st != segment::SLOT_FILL {
-                slot.state.store(segment::SLOT_FREE, Ordering::Release);
-            }
-        } else if fresh {
+        if ud || fresh {
+            // A new QP starts with every slot free. Datagrams are never answered:
+            // what waits is dropped, and a slot left claimed by a producer that died
+            // mid-fill is recovered (one still filling publishes a datagram the
+            // server checks like any other).
             slot.state.store(segment::SLOT_FREE, Ordering::Release);
-        } else if st == segment::SLOT_REQ || st == segment::SLOT_BUSY {
+            continue;
+        }
+        let st = slot.state.load(Ordering::Acquire);
+        if st == segment::SLOT_REQ || st == segment::SLOT_BUSY {
             slot.status.store(WcStatus::RetryExcErr as u32, Ordering::Relaxed);
             slot.state.store(segment::SLOT_DONE, Ordering::Release);
         }
