@@ -84,11 +84,19 @@ fn ibv_uc_pingpong_both_modes() {
 
 /// Unreliable datagram QPs (`IBV_QPT_UD`, address handles from the peer's GID 0):
 /// ibv_ud_pingpong with its data check, polling and with completion events, up to
-/// the port MTU, in pinned mode; NP-RDMA mode refuses UD QPs with a clear message.
+/// the port MTU, in pinned mode (target-enforced and between trusting processes);
+/// NP-RDMA mode refuses UD QPs with a clear message.
 #[test]
 fn ibv_ud_pingpong_pinned_and_refused_in_np_mode() {
     tool_pingpong("ibv_ud_pingpong", 18691, &[], &[]);
     tool_pingpong("ibv_ud_pingpong", 18692, &["-e", "-s", "4096"], &[]);
+    // Between trusting processes the sender delivers directly (process_vm_writev).
+    tool_pingpong(
+        "ibv_ud_pingpong",
+        18694,
+        &["-s", "4096"],
+        &[("NPRDMA_TRUSTED_PEERS", "1")],
+    );
     let Some(b) = require(&["ibv_ud_pingpong"]) else {
         return;
     };
