@@ -202,6 +202,25 @@ fn ib_send_with_a_shared_receive_queue() {
     );
 }
 
+/// `-c UD`: unreliable datagram QPs, address handles from the peer's GID, messages
+/// up to the MTU; the bandwidth run's bursts fill the receiver's ring (the sender
+/// waits, nothing is lost).
+#[test]
+fn ib_send_over_ud_qps() {
+    perftest(
+        "ib_send_lat",
+        18780,
+        &["-c", "UD", "-n", "500", "-s", "2"],
+        false,
+    );
+    perftest(
+        "ib_send_bw",
+        18781,
+        &["-c", "UD", "-n", "1000", "-s", "4096"],
+        true,
+    );
+}
+
 #[test]
 fn ib_send_bw_with_completion_events() {
     // -e: completion channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events.
