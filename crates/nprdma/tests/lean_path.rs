@@ -155,7 +155,17 @@ fn completions_stay_in_post_order_when_a_lean_op_goes_two_sided() {
         // slow), then a READ of other, resident memory (no conflict: it
         // issues and checks out at once) — its completion must still come
         // second.
-        rb.swap_out();
+        // The previous round's page fill (owed after its answer) may still hold
+        // the page: swap out until it is out.
+        let t = std::time::Instant::now();
+        loop {
+            rb.swap_out();
+            if !e.b.pager.is_resident(rb.addr() as usize + 4096) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "page stays resident");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         e.qa.post_send(&[wr(2 * round, &la, 16384, &rb, 4096, 64)])
             .expect("post write");
         e.qa.post_send(&[rd(2 * round + 1, &la, 8192, &rc, 0, 64)])
