@@ -14,6 +14,28 @@ use std::sync::atomic::Ordering;
 
 scratch_slot!(RECV_SPANS: Span);
 
+/// The spans a receive WQE's SGEs give (empty ones skipped), each checked against
+/// PD `pd` for LOCAL_WRITE, and their total length; `Err` at the first SGE that
+/// fails its check.
+fn wqe_spans(seg: &Segment, pd: u32, sges: &[segment::SgeRec]) -> Result<(Scratch<Span>, u64), ()> {
+    let mut spans = Scratch::take(&RECV_SPANS);
+    let mut total = 0u64;
+    for s in sges {
+        let (a, l, k) = (
+            s.addr.load(Ordering::Relaxed),
+            s.len.load(Ordering::Relaxed) as u64,
+            s.lkey.load(Ordering::Relaxed),
+        );
+        if l == 0 {
+            continue;
+        }
+        let mr = check_key(seg, k, pd, None, a, l, Access::LOCAL_WRITE).map_err(|_| ())?;
+        spans.push(Span { mr, addr: a, len: l });
+        total += l;
+    }
+    Ok((spans, total))
+}
+
 /// The receive queue QP `r` (table index `idx`) takes its receives from: its own, or
 /// its shared receive queue's — (index, record, the SRQ's lock, taken). The caller
 /// holds `r.rq_lock`, which covers the QP's own queue; an SRQ's lock is taken after
@@ -247,23 +269,9 @@ pub(crate) fn deliver(peer: &Peer, idx: u32, r: &QpRec, m: &Message) -> Delivery
         dma::copy(&m.src, &dst, m.len, m.section)
     } else {
         let n = (w.nsge.load(Ordering::Relaxed) as usize).min(sges.len());
-        let mut spans = Scratch::take(&RECV_SPANS);
-        let mut total = 0u64;
-        for s in &sges[..n] {
-            let (a, l, k) = (
-                s.addr.load(Ordering::Relaxed),
-                s.len.load(Ordering::Relaxed) as u64,
-                s.lkey.load(Ordering::Relaxed),
-            );
-            if l == 0 {
-                continue;
-            }
-            match check_key(seg, k, pd, None, a, l, Access::LOCAL_WRITE) {
-                Ok(mr) => spans.push(Span { mr, addr: a, len: l }),
-                Err(_) => return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, &mut recv_wc),
-            }
-            total += l;
-        }
+        let Ok((spans, total)) = wqe_spans(seg, pd, &sges[..n]) else {
+            return fail(WcStatus::LocProtErr, WcStatus::RemOpErr, &mut recv_wc);
+        };
         if total < m.len {
             return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, &mut recv_wc);
         }
@@ -362,23 +370,9 @@ pub(crate) fn deliver_ud(peer: &Peer, idx: u32, d: &Datagram) -> WcStatus {
         WcStatus::Success
     };
     let n = (w.nsge.load(Ordering::Relaxed) as usize).min(sges.len());
-    let mut spans = Scratch::take(&RECV_SPANS);
-    let mut total = 0u64;
-    for s in &sges[..n] {
-        let (a, l, k) = (
-            s.addr.load(Ordering::Relaxed),
-            s.len.load(Ordering::Relaxed) as u64,
-            s.lkey.load(Ordering::Relaxed),
-        );
-        if l == 0 {
-            continue;
-        }
-        match check_key(seg, k, pd, None, a, l, Access::LOCAL_WRITE) {
-            Ok(mr) => spans.push(Span { mr, addr: a, len: l }),
-            Err(_) => return fail(&mut wc, WcStatus::LocProtErr),
-        }
-        total += l;
-    }
+    let Ok((spans, total)) = wqe_spans(seg, pd, &sges[..n]) else {
+        return fail(&mut wc, WcStatus::LocProtErr);
+    };
     if total < d.len {
         // rxe: class D (dropped, the receive stays) on the QP's own queue, class E
         // (the receive completes REM_INV_REQ_ERR) on a shared one.
