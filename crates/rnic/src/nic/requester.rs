@@ -227,18 +227,7 @@ fn send_ud_inner(q: &QpCtx, e: &Entry) -> Result<WcStatus, Option<WcStatus>> {
         return Err(None);
     };
     if len > 0 {
-        let src = Side {
-            seg: &me.seg,
-            port: Port::Local,
-            spans: &spans,
-        };
-        let dst_span = [passthrough(data as u64, len)];
-        let dst = Side {
-            seg: &me.seg,
-            port: Port::Local,
-            spans: &dst_span,
-        };
-        if dma::copy(&src, &dst, len, section).is_err() {
+        if gather_local(me, &spans, data, len, section).is_err() {
             h.state.store(segment::SLOT_FREE, Ordering::Release);
             return Ok(WcStatus::LocProtErr);
         }
@@ -306,6 +295,23 @@ pub(crate) fn window(spans: &[Span], off: u64, len: u64) -> Scratch<Span> {
 }
 
 scratch_slot!(WINDOW: Span);
+
+/// Copy `len` bytes of this host's local `spans` (checked SGEs) to `dst`, a
+/// buffer of this process (a ring slot being filled).
+fn gather_local(me: &Nic, spans: &[Span], dst: *mut u8, len: u64, section: usize) -> Result<u64, DmaErr> {
+    let src = Side {
+        seg: &me.seg,
+        port: Port::Local,
+        spans,
+    };
+    let dst_span = [passthrough(dst as u64, len)];
+    let dst = Side {
+        seg: &me.seg,
+        port: Port::Local,
+        spans: &dst_span,
+    };
+    dma::copy(&src, &dst, len, section)
+}
 
 /// Put the next parts of WR `i` into the target's request ring, as many as there are
 /// free slots (a WR's parts take consecutive slots; nothing behind it issues before
@@ -410,18 +416,7 @@ pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool
             let mut small = [0u8; 8];
             let dst_ptr = if inline { small.as_mut_ptr() } else { data };
             let src_spans = window(&spans, off, plen);
-            let src = Side {
-                seg: &me.seg,
-                port: Port::Local,
-                spans: &src_spans,
-            };
-            let dst_span = [passthrough(dst_ptr as u64, plen)];
-            let dst = Side {
-                seg: &me.seg,
-                port: Port::Local,
-                spans: &dst_span,
-            };
-            match dma::copy(&src, &dst, plen, me.cfg.dma_section) {
+            match gather_local(me, &src_spans, dst_ptr, plen, me.cfg.dma_section) {
                 Ok(a) => atoms += a,
                 Err(_) => {
                     // Parts already out (if any) are the caller's to abandon.
