@@ -226,11 +226,9 @@ fn send_ud_inner(q: &QpCtx, e: &Entry) -> Result<WcStatus, Option<WcStatus>> {
     }) else {
         return Err(None);
     };
-    if len > 0 {
-        if gather_local(me, &spans, data, len, section).is_err() {
-            h.state.store(segment::SLOT_FREE, Ordering::Release);
-            return Ok(WcStatus::LocProtErr);
-        }
+    if len > 0 && gather_local(me, &spans, data, len, section).is_err() {
+        h.state.store(segment::SLOT_FREE, Ordering::Release);
+        return Ok(WcStatus::LocProtErr);
     }
     let mut op = segment::RING_UD;
     if imm.is_some() {
