@@ -80,10 +80,12 @@ fn connected(cfg: Config) -> Option<Connected> {
 
 #[test]
 fn user_space_mode_over_libnprdma() {
-    // No registration cache: every two-sided operation registers and
-    // deregisters its MRs (the paper's user-space mode as written).
+    // No registration cache and no leases: every two-sided operation
+    // registers and deregisters its MRs (the paper's user-space mode as
+    // written).
     all_ops(Config {
         reg_cache_bytes: 0,
+        lease_ms: 0,
         ..Config::default()
     });
 }
@@ -97,6 +99,7 @@ fn user_space_mode_over_libnprdma() {
 fn control_channel_on_the_data_qp() {
     all_ops(Config {
         reg_cache_bytes: 0,
+        lease_ms: 0,
         ctrl_on_data_qp: true,
         ..Config::default()
     });
@@ -331,6 +334,7 @@ fn all_ops(cfg: Config) {
 fn hit_rates(budget: u64, ranges: u64, rounds: u64) -> Option<(f64, f64)> {
     let cfg = Config {
         reg_cache_bytes: budget,
+        lease_ms: 0,
         ..Config::default()
     };
     let (a, b, qa, _qb) = connected(cfg)?;
@@ -385,7 +389,12 @@ fn the_registration_cache_hits_within_its_budget_and_thrashes_beyond() {
 
 #[test]
 fn a_cached_registration_is_dropped_before_its_pages_are_evicted() {
-    let Some((a, b, qa, _qb)) = connected(Config::default()) else {
+    // (No leases: a leased page stays resident for the lease's time.)
+    let cfg = Config {
+        lease_ms: 0,
+        ..Config::default()
+    };
+    let Some((a, b, qa, _qb)) = connected(cfg) else {
         return;
     };
     const LEN: usize = 64 << 10;
@@ -607,4 +616,170 @@ fn qp_access_flags_bind_the_peer_not_the_reverse_operations() {
     ok(wait1(&a.cq), 3);
     assert_eq!(la.bytes(), &src[..]);
     drop(lr);
+}
+
+/// One signaled READ or WRITE of `len` bytes between `l` (local) and `r`
+/// (the peer's MR), waited for; its completion status.
+fn rw(
+    side: &Side,
+    qp: &Qp<VerbsNic>,
+    id: u64,
+    op: Opcode,
+    l: &Buf,
+    r: &nprdma::Mr<VerbsNic>,
+    len: u32,
+) -> u32 {
+    post(
+        qp,
+        SendWr::new(id, op, Some(l.mr.sge(0, len)), r.addr(), r.rkey()),
+    );
+    let c = wait1(&side.cq);
+    assert_eq!(c.wr_id, id, "{c:?}");
+    c.status
+}
+
+/// Wait up to 2 s for `f` to hold.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Leases (beyond the paper): after a peer's two-sided WRITE (READ) of a
+/// range, the target lends it its registration of those pages, and the
+/// peer's next WRITEs (READs) of them go one-sided with the same bytes; the
+/// leased pages stay resident for the lease's time and no longer: then they
+/// can be swapped out, and the next operation is two-sided again.
+#[test]
+fn a_lease_makes_repeated_operations_one_sided_and_ends_in_time() {
+    let cfg = Config {
+        lease_ms: 200,
+        ..Config::default()
+    };
+    let Some((a, b, qa, _qb)) = connected(cfg) else {
+        return;
+    };
+    const LEN: usize = 64 << 10;
+    let (s1, s2) = (pattern(21, LEN), pattern(22, LEN));
+    let mut la = Buf::with(&a, LEN, Some(&s1));
+    let lr = Buf::with(&a, LEN, None);
+    let rb = Buf::with(&b, LEN, None);
+    let n = LEN as u32;
+    assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert_eq!((sa.leased_ops, sb.leases_granted), (0, 1), "{sa:?} {sb:?}");
+    la.bytes_mut().copy_from_slice(&s2);
+    assert_eq!(rw(&a, &qa, 2, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(a.ctx.stats().leased_ops, 1, "the second WRITE on the lease");
+    assert_eq!(rb.bytes(), &s2[..]);
+    // A READ needs a READ lease: the first is two-sided and asks for one.
+    assert_eq!(rw(&a, &qa, 3, Opcode::Read, &lr, &rb.mr, n), 0);
+    assert_eq!(rw(&a, &qa, 4, Opcode::Read, &lr, &rb.mr, 4096), 0);
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert_eq!((sa.leased_ops, sb.leases_granted), (2, 2), "{sa:?} {sb:?}");
+    assert_eq!(lr.bytes(), &s2[..]);
+    // Leased pages are pinned: the pager cannot take them.
+    rb.swap_out();
+    let resident = || b.pager.resident_count(rb.addr() as usize, LEN).unwrap();
+    assert_eq!(resident(), LEN / 4096, "leased pages stay");
+    // Past the lease's time the target drops it and the pages can go.
+    eventually("the leases expire", || b.ctx.stats().leases_expired == 2);
+    rb.swap_out();
+    assert_eq!(resident(), 0, "no pin left");
+    let two = a.ctx.stats().two_sided;
+    assert_eq!(rw(&a, &qa, 5, Opcode::Read, &lr, &rb.mr, n), 0);
+    let sa = a.ctx.stats();
+    assert_eq!(
+        (sa.two_sided, sa.leased_ops),
+        (two + 1, 2),
+        "two-sided again: {sa:?}"
+    );
+    assert_eq!(lr.bytes(), &s2[..]);
+}
+
+/// Deregistering the target's MR ends its leases before `dereg` returns:
+/// the peer's next WRITE fails with REM_ACCESS_ERR, as for any
+/// deregistered MR, and not a byte of the memory changes after it.
+#[test]
+fn deregistering_a_leased_mr_ends_its_leases_at_once() {
+    let Some((a, b, qa, _qb)) = connected(Config::default()) else {
+        return;
+    };
+    const LEN: usize = 64 << 10;
+    let (s1, s2) = (pattern(23, LEN), pattern(24, LEN));
+    let mut la = Buf::with(&a, LEN, Some(&s1));
+    let rb = Buf::with(&b, LEN, None);
+    let n = LEN as u32;
+    assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(rw(&a, &qa, 2, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(a.ctx.stats().leased_ops, 1);
+    let rkey = rb.mr.rkey();
+    let live = b.ctx.nic_stats().live_mrs;
+    let Buf { mr, region } = rb;
+    let addr = mr.addr();
+    drop(mr);
+    assert!(
+        b.ctx.nic_stats().live_mrs < live,
+        "the lease's registration went"
+    );
+    la.bytes_mut().copy_from_slice(&s2);
+    post(
+        &qa,
+        SendWr::new(3, Opcode::Write, Some(la.mr.sge(0, n)), addr, rkey),
+    );
+    let c = wait1(&a.cq);
+    assert_eq!((c.wr_id, c.status), (3, 10), "REM_ACCESS_ERR: {c:?}");
+    assert_eq!(
+        &region.as_slice()[..LEN],
+        &s1[..],
+        "nothing written after dereg"
+    );
+}
+
+/// A lease's key is valid on every QP of the device's PD: while a QP of
+/// another application PD exists no lease is lent, and connecting it first
+/// waits out the leases it could reach.
+#[test]
+fn a_qp_of_another_pd_waits_out_the_leases_it_could_reach() {
+    let cfg = Config {
+        lease_ms: 300,
+        ..Config::default()
+    };
+    let Some((a, b, qa, _qb)) = connected(cfg) else {
+        return;
+    };
+    const LEN: usize = 16 << 10;
+    let src = pattern(25, LEN);
+    let la = Buf::with(&a, LEN, Some(&src));
+    let lr = Buf::with(&a, LEN, None);
+    let rb = Buf::with(&b, LEN, None);
+    let n = LEN as u32;
+    assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(b.ctx.stats().leases_granted, 1);
+    let pd2 = b.ctx.alloc_pd();
+    let q2 = pd2.create_qp(&b.cq, &b.rcq, 4).expect("qp of pd 2");
+    assert_eq!(rw(&a, &qa, 2, Opcode::Read, &lr, &rb.mr, n), 0);
+    assert_eq!(lr.bytes(), &src[..]);
+    assert_eq!(
+        b.ctx.stats().leases_granted,
+        1,
+        "no lease while a QP of another PD exists"
+    );
+    let qa2 = a.pd.create_qp(&a.cq, &a.rcq, 4).expect("peer of q2");
+    let t = std::time::Instant::now();
+    q2.connect(&qa2.endpoint()).expect("connect");
+    let waited = t.elapsed();
+    let sb = b.ctx.stats();
+    assert_eq!(sb.leases_expired, 1, "{sb:?}");
+    assert!(
+        waited >= std::time::Duration::from_millis(150),
+        "{waited:?}"
+    );
+    // The initiator no longer uses it either: two-sided, and still right.
+    let two = a.ctx.stats().two_sided;
+    assert_eq!(rw(&a, &qa, 3, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(a.ctx.stats().two_sided, two + 1);
+    assert_eq!(rb.bytes(), &src[..]);
 }

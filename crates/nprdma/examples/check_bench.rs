@@ -341,6 +341,7 @@ fn main() {
         len: 4096,
         inline_ok: true,
         retry_mode: false,
+        want_lease: false,
     });
     let mut buf = [0u8; 64];
     let t_ctrl = time(|| {

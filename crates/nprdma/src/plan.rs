@@ -73,6 +73,11 @@ pub enum Strategy {
     /// mapped) the operation continues with [`choose`]'s strategy, otherwise
     /// it goes two-sided without moving the data one-sided first.
     VersionProbe,
+    /// User-space mode: one READ/WRITE through the target's registration of
+    /// the range, lent to this initiator for a while (a lease), from a
+    /// temporary MR of the local range: the pages at both ends are pinned,
+    /// so nothing is checked (the engine posts it itself).
+    Leased,
 }
 
 /// Two-sided forms (control-channel message that starts them).
@@ -229,7 +234,7 @@ pub fn nic_steps_small(
         Strategy::WriteReadback { deferred: true } => vec![data_write],
         Strategy::WriteVersioned => vec![before, data_write, after],
         Strategy::VersionProbe => vec![before],
-        Strategy::TwoSided(_) => smallvec::SmallVec::new(),
+        Strategy::TwoSided(_) | Strategy::Leased => smallvec::SmallVec::new(),
     }
 }
 

@@ -83,6 +83,24 @@ impl<N: Backend> Buf<N> {
     }
 }
 
+/// Swap out every page of `ranges` (`(addr, len)`) and return how many stay
+/// resident — pinned. Pins an engine takes for a bounded time (user-space
+/// mode's leases, `Config::lease_ms`) are waited out for up to a second.
+pub fn resident_after_swap_out(pager: &vmem::Pager, ranges: &[(usize, usize)]) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let mut left = 0;
+        for &(addr, len) in ranges {
+            pager.swap_out(addr, len).expect("swap out");
+            left += pager.resident_count(addr, len).expect("resident count");
+        }
+        if left == 0 || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Wait for exactly one completion on `cq` (panics after 10 s).
 pub fn wait1<N: Backend>(cq: &Cq<N>) -> Completion {
     let v = cq.poll_wait(1, Duration::from_secs(10));

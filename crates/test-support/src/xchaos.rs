@@ -118,11 +118,7 @@ pub fn child<N: Backend, S: Side<N>>(s: &S, nonresident_dma: impl Fn() -> u64) {
         let mem = fnv(FNV0, rb.bytes());
         let nonres = nonresident_dma();
         s.pager().set_budget(None);
-        let mut left = 0;
-        for &(a, len) in &ranges {
-            s.pager().swap_out(a, len).unwrap();
-            left += s.pager().resident_count(a, len).unwrap();
-        }
+        let left = crate::resident_after_swap_out(s.pager(), &ranges);
         eprintln!(
             "child: {n} RECVs, evictor swapped {swapped} pages, {:?}",
             s.ctx().stats()
@@ -279,9 +275,8 @@ pub fn parent<N: Backend, S: Side<N>>(
     assert_eq!(nonresident_dma(), 0, "NIC touched a non-resident page here");
     let st = a.ctx().stats();
     a.pager().set_budget(None);
-    a.pager().swap_out(la.addr() as usize, MR).unwrap();
     assert_eq!(
-        a.pager().resident_count(la.addr() as usize, MR).unwrap(),
+        crate::resident_after_swap_out(a.pager(), &[(la.addr() as usize, MR)]),
         0,
         "a page stayed pinned here"
     );

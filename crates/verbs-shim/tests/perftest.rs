@@ -393,7 +393,8 @@ fn chain_run(
 
 /// [`chain_run`] of a READ/WRITE/atomic tool: every operation of the client went
 /// two-sided and was served by the server (over MRs registered at the device on the
-/// fly, or found in the registration cache).
+/// fly, or found in the registration cache), or went one-sided on a lease the server
+/// lent it (READs and WRITEs of a range it reached two-sided shortly before).
 fn chain(tool: &str, port: u16, extra: &[&str], bw: bool, env: &[(&str, &str)]) {
     let Some((s, c)) = chain_run(tool, port, extra, bw, env) else {
         return;
@@ -403,8 +404,12 @@ fn chain(tool: &str, port: u16, extra: &[&str], bw: bool, env: &[(&str, &str)]) 
         .find(|w| w[0] == "-n")
         .map(|w| w[1].parse().unwrap())
         .unwrap();
-    assert!(stat(&c, "two_sided") >= iters, "{}", c.all());
-    assert!(stat(&s, "served") >= iters, "{}", s.all());
+    let leased = stat(&c, "leased_ops");
+    assert!(stat(&c, "two_sided") + leased >= iters, "{}", c.all());
+    assert!(stat(&s, "served") + leased >= iters, "{}", s.all());
+    if leased > 0 {
+        assert!(stat(&s, "leases_granted") > 0, "{}", s.all());
+    }
 }
 
 #[test]
@@ -450,6 +455,23 @@ fn chain_ib_atomic_lat() {
         false,
         &[],
     );
+}
+
+/// perftest's READs of one buffer: after the first, the server lends its
+/// registration and the rest go one-sided; without leases (`NPRDMA_LEASE_MS=0`)
+/// every one is two-sided.
+#[test]
+fn chain_ib_read_bw_on_a_lease() {
+    let args = ["-n", "200", "-s", "65536"];
+    if let Some((_, c)) = chain_run("ib_read_bw", 18681, &args, true, &[]) {
+        assert!(stat(&c, "leased_ops") >= 100, "{}", c.all());
+    }
+    let off = [("NPRDMA_LEASE_MS", "0")];
+    if let Some((s, c)) = chain_run("ib_read_bw", 18682, &args, true, &off) {
+        assert_eq!(stat(&c, "leased_ops"), 0, "{}", c.all());
+        assert_eq!(stat(&s, "leases_granted"), 0, "{}", s.all());
+        assert!(stat(&c, "two_sided") >= 200, "{}", c.all());
+    }
 }
 
 #[test]

@@ -128,6 +128,10 @@ pub enum Opcode {
     WriteImmNotify = 15,
     /// Padding: skip `nslots` slots (ring wrap).
     Pad = 16,
+    /// The target lends the initiator its registration of a range it just
+    /// served two-sided (user-space mode): one-sided READs (or WRITEs) of that
+    /// range may use `key` for `ms` milliseconds from the request's sending.
+    Lease = 17,
 }
 
 impl TryFrom<u8> for Opcode {
@@ -151,6 +155,7 @@ impl TryFrom<u8> for Opcode {
             14 => SendInline,
             15 => WriteImmNotify,
             16 => Pad,
+            17 => Lease,
             other => return Err(CtrlError::UnknownOpcode(other)),
         })
     }
@@ -212,6 +217,11 @@ pub mod flags {
     /// FaultRequest: retry mode — answer ReceiverReady after pinning instead
     /// of doing the reverse operation.
     pub const RETRY_MODE: u8 = 0x02;
+    /// FaultRequest: the initiator would take a lease ([`super::Opcode::Lease`])
+    /// on the target's registration of the range (user-space mode).
+    pub const WANT_LEASE: u8 = 0x04;
+    /// Lease: it grants REMOTE_WRITE (else REMOTE_READ).
+    pub const LEASE_WRITE: u8 = 0x01;
     /// Send*: an immediate value is present.
     pub const HAS_IMM: u8 = 0x01;
     /// Send* / WriteImmNotify: solicited event.
@@ -356,6 +366,20 @@ pub mod layout {
     pub const WIMM_IMM: Field = 28..32;
     /// WriteImmNotify: end.
     pub const WIMM_END: usize = 32;
+
+    // Lease
+    /// u32: the application rkey of the leased range.
+    pub const LEASE_RKEY: Field = 12..16;
+    /// u32: the NIC rkey of the target's registration.
+    pub const LEASE_KEY: Field = 16..20;
+    /// u32: milliseconds the lease holds.
+    pub const LEASE_MS: Field = 20..24;
+    /// u64: start of the leased range.
+    pub const LEASE_ADDR: Field = 24..32;
+    /// u64: length of the leased range.
+    pub const LEASE_LEN: Field = 32..40;
+    /// End of a Lease message's content.
+    pub const LEASE_END: usize = 40;
 }
 
 /// Errors from decoding or encoding control messages.

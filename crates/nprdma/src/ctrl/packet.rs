@@ -32,6 +32,7 @@ pub(crate) fn content_end(op: Opcode, len: usize) -> Option<usize> {
         SendRendezvous => layout::RDV_END,
         SendInline => layout::SEND_INLINE_DATA + len,
         WriteImmNotify => layout::WIMM_END,
+        Lease => layout::LEASE_END,
         Pad => return None,
     })
 }

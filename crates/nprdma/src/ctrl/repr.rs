@@ -56,6 +56,8 @@ pub struct FaultRequest {
     pub inline_ok: bool,
     /// Answer ReceiverReady after pinning; the initiator retries one-sided.
     pub retry_mode: bool,
+    /// The initiator would take a [`Repr::Lease`] on the range.
+    pub want_lease: bool,
 }
 
 /// Atomic operation kind.
@@ -230,6 +232,28 @@ pub enum Repr<'a> {
         /// [`Status::RnrNoRecv`] (see the engine's receiver-not-ready rule).
         rnr_retry: u8,
     },
+    /// A lease on the target's registration of `[addr, addr+len)` of the
+    /// application MR `rkey` (user-space mode; sent before the answer to
+    /// request `req_id`): one-sided READs (`write`: WRITEs) of that range may
+    /// use the NIC key `key` until `ms` milliseconds after the request was
+    /// sent, as the initiator's clock counts them (the target keeps the
+    /// registration at least that long after it sends this).
+    Lease {
+        /// The request it answers.
+        req_id: u32,
+        /// The application rkey of the range.
+        rkey: u32,
+        /// The NIC rkey of the target's registration.
+        key: u32,
+        /// Start of the leased range.
+        addr: u64,
+        /// Length of the leased range.
+        len: u64,
+        /// REMOTE_WRITE (else REMOTE_READ).
+        write: bool,
+        /// Milliseconds the lease holds.
+        ms: u32,
+    },
     /// Padding over `slots` slots.
     Pad {
         /// Slots the padding covers.
@@ -376,7 +400,7 @@ impl<'a> Repr<'a> {
                 }
             }
             Opcode::FaultRequest => {
-                check_flags(fl, flags::INLINE_OK | flags::RETRY_MODE)?;
+                check_flags(fl, flags::INLINE_OK | flags::RETRY_MODE | flags::WANT_LEASE)?;
                 let kind = match p.kind() {
                     1 => FaultKind::Read,
                     2 => FaultKind::Write,
@@ -392,6 +416,7 @@ impl<'a> Repr<'a> {
                     len: rd32(bytes, l::FAULT_LEN),
                     inline_ok: fl & flags::INLINE_OK != 0,
                     retry_mode: fl & flags::RETRY_MODE != 0,
+                    want_lease: fl & flags::WANT_LEASE != 0,
                 })
             }
             Opcode::WriteInline => {
@@ -515,6 +540,18 @@ impl<'a> Repr<'a> {
                     rnr_retry: (fl & flags::RNR_RETRY) >> flags::RNR_RETRY_SHIFT,
                 }
             }
+            Opcode::Lease => {
+                check_flags(fl, flags::LEASE_WRITE)?;
+                Repr::Lease {
+                    req_id,
+                    rkey: rd32(bytes, l::LEASE_RKEY),
+                    key: rd32(bytes, l::LEASE_KEY),
+                    addr: rd64(bytes, l::LEASE_ADDR),
+                    len: rd64(bytes, l::LEASE_LEN),
+                    write: fl & flags::LEASE_WRITE != 0,
+                    ms: rd32(bytes, l::LEASE_MS),
+                }
+            }
             Opcode::Pad => unreachable!("handled above"),
         })
     }
@@ -537,6 +574,7 @@ impl<'a> Repr<'a> {
             Repr::SendRendezvous { .. } => Opcode::SendRendezvous,
             Repr::SendInline { .. } => Opcode::SendInline,
             Repr::WriteImmNotify { .. } => Opcode::WriteImmNotify,
+            Repr::Lease { .. } => Opcode::Lease,
             Repr::Pad { .. } => Opcode::Pad,
         }
     }
@@ -556,7 +594,8 @@ impl<'a> Repr<'a> {
             | Repr::AtomicResp { req_id, .. }
             | Repr::SendRendezvous { req_id, .. }
             | Repr::SendInline { req_id, .. }
-            | Repr::WriteImmNotify { req_id, .. } => *req_id,
+            | Repr::WriteImmNotify { req_id, .. }
+            | Repr::Lease { req_id, .. } => *req_id,
             Repr::Fault(f) => f.req_id,
             Repr::Atomic(a) => a.req_id,
             Repr::Pad { .. } => 0,
@@ -659,6 +698,9 @@ impl<'a> Repr<'a> {
                 if f.retry_mode {
                     fl |= flags::RETRY_MODE;
                 }
+                if f.want_lease {
+                    fl |= flags::WANT_LEASE;
+                }
                 p.set_u32_field(l::FAULT_LEN, f.len);
                 p.set_u64_field(l::FAULT_LADDR, f.local_addr);
                 p.set_u32_field(l::FAULT_LKEY, f.local_key);
@@ -701,6 +743,24 @@ impl<'a> Repr<'a> {
             }
             Repr::ReceiverReady { status: s, .. } => status = *s as u8,
             Repr::Release { .. } => {}
+            Repr::Lease {
+                rkey,
+                key,
+                addr,
+                len,
+                write,
+                ms,
+                ..
+            } => {
+                if *write {
+                    fl |= flags::LEASE_WRITE;
+                }
+                p.set_u32_field(l::LEASE_RKEY, *rkey);
+                p.set_u32_field(l::LEASE_KEY, *key);
+                p.set_u32_field(l::LEASE_MS, *ms);
+                p.set_u64_field(l::LEASE_ADDR, *addr);
+                p.set_u64_field(l::LEASE_LEN, *len);
+            }
             Repr::Atomic(a) => {
                 kind = a.kind as u8;
                 p.set_u32_field(l::ATOMIC_RKEY, a.rkey);
@@ -856,6 +916,23 @@ impl<'a> Repr<'a> {
             },
             Repr::ReceiverReady { req_id, status } => Repr::ReceiverReady { req_id, status },
             Repr::Release { req_id } => Repr::Release { req_id },
+            Repr::Lease {
+                req_id,
+                rkey,
+                key,
+                addr,
+                len,
+                write,
+                ms,
+            } => Repr::Lease {
+                req_id,
+                rkey,
+                key,
+                addr,
+                len,
+                write,
+                ms,
+            },
             Repr::Atomic(a) => Repr::Atomic(a),
             Repr::AtomicResp {
                 req_id,

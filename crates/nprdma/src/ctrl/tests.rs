@@ -45,6 +45,7 @@ fn single_slot_messages_roundtrip_with_expected_layout() {
         len: 4096,
         inline_ok: true,
         retry_mode: false,
+        want_lease: false,
     });
     let b = roundtrip(&f);
     assert_eq!(b.len(), SLOT);
@@ -88,6 +89,16 @@ fn single_slot_messages_roundtrip_with_expected_layout() {
         status: Status::Ok,
     });
     roundtrip(&Repr::Release { req_id: 4 });
+    let b = roundtrip(&Repr::Lease {
+        req_id: 5,
+        rkey: 0x77,
+        key: 0x1234_5678,
+        addr: 0x7f00_0000_1000,
+        len: 1 << 20,
+        write: true,
+        ms: 100,
+    });
+    assert_eq!(b.len(), SLOT);
     roundtrip(&Repr::SendRendezvous {
         req_id: 8,
         addr: 0x1234,
@@ -274,6 +285,7 @@ fn malformed_input_yields_typed_errors() {
         len: 1,
         inline_ok: false,
         retry_mode: true,
+        want_lease: false,
     })
     .emit(&mut f, &cfg())
     .unwrap();
@@ -353,10 +365,11 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
                 any::<u32>()
             ),
             any::<bool>(),
+            any::<bool>(),
             any::<bool>()
         )
             .prop_map(
-                |(req_id, rd, (la, lk, ra, rk, len), inline_ok, retry_mode)| {
+                |(req_id, rd, (la, lk, ra, rk, len), inline_ok, retry_mode, want_lease)| {
                     Repr::Fault(FaultRequest {
                         req_id,
                         kind: if rd {
@@ -371,6 +384,7 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
                         len,
                         inline_ok,
                         retry_mode,
+                        want_lease,
                     })
                 }
             ),
@@ -412,6 +426,24 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
         (any::<u32>(), arb_status())
             .prop_map(|(req_id, status)| Repr::ReceiverReady { req_id, status }),
         any::<u32>().prop_map(|req_id| Repr::Release { req_id }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<bool>(),
+            any::<u32>()
+        )
+            .prop_map(|(req_id, rkey, key, addr, len, write, ms)| Repr::Lease {
+                req_id,
+                rkey,
+                key,
+                addr,
+                len,
+                write,
+                ms,
+            }),
         (
             any::<u32>(),
             any::<bool>(),

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::backend::Backend;
+use super::lease::Leases;
 use super::regcache::RegCache;
 use super::types::Config;
 use super::views::Views;
@@ -20,6 +21,11 @@ pub(crate) struct Dev<N: Backend> {
     pub cache: Arc<RegCache<N>>,
     /// The cache's swap listener at the pager (removed on drop).
     pub cache_listener: Option<ListenerId>,
+    /// The target's leases (user-space mode; off: budget 0). Their MRs go
+    /// before the NIC's PD too.
+    pub leases: Arc<Leases<N>>,
+    /// The leases' listener at the pager (removed on drop).
+    pub lease_listener: Option<ListenerId>,
     /// Send completions of the data QPs (one-sided operations, reverse
     /// operations, read-backs).
     pub ncq: N::Cq,
@@ -43,6 +49,10 @@ impl<N: Backend> Drop for Dev<N> {
         if let Some(id) = self.cache_listener.take() {
             self.mm.remove_swap_listener(id);
         }
+        if let Some(id) = self.lease_listener.take() {
+            self.mm.remove_swap_listener(id);
+        }
+        self.leases.clear();
         self.cache.clear();
     }
 }

@@ -9,7 +9,8 @@
 //! `views` (the IOMMU behind the MR views: the NIC's, or key-only views in
 //! user-space mode) → `idhash`, `wrid` (NIC WR ids) → `ucq` (user CQ
 //! queues) → `mr` (MR entries) → `regcache` (the registration cache of
-//! user-space mode) → `pin` (engine pins, temporary MRs) → `dev` (the NIC
+//! user-space mode) → `pin` (engine pins, temporary MRs) → `lease` (user-space
+//! mode's leases of target registrations) → `dev` (the NIC
 //! resources of a context) → `op` (operation records) → `qp` (per-QP state)
 //! → `state` (the shared state under the one lock) → `retire` (the one
 //! exit of an operation, QP failure and teardown) → `two_sided` → `replay`
@@ -23,6 +24,7 @@ mod dev;
 mod fast;
 mod idhash;
 mod keysync;
+mod lease;
 mod mr;
 mod one_sided;
 mod op;
@@ -152,10 +154,19 @@ impl<N: Backend> Context<N> {
         let cache_listener = cache
             .enabled()
             .then(|| mm.add_swap_listener(cache.clone() as Arc<dyn crate::nic::SwapListener>));
+        let leases = Arc::new(lease::Leases::new(
+            if iommu.is_user() { cfg.lease_bytes } else { 0 },
+            cfg.lease_ms,
+        ));
+        let lease_listener = leases
+            .enabled()
+            .then(|| mm.add_swap_listener(leases.clone() as Arc<dyn crate::nic::SwapListener>));
         let sh = Arc::new(Shared {
             dev: Dev {
                 cache,
                 cache_listener,
+                leases,
+                lease_listener,
                 ncq,
                 rcq,
                 iommu,
@@ -211,6 +222,10 @@ impl<N: Backend> Context<N> {
         s.reg_cache_hits = c.hits;
         s.reg_cache_misses = c.misses;
         s.reg_cache_invalidations = c.invalidations;
+        let l = self.sh.leases.counts();
+        s.leases_granted = l.granted;
+        s.leases_renewed = l.renewed;
+        s.leases_expired = l.expired;
         s
     }
 
@@ -347,7 +362,16 @@ impl<N: Backend> Qp<N> {
     /// Connect to the peer QP (both sides must connect).
     pub fn connect(&self, peer: &Endpoint) -> Result<(), Error> {
         let (idx, gen) = self.at();
-        let mut st = self.ctx.sh.st.lock();
+        let sh = &self.ctx.sh;
+        let (pd, access) = {
+            let mut st = sh.st.lock();
+            let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
+            (qp.pd, qp.remote_access)
+        };
+        // The peer may reach every lease's key through this QP: none it has
+        // no right to may be left (no new one is lent while this QP exists).
+        sh.leases.expose_wait(pd, access);
+        let mut st = sh.st.lock();
         let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
         qp.connect(peer)
     }
@@ -359,9 +383,16 @@ impl<N: Backend> Qp<N> {
     /// NIC) or two-sided (the target's check). A new QP grants all three.
     pub fn set_remote_access(&self, access: Access) -> Result<(), Error> {
         let (idx, gen) = self.at();
-        let mut st = self.ctx.sh.st.lock();
-        let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
-        qp.set_remote_access(access)
+        let sh = &self.ctx.sh;
+        let (pd, now) = {
+            let mut st = sh.st.lock();
+            let qp = st.qp_mut(idx, gen).ok_or(Error::QpState)?;
+            qp.set_remote_access(access)?;
+            (qp.pd, qp.remote_access)
+        };
+        // Fewer rights: the leases lent with the ones taken away go first.
+        sh.leases.expose_wait(pd, now);
+        Ok(())
     }
 
     /// Set the QP's receiver-not-ready policy, as `ibv_modify_qp` does:

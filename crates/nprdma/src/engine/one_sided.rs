@@ -11,18 +11,18 @@ use smallvec::SmallVec;
 use super::backend::Backend;
 use super::mr::MrEntry;
 use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Retry, Scratch, Stage};
-use super::pin::engine_pin;
+use super::pin::{engine_pin, temp_mr, Hold};
 use super::replay;
 use super::retire::{fail_qp, finish};
 use super::state::{At, Shared, State};
-use super::two_sided::start_notify;
+use super::two_sided::{local_access, pin_local, start_notify};
 use super::types::PS;
 use super::wrid::{WrKind, WrTag};
 use crate::check::{check_read, check_readback, precheck_local};
 use crate::ctrl::Repr;
 use crate::keymap::{KeyMapError, SyncState, Translation};
 use crate::mem;
-use crate::nic::{Access, NicQp as _, Sge, WcStatus, WorkRequest, WrOp};
+use crate::nic::{Access, NicMr as _, NicQp as _, Sge, WcStatus, WorkRequest, WrOp};
 use crate::plan::{choose, nic_steps_small, probes_first, AppOp, LocalBuf, Strategy};
 
 pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32) {
@@ -121,7 +121,12 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
     }
     if t.version_rkey == 0 {
         // The peer runs user-space mode (no Version MR, key-only views):
-        // nothing of it is reachable one-sided.
+        // nothing of it is reachable one-sided — but what it lent us.
+        let write = op.wr.op != AppOp::Read;
+        if let Some(key) = qp.held.find(op.wr.rkey, op.wr.remote_addr, op.len, write) {
+            post_leased(sh, st, qi, id, key);
+            return;
+        }
         replay::two_sided(sh, st, qi, id);
         return;
     }
@@ -152,6 +157,69 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
         return;
     }
     post_steps(sh, st, qi, id, strat, &t, &lmr);
+}
+
+/// User-space mode: operation `id` of QP `qi` one-sided through the peer's
+/// lease `key`, from a temporary MR over the pinned local range (both held
+/// until it completes); if the WR cannot be posted, two-sided after all.
+fn post_leased<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32, key: u32) {
+    let Some(qp) = st.qp(qi) else { return };
+    let (domain, gen) = (qp.pd, qp.gen);
+    let Some(op) = qp.ops.get_mut(id) else { return };
+    if local_fenced(&sh.mm, op) {
+        finish(st, qi, id, WcStatus::LocProtErr, 0);
+        return;
+    }
+    let read = op.wr.op == AppOp::Read;
+    let mut hold = Hold::default();
+    let mr = pin_local(sh, op).and_then(|pin| {
+        hold.pin = pin;
+        temp_mr(
+            &sh.nic,
+            &sh.cache,
+            op.laddr,
+            op.len,
+            local_access(read),
+            domain,
+        )
+    });
+    let Ok(mr) = mr else {
+        drop(hold);
+        finish(st, qi, id, WcStatus::LocProtErr, 0);
+        return;
+    };
+    let sge = [Sge {
+        addr: op.laddr,
+        length: op.len as u32,
+        lkey: mr.lkey(),
+    }];
+    hold.mr = Some(mr);
+    let wr = WorkRequest::new(
+        WrTag::new(qi, gen, WrKind::Op, 0, id).wr_id(),
+        if read { WrOp::Read } else { WrOp::Write },
+        &sge,
+    )
+    .remote(op.wr.remote_addr, key);
+    if let Err(e) = qp.data.post_send(&[wr]) {
+        tracing::debug!(error = %e.source, "leased operation not posted");
+        drop(hold);
+        replay::two_sided(sh, st, qi, id);
+        return;
+    }
+    op.hold = hold;
+    op.sent = None;
+    op.stage = Stage::OneSided {
+        strat: Strategy::Leased,
+        steps: 1,
+        left: 1,
+        err: WcStatus::Success,
+        vlen: 0,
+    };
+    let first = op.retry == Retry::NotTried;
+    st.stats.leased_ops += 1;
+    if first {
+        replay::on_nic(st, qi, id);
+    }
 }
 
 pub(super) fn post_steps<N: Backend>(
@@ -285,6 +353,19 @@ pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: 
         replay::stale_done(st, qi, id);
         return;
     }
+    if strat == Strategy::Leased {
+        // Pinned at both ends: nothing to check.
+        op.hold = Hold::default();
+        let (len, wop) = (op.len, op.wr.op);
+        if err != WcStatus::Success {
+            finish(st, qi, id, err, 0);
+        } else if let AppOp::WriteImm(_) = wop {
+            start_notify(sh, st, qi, id);
+        } else {
+            replay::finish_ok(st, qi, id, len as u32);
+        }
+        return;
+    }
     if strat == (Strategy::WriteReadback { deferred: true }) && err == WcStatus::Success {
         // The read-back waits for the next signaled WR (or an idle QP).
         op.stage = Stage::Deferred;
@@ -340,7 +421,7 @@ pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: 
                         .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1)
                 })
             }
-            Strategy::TwoSided(_) => false,
+            Strategy::TwoSided(_) | Strategy::Leased => false,
         };
     }
     qp.release_scratch(scratch);

@@ -174,6 +174,8 @@ fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
     // Messages held for a RECV: answered RNR past their budget; the others'
     // senders are told they are still held (see `serve::rnr_refresh`).
     let now = Instant::now();
+    // Leases past their time close (user-space mode).
+    sh.leases.sweep(now);
     for q in st.qps.iter_mut().flatten() {
         if matches!(q.rnr_wait, RnrWait::Until(t) if t <= now) {
             serve::rnr_expire(sh, q);

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::backend::Backend;
 use super::dev::{inline_max, zero_sges, Dev};
+use super::lease::HeldLeases;
 use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
 use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
 use super::ucq::UCq;
@@ -169,6 +170,9 @@ pub(crate) struct QpState<N: Backend> {
     /// When the last liveness probe of the peer went out
     /// ([`QpState::probe_peer`]).
     pub(super) probed: Option<std::time::Instant>,
+    /// The leases the peer lent this QP (user-space mode): READs/WRITEs of
+    /// their ranges go one-sided.
+    pub(super) held: HeldLeases,
 }
 
 impl<N: Backend> QpState<N> {
@@ -381,6 +385,7 @@ impl<N: Backend> QpState<N> {
             inline_max: inline_max(sh),
             probe_hint: false,
             probed: None,
+            held: HeldLeases::default(),
         })
     }
 

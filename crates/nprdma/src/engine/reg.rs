@@ -96,6 +96,8 @@ impl<N: Backend> Mr<N> {
         e.pd.store(pd, std::sync::atomic::Ordering::Release);
         e.access
             .store(access.0, std::sync::atomic::Ordering::Release);
+        // Leases were lent under the old PD and rights.
+        self.sh.leases.drop_mr(&e);
         Ok(())
     }
 
@@ -127,6 +129,10 @@ impl<N: Backend> Drop for Mr<N> {
         self.sh
             .cache
             .invalidate(start, (self.addr + self.len).next_multiple_of(PS));
+        // Nor any lease lent to a peer.
+        if let Some(e) = &entry {
+            self.sh.leases.drop_mr(e);
+        }
         drop(entry);
     }
 }

@@ -81,7 +81,7 @@ pub(super) fn fail_qp<N: Backend>(st: &mut State<N>, qi: usize, first: WcStatus)
 /// Destroy QP `qi`: NIC QPs to ERR, every outstanding WR and RECV completes
 /// with WR_FLUSH_ERR, pins drop. Returns the state to drop outside the lock.
 pub(crate) fn destroy_qp<N: Backend>(
-    _sh: &Shared<N>,
+    sh: &Shared<N>,
     st: &mut State<N>,
     qi: usize,
     gen: u8,
@@ -99,6 +99,8 @@ pub(crate) fn destroy_qp<N: Backend>(
     qp.flush_ops();
     qp.flush_recvs();
     drop(qp.treqs.drain());
+    // What the peer was lent through this QP closes with it.
+    sh.leases.drop_qp(qi);
     Some(qp)
 }
 

@@ -11,11 +11,13 @@ use smallvec::SmallVec;
 use super::backend::Backend;
 use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
+use super::lease::{may_grant, Grant, NewLease};
 use super::mr::MrEntry;
 use super::one_sided::post_steps;
 use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
 use super::pin::{engine_pin, pin_for_peer, temp_mr, EnginePin};
 use super::qp::{QpState, RnrWait};
+use super::regcache::TempMr;
 use super::retire::finish;
 use super::state::{At, Shared, State};
 use super::two_sided::start_notify;
@@ -46,6 +48,7 @@ fn serve_fault<N: Backend>(
     f: &FaultRequest,
     need: Access,
     r: Option<Granted<'_, N>>,
+    lease_ok: bool,
 ) {
     let res = grant(
         sh,
@@ -92,15 +95,25 @@ fn serve_fault<N: Backend>(
     } else {
         WrOp::Read
     };
-    let Ok(tmr) = temp_mr(
-        &sh.nic,
-        &sh.cache,
-        f.remote_addr,
-        f.len as u64,
-        Access::LOCAL_WRITE,
-        0,
-    ) else {
-        return reply(qp, sh, f.req_id, Status::NoResources, 0);
+    // A lease's registration serves the reverse operation too.
+    let lease = if lease_ok && f.want_lease {
+        lease_for(sh, qp.pd, qi, &m, f, need)
+    } else {
+        None
+    };
+    let tmr = match &lease {
+        Some((mr, _)) => mr.clone(),
+        None => match temp_mr(
+            &sh.nic,
+            &sh.cache,
+            f.remote_addr,
+            f.len as u64,
+            Access::LOCAL_WRITE,
+            0,
+        ) {
+            Ok(t) => t,
+            Err(()) => return reply(qp, sh, f.req_id, Status::NoResources, 0),
+        },
     };
     let lkey = tmr.lkey();
     let Ok(tid) = qp.treqs.insert(TReq {
@@ -127,7 +140,88 @@ fn serve_fault<N: Backend>(
         tracing::warn!(error = %e.source, "reverse operation not posted");
         drop(qp.treqs.take(tid));
         reply(qp, sh, f.req_id, Status::RemoteOp, 0);
+        return;
     }
+    if let Some((_, g)) = lease {
+        // Before the answer: the initiator keeps it when it arrives.
+        qp.send_ctrl(
+            &sh.cfg.ctrl,
+            &Repr::Lease {
+                req_id: f.req_id,
+                rkey: f.rkey,
+                key: g.key,
+                addr: g.start,
+                len: g.len,
+                write: need == Access::REMOTE_WRITE,
+                ms: sh.leases.ms(),
+            },
+        );
+    }
+}
+
+/// The lease of the pages of request `f` (in MR `m`, through QP `qi` of
+/// application PD `pd`): renewed if the QP has it, else registered and pinned
+/// now if the budget has room. `None`: no lease (the request is served all
+/// the same).
+fn lease_for<N: Backend>(
+    sh: &Shared<N>,
+    pd: u32,
+    qi: usize,
+    m: &Arc<MrEntry<N>>,
+    f: &FaultRequest,
+    need: Access,
+) -> Option<(TempMr<N>, Grant)> {
+    let write = need == Access::REMOTE_WRITE;
+    // Whole pages, but never a byte outside the MR.
+    let start = (f.remote_addr & !(PS - 1)).max(m.addr);
+    let end = (f.remote_addr + f.len as u64)
+        .next_multiple_of(PS)
+        .min(m.addr + m.len);
+    if let Some(x) = sh.leases.renew(qi, m, start, end, write) {
+        return Some(x);
+    }
+    let limit = sh
+        .leases
+        .limit(sh.mm.0.budget().map(|pages| pages as u64 * PS));
+    if !sh.leases.room(end - start, limit) {
+        return None;
+    }
+    let pin = pin_for_peer(
+        &sh.mm,
+        m,
+        start,
+        end - start,
+        PinFor::for_request(need, false),
+    )
+    .ok()?;
+    let acc = if write {
+        Access::REMOTE_WRITE | Access::LOCAL_WRITE
+    } else {
+        Access::REMOTE_READ
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: `[start, end)` lies inside the registered application MR `m`
+    // (clamped to its bounds) and is pinned by `pin`, which the lease holds
+    // and drops only after this registration; the lease is dropped before
+    // `m` is deregistered or re-registered (`Leases::drop_mr`) and when the
+    // memory is unmapped (`Leases` is a swap listener).
+    let mr = unsafe { sh.nic.reg_mr_in_domain(start, end - start, acc, pd) }
+        .map_err(|e| tracing::debug!(error = %e, "lease registration failed"))
+        .ok()?;
+    let mr = Arc::new(mr);
+    let g = sh.leases.insert(
+        qi,
+        pd,
+        m,
+        (start, end),
+        write,
+        NewLease {
+            mr: mr.clone(),
+            pin,
+        },
+        limit,
+    )?;
+    Some((mr, g))
 }
 
 /// Answer READ `f` of never-populated memory of `m` with zeroes: a reverse
@@ -322,11 +416,44 @@ pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usiz
         } => on_atomic_resp(sh, st, qi, req_id, status, original),
         Repr::Release { req_id } => on_release(st, qi, req_id),
         Repr::ReceiverReady { req_id, status } => on_receiver_ready(sh, st, qi, req_id, status),
+        Repr::Lease {
+            req_id,
+            rkey,
+            key,
+            addr,
+            len,
+            write,
+            ms,
+        } => on_lease(st, qi, req_id, rkey, key, (addr, len), write, ms),
         other => {
             if st.qp(qi).is_some() {
                 tracing::debug!(op = ?other.opcode(), "control message ignored");
             }
         }
+    }
+}
+
+/// [`Repr::Lease`]: the peer lends us its registration of `range` of its MR
+/// `rkey` (for our request `req_id`, whose sending starts the lease's time);
+/// ignored unless that request is still ours and asked for it.
+#[allow(clippy::too_many_arguments)]
+fn on_lease<N: Backend>(
+    st: &mut State<N>,
+    qi: usize,
+    req_id: u32,
+    rkey: u32,
+    key: u32,
+    range: (u64, u64),
+    write: bool,
+    ms: u32,
+) {
+    let Some(qp) = st.qp(qi) else { return };
+    let Some(op) = qp.ops.get(req_id) else { return };
+    let asked = matches!(op.stage, Stage::TwoSided)
+        && op.wr.rkey == rkey
+        && (op.wr.op == AppOp::Read) != write;
+    if let (true, Some(sent)) = (asked, op.sent) {
+        qp.held.keep(rkey, range.0, range.1, write, key, ms, sent);
     }
 }
 
@@ -360,6 +487,10 @@ fn on_key_update<N: Backend>(st: &mut State<N>, qi: usize, msg: &Repr<'_>) {
     if let Err(e) = qp.peer.apply(msg) {
         tracing::warn!(error = %e, "bad key message from peer");
     }
+    if let Repr::KeyRevoke { rkey, .. } = msg {
+        // Its leases went with the MR.
+        qp.held.forget(*rkey);
+    }
     if let Some(r) = answer {
         // Retry every waiting op; those whose query this answers
         // fail if their key is still unknown.
@@ -378,6 +509,15 @@ fn on_key_update<N: Backend>(st: &mut State<N>, qi: usize, msg: &Repr<'_>) {
 /// [`Repr::Fault`]: a two-sided READ/WRITE through a temporary MR (a READ
 /// of never-populated memory from the zero source).
 fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultRequest) {
+    let lease_ok = f.want_lease
+        && sh.leases.enabled()
+        && st.qps.get(qi).and_then(Option::as_ref).is_some_and(|q| {
+            may_grant(
+                q.pd,
+                fault_right(f.kind),
+                st.qps.iter().flatten().map(|o| (o.pd, o.remote_access)),
+            )
+        });
     let Some(At {
         qp,
         mrs,
@@ -389,11 +529,7 @@ fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultR
         return;
     };
     stats.served += 1;
-    let need = if f.kind == FaultKind::Read {
-        Access::REMOTE_READ
-    } else {
-        Access::REMOTE_WRITE
-    };
+    let need = fault_right(f.kind);
     let r = region(mrs, qp.pd, f.rkey);
     // A READ of memory that was never populated reads zeroes: it is
     // answered from the zero source at once, nothing faulted in (as
@@ -419,9 +555,18 @@ fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultR
             return;
         }
         let r = region(mrs, qp.pd, f.rkey);
-        return serve_fault(sh, qp, qi, f, need, r);
+        return serve_fault(sh, qp, qi, f, need, r, false);
     }
-    serve_fault(sh, qp, qi, f, need, r)
+    serve_fault(sh, qp, qi, f, need, r, lease_ok)
+}
+
+/// The right a two-sided READ (`kind`) or WRITE needs at the target.
+fn fault_right(kind: FaultKind) -> Access {
+    if kind == FaultKind::Read {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_WRITE
+    }
 }
 
 /// A small READ of a swapped-out page held back for the rest of the

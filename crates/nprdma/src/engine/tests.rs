@@ -1159,6 +1159,7 @@ fn a_fault_read_is_served_by_a_reverse_write_into_the_initiator<N: TestNic>() {
         len: 8192,
         inline_ok: false,
         retry_mode: false,
+        want_lease: false,
     };
     r.peer.send(&Repr::Fault(f));
     assert_eq!(
@@ -1200,6 +1201,7 @@ fn a_fault_write_is_served_by_a_reverse_read_from_the_initiator<N: TestNic>() {
         len: 8192,
         inline_ok: false,
         retry_mode: false,
+        want_lease: false,
     }));
     assert_eq!(
         r.peer.recv(),

@@ -136,12 +136,7 @@ fn rw_request<'s, N: Backend>(
             }
         });
     }
-    let acc = if read {
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE
-    } else {
-        Access::REMOTE_READ
-    };
-    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, acc, domain)?;
+    let mr = temp_mr(&sh.nic, &sh.cache, laddr, len, local_access(read), domain)?;
     let key = mr.rkey();
     hold.mr = Some(mr);
     let retry_mode = sh.cfg.retry_mode && op.retry == Retry::NotTried;
@@ -162,7 +157,20 @@ fn rw_request<'s, N: Backend>(
         len: len as u32,
         inline_ok: false,
         retry_mode,
+        // User-space mode: the next ones on these pages may go one-sided.
+        want_lease: sh.cfg.plan.user_space_mode && sh.cfg.lease_ms > 0,
     }))
+}
+
+/// The rights of the temporary MR over the local range of a READ (`read`)
+/// or WRITE: the peer's reverse operation reaches it, and a one-sided
+/// operation on a lease uses it as its local buffer.
+pub(super) fn local_access(read: bool) -> Access {
+    if read {
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE
+    } else {
+        Access::REMOTE_READ
+    }
 }
 
 /// The request of an atomic (always two-sided: done by the target's CPU).

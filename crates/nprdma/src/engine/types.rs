@@ -78,6 +78,14 @@ pub struct Config {
     /// rounded out from the operation's range — until evicted from the
     /// cache, swapped out, unmapped or deregistered.
     pub reg_cache_bytes: u64,
+    /// User-space mode's leases (beyond the paper; see the engine's `lease`
+    /// module): how long a target lends a peer its registration of a range
+    /// the peer just reached two-sided, so that the peer's next READs or
+    /// WRITEs of it go one-sided (0: never). The pages stay pinned that long
+    /// after their last two-sided use.
+    pub lease_ms: u32,
+    /// Bytes a target lends at most at a time (0: no leases).
+    pub lease_bytes: u64,
     /// Carry each QP's control channel on its data QP (whose receive queue
     /// the engine does not otherwise use) instead of a second NIC QP: the
     /// command-ring RECVs are posted on the data QP and the control SENDs
@@ -103,6 +111,8 @@ impl Default for Config {
             nic_cq_depth: 32768,
             two_sided_timeout: Duration::from_secs(5),
             reg_cache_bytes: 64 << 20,
+            lease_ms: 100,
+            lease_bytes: 64 << 20,
             ctrl_on_data_qp: false,
         }
     }
@@ -195,6 +205,14 @@ pub struct Stats {
     /// Cached MRs dropped because their pages were evicted, unmapped or
     /// deregistered.
     pub reg_cache_invalidations: u64,
+    /// Leases granted to peers (target side; each a registration).
+    pub leases_granted: u64,
+    /// Leases renewed by a peer's two-sided operation on the range.
+    pub leases_renewed: u64,
+    /// Leases dropped at their time.
+    pub leases_expired: u64,
+    /// READs/WRITEs sent one-sided on a lease (initiator side).
+    pub leased_ops: u64,
 }
 
 /// Where a peer QP lives (exchange it out of band, like a GID + QPN).

@@ -174,6 +174,7 @@ fn required_rights_per_message() {
             len: 0,
             inline_ok: false,
             retry_mode: false,
+            want_lease: false,
         })
     };
     assert_eq!(

@@ -271,7 +271,8 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         format!(
             "mode={} budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
              swap_ins={} swap_full={} major_faults={} optimistic_ok={} two_sided={} \
-             local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} {}",
+             local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} \
+             leased_ops={} leases_granted={} leases_renewed={} {}",
             F::MODE,
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
             p.resident_pages,
@@ -286,6 +287,9 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             e.served,
             e.reg_cache_hits,
             e.reg_cache_misses,
+            e.leased_ops,
+            e.leases_granted,
+            e.leases_renewed,
             self.flavor.nic_stats(&n)
         )
     }

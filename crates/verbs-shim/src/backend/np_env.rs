@@ -99,6 +99,10 @@ pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
 /// REMOTE_READ; longer ones by page versions; default 0), `NPRDMA_REG_CACHE_MB` (the
 /// registration cache of user-space mode, `NPRDMA_DEVICE=verbs`: MiB of temporary MRs
 /// kept registered; 0 = off; default the engine's 64, at most half of
+/// `RLIMIT_MEMLOCK`), `NPRDMA_LEASE_MS` and `NPRDMA_LEASE_MB` (user-space mode's
+/// leases: how long a target lends a peer its registration of pages the peer
+/// just reached two-sided, so its next READs/WRITEs of them go one-sided, 0 = never,
+/// default the engine's 100; and MiB lent at most, default 64, at most a quarter of
 /// `RLIMIT_MEMLOCK`).
 pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
     let mut c = np::Config::default();
@@ -112,6 +116,14 @@ pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config>
     }
     if let Some(mb) = num(get, "NPRDMA_REG_CACHE_MB")? {
         c.reg_cache_bytes = mb.saturating_mul(1 << 20);
+    }
+    if let Some(ms) = num(get, "NPRDMA_LEASE_MS")? {
+        c.lease_ms = u32::try_from(ms).map_err(|_| {
+            ShimError::InvalidArgument(format!("NPRDMA_LEASE_MS={ms} is too large"))
+        })?;
+    }
+    if let Some(mb) = num(get, "NPRDMA_LEASE_MB")? {
+        c.lease_bytes = mb.saturating_mul(1 << 20);
     }
     Ok(c)
 }
@@ -203,6 +215,10 @@ mod tests {
         assert_eq!(c.plan.write_version_threshold, 4096);
         let c = engine_config(&with(&[("NPRDMA_REG_CACHE_MB", "3")])).unwrap();
         assert_eq!(c.reg_cache_bytes, 3 << 20);
+        let c =
+            engine_config(&with(&[("NPRDMA_LEASE_MS", "7"), ("NPRDMA_LEASE_MB", "2")])).unwrap();
+        assert_eq!((c.lease_ms, c.lease_bytes), (7, 2 << 20));
+        assert!(engine_config(&with(&[("NPRDMA_LEASE_MS", "99999999999")])).is_err());
         assert!(engine_config(&with(&[("NPRDMA_INTERRUPT", "yes")])).is_err());
     }
 }

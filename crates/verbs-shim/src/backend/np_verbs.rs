@@ -157,7 +157,7 @@ impl NpFlavor for Verbs {
 
     /// The registration cache keeps at most half of `RLIMIT_MEMLOCK` registered
     /// (a device charges registrations against it, as `ib_umem_get` does), unless
-    /// `NPRDMA_REG_CACHE_MB` says otherwise.
+    /// `NPRDMA_REG_CACHE_MB` says otherwise, and leases lend at most a quarter.
     fn tune(cfg: &mut np::Config, explicit_cache: bool) {
         if explicit_cache {
             return;
@@ -171,6 +171,8 @@ impl NpFlavor for Verbs {
             && r.rlim_cur != libc::RLIM_INFINITY
         {
             cfg.reg_cache_bytes = cfg.reg_cache_bytes.min(r.rlim_cur / 2);
+            // Leased registrations are charged too.
+            cfg.lease_bytes = cfg.lease_bytes.min(r.rlim_cur / 4);
         }
     }
 

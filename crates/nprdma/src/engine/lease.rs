@@ -1,0 +1,485 @@
+//! Leases of user-space mode (beyond the paper): after serving a peer's
+//! two-sided READ or WRITE, a target lends that peer its NIC registration of
+//! the range for a bounded time, and the peer's next operations on it go
+//! one-sided, as on pinned memory. [`Leases`] is the target's table (the
+//! registrations and the pins that keep their pages resident while lent);
+//! [`HeldLeases`] is an initiator QP's table of the leases it was given.
+//!
+//! The rules that keep a lease safe:
+//! - A lease lasts `ms` from the moment the initiator *sent* its request
+//!   (its clock); the target keeps the registration and the pin at least `ms`
+//!   after it *sent the lease* (which is later), so the two never disagree.
+//!   The initiator uses a lease only in the first half of its time: an
+//!   operation posted then reaches the target's NIC well before the target may
+//!   drop it. Each two-sided operation on the range renews it.
+//! - Leased pages are pinned: the pager skips them, so a registration never
+//!   outlives residency. The bytes leased are bounded by a budget.
+//! - A lease covers only bytes of its application MR, with exactly the right
+//!   the request needed (REMOTE_READ or REMOTE_WRITE).
+//! - Deregistering (or re-registering) the application MR, unmapping its
+//!   memory or destroying the QP drops its leases at once, before the call
+//!   returns: a peer's later one-sided operation meets a missing key at its
+//!   NIC (REM_ACCESS_ERR, as for a deregistered MR on any RDMA device).
+//! - The NIC key of a lease is valid on every QP of the device's PD. So a
+//!   lease is granted only while every QP of the context belongs to the
+//!   application PD of the MR and grants the lease's right; a QP that would
+//!   break that (created in another PD, or given fewer rights) first waits
+//!   out the leases it would expose ([`Leases::expose_wait`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::backend::Backend;
+use super::mr::MrEntry;
+use super::pin::EnginePin;
+use super::regcache::TempMr;
+use crate::nic::{Access, NicMr as _, SwapListener};
+
+/// One lease at the target. Field order is drop order: the registration
+/// (which waits for DMA) before the pin.
+struct Lease<N: Backend> {
+    mr: TempMr<N>,
+    _pin: EnginePin<N>,
+    app: Arc<MrEntry<N>>,
+    qi: usize,
+    pd: u32,
+    start: u64,
+    end: u64,
+    write: bool,
+    /// Kept at least until then.
+    until: Instant,
+}
+
+/// Counters of the lease tables ([`super::Stats`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct LeaseCounts {
+    pub granted: u64,
+    pub renewed: u64,
+    pub expired: u64,
+}
+
+struct Inner<N: Backend> {
+    leases: Vec<Lease<N>>,
+    bytes: u64,
+}
+
+/// A granted lease: what the [`crate::ctrl::Repr::Lease`] message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Grant {
+    pub key: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+/// What a new lease is made of (registered and pinned by the caller).
+pub(super) struct NewLease<N: Backend> {
+    pub mr: TempMr<N>,
+    pub pin: EnginePin<N>,
+}
+
+/// The target's leases of one context (off: budget 0).
+pub(crate) struct Leases<N: Backend> {
+    budget: u64,
+    ms: u32,
+    inner: Mutex<Inner<N>>,
+    granted: AtomicU64,
+    renewed: AtomicU64,
+    expired: AtomicU64,
+}
+
+impl<N: Backend> Leases<N> {
+    pub(super) fn new(budget: u64, ms: u32) -> Self {
+        Leases {
+            budget: if ms == 0 { 0 } else { budget },
+            ms,
+            inner: Mutex::new(Inner {
+                leases: Vec::new(),
+                bytes: 0,
+            }),
+            granted: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether leases are granted at all.
+    pub(super) fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    /// How long a lease lasts.
+    pub(super) fn ms(&self) -> u32 {
+        self.ms
+    }
+
+    pub(super) fn counts(&self) -> LeaseCounts {
+        LeaseCounts {
+            granted: self.granted.load(Ordering::Relaxed),
+            renewed: self.renewed.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_millis(u64::from(self.ms))
+    }
+
+    /// Renew QP `qi`'s lease over `[start, end)` of `app` with right `write`,
+    /// if it has one.
+    pub(super) fn renew(
+        &self,
+        qi: usize,
+        app: &Arc<MrEntry<N>>,
+        start: u64,
+        end: u64,
+        write: bool,
+    ) -> Option<(TempMr<N>, Grant)> {
+        let mut g = self.inner.lock();
+        let l = g.leases.iter_mut().find(|l| {
+            l.qi == qi
+                && l.write == write
+                && Arc::ptr_eq(&l.app, app)
+                && l.start <= start
+                && end <= l.end
+        })?;
+        l.until = Instant::now() + self.duration();
+        self.renewed.fetch_add(1, Ordering::Relaxed);
+        let grant = Grant {
+            key: l.mr.rkey(),
+            start: l.start,
+            len: l.end - l.start,
+        };
+        Some((l.mr.clone(), grant))
+    }
+
+    /// The bytes that may be lent at a time: the budget, and at most a
+    /// quarter of the pager's resident budget `resident` (bytes), if it has
+    /// one — leased pages cannot be evicted.
+    pub(super) fn limit(&self, resident: Option<u64>) -> u64 {
+        resident.map_or(self.budget, |r| self.budget.min(r / 4))
+    }
+
+    /// Whether `len` more bytes fit `limit` once expired leases are gone.
+    pub(super) fn room(&self, len: u64, limit: u64) -> bool {
+        if !self.enabled() || len > limit {
+            return false;
+        }
+        let victims = {
+            let mut g = self.inner.lock();
+            if g.bytes + len <= limit {
+                return true;
+            }
+            take(&mut g, |l| l.until <= Instant::now())
+        };
+        self.expired
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        drop(victims);
+        let g = self.inner.lock();
+        g.bytes + len <= limit
+    }
+
+    /// Keep a new lease of QP `qi` (application PD `pd`) over `[start, end)`
+    /// of `app`; `None` if `limit` is reached now.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn insert(
+        &self,
+        qi: usize,
+        pd: u32,
+        app: &Arc<MrEntry<N>>,
+        (start, end): (u64, u64),
+        write: bool,
+        new: NewLease<N>,
+        limit: u64,
+    ) -> Option<Grant> {
+        let mut g = self.inner.lock();
+        if g.bytes + (end - start) > limit {
+            return None;
+        }
+        let key = new.mr.rkey();
+        g.bytes += end - start;
+        g.leases.push(Lease {
+            mr: new.mr,
+            _pin: new.pin,
+            app: app.clone(),
+            qi,
+            pd,
+            start,
+            end,
+            write,
+            until: Instant::now() + self.duration(),
+        });
+        self.granted.fetch_add(1, Ordering::Relaxed);
+        Some(Grant {
+            key,
+            start,
+            len: end - start,
+        })
+    }
+
+    /// Drop the leases past their time.
+    pub(super) fn sweep(&self, now: Instant) {
+        if !self.enabled() {
+            return;
+        }
+        let victims = take(&mut self.inner.lock(), |l| l.until <= now);
+        self.expired
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        drop(victims);
+    }
+
+    /// Drop every lease of application MR `app` (deregistered or
+    /// re-registered).
+    pub(super) fn drop_mr(&self, app: &MrEntry<N>) {
+        if self.enabled() {
+            drop(take(&mut self.inner.lock(), |l| {
+                std::ptr::eq(Arc::as_ptr(&l.app), app)
+            }));
+        }
+    }
+
+    /// Drop every lease granted through QP `qi` (destroyed or reset).
+    pub(super) fn drop_qp(&self, qi: usize) {
+        if self.enabled() {
+            drop(take(&mut self.inner.lock(), |l| l.qi == qi));
+        }
+    }
+
+    /// Drop everything (context teardown).
+    pub(super) fn clear(&self) {
+        drop(take(&mut self.inner.lock(), |_| true));
+    }
+
+    /// A QP of application PD `pd` granting `access` is about to be reachable
+    /// by a peer: wait until no lease it could reach beyond its rights is left
+    /// (leases of another PD, or with a right it lacks), dropping them at
+    /// their time. New ones are not granted meanwhile: the caller's QP exists,
+    /// and [`Self::may_grant`]'s check counts it. Returns how long it waited.
+    pub(super) fn expose_wait(&self, pd: u32, access: Access) -> Duration {
+        let t0 = Instant::now();
+        if !self.enabled() {
+            return Duration::ZERO;
+        }
+        let foreign = |l: &Lease<N>| l.pd != pd || !access.contains(right(l.write));
+        loop {
+            let now = Instant::now();
+            let (victims, last) = {
+                let mut g = self.inner.lock();
+                let victims = take(&mut g, |l| foreign(l) && l.until <= now);
+                let last = g
+                    .leases
+                    .iter()
+                    .filter(|l| foreign(l))
+                    .map(|l| l.until)
+                    .max();
+                (victims, last)
+            };
+            self.expired
+                .fetch_add(victims.len() as u64, Ordering::Relaxed);
+            drop(victims);
+            match last {
+                Some(t) => std::thread::sleep(t.saturating_duration_since(Instant::now())),
+                None => return t0.elapsed(),
+            }
+        }
+    }
+}
+
+/// The right a lease grants.
+pub(super) fn right(write: bool) -> Access {
+    if write {
+        Access::REMOTE_WRITE
+    } else {
+        Access::REMOTE_READ
+    }
+}
+
+/// Whether a lease of PD `pd` with right `need` may be granted, given the
+/// PD and rights of every QP of the context (`qps`).
+pub(super) fn may_grant(
+    pd: u32,
+    need: Access,
+    mut qps: impl Iterator<Item = (u32, Access)>,
+) -> bool {
+    qps.all(|(p, a)| p == pd && a.contains(need))
+}
+
+/// Remove the leases matching `f`, returning them (to drop outside the lock).
+fn take<N: Backend>(g: &mut Inner<N>, mut f: impl FnMut(&Lease<N>) -> bool) -> Vec<Lease<N>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < g.leases.len() {
+        if f(&g.leases[i]) {
+            let l = g.leases.swap_remove(i);
+            g.bytes -= l.end - l.start;
+            out.push(l);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+impl<N: Backend> SwapListener for Leases<N> {
+    /// Leased pages are pinned and never offered for eviction.
+    fn before_swap_out(&self, _pages: &[u64]) {}
+    fn after_unmap(&self, start: u64, end: u64) {
+        if self.enabled() {
+            drop(take(&mut self.inner.lock(), |l| {
+                l.start < end && start < l.end
+            }));
+        }
+    }
+}
+
+/// A lease an initiator QP holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    rkey: u32,
+    start: u64,
+    end: u64,
+    write: bool,
+    key: u32,
+    /// Used until then (half its time from the request's sending).
+    use_until: Instant,
+}
+
+/// Leases an initiator QP holds; at most this many (the oldest go).
+const MAX_HELD: usize = 16;
+
+/// An initiator QP's leases.
+#[derive(Debug, Default)]
+pub(crate) struct HeldLeases {
+    held: Vec<Held>,
+}
+
+impl HeldLeases {
+    /// Keep the lease of `[addr, addr+len)` of the peer's MR `rkey` with
+    /// NIC key `key`, lasting `ms` from `sent` (when its request was sent).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn keep(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+        key: u32,
+        ms: u32,
+        sent: Instant,
+    ) {
+        let Some(end) = addr.checked_add(len) else {
+            return;
+        };
+        let use_until = sent + Duration::from_millis(u64::from(ms)) / 2;
+        self.held
+            .retain(|h| !(h.rkey == rkey && h.write == write && h.start == addr && h.end == end));
+        if self.held.len() >= MAX_HELD {
+            if let Some(i) = (0..self.held.len()).min_by_key(|&i| self.held[i].use_until) {
+                self.held.swap_remove(i);
+            }
+        }
+        self.held.push(Held {
+            rkey,
+            start: addr,
+            end,
+            write,
+            key,
+            use_until,
+        });
+    }
+
+    /// The NIC key of a usable lease covering `[addr, addr+len)` of the
+    /// peer's MR `rkey` for a WRITE (`write`) or a READ.
+    pub(super) fn find(&mut self, rkey: u32, addr: u64, len: u64, write: bool) -> Option<u32> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let now = Instant::now();
+        self.held.retain(|h| h.use_until > now);
+        let end = addr.checked_add(len)?;
+        self.held
+            .iter()
+            .find(|h| h.rkey == rkey && h.write == write && h.start <= addr && end <= h.end)
+            .map(|h| h.key)
+    }
+
+    /// Forget the leases of the peer's MR `rkey` (deregistered).
+    pub(super) fn forget(&mut self, rkey: u32) {
+        self.held.retain(|h| h.rkey != rkey);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lease_covers_only_its_range_right_and_key() {
+        let mut h = HeldLeases::default();
+        let t = Instant::now();
+        h.keep(7, 0x1000, 0x2000, false, 99, 1000, t);
+        assert_eq!(h.find(7, 0x1000, 0x2000, false), Some(99));
+        assert_eq!(h.find(7, 0x1800, 0x100, false), Some(99));
+        assert_eq!(h.find(7, 0x1000, 0x2001, false), None, "past its end");
+        assert_eq!(h.find(7, 0xfff, 0x10, false), None, "before its start");
+        assert_eq!(
+            h.find(7, 0x1000, 0x10, true),
+            None,
+            "a READ lease is no WRITE lease"
+        );
+        assert_eq!(h.find(8, 0x1000, 0x10, false), None, "another MR");
+        assert_eq!(h.find(7, u64::MAX, 2, false), None, "overflow");
+        h.forget(7);
+        assert_eq!(h.find(7, 0x1000, 0x10, false), None);
+    }
+
+    #[test]
+    fn a_held_lease_is_used_for_half_its_time_from_the_request() {
+        let mut h = HeldLeases::default();
+        let long_ago = Instant::now() - Duration::from_millis(60);
+        h.keep(7, 0, 4096, true, 5, 100, long_ago);
+        assert_eq!(h.find(7, 0, 8, true), None, "60 ms of 100: past the half");
+        h.keep(7, 0, 4096, true, 6, 200, long_ago);
+        assert_eq!(h.find(7, 0, 8, true), Some(6), "60 ms of 200: usable");
+    }
+
+    #[test]
+    fn held_leases_are_bounded() {
+        let mut h = HeldLeases::default();
+        let t = Instant::now();
+        for i in 0..(MAX_HELD as u64 + 5) {
+            h.keep(1, i * 4096, 4096, false, i as u32, 1000 + i as u32, t);
+        }
+        assert_eq!(h.held.len(), MAX_HELD);
+        assert_eq!(h.find(1, 0, 1, false), None, "the oldest went");
+        let last = MAX_HELD as u64 + 4;
+        assert_eq!(h.find(1, last * 4096, 1, false), Some(last as u32));
+    }
+
+    #[test]
+    fn a_lease_needs_every_qp_in_its_pd_with_its_right() {
+        let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        assert!(may_grant(
+            1,
+            Access::REMOTE_WRITE,
+            [(1, rw), (1, rw)].into_iter()
+        ));
+        assert!(!may_grant(
+            1,
+            Access::REMOTE_WRITE,
+            [(1, rw), (2, rw)].into_iter()
+        ));
+        assert!(!may_grant(
+            1,
+            Access::REMOTE_WRITE,
+            [(1, rw), (1, Access::REMOTE_READ)].into_iter()
+        ));
+        assert!(may_grant(
+            1,
+            Access::REMOTE_READ,
+            [(1, Access::REMOTE_READ)].into_iter()
+        ));
+    }
+}
