@@ -783,3 +783,29 @@ fn a_qp_of_another_pd_waits_out_the_leases_it_could_reach() {
     assert_eq!(a.ctx.stats().two_sided, two + 1);
     assert_eq!(rb.bytes(), &src[..]);
 }
+
+/// Unmapping leased memory (the MR still registered) ends its leases too: the
+/// pager tells the engine, which drops them without waiting on anything.
+#[test]
+fn unmapping_leased_memory_ends_its_leases() {
+    let Some((a, b, qa, _qb)) = connected(Config::default()) else {
+        return;
+    };
+    const LEN: usize = 64 << 10;
+    let src = pattern(26, LEN);
+    let la = Buf::with(&a, LEN, Some(&src));
+    let rb = Buf::with(&b, LEN, None);
+    let n = LEN as u32;
+    assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(b.ctx.stats().leases_granted, 1);
+    let live = b.ctx.nic_stats().live_mrs;
+    #[allow(unsafe_code)]
+    // SAFETY: the test's own mapping, used by nothing after this but the
+    // pager's unregistration at drop (which skips unmapped pages).
+    let r = unsafe { libc::munmap(rb.addr() as *mut libc::c_void, LEN) };
+    assert_eq!(r, 0);
+    eventually("the lease's registration goes", || {
+        b.ctx.nic_stats().live_mrs < live
+    });
+    drop(rb);
+}

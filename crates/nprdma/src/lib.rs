@@ -147,7 +147,14 @@
 //!   the engine runs the paper's user-space mode (`Context::with_nic`):
 //!   every READ/WRITE two-sided over MRs registered on the fly, with a
 //!   bounded registration cache (`Config::reg_cache_bytes`) beyond the
-//!   paper, dropped by a swap listener before eviction.
+//!   paper, dropped by a swap listener before eviction. Also beyond the
+//!   paper, **leases** (`Config::lease_ms`, `Config::lease_bytes`): a target
+//!   that served a peer's two-sided READ/WRITE (above the inline size) lends
+//!   it the registration of those pages, pinned, for a bounded time, and the
+//!   peer's next READs/WRITEs of them go one-sided; deregistration, unmapping
+//!   and QP teardown end leases at once, and one is lent only while every QP
+//!   of the context is in the MR's PD and grants the right (the device's key
+//!   reaches all its QPs). See the engine's `lease` module.
 //! * Execution errors caught before the NIC (unknown key, bounds, rights)
 //!   complete the WR with the verbs status but leave the QP usable; NIC
 //!   errors follow the NIC (QP to ERR, WR_FLUSH_ERR behind).
@@ -211,7 +218,9 @@
 //! **User-space mode** (no IOMMU capability, e.g. a real NIC without the
 //! kernel module): no Read/Write views exist, so every operation takes the
 //! two-sided path (§4), and the temporary pins are backed by NIC MRs
-//! registered on the fly with `reg_mr`.
+//! registered on the fly with `reg_mr` — unless the target lent the range
+//! ([`ctrl::Repr::Lease`]): then a READ/WRITE goes one-sided through the
+//! target's registration, pinned at both ends (`plan::Strategy::Leased`).
 //!
 //! ## 2. Queue pairs, CQs and the polling thread
 //!
