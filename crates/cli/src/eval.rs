@@ -47,6 +47,10 @@ pub struct EvalResults {
     pub level: String,
     pub transport: String,
     pub machine: String,
+    /// The cross-core round trip again at the end of the run (the host may
+    /// have moved the virtual CPUs meanwhile).
+    #[serde(default)]
+    pub machine_end: String,
     /// Data-plane rows (pinned rows exist only for fault = none: pinned memory
     /// cannot fault, they are the reference of every scenario).
     pub perf: Vec<PerfResult>,
@@ -185,15 +189,6 @@ impl Plan {
     }
 }
 
-fn machine() -> String {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let mem = crate::mem::mem_available().unwrap_or(0) >> 30;
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpus} CPUs, {mem} GiB available, Linux {}", kernel.trim())
-}
-
 /// `nprdma eval`.
 pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let lvl = if a.smoke {
@@ -214,7 +209,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let mut res = EvalResults {
         level: format!("{lvl:?}").to_lowercase(),
         transport: format!("{:?}", a.transport).to_lowercase(),
-        machine: machine(),
+        machine: crate::machine::describe(),
         ..EvalResults::default()
     };
 
@@ -351,6 +346,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     }));
     pb.finish_with_message("done");
     res.seconds = t_start.elapsed().as_secs_f64();
+    res.machine_end = crate::machine::round_trip_text();
 
     std::fs::write(
         a.out.join("results.json"),
@@ -653,6 +649,15 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
          hardware, so absolute values differ; compare the ratios.\n",
         res.level, res.transport, res.machine, res.seconds
     );
+    if !res.machine_end.is_empty() {
+        let _ = writeln!(
+            w,
+            "At the end of the run: {}. Two-process figures (one core serving, the other \
+             polling) follow the cross-core round trip; on a VM it changes when the host \
+             moves the virtual CPUs, so compare rows measured in the same state.\n",
+            res.machine_end
+        );
+    }
     let _ = writeln!(w, "Modes: **pinned RDMA** (mlock'ed buffers, plain MRs), **NP-RDMA** (this project, unpinned pager memory), **ODP (model)** (a model of an on-demand-paging NIC: remote fault = NAK + 2 ms retransmission timeout, go-back-N; it is a model, not hardware).");
     if res.missing.is_empty() {
         let _ = writeln!(w);

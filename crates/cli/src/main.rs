@@ -8,6 +8,7 @@ mod ctrlplane;
 mod error;
 mod eval;
 mod initiator;
+mod machine;
 mod mem;
 #[cfg(feature = "odp")]
 mod odp;

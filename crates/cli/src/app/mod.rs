@@ -235,6 +235,7 @@ pub fn cmd_app(a: AppArgs) -> Result<()> {
             let items = cache::pool_spec(&w, Design::Pinned).items();
             if !c.net.json {
                 println!("{}", cache::banner(&w, items));
+                println!("# machine: {}", crate::machine::describe());
                 println!("{}", cache::header());
             }
             for &d in &c.designs {
@@ -244,6 +245,9 @@ pub fn cmd_app(a: AppArgs) -> Result<()> {
                 } else {
                     println!("{}", cache::row(&r));
                 }
+            }
+            if !c.net.json {
+                println!("# at the end: {}", crate::machine::round_trip_text());
             }
             Ok(())
         }

@@ -38,6 +38,9 @@ use super::pin::EnginePin;
 use super::regcache::TempMr;
 use crate::nic::{Access, NicMr as _, SwapListener};
 
+/// Leases a target keeps at most (a fault request scans its QP's).
+const MAX_LEASES: usize = 256;
+
 /// One lease at the target. Field order is drop order: the registration
 /// (which waits for DMA) before the pin.
 struct Lease<N: Backend> {
@@ -162,14 +165,16 @@ impl<N: Backend> Leases<N> {
         resident.map_or(self.budget, |r| self.budget.min(r / 4))
     }
 
-    /// Whether `len` more bytes fit `limit` once expired leases are gone.
+    /// Whether a lease of `len` more bytes fits `limit` (and the count of
+    /// leases [`MAX_LEASES`]) once expired leases are gone.
     pub(super) fn room(&self, len: u64, limit: u64) -> bool {
         if !self.enabled() || len > limit {
             return false;
         }
+        let fits = |g: &Inner<N>| g.bytes + len <= limit && g.leases.len() < MAX_LEASES;
         let victims = {
             let mut g = self.inner.lock();
-            if g.bytes + len <= limit {
+            if fits(&g) {
                 return true;
             }
             take(&mut g, |l| l.until <= Instant::now())
@@ -177,8 +182,7 @@ impl<N: Backend> Leases<N> {
         self.expired
             .fetch_add(victims.len() as u64, Ordering::Relaxed);
         drop(victims);
-        let g = self.inner.lock();
-        g.bytes + len <= limit
+        fits(&self.inner.lock())
     }
 
     /// Keep a new lease of QP `qi` (application PD `pd`) over `[start, end)`
@@ -195,7 +199,7 @@ impl<N: Backend> Leases<N> {
         limit: u64,
     ) -> Option<Grant> {
         let mut g = self.inner.lock();
-        if g.bytes + (end - start) > limit {
+        if g.bytes + (end - start) > limit || g.leases.len() >= MAX_LEASES {
             return None;
         }
         let key = new.mr.rkey();
@@ -234,22 +238,25 @@ impl<N: Backend> Leases<N> {
     /// re-registered).
     pub(super) fn drop_mr(&self, app: &MrEntry<N>) {
         if self.enabled() {
-            drop(take(&mut self.inner.lock(), |l| {
+            let victims = take(&mut self.inner.lock(), |l| {
                 std::ptr::eq(Arc::as_ptr(&l.app), app)
-            }));
+            });
+            drop(victims);
         }
     }
 
     /// Drop every lease granted through QP `qi` (destroyed or reset).
     pub(super) fn drop_qp(&self, qi: usize) {
         if self.enabled() {
-            drop(take(&mut self.inner.lock(), |l| l.qi == qi));
+            let victims = take(&mut self.inner.lock(), |l| l.qi == qi);
+            drop(victims);
         }
     }
 
     /// Drop everything (context teardown).
     pub(super) fn clear(&self) {
-        drop(take(&mut self.inner.lock(), |_| true));
+        let victims = take(&mut self.inner.lock(), |_| true);
+        drop(victims);
     }
 
     /// A QP of application PD `pd` granting `access` is about to be reachable
@@ -327,9 +334,8 @@ impl<N: Backend> SwapListener for Leases<N> {
     fn before_swap_out(&self, _pages: &[u64]) {}
     fn after_unmap(&self, start: u64, end: u64) {
         if self.enabled() {
-            drop(take(&mut self.inner.lock(), |l| {
-                l.start < end && start < l.end
-            }));
+            let victims = take(&mut self.inner.lock(), |l| l.start < end && start < l.end);
+            drop(victims);
         }
     }
 }
