@@ -809,3 +809,46 @@ fn unmapping_leased_memory_ends_its_leases() {
     });
     drop(rb);
 }
+
+/// Small (inline) operations are lent their page when they come back to it:
+/// the second small WRITE of a page asks and gets a lease, the third goes
+/// one-sided; small operations scattered over many pages are never lent
+/// anything (no registration each).
+#[test]
+fn small_operations_are_lent_a_page_they_come_back_to() {
+    let Some((a, b, qa, _qb)) = connected(Config::default()) else {
+        return;
+    };
+    const LEN: usize = 64 << 10;
+    let mut la = Buf::with(&a, 4096, None);
+    let lr = Buf::with(&a, 4096, None);
+    let rb = Buf::with(&b, LEN, None);
+    for (id, v) in [(1u64, 7u8), (2, 8), (3, 9)] {
+        la.bytes_mut()[..8].fill(v);
+        assert_eq!(rw(&a, &qa, id, Opcode::Write, &la, &rb.mr, 8), 0);
+        assert_eq!(&rb.bytes()[..8], &[v; 8]);
+    }
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert_eq!((sa.leased_ops, sb.leases_granted), (1, 1), "{sa:?} {sb:?}");
+    for id in 4..=6 {
+        assert_eq!(rw(&a, &qa, id, Opcode::Read, &lr, &rb.mr, 8), 0);
+        assert_eq!(&lr.bytes()[..8], &[9; 8]);
+    }
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert_eq!((sa.leased_ops, sb.leases_granted), (3, 2), "{sa:?} {sb:?}");
+    // Fifteen other pages, once each: nothing lent.
+    for p in 1..16u64 {
+        post(
+            &qa,
+            SendWr::new(
+                100 + p,
+                Opcode::Write,
+                Some(la.mr.sge(0, 8)),
+                rb.addr() + p * 4096,
+                rb.mr.rkey(),
+            ),
+        );
+        ok(wait1(&a.cq), 100 + p);
+    }
+    assert_eq!(b.ctx.stats().leases_granted, 2);
+}

@@ -144,6 +144,7 @@ mod tests {
                 req_id: 1,
                 remote_addr: 0,
                 rkey: 0,
+                want_lease: false,
                 data: Cow::Owned(vec![1; 3000]),
             },
             &big_cfg,
@@ -180,6 +181,7 @@ mod tests {
                             req_id: id,
                             remote_addr: n as u64,
                             rkey: id,
+                            want_lease: false,
                             data: Cow::Owned((0..n).map(|i| i as u8).collect()),
                         }
                     }

@@ -217,8 +217,9 @@ pub mod flags {
     /// FaultRequest: retry mode — answer ReceiverReady after pinning instead
     /// of doing the reverse operation.
     pub const RETRY_MODE: u8 = 0x02;
-    /// FaultRequest: the initiator would take a lease ([`super::Opcode::Lease`])
-    /// on the target's registration of the range (user-space mode).
+    /// FaultRequest / ReadInline / WriteInline: the initiator would take a lease
+    /// ([`super::Opcode::Lease`]) on the target's registration of the range
+    /// (user-space mode).
     pub const WANT_LEASE: u8 = 0x04;
     /// Lease: it grants REMOTE_WRITE (else REMOTE_READ).
     pub const LEASE_WRITE: u8 = 0x01;

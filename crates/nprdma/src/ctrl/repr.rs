@@ -124,6 +124,8 @@ pub enum Repr<'a> {
         remote_addr: u64,
         /// Remote key.
         rkey: u32,
+        /// The initiator would take a [`Repr::Lease`] on the page(s).
+        want_lease: bool,
         /// The payload.
         data: Cow<'a, [u8]>,
     },
@@ -135,6 +137,8 @@ pub enum Repr<'a> {
         remote_addr: u64,
         /// Remote key.
         rkey: u32,
+        /// The initiator would take a [`Repr::Lease`] on the page(s).
+        want_lease: bool,
         /// Length in bytes.
         len: u32,
     },
@@ -420,22 +424,24 @@ impl<'a> Repr<'a> {
                 })
             }
             Opcode::WriteInline => {
-                check_flags(fl, 0)?;
+                check_flags(fl, flags::WANT_LEASE)?;
                 Repr::WriteInline {
                     req_id,
                     remote_addr: rd64(bytes, l::WRITE_INLINE_RADDR),
                     rkey: rd32(bytes, l::WRITE_INLINE_RKEY),
+                    want_lease: fl & flags::WANT_LEASE != 0,
                     data: data()?,
                 }
             }
             Opcode::ReadInline => {
-                check_flags(fl, 0)?;
+                check_flags(fl, flags::WANT_LEASE)?;
                 let rlen = rd32(bytes, l::READ_INLINE_LEN);
                 check_inline(rlen as usize, cfg)?;
                 Repr::ReadInline {
                     req_id,
                     remote_addr: rd64(bytes, l::READ_INLINE_RADDR),
                     rkey: rd32(bytes, l::READ_INLINE_RKEY),
+                    want_lease: fl & flags::WANT_LEASE != 0,
                     len: rlen,
                 }
             }
@@ -711,8 +717,12 @@ impl<'a> Repr<'a> {
                 remote_addr,
                 rkey,
                 data,
+                want_lease,
                 ..
             } => {
+                if *want_lease {
+                    fl |= flags::WANT_LEASE;
+                }
                 p.set_u32_field(l::WRITE_INLINE_RKEY, *rkey);
                 p.set_u64_field(l::WRITE_INLINE_RADDR, *remote_addr);
                 p.bytes_mut_from(l::WRITE_INLINE_DATA)[..data.len()].copy_from_slice(data);
@@ -721,8 +731,12 @@ impl<'a> Repr<'a> {
                 remote_addr,
                 rkey,
                 len,
+                want_lease,
                 ..
             } => {
+                if *want_lease {
+                    fl |= flags::WANT_LEASE;
+                }
                 p.set_u32_field(l::READ_INLINE_LEN, *len);
                 p.set_u64_field(l::READ_INLINE_RADDR, *remote_addr);
                 p.set_u32_field(l::READ_INLINE_RKEY, *rkey);
@@ -862,11 +876,13 @@ impl<'a> Repr<'a> {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease,
                 data,
             } => Repr::WriteInline {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease,
                 data: Cow::Owned(data.into_owned()),
             },
             Repr::ReadInlineResp {
@@ -898,11 +914,13 @@ impl<'a> Repr<'a> {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease,
                 len,
             } => Repr::ReadInline {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease,
                 len,
             },
             Repr::Completion {

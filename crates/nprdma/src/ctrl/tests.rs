@@ -126,6 +126,7 @@ fn inline_data_spans_continuation_slots() {
         req_id: 1,
         remote_addr: 0x4000,
         rkey: 2,
+        want_lease: false,
         data: Cow::Borrowed(&data),
     };
     // 24-byte fixed part + 1024 bytes of data = 1048 → 17 slots.
@@ -229,6 +230,7 @@ fn malformed_input_yields_typed_errors() {
         req_id: 1,
         remote_addr: 0,
         rkey: 0,
+        want_lease: false,
         data: Cow::Borrowed(&data),
     };
     let mut big = vec![0; r.buffer_len()];
@@ -262,6 +264,7 @@ fn malformed_input_yields_typed_errors() {
         req_id: 1,
         remote_addr: 0,
         rkey: 0,
+        want_lease: false,
         len: 4096,
     };
     assert!(matches!(
@@ -393,6 +396,7 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease: rkey % 2 == 1,
                 data: Cow::Owned(d)
             }
         ),
@@ -406,6 +410,7 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
                 req_id,
                 remote_addr,
                 rkey,
+                want_lease: req_id % 2 == 1,
                 len
             }),
         (any::<u32>(), arb_status(), arb_data()).prop_map(|(req_id, status, d)| {

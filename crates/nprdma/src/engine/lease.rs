@@ -340,6 +340,32 @@ impl<N: Backend> SwapListener for Leases<N> {
     }
 }
 
+/// Pages of a target QP's recent small (inline) requests that asked for a
+/// lease: a small operation is lent its page only when it comes back to it
+/// (the page is here), so that scattered small operations cost no
+/// registration each.
+#[derive(Debug, Default)]
+pub(crate) struct SeenPages {
+    pages: [u64; SEEN],
+    next: usize,
+}
+
+/// Pages [`SeenPages`] remembers.
+const SEEN: usize = 8;
+
+impl SeenPages {
+    /// Whether page number `page` was seen lately; if not, remember it now.
+    pub(super) fn again(&mut self, page: u64) -> bool {
+        // Page numbers are stored + 1 (0: empty slot).
+        if self.pages.contains(&(page + 1)) {
+            return true;
+        }
+        self.pages[self.next] = page + 1;
+        self.next = (self.next + 1) % SEEN;
+        false
+    }
+}
+
 /// A lease an initiator QP holds.
 #[derive(Debug, Clone, Copy)]
 struct Held {
@@ -462,6 +488,17 @@ mod tests {
         assert_eq!(h.find(1, 0, 1, false), None, "the oldest went");
         let last = MAX_HELD as u64 + 4;
         assert_eq!(h.find(1, last * 4096, 1, false), Some(last as u32));
+    }
+
+    #[test]
+    fn a_small_request_is_lent_its_page_when_it_comes_back() {
+        let mut s = SeenPages::default();
+        assert!(!s.again(0), "first touch");
+        assert!(s.again(0), "second touch");
+        for p in 1..=SEEN as u64 {
+            assert!(!s.again(p));
+        }
+        assert!(!s.again(0), "forgotten after {SEEN} other pages");
     }
 
     #[test]

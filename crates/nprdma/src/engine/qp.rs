@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::backend::Backend;
 use super::dev::{inline_max, zero_sges, Dev};
-use super::lease::HeldLeases;
+use super::lease::{HeldLeases, SeenPages};
 use super::op::{comp_op, FastOp, Op, RbBatch, Retry, Scratch, Stage, TReq};
 use super::types::{Endpoint, Error, RecvWr, SendWr, PS};
 use super::ucq::UCq;
@@ -173,6 +173,9 @@ pub(crate) struct QpState<N: Backend> {
     /// The leases the peer lent this QP (user-space mode): READs/WRITEs of
     /// their ranges go one-sided.
     pub(super) held: HeldLeases,
+    /// Pages of the peer's recent small requests that asked for a lease
+    /// (target side).
+    pub(super) seen: SeenPages,
 }
 
 impl<N: Backend> QpState<N> {
@@ -386,6 +389,7 @@ impl<N: Backend> QpState<N> {
             probe_hint: false,
             probed: None,
             held: HeldLeases::default(),
+            seen: SeenPages::default(),
         })
     }
 

@@ -97,7 +97,7 @@ fn serve_fault<N: Backend>(
     };
     // A lease's registration serves the reverse operation too.
     let lease = if lease_ok && f.want_lease {
-        lease_for(sh, qp.pd, qi, &m, f, need)
+        lease_for(sh, qp.pd, qi, &m, (f.remote_addr, f.len as u64), need)
     } else {
         None
     };
@@ -159,24 +159,22 @@ fn serve_fault<N: Backend>(
     }
 }
 
-/// The lease of the pages of request `f` (in MR `m`, through QP `qi` of
-/// application PD `pd`): renewed if the QP has it, else registered and pinned
-/// now if the budget has room. `None`: no lease (the request is served all
-/// the same).
+/// The lease of the pages of a request's validated range `(addr, len)` (in
+/// MR `m`, through QP `qi` of application PD `pd`): renewed if the QP has it,
+/// else registered and pinned now if the budget has room. `None`: no lease
+/// (the request is served all the same).
 fn lease_for<N: Backend>(
     sh: &Shared<N>,
     pd: u32,
     qi: usize,
     m: &Arc<MrEntry<N>>,
-    f: &FaultRequest,
+    (addr, len): (u64, u64),
     need: Access,
 ) -> Option<(TempMr<N>, Grant)> {
     let write = need == Access::REMOTE_WRITE;
     // Whole pages, but never a byte outside the MR.
-    let start = (f.remote_addr & !(PS - 1)).max(m.addr);
-    let end = (f.remote_addr + f.len as u64)
-        .next_multiple_of(PS)
-        .min(m.addr + m.len);
+    let start = (addr & !(PS - 1)).max(m.addr);
+    let end = (addr + len).next_multiple_of(PS).min(m.addr + m.len);
     if let Some(x) = sh.leases.renew(qi, m, start, end, write) {
         return Some(x);
     }
@@ -387,14 +385,27 @@ pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usiz
             req_id,
             remote_addr,
             rkey,
+            want_lease,
             len,
-        } => on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len, true),
+        } => {
+            if want_lease {
+                lease_small(sh, st, qi, req_id, rkey, (remote_addr, len as u64), false);
+            }
+            on_read_inline(sh, st, qi, req_id, remote_addr, rkey, len, true)
+        }
         Repr::WriteInline {
             req_id,
             remote_addr,
             rkey,
+            want_lease,
             data,
-        } => on_write_inline(sh, st, qi, req_id, remote_addr, rkey, &data),
+        } => {
+            if want_lease {
+                let range = (remote_addr, data.len() as u64);
+                lease_small(sh, st, qi, req_id, rkey, range, true);
+            }
+            on_write_inline(sh, st, qi, req_id, remote_addr, rkey, &data)
+        }
         Repr::Atomic(a) => on_atomic(sh, st, qi, &a),
         Repr::SendInline { .. } | Repr::SendRendezvous { .. } | Repr::WriteImmNotify { .. } => {
             on_inbound(sh, st, qi, msg)
@@ -509,15 +520,7 @@ fn on_key_update<N: Backend>(st: &mut State<N>, qi: usize, msg: &Repr<'_>) {
 /// [`Repr::Fault`]: a two-sided READ/WRITE through a temporary MR (a READ
 /// of never-populated memory from the zero source).
 fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultRequest) {
-    let lease_ok = f.want_lease
-        && sh.leases.enabled()
-        && st.qps.get(qi).and_then(Option::as_ref).is_some_and(|q| {
-            may_grant(
-                q.pd,
-                fault_right(f.kind),
-                st.qps.iter().flatten().map(|o| (o.pd, o.remote_access)),
-            )
-        });
+    let lease_ok = f.want_lease && lease_allowed(sh, st, qi, fault_right(f.kind));
     let Some(At {
         qp,
         mrs,
@@ -558,6 +561,70 @@ fn on_fault<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, f: &FaultR
         return serve_fault(sh, qp, qi, f, need, r, false);
     }
     serve_fault(sh, qp, qi, f, need, r, lease_ok)
+}
+
+/// Whether a lease with right `need` may be lent through QP `qi`: leases are
+/// on, and every QP of the context is in its PD and grants `need` (see the
+/// `lease` module).
+fn lease_allowed<N: Backend>(sh: &Shared<N>, st: &State<N>, qi: usize, need: Access) -> bool {
+    sh.leases.enabled()
+        && st.qps.get(qi).and_then(Option::as_ref).is_some_and(|q| {
+            may_grant(
+                q.pd,
+                need,
+                st.qps.iter().flatten().map(|o| (o.pd, o.remote_access)),
+            )
+        })
+}
+
+/// A small (inline) READ (`write`: WRITE) of `range` of MR `rkey` that asked
+/// for a lease: if it comes back to a page the peer's recent small requests
+/// reached, lend the page(s) before the answer goes out (the answer follows
+/// the ordinary way). Nothing happens for a request that would fail.
+fn lease_small<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    req_id: u32,
+    rkey: u32,
+    (addr, len): (u64, u64),
+    write: bool,
+) {
+    let need = if write {
+        Access::REMOTE_WRITE
+    } else {
+        Access::REMOTE_READ
+    };
+    if len == 0 || !lease_allowed(sh, st, qi, need) {
+        return;
+    }
+    let Some(At { qp, mrs, .. }) = st.at(qi) else {
+        return;
+    };
+    if !qp.seen.again(addr / PS) || !qp.remote_access.contains(need) {
+        return;
+    }
+    let Some((m, r)) = region(mrs, qp.pd, rkey) else {
+        return;
+    };
+    if validate(Some(&r), addr, len, need, false).is_err() {
+        return;
+    }
+    let Some((_, g)) = lease_for(sh, qp.pd, qi, &m, (addr, len), need) else {
+        return;
+    };
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::Lease {
+            req_id,
+            rkey,
+            key: g.key,
+            addr: g.start,
+            len: g.len,
+            write,
+            ms: sh.leases.ms(),
+        },
+    );
 }
 
 /// The right a two-sided READ (`kind`) or WRITE needs at the target.

@@ -341,6 +341,7 @@ fn inline_write_and_read_are_served_and_answered_once<N: TestNic>() {
         req_id: 7,
         remote_addr: addr,
         rkey,
+        want_lease: false,
         data: Cow::Borrowed(b"hello"),
     });
     assert_eq!(
@@ -356,6 +357,7 @@ fn inline_write_and_read_are_served_and_answered_once<N: TestNic>() {
         req_id: 8,
         remote_addr: addr,
         rkey,
+        want_lease: false,
         len: 5,
     });
     assert_eq!(
@@ -371,6 +373,7 @@ fn inline_write_and_read_are_served_and_answered_once<N: TestNic>() {
         req_id: 9,
         remote_addr: r.addr(3 * 4096 + 8),
         rkey,
+        want_lease: false,
         len: 16,
     });
     assert_eq!(
@@ -392,6 +395,7 @@ fn requests_outside_an_mr_or_its_rights_are_refused_not_served<N: TestNic>() {
         req_id: 1,
         remote_addr: r.addr(0),
         rkey: rkey ^ 0x5a5a_0000,
+        want_lease: false,
         data: Cow::Borrowed(b"xx"),
     });
     match r.peer.recv() {
@@ -404,6 +408,7 @@ fn requests_outside_an_mr_or_its_rights_are_refused_not_served<N: TestNic>() {
         req_id: 2,
         remote_addr: r.addr(BUF - 4),
         rkey,
+        want_lease: false,
         len: 8,
     });
     match r.peer.recv() {
@@ -423,6 +428,7 @@ fn requests_outside_an_mr_or_its_rights_are_refused_not_served<N: TestNic>() {
         req_id: 3,
         remote_addr: r.addr(0),
         rkey,
+        want_lease: false,
         data: Cow::Borrowed(b"yy"),
     });
     match r.peer.recv() {

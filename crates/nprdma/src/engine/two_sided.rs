@@ -119,12 +119,15 @@ fn rw_request<'s, N: Backend>(
         hold.pin = pin_local(sh, op)?;
     }
     mark(Step::ILocalPinned);
+    // User-space mode: the next ones on these pages may go one-sided.
+    let want_lease = sh.cfg.plan.user_space_mode && sh.cfg.lease_ms > 0;
     if len <= inline_max {
         return Ok(if read {
             Repr::ReadInline {
                 req_id: id,
                 remote_addr: raddr,
                 rkey,
+                want_lease,
                 len: len as u32,
             }
         } else {
@@ -132,6 +135,7 @@ fn rw_request<'s, N: Backend>(
                 req_id: id,
                 remote_addr: raddr,
                 rkey,
+                want_lease,
                 data: mem::copy_out(laddr, len as usize, stack).map_err(|_| ())?,
             }
         });
@@ -157,8 +161,7 @@ fn rw_request<'s, N: Backend>(
         len: len as u32,
         inline_ok: false,
         retry_mode,
-        // User-space mode: the next ones on these pages may go one-sided.
-        want_lease: sh.cfg.plan.user_space_mode && sh.cfg.lease_ms > 0,
+        want_lease,
     }))
 }
 

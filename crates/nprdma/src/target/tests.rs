@@ -189,6 +189,7 @@ fn required_rights_per_message() {
         req_id: 0,
         remote_addr: 0,
         rkey: 0,
+        want_lease: false,
         data: Cow::Borrowed(&[]),
     };
     assert_eq!(required_access(&w), Some(Access::REMOTE_WRITE));
