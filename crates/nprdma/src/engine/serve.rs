@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use super::backend::Backend;
 use super::dev::{zero_sges, ZERO_BUF, ZERO_READ_MAX, ZERO_SGES};
 use super::idhash::IdMap;
-use super::lease::{may_grant, Grant, NewLease};
+use super::lease::{may_grant, right, Grant, NewLease};
 use super::mr::MrEntry;
 use super::one_sided::post_steps;
 use super::op::{is_atomic, local_fenced, Retry, Stage, TKind, TReq};
@@ -590,11 +590,7 @@ fn lease_small<N: Backend>(
     (addr, len): (u64, u64),
     write: bool,
 ) {
-    let need = if write {
-        Access::REMOTE_WRITE
-    } else {
-        Access::REMOTE_READ
-    };
+    let need = right(write);
     if len == 0 || !lease_allowed(sh, st, qi, need) {
         return;
     }
@@ -629,11 +625,7 @@ fn lease_small<N: Backend>(
 
 /// The right a two-sided READ (`kind`) or WRITE needs at the target.
 fn fault_right(kind: FaultKind) -> Access {
-    if kind == FaultKind::Read {
-        Access::REMOTE_READ
-    } else {
-        Access::REMOTE_WRITE
-    }
+    right(kind == FaultKind::Write)
 }
 
 /// A small READ of a swapped-out page held back for the rest of the
