@@ -652,9 +652,10 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     if !res.machine_end.is_empty() {
         let _ = writeln!(
             w,
-            "At the end of the run: {}. Two-process figures (one core serving, the other \
-             polling) follow the cross-core round trip; on a VM it changes when the host \
-             moves the virtual CPUs, so compare rows measured in the same state.\n",
+            "At the end of the run: {}. Figures whose work crosses cores (the application \
+             polls while the NIC or engine thread serves) follow the cross-core round trip; \
+             on a VM it changes when the host moves the virtual CPUs, so compare rows \
+             measured in the same state.\n",
             res.machine_end
         );
     }
