@@ -591,13 +591,19 @@ fn lease_small<N: Backend>(
     write: bool,
 ) {
     let need = right(write);
-    if len == 0 || !lease_allowed(sh, st, qi, need) {
+    if len == 0 || !sh.leases.enabled() {
+        return;
+    }
+    // The cheap test first (every small request passes here), then the
+    // scan of the context's QPs.
+    let again = st.qp(qi).is_some_and(|q| q.seen.again(addr / PS));
+    if !again || !lease_allowed(sh, st, qi, need) {
         return;
     }
     let Some(At { qp, mrs, .. }) = st.at(qi) else {
         return;
     };
-    if !qp.seen.again(addr / PS) || !qp.remote_access.contains(need) {
+    if !qp.remote_access.contains(need) {
         return;
     }
     let Some((m, r)) = region(mrs, qp.pd, rkey) else {
