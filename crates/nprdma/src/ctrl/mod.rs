@@ -132,6 +132,9 @@ pub enum Opcode {
     /// served two-sided (user-space mode): one-sided READs (or WRITEs) of that
     /// range may use `key` for `ms` milliseconds from the request's sending.
     Lease = 17,
+    /// The initiator is done with a lease (its time of use is over and none
+    /// of its operations on it is in flight): the target may drop it.
+    LeaseRelease = 18,
 }
 
 impl TryFrom<u8> for Opcode {
@@ -156,6 +159,7 @@ impl TryFrom<u8> for Opcode {
             15 => WriteImmNotify,
             16 => Pad,
             17 => Lease,
+            18 => LeaseRelease,
             other => return Err(CtrlError::UnknownOpcode(other)),
         })
     }
@@ -379,8 +383,18 @@ pub mod layout {
     pub const LEASE_ADDR: Field = 24..32;
     /// u64: length of the leased range.
     pub const LEASE_LEN: Field = 32..40;
+    /// u32: the lease's grant number (bumped by every renewal).
+    pub const LEASE_SEQ: Field = 40..44;
     /// End of a Lease message's content.
-    pub const LEASE_END: usize = 40;
+    pub const LEASE_END: usize = 44;
+
+    // LeaseRelease
+    /// u32: the NIC rkey of the lease.
+    pub const RELEASE_KEY: Field = 12..16;
+    /// u32: the last grant number of it the initiator saw.
+    pub const RELEASE_SEQ: Field = 16..20;
+    /// End of a LeaseRelease message's content.
+    pub const RELEASE_END: usize = 20;
 }
 
 /// Errors from decoding or encoding control messages.

@@ -33,6 +33,7 @@ pub(crate) fn content_end(op: Opcode, len: usize) -> Option<usize> {
         SendInline => layout::SEND_INLINE_DATA + len,
         WriteImmNotify => layout::WIMM_END,
         Lease => layout::LEASE_END,
+        LeaseRelease => layout::RELEASE_END,
         Pad => return None,
     })
 }

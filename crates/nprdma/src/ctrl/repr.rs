@@ -255,8 +255,20 @@ pub enum Repr<'a> {
         len: u64,
         /// REMOTE_WRITE (else REMOTE_READ).
         write: bool,
-        /// Milliseconds the lease holds.
+        /// Milliseconds the initiator may use the lease for.
         ms: u32,
+        /// The grant's number: a renewal bumps it ([`Repr::LeaseRelease`]
+        /// names the last one the initiator saw).
+        seq: u32,
+    },
+    /// The initiator is done with the lease `key` as of grant `seq`: its time
+    /// of use is over and no operation of it on the lease is in flight. The
+    /// target drops the lease unless it renewed it since (a later `seq`).
+    LeaseRelease {
+        /// The NIC rkey of the lease.
+        key: u32,
+        /// The last grant number the initiator saw.
+        seq: u32,
     },
     /// Padding over `slots` slots.
     Pad {
@@ -556,6 +568,17 @@ impl<'a> Repr<'a> {
                     len: rd64(bytes, l::LEASE_LEN),
                     write: fl & flags::LEASE_WRITE != 0,
                     ms: rd32(bytes, l::LEASE_MS),
+                    seq: rd32(bytes, l::LEASE_SEQ),
+                }
+            }
+            Opcode::LeaseRelease => {
+                check_flags(fl, 0)?;
+                if req_id != 0 {
+                    return Err(bad("req_id", req_id as u64));
+                }
+                Repr::LeaseRelease {
+                    key: rd32(bytes, l::RELEASE_KEY),
+                    seq: rd32(bytes, l::RELEASE_SEQ),
                 }
             }
             Opcode::Pad => unreachable!("handled above"),
@@ -581,6 +604,7 @@ impl<'a> Repr<'a> {
             Repr::SendInline { .. } => Opcode::SendInline,
             Repr::WriteImmNotify { .. } => Opcode::WriteImmNotify,
             Repr::Lease { .. } => Opcode::Lease,
+            Repr::LeaseRelease { .. } => Opcode::LeaseRelease,
             Repr::Pad { .. } => Opcode::Pad,
         }
     }
@@ -604,7 +628,7 @@ impl<'a> Repr<'a> {
             | Repr::Lease { req_id, .. } => *req_id,
             Repr::Fault(f) => f.req_id,
             Repr::Atomic(a) => a.req_id,
-            Repr::Pad { .. } => 0,
+            Repr::Pad { .. } | Repr::LeaseRelease { .. } => 0,
         }
     }
 
@@ -764,6 +788,7 @@ impl<'a> Repr<'a> {
                 len,
                 write,
                 ms,
+                seq,
                 ..
             } => {
                 if *write {
@@ -774,6 +799,11 @@ impl<'a> Repr<'a> {
                 p.set_u32_field(l::LEASE_MS, *ms);
                 p.set_u64_field(l::LEASE_ADDR, *addr);
                 p.set_u64_field(l::LEASE_LEN, *len);
+                p.set_u32_field(l::LEASE_SEQ, *seq);
+            }
+            Repr::LeaseRelease { key, seq } => {
+                p.set_u32_field(l::RELEASE_KEY, *key);
+                p.set_u32_field(l::RELEASE_SEQ, *seq);
             }
             Repr::Atomic(a) => {
                 kind = a.kind as u8;
@@ -942,6 +972,7 @@ impl<'a> Repr<'a> {
                 len,
                 write,
                 ms,
+                seq,
             } => Repr::Lease {
                 req_id,
                 rkey,
@@ -950,7 +981,9 @@ impl<'a> Repr<'a> {
                 len,
                 write,
                 ms,
+                seq,
             },
+            Repr::LeaseRelease { key, seq } => Repr::LeaseRelease { key, seq },
             Repr::Atomic(a) => Repr::Atomic(a),
             Repr::AtomicResp {
                 req_id,

@@ -97,8 +97,13 @@ fn single_slot_messages_roundtrip_with_expected_layout() {
         len: 1 << 20,
         write: true,
         ms: 100,
+        seq: 3,
     });
     assert_eq!(b.len(), SLOT);
+    roundtrip(&Repr::LeaseRelease {
+        key: 0x1234_5678,
+        seq: 3,
+    });
     roundtrip(&Repr::SendRendezvous {
         req_id: 8,
         addr: 0x1234,
@@ -448,7 +453,9 @@ fn arb_repr() -> impl Strategy<Value = Repr<'static>> {
                 len,
                 write,
                 ms,
+                seq: req_id ^ key,
             }),
+        (any::<u32>(), any::<u32>()).prop_map(|(key, seq)| Repr::LeaseRelease { key, seq }),
         (
             any::<u32>(),
             any::<bool>(),

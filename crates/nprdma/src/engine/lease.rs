@@ -6,12 +6,17 @@
 //! [`HeldLeases`] is an initiator QP's table of the leases it was given.
 //!
 //! The rules that keep a lease safe:
-//! - A lease lasts `ms` from the moment the initiator *sent* its request
-//!   (its clock); the target keeps the registration and the pin at least `ms`
-//!   after it *sent the lease* (which is later), so the two never disagree.
-//!   The initiator uses a lease only in the first half of its time: an
-//!   operation posted then reaches the target's NIC well before the target may
-//!   drop it. Each two-sided operation on the range renews it.
+//! - The initiator uses a lease for `ms / 2` from the moment it *sent* the
+//!   request the lease answers; each two-sided operation on the range renews
+//!   it (a new grant number). Once that time is over and none of its
+//!   operations on the lease is in flight, it gives the lease back
+//!   ([`crate::ctrl::Repr::LeaseRelease`], naming the last grant it saw).
+//! - The target keeps the registration and the pin until the initiator gives
+//!   it back — unless it renewed the lease since (the release names an older
+//!   grant) — or, for a peer that died or stopped, until [`HOLD_MIN`] or ten
+//!   times `ms` after the last grant, whichever is longer. So an operation the
+//!   initiator posted on a lease never meets a dropped registration, however
+//!   long it waits in the NIC's queue, short of that bound.
 //! - Leased pages are pinned: the pager skips them, so a registration never
 //!   outlives residency. The bytes leased are bounded by a budget.
 //! - A lease covers only bytes of its application MR, with exactly the right
@@ -26,7 +31,7 @@
 //!   break that (created in another PD, or given fewer rights) first waits
 //!   out the leases it would expose ([`Leases::expose_wait`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,15 +57,22 @@ struct Lease<N: Backend> {
     start: u64,
     end: u64,
     write: bool,
-    /// Kept at least until then.
+    /// The grant number (bumped by every renewal).
+    seq: u32,
+    /// Dropped then if not given back before (a peer gone or stopped).
     until: Instant,
 }
+
+/// The least a target keeps a lease nobody gave back (ten times its time of
+/// use, if that is longer).
+pub(super) const HOLD_MIN: Duration = Duration::from_secs(1);
 
 /// Counters of the lease tables ([`super::Stats`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct LeaseCounts {
     pub granted: u64,
     pub renewed: u64,
+    pub released: u64,
     pub expired: u64,
 }
 
@@ -73,6 +85,7 @@ struct Inner<N: Backend> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Grant {
     pub key: u32,
+    pub seq: u32,
     pub start: u64,
     pub len: u64,
 }
@@ -90,6 +103,7 @@ pub(crate) struct Leases<N: Backend> {
     inner: Mutex<Inner<N>>,
     granted: AtomicU64,
     renewed: AtomicU64,
+    released: AtomicU64,
     expired: AtomicU64,
 }
 
@@ -104,6 +118,7 @@ impl<N: Backend> Leases<N> {
             }),
             granted: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
+            released: AtomicU64::new(0),
             expired: AtomicU64::new(0),
         }
     }
@@ -122,12 +137,14 @@ impl<N: Backend> Leases<N> {
         LeaseCounts {
             granted: self.granted.load(Ordering::Relaxed),
             renewed: self.renewed.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
             expired: self.expired.load(Ordering::Relaxed),
         }
     }
 
-    fn duration(&self) -> Duration {
-        Duration::from_millis(u64::from(self.ms))
+    /// How long a lease nobody gives back is kept after its last grant.
+    fn hold(&self) -> Duration {
+        (Duration::from_millis(u64::from(self.ms)) * 10).max(HOLD_MIN)
     }
 
     /// Renew QP `qi`'s lease over `[start, end)` of `app` with right `write`,
@@ -148,10 +165,12 @@ impl<N: Backend> Leases<N> {
                 && l.start <= start
                 && end <= l.end
         })?;
-        l.until = Instant::now() + self.duration();
+        l.until = Instant::now() + self.hold();
+        l.seq = l.seq.wrapping_add(1);
         self.renewed.fetch_add(1, Ordering::Relaxed);
         let grant = Grant {
             key: l.mr.rkey(),
+            seq: l.seq,
             start: l.start,
             len: l.end - l.start,
         };
@@ -213,17 +232,33 @@ impl<N: Backend> Leases<N> {
             start,
             end,
             write,
-            until: Instant::now() + self.duration(),
+            seq: 1,
+            until: Instant::now() + self.hold(),
         });
         self.granted.fetch_add(1, Ordering::Relaxed);
         Some(Grant {
             key,
+            seq: 1,
             start,
             len: end - start,
         })
     }
 
-    /// Drop the leases past their time.
+    /// QP `qi`'s peer gives back lease `key` as of grant `seq`: drop it,
+    /// unless it was renewed since (its next release names the later grant).
+    pub(super) fn release(&self, qi: usize, key: u32, seq: u32) {
+        if !self.enabled() {
+            return;
+        }
+        let victims = take(&mut self.inner.lock(), |l| {
+            l.qi == qi && l.seq == seq && l.mr.rkey() == key
+        });
+        self.released
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        drop(victims);
+    }
+
+    /// Drop the leases nobody gave back in time (a peer gone or stopped).
     pub(super) fn sweep(&self, now: Instant) {
         if !self.enabled() {
             return;
@@ -261,9 +296,10 @@ impl<N: Backend> Leases<N> {
 
     /// A QP of application PD `pd` granting `access` is about to be reachable
     /// by a peer: wait until no lease it could reach beyond its rights is left
-    /// (leases of another PD, or with a right it lacks), dropping them at
-    /// their time. New ones are not granted meanwhile: the caller's QP exists,
-    /// and [`Self::may_grant`]'s check counts it. Returns how long it waited.
+    /// (leases of another PD, or with a right it lacks): given back by their
+    /// holders or dropped at their time. New ones are not granted meanwhile:
+    /// the caller's QP exists, and [`may_grant`] counts it. Returns how long
+    /// it waited.
     pub(super) fn expose_wait(&self, pd: u32, access: Access) -> Duration {
         let t0 = Instant::now();
         if !self.enabled() {
@@ -286,8 +322,12 @@ impl<N: Backend> Leases<N> {
             self.expired
                 .fetch_add(victims.len() as u64, Ordering::Relaxed);
             drop(victims);
+            // Given back meanwhile by the polling thread, or at their time.
             match last {
-                Some(t) => std::thread::sleep(t.saturating_duration_since(Instant::now())),
+                Some(t) => std::thread::sleep(
+                    t.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(2)),
+                ),
                 None => return t0.elapsed(),
             }
         }
@@ -366,19 +406,34 @@ impl SeenPages {
     }
 }
 
+/// One operation in flight on a held lease: counted while it lives (the
+/// lease is given back only when none is left).
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<AtomicU32>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A lease an initiator QP holds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Held {
     rkey: u32,
     start: u64,
     end: u64,
     write: bool,
     key: u32,
+    /// The last grant number seen.
+    seq: u32,
     /// Used until then (half its time from the request's sending).
     use_until: Instant,
+    /// Operations on it in flight.
+    inflight: Arc<AtomicU32>,
 }
 
-/// Leases an initiator QP holds; at most this many (the oldest go).
+/// Leases an initiator QP holds at most (more are given back at once).
 const MAX_HELD: usize = 16;
 
 /// An initiator QP's leases.
@@ -388,29 +443,33 @@ pub(crate) struct HeldLeases {
 }
 
 impl HeldLeases {
-    /// Keep the lease of `[addr, addr+len)` of the peer's MR `rkey` with
-    /// NIC key `key`, lasting `ms` from `sent` (when its request was sent).
+    /// Keep the lease of `[addr, addr+len)` of the peer's MR `rkey` with NIC
+    /// key `key`, grant `seq`, usable for half of `ms` from `sent` (when its
+    /// request was sent). A renewal (a key held already) updates it. Returns
+    /// the `(key, seq)` to give back at once when the table is full.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn keep(
         &mut self,
         rkey: u32,
-        addr: u64,
-        len: u64,
+        (addr, len): (u64, u64),
         write: bool,
         key: u32,
         ms: u32,
+        seq: u32,
         sent: Instant,
-    ) {
-        let Some(end) = addr.checked_add(len) else {
-            return;
-        };
+    ) -> Option<(u32, u32)> {
         let use_until = sent + Duration::from_millis(u64::from(ms)) / 2;
-        self.held
-            .retain(|h| !(h.rkey == rkey && h.write == write && h.start == addr && h.end == end));
+        let Some(end) = addr.checked_add(len) else {
+            return Some((key, seq));
+        };
+        if let Some(h) = self.held.iter_mut().find(|h| h.key == key) {
+            h.seq = seq;
+            h.use_until = h.use_until.max(use_until);
+            (h.rkey, h.start, h.end, h.write) = (rkey, addr, end, write);
+            return None;
+        }
         if self.held.len() >= MAX_HELD {
-            if let Some(i) = (0..self.held.len()).min_by_key(|&i| self.held[i].use_until) {
-                self.held.swap_remove(i);
-            }
+            return Some((key, seq));
         }
         self.held.push(Held {
             rkey,
@@ -418,26 +477,55 @@ impl HeldLeases {
             end,
             write,
             key,
+            seq,
             use_until,
+            inflight: Arc::new(AtomicU32::new(0)),
         });
+        None
     }
 
     /// The NIC key of a usable lease covering `[addr, addr+len)` of the
-    /// peer's MR `rkey` for a WRITE (`write`) or a READ.
-    pub(super) fn find(&mut self, rkey: u32, addr: u64, len: u64, write: bool) -> Option<u32> {
+    /// peer's MR `rkey` for a WRITE (`write`) or a READ, with the operation
+    /// counted in flight on it until the returned guard drops.
+    pub(super) fn find(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Option<(u32, InFlight)> {
         if self.held.is_empty() {
             return None;
         }
         let now = Instant::now();
-        self.held.retain(|h| h.use_until > now);
         let end = addr.checked_add(len)?;
-        self.held
-            .iter()
-            .find(|h| h.rkey == rkey && h.write == write && h.start <= addr && end <= h.end)
-            .map(|h| h.key)
+        let h = self.held.iter().find(|h| {
+            h.use_until > now
+                && h.rkey == rkey
+                && h.write == write
+                && h.start <= addr
+                && end <= h.end
+        })?;
+        h.inflight.fetch_add(1, Ordering::AcqRel);
+        Some((h.key, InFlight(h.inflight.clone())))
     }
 
-    /// Forget the leases of the peer's MR `rkey` (deregistered).
+    /// The leases whose time of use is over and that no operation uses any
+    /// more, removed: `(key, seq)` to give back.
+    pub(super) fn retire(&mut self, now: Instant) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        self.held.retain(|h| {
+            let done = h.use_until <= now && h.inflight.load(Ordering::Acquire) == 0;
+            if done {
+                out.push((h.key, h.seq));
+            }
+            !done
+        });
+        out
+    }
+
+    /// Forget the leases of the peer's MR `rkey` (deregistered: the peer
+    /// dropped them).
     pub(super) fn forget(&mut self, rkey: u32) {
         self.held.retain(|h| h.rkey != rkey);
     }
@@ -447,47 +535,88 @@ impl HeldLeases {
 mod tests {
     use super::*;
 
+    /// The key of a usable lease, its in-flight guard dropped at once.
+    fn key(h: &mut HeldLeases, rkey: u32, addr: u64, len: u64, write: bool) -> Option<u32> {
+        h.find(rkey, addr, len, write).map(|(k, _)| k)
+    }
+
     #[test]
     fn a_held_lease_covers_only_its_range_right_and_key() {
         let mut h = HeldLeases::default();
         let t = Instant::now();
-        h.keep(7, 0x1000, 0x2000, false, 99, 1000, t);
-        assert_eq!(h.find(7, 0x1000, 0x2000, false), Some(99));
-        assert_eq!(h.find(7, 0x1800, 0x100, false), Some(99));
-        assert_eq!(h.find(7, 0x1000, 0x2001, false), None, "past its end");
-        assert_eq!(h.find(7, 0xfff, 0x10, false), None, "before its start");
+        assert_eq!(h.keep(7, (0x1000, 0x2000), false, 99, 1000, 1, t), None);
+        assert_eq!(key(&mut h, 7, 0x1000, 0x2000, false), Some(99));
+        assert_eq!(key(&mut h, 7, 0x1800, 0x100, false), Some(99));
+        assert_eq!(key(&mut h, 7, 0x1000, 0x2001, false), None, "past its end");
+        assert_eq!(key(&mut h, 7, 0xfff, 0x10, false), None, "before its start");
         assert_eq!(
-            h.find(7, 0x1000, 0x10, true),
+            key(&mut h, 7, 0x1000, 0x10, true),
             None,
             "a READ lease is no WRITE lease"
         );
-        assert_eq!(h.find(8, 0x1000, 0x10, false), None, "another MR");
-        assert_eq!(h.find(7, u64::MAX, 2, false), None, "overflow");
+        assert_eq!(key(&mut h, 8, 0x1000, 0x10, false), None, "another MR");
+        assert_eq!(key(&mut h, 7, u64::MAX, 2, false), None, "overflow");
         h.forget(7);
-        assert_eq!(h.find(7, 0x1000, 0x10, false), None);
+        assert_eq!(key(&mut h, 7, 0x1000, 0x10, false), None);
     }
 
     #[test]
     fn a_held_lease_is_used_for_half_its_time_from_the_request() {
         let mut h = HeldLeases::default();
         let long_ago = Instant::now() - Duration::from_millis(60);
-        h.keep(7, 0, 4096, true, 5, 100, long_ago);
-        assert_eq!(h.find(7, 0, 8, true), None, "60 ms of 100: past the half");
-        h.keep(7, 0, 4096, true, 6, 200, long_ago);
-        assert_eq!(h.find(7, 0, 8, true), Some(6), "60 ms of 200: usable");
+        h.keep(7, (0, 4096), true, 5, 100, 1, long_ago);
+        assert_eq!(
+            key(&mut h, 7, 0, 8, true),
+            None,
+            "60 ms of 100: past the half"
+        );
+        h.keep(7, (0, 4096), true, 6, 200, 1, long_ago);
+        assert_eq!(key(&mut h, 7, 0, 8, true), Some(6), "60 ms of 200: usable");
+    }
+
+    #[test]
+    fn a_lease_is_given_back_after_its_time_once_nothing_uses_it() {
+        let mut h = HeldLeases::default();
+        let t0 = Instant::now();
+        h.keep(7, (0, 4096), false, 5, 100, 1, t0);
+        // A renewal (same key): the later grant number, a later time of use.
+        h.keep(
+            7,
+            (0, 4096),
+            false,
+            5,
+            100,
+            2,
+            t0 + Duration::from_millis(10),
+        );
+        let (k, op) = h.find(7, 0, 8, false).expect("usable");
+        assert_eq!(k, 5);
+        let after = t0 + Duration::from_millis(70);
+        assert!(
+            h.retire(after).is_empty(),
+            "an operation is in flight on it"
+        );
+        drop(op);
+        assert_eq!(h.retire(after), vec![(5, 2)], "the last grant seen");
+        assert!(h.retire(after).is_empty());
     }
 
     #[test]
     fn held_leases_are_bounded() {
         let mut h = HeldLeases::default();
         let t = Instant::now();
-        for i in 0..(MAX_HELD as u64 + 5) {
-            h.keep(1, i * 4096, 4096, false, i as u32, 1000 + i as u32, t);
+        for i in 0..MAX_HELD as u32 {
+            assert_eq!(
+                h.keep(1, (u64::from(i) * 4096, 4096), false, i, 1000, 1, t),
+                None
+            );
         }
+        assert_eq!(
+            h.keep(1, (1 << 30, 4096), false, 77, 1000, 3, t),
+            Some((77, 3)),
+            "no room: given back at once"
+        );
         assert_eq!(h.held.len(), MAX_HELD);
-        assert_eq!(h.find(1, 0, 1, false), None, "the oldest went");
-        let last = MAX_HELD as u64 + 4;
-        assert_eq!(h.find(1, last * 4096, 1, false), Some(last as u32));
     }
 
     #[test]

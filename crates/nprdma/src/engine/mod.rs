@@ -225,6 +225,7 @@ impl<N: Backend> Context<N> {
         let l = self.sh.leases.counts();
         s.leases_granted = l.granted;
         s.leases_renewed = l.renewed;
+        s.leases_released = l.released;
         s.leases_expired = l.expired;
         s
     }

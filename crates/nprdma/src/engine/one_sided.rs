@@ -123,7 +123,8 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
         // The peer runs user-space mode (no Version MR, key-only views):
         // nothing of it is reachable one-sided — but what it lent us.
         let write = op.wr.op != AppOp::Read;
-        if let Some(key) = qp.held.find(op.wr.rkey, op.wr.remote_addr, op.len, write) {
+        if let Some((key, used)) = qp.held.find(op.wr.rkey, op.wr.remote_addr, op.len, write) {
+            op.lease = Some(used);
             post_leased(sh, st, qi, id, key);
             return;
         }
@@ -203,6 +204,7 @@ fn post_leased<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32
     if let Err(e) = qp.data.post_send(&[wr]) {
         tracing::debug!(error = %e.source, "leased operation not posted");
         drop(hold);
+        op.lease = None;
         replay::two_sided(sh, st, qi, id);
         return;
     }
@@ -354,8 +356,10 @@ pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: 
         return;
     }
     if strat == Strategy::Leased {
-        // Pinned at both ends: nothing to check.
+        // Pinned at both ends: nothing to check. (Its lease may be given
+        // back now.)
         op.hold = Hold::default();
+        op.lease = None;
         let (len, wop) = (op.len, op.wr.op);
         if err != WcStatus::Success {
             finish(st, qi, id, err, 0);

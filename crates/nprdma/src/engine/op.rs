@@ -9,6 +9,7 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use super::backend::Backend;
+use super::lease::InFlight;
 use super::mr::MrEntry;
 use super::pin::{EnginePin, Hold};
 use super::types::{SendWr, PS};
@@ -92,6 +93,8 @@ pub(super) struct Op<N: Backend> {
     pub(super) stale: bool,
     /// Re-issued by the ordering table while stale: start again then.
     pub(super) restart: bool,
+    /// The peer's lease it runs on, counted in flight (user-space mode).
+    pub(super) lease: Option<InFlight>,
 }
 
 #[derive(Clone, Copy)]

@@ -97,6 +97,7 @@ pub(crate) fn post_send<N: Backend>(
             scratch: None,
             lver: Versions::new(),
             hold: Hold::default(),
+            lease: None,
         };
         let id = match qp.ops.insert(op) {
             Ok(id) => id,

@@ -171,12 +171,16 @@ fn sweep_timeouts<N: Backend>(sh: &Shared<N>, st: &mut State<N>) {
             qp.probe_peer();
         }
     }
+    // Leases: ours whose time of use is over and that nothing uses go back;
+    // those lent to peers that never gave them back close at their time.
     // Messages held for a RECV: answered RNR past their budget; the others'
     // senders are told they are still held (see `serve::rnr_refresh`).
     let now = Instant::now();
-    // Leases past their time close (user-space mode).
     sh.leases.sweep(now);
     for q in st.qps.iter_mut().flatten() {
+        for (key, seq) in q.held.retire(now) {
+            q.send_ctrl(&sh.cfg.ctrl, &Repr::LeaseRelease { key, seq });
+        }
         if matches!(q.rnr_wait, RnrWait::Until(t) if t <= now) {
             serve::rnr_expire(sh, q);
         }

@@ -790,6 +790,7 @@ impl<N: Backend> QpState<N> {
             retry: Retry::NotTried,
             stale: false,
             restart: false,
+            lease: None,
         };
         let id = match self.ops.insert(op) {
             Ok(id) => id,

@@ -154,6 +154,7 @@ fn serve_fault<N: Backend>(
                 len: g.len,
                 write: need == Access::REMOTE_WRITE,
                 ms: sh.leases.ms(),
+                seq: g.seq,
             },
         );
     }
@@ -435,7 +436,9 @@ pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usiz
             len,
             write,
             ms,
-        } => on_lease(st, qi, req_id, rkey, key, (addr, len), write, ms),
+            seq,
+        } => on_lease(sh, st, qi, req_id, rkey, key, (addr, len), write, (ms, seq)),
+        Repr::LeaseRelease { key, seq } => sh.leases.release(qi, key, seq),
         other => {
             if st.qp(qi).is_some() {
                 tracing::debug!(op = ?other.opcode(), "control message ignored");
@@ -447,8 +450,10 @@ pub(super) fn handle_msg<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usiz
 /// [`Repr::Lease`]: the peer lends us its registration of `range` of its MR
 /// `rkey` (for our request `req_id`, whose sending starts the lease's time);
 /// ignored unless that request is still ours and asked for it.
+/// A lease we cannot keep (the table is full) is given back at once.
 #[allow(clippy::too_many_arguments)]
 fn on_lease<N: Backend>(
+    sh: &Shared<N>,
     st: &mut State<N>,
     qi: usize,
     req_id: u32,
@@ -456,15 +461,20 @@ fn on_lease<N: Backend>(
     key: u32,
     range: (u64, u64),
     write: bool,
-    ms: u32,
+    (ms, seq): (u32, u32),
 ) {
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get(req_id) else { return };
     let asked = matches!(op.stage, Stage::TwoSided)
         && op.wr.rkey == rkey
         && (op.wr.op == AppOp::Read) != write;
-    if let (true, Some(sent)) = (asked, op.sent) {
-        qp.held.keep(rkey, range.0, range.1, write, key, ms, sent);
+    let back = match (asked, op.sent) {
+        (true, Some(sent)) => qp.held.keep(rkey, range, write, key, ms, seq, sent),
+        // Not ours to use: give it back (the peer keeps it otherwise).
+        _ => Some((key, seq)),
+    };
+    if let Some((key, seq)) = back {
+        qp.send_ctrl(&sh.cfg.ctrl, &Repr::LeaseRelease { key, seq });
     }
 }
 
@@ -625,6 +635,7 @@ fn lease_small<N: Backend>(
             len: g.len,
             write,
             ms: sh.leases.ms(),
+            seq: g.seq,
         },
     );
 }

@@ -209,7 +209,10 @@ pub struct Stats {
     pub leases_granted: u64,
     /// Leases renewed by a peer's two-sided operation on the range.
     pub leases_renewed: u64,
-    /// Leases dropped at their time.
+    /// Leases the peers gave back (target side).
+    pub leases_released: u64,
+    /// Leases dropped at their time, nobody having given them back (a peer
+    /// gone or stopped; target side).
     pub leases_expired: u64,
     /// READs/WRITEs sent one-sided on a lease (initiator side).
     pub leased_ops: u64,
