@@ -667,12 +667,16 @@ fn a_lease_makes_repeated_operations_one_sided_and_ends_in_time() {
     let lr = Buf::with(&a, LEN, None);
     let rb = Buf::with(&b, LEN, None);
     let n = LEN as u32;
+    // The first WRITE of these pages: no lease (scattered operations are
+    // lent nothing); the second comes back to them and is lent them.
     assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
+    assert_eq!(b.ctx.stats().leases_granted, 0);
+    assert_eq!(rw(&a, &qa, 11, Opcode::Write, &la, &rb.mr, n), 0);
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     assert_eq!((sa.leased_ops, sb.leases_granted), (0, 1), "{sa:?} {sb:?}");
     la.bytes_mut().copy_from_slice(&s2);
     assert_eq!(rw(&a, &qa, 2, Opcode::Write, &la, &rb.mr, n), 0);
-    assert_eq!(a.ctx.stats().leased_ops, 1, "the second WRITE on the lease");
+    assert_eq!(a.ctx.stats().leased_ops, 1, "the third WRITE on the lease");
     assert_eq!(rb.bytes(), &s2[..]);
     // A READ needs a READ lease: the first is two-sided and asks for one.
     assert_eq!(rw(&a, &qa, 3, Opcode::Read, &lr, &rb.mr, n), 0);
@@ -716,6 +720,8 @@ fn deregistering_a_leased_mr_ends_its_leases_at_once() {
     let mut la = Buf::with(&a, LEN, Some(&s1));
     let rb = Buf::with(&b, LEN, None);
     let n = LEN as u32;
+    // A first WRITE of the pages; the next one is lent them.
+    assert_eq!(rw(&a, &qa, 10, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(rw(&a, &qa, 2, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(a.ctx.stats().leased_ops, 1);
@@ -760,6 +766,8 @@ fn a_qp_of_another_pd_waits_out_the_leases_it_could_reach() {
     let lr = Buf::with(&a, LEN, None);
     let rb = Buf::with(&b, LEN, None);
     let n = LEN as u32;
+    // A first WRITE of the pages; the next one is lent them.
+    assert_eq!(rw(&a, &qa, 10, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(b.ctx.stats().leases_granted, 1);
     let pd2 = b.ctx.alloc_pd();
@@ -800,6 +808,8 @@ fn unmapping_leased_memory_ends_its_leases() {
     let la = Buf::with(&a, LEN, Some(&src));
     let rb = Buf::with(&b, LEN, None);
     let n = LEN as u32;
+    // A first WRITE of the pages; the next one is lent them.
+    assert_eq!(rw(&a, &qa, 10, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(rw(&a, &qa, 1, Opcode::Write, &la, &rb.mr, n), 0);
     assert_eq!(b.ctx.stats().leases_granted, 1);
     let live = b.ctx.nic_stats().live_mrs;

@@ -5,6 +5,10 @@
 //! registrations and the pins that keep their pages resident while lent);
 //! [`HeldLeases`] is an initiator QP's table of the leases it was given.
 //!
+//! A new lease goes only to a request that comes back to a page one of the
+//! QP's last few requests reached ([`SeenPages`]): repeated operations are
+//! lent their pages, scattered ones are not (each lease is a registration).
+//!
 //! The rules that keep a lease safe:
 //! - The initiator uses a lease for `ms / 2` from the moment it *sent* the
 //!   request the lease answers; each two-sided operation on the range renews
@@ -380,10 +384,10 @@ impl<N: Backend> SwapListener for Leases<N> {
     }
 }
 
-/// Pages of a target QP's recent small (inline) requests that asked for a
-/// lease: a small operation is lent its page only when it comes back to it
-/// (the page is here), so that scattered small operations cost no
-/// registration each.
+/// First pages of a target QP's recent requests that asked for a lease: a
+/// new lease is lent only to a request that comes back to one of them, so
+/// that scattered operations cost no registration each (they keep the
+/// registration cache's temporary MRs).
 #[derive(Debug, Default)]
 pub(crate) struct SeenPages {
     pages: [u64; SEEN],

@@ -173,7 +173,7 @@ pub(crate) struct QpState<N: Backend> {
     /// The leases the peer lent this QP (user-space mode): READs/WRITEs of
     /// their ranges go one-sided.
     pub(super) held: HeldLeases,
-    /// Pages of the peer's recent small requests that asked for a lease
+    /// First pages of the peer's recent requests that asked for a lease
     /// (target side).
     pub(super) seen: SeenPages,
 }

@@ -95,9 +95,20 @@ fn serve_fault<N: Backend>(
     } else {
         WrOp::Read
     };
-    // A lease's registration serves the reverse operation too.
+    // A lease's registration serves the reverse operation too. A new lease
+    // only when the peer comes back to these pages (as for small requests):
+    // scattered operations keep the registration cache's temporary MRs.
     let lease = if lease_ok && f.want_lease {
-        lease_for(sh, qp.pd, qi, &m, (f.remote_addr, f.len as u64), need)
+        let again = qp.seen.again(f.remote_addr / PS);
+        lease_for(
+            sh,
+            qp.pd,
+            qi,
+            &m,
+            (f.remote_addr, f.len as u64),
+            need,
+            again,
+        )
     } else {
         None
     };
@@ -162,8 +173,9 @@ fn serve_fault<N: Backend>(
 
 /// The lease of the pages of a request's validated range `(addr, len)` (in
 /// MR `m`, through QP `qi` of application PD `pd`): renewed if the QP has it,
-/// else registered and pinned now if the budget has room. `None`: no lease
-/// (the request is served all the same).
+/// else (if `new`) registered and pinned now if the budget has room. `None`:
+/// no lease (the request is served all the same).
+#[allow(clippy::too_many_arguments)]
 fn lease_for<N: Backend>(
     sh: &Shared<N>,
     pd: u32,
@@ -171,6 +183,7 @@ fn lease_for<N: Backend>(
     m: &Arc<MrEntry<N>>,
     (addr, len): (u64, u64),
     need: Access,
+    new: bool,
 ) -> Option<(TempMr<N>, Grant)> {
     let write = need == Access::REMOTE_WRITE;
     // Whole pages, but never a byte outside the MR.
@@ -178,6 +191,9 @@ fn lease_for<N: Backend>(
     let end = (addr + len).next_multiple_of(PS).min(m.addr + m.len);
     if let Some(x) = sh.leases.renew(qi, m, start, end, write) {
         return Some(x);
+    }
+    if !new {
+        return None;
     }
     let limit = sh
         .leases
@@ -622,7 +638,7 @@ fn lease_small<N: Backend>(
     if validate(Some(&r), addr, len, need, false).is_err() {
         return;
     }
-    let Some((_, g)) = lease_for(sh, qp.pd, qi, &m, (addr, len), need) else {
+    let Some((_, g)) = lease_for(sh, qp.pd, qi, &m, (addr, len), need, true) else {
         return;
     };
     qp.send_ctrl(
