@@ -149,12 +149,13 @@
 //!   bounded registration cache (`Config::reg_cache_bytes`) beyond the
 //!   paper, dropped by a swap listener before eviction. Also beyond the
 //!   paper, **leases** (`Config::lease_ms`, `Config::lease_bytes`): a target
-//!   that served a peer's two-sided READ/WRITE (above the inline size) lends
-//!   it the registration of those pages, pinned, for a bounded time, and the
-//!   peer's next READs/WRITEs of them go one-sided; deregistration, unmapping
-//!   and QP teardown end leases at once, and one is lent only while every QP
-//!   of the context is in the MR's PD and grants the right (the device's key
-//!   reaches all its QPs). See the engine's `lease` module.
+//!   whose peer comes back two-sided to pages it reached lately lends it the
+//!   registration of those pages, pinned, until the peer gives it back (after
+//!   its time of use, with nothing of it in flight), and the peer's next
+//!   READs/WRITEs of them go one-sided; deregistration, unmapping and QP
+//!   teardown end leases at once, and one is lent only while every QP of the
+//!   context is in the MR's PD and grants the right (the device's key reaches
+//!   all its QPs). See the engine's `lease` module.
 //! * Execution errors caught before the NIC (unknown key, bounds, rights)
 //!   complete the WR with the verbs status but leave the QP usable; NIC
 //!   errors follow the NIC (QP to ERR, WR_FLUSH_ERR behind).

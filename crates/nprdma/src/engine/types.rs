@@ -79,10 +79,12 @@ pub struct Config {
     /// cache, swapped out, unmapped or deregistered.
     pub reg_cache_bytes: u64,
     /// User-space mode's leases (beyond the paper; see the engine's `lease`
-    /// module): how long a target lends a peer its registration of a range
-    /// the peer just reached two-sided, so that the peer's next READs or
-    /// WRITEs of it go one-sided (0: never). The pages stay pinned that long
-    /// after their last two-sided use.
+    /// module): a target lends a peer its registration of a range the peer
+    /// came back to two-sided, so that the peer's next READs or WRITEs of it
+    /// go one-sided (0: never). The peer uses a lease for `lease_ms / 2` after
+    /// its request (each two-sided operation on the range renews it), then
+    /// gives it back; the pages stay pinned until then (10 × `lease_ms`, at
+    /// least 1 s, for a peer that never gives it back).
     pub lease_ms: u32,
     /// Bytes a target lends at most at a time (0: no leases).
     pub lease_bytes: u64,

@@ -100,10 +100,10 @@ pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
 /// registration cache of user-space mode, `NPRDMA_DEVICE=verbs`: MiB of temporary MRs
 /// kept registered; 0 = off; default the engine's 64, at most half of
 /// `RLIMIT_MEMLOCK`), `NPRDMA_LEASE_MS` and `NPRDMA_LEASE_MB` (user-space mode's
-/// leases: how long a target lends a peer its registration of pages the peer
-/// just reached two-sided, so its next READs/WRITEs of them go one-sided, 0 = never,
-/// default the engine's 100; and MiB lent at most, default 64, at most a quarter of
-/// `RLIMIT_MEMLOCK`).
+/// leases of a target's registration of pages a peer came back to two-sided, so its
+/// next READs/WRITEs of them go one-sided: the peer uses one for half this time after
+/// its request, 0 = never, default the engine's 100; and MiB lent at most, default 64,
+/// at most a quarter of `RLIMIT_MEMLOCK`).
 pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config> {
     let mut c = np::Config::default();
     c.plan.write_version_threshold =
