@@ -155,20 +155,33 @@ fn serve_fault<N: Backend>(
     }
     if let Some((_, g)) = lease {
         // Before the answer: the initiator keeps it when it arrives.
-        qp.send_ctrl(
-            &sh.cfg.ctrl,
-            &Repr::Lease {
-                req_id: f.req_id,
-                rkey: f.rkey,
-                key: g.key,
-                addr: g.start,
-                len: g.len,
-                write: need == Access::REMOTE_WRITE,
-                ms: sh.leases.ms(),
-                seq: g.seq,
-            },
-        );
+        send_lease(sh, qp, f.req_id, f.rkey, &g, need == Access::REMOTE_WRITE);
     }
+}
+
+/// Tell the peer of QP `qp` it may use lease `g` of its MR `rkey` (for its
+/// request `req_id`; `write`: REMOTE_WRITE, else REMOTE_READ).
+fn send_lease<N: Backend>(
+    sh: &Shared<N>,
+    qp: &mut QpState<N>,
+    req_id: u32,
+    rkey: u32,
+    g: &Grant,
+    write: bool,
+) {
+    qp.send_ctrl(
+        &sh.cfg.ctrl,
+        &Repr::Lease {
+            req_id,
+            rkey,
+            key: g.key,
+            addr: g.start,
+            len: g.len,
+            write,
+            ms: sh.leases.ms(),
+            seq: g.seq,
+        },
+    );
 }
 
 /// The lease of the pages of a request's validated range `(addr, len)` (in
@@ -626,34 +639,19 @@ fn lease_small<N: Backend>(
     if !again || !lease_allowed(sh, st, qi, need) {
         return;
     }
+    // (`lease_allowed` checked this QP's rights too.)
     let Some(At { qp, mrs, .. }) = st.at(qi) else {
         return;
     };
-    if !qp.remote_access.contains(need) {
-        return;
-    }
     let Some((m, r)) = region(mrs, qp.pd, rkey) else {
         return;
     };
     if validate(Some(&r), addr, len, need, false).is_err() {
         return;
     }
-    let Some((_, g)) = lease_for(sh, qp.pd, qi, &m, (addr, len), need, true) else {
-        return;
-    };
-    qp.send_ctrl(
-        &sh.cfg.ctrl,
-        &Repr::Lease {
-            req_id,
-            rkey,
-            key: g.key,
-            addr: g.start,
-            len: g.len,
-            write,
-            ms: sh.leases.ms(),
-            seq: g.seq,
-        },
-    );
+    if let Some((_, g)) = lease_for(sh, qp.pd, qi, &m, (addr, len), need, true) {
+        send_lease(sh, qp, req_id, rkey, &g, write);
+    }
 }
 
 /// The right a two-sided READ (`kind`) or WRITE needs at the target.
