@@ -1048,9 +1048,19 @@ pub(crate) fn map_at(at: usize, len: usize, fill: u8) -> usize {
 /// Re-runs test `name` alone in a child process with `NPRDMA_MODE=nprdma` (the
 /// process's device is chosen once, from the environment) and checks it passed.
 pub(crate) fn run_in_np_mode_child(name: &str) {
+    run_in_mode_child(name, "nprdma");
+}
+
+/// Set in the children of [`run_in_mode_child`].
+const CHILD_ENV: &str = "NPRDMA_ABI_TEST_CHILD";
+
+/// Run test `name` alone (no other test thread beside it) in a child process
+/// of this test binary with `NPRDMA_MODE=mode`, and require it to pass.
+pub(crate) fn run_in_mode_child(name: &str, mode: &str) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--test-threads=1"])
-        .env("NPRDMA_MODE", "nprdma")
+        .env("NPRDMA_MODE", mode)
+        .env(CHILD_ENV, "1")
         .output()
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
@@ -1077,14 +1087,18 @@ unsafe fn one_status(e: &Env, cq: *mut ibv_cq, qp: *mut ibv_qp, wr: &mut ibv_sen
 /// later (issue 12, bug 4): after `munmap` (or an `mremap` away) of an MR's memory
 /// and a new mapping at the same address, a remote WRITE or READ with the old rkey,
 /// and a local SGE with the old lkey, fail — the new memory is never reached. Runs
-/// in pinned mode here and in NP-RDMA mode in a child.
+/// in each mode in a child process of its own: between an `munmap` (or `mremap`
+/// away) and the new mapping at that address, a test thread beside it could map
+/// something there first.
 #[test]
 fn mr_over_unmapped_memory_reaches_nothing() {
     const NAME: &str = "abi_tests::mr_over_unmapped_memory_reaches_nothing";
-    let np = std::env::var("NPRDMA_MODE").as_deref() == Ok("nprdma");
-    if !np {
-        run_in_np_mode_child(NAME);
+    if std::env::var_os(CHILD_ENV).is_none() {
+        run_in_mode_child(NAME, "pinned");
+        run_in_mode_child(NAME, "nprdma");
+        return;
     }
+    let np = std::env::var("NPRDMA_MODE").as_deref() == Ok("nprdma");
     const LEN: usize = 2 * 4096;
     let bytes = |at: usize| -> Vec<u8> {
         // SAFETY: a live LEN-byte mapping of this test.
