@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::mem::{page_size, rss_bytes, PinnedBuf};
-use crate::setup::{new_pager, np_access, rnic_access};
+use crate::setup::{np_access, pager_without_reserve, rnic_access};
 
 /// Median of the samples in µs.
 fn median_us(mut v: Vec<f64>) -> f64 {
@@ -237,7 +237,7 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
         c.first_op_extra_us = median_us(first);
     }
     // Swap-out of one page of pager memory nobody registered (no listener).
-    let pager = new_pager()?;
+    let pager = pager_without_reserve()?;
     c.swap_out_us = swap_out_us(&pager, None, reps)?;
     c.swap_out_unregistered_us = c.swap_out_us;
     c.swap_out_batched_us = swap_out_batched_us(&pager, None, reps)?;
@@ -260,8 +260,8 @@ pub fn measure(reps: usize, big: u64, mut tick: impl FnMut(&str)) -> Result<Ctrl
     // ---- NP-RDMA ----
     tick("control plane: NP-RDMA");
     let c = &mut out.nprdma;
-    let pager_a = new_pager()?;
-    let pager_b = new_pager()?;
+    let pager_a = pager_without_reserve()?;
+    let pager_b = pager_without_reserve()?;
     // (ctx, host): dropped in that order, after the clock stops.
     c.library_init_us = median_timed(reps, || {
         let host = rnic::Host::new(rnic::HostConfig::default())?;
@@ -440,7 +440,7 @@ fn pinned_page_state(len: usize) -> Result<f64> {
 /// MR's fixed part (its records, table ends rounded up to whole pages) is in.
 fn np_page_state(c: &mut CtrlCosts, len: usize) -> Result<()> {
     let pages = len.div_ceil(page_size());
-    let pager = new_pager()?;
+    let pager = pager_without_reserve()?;
     // The first region / registration of each kind (one page, kept to the
     // end) sets up what is per pager / device / context, not per page —
     // including the fault thread's fault-around buffer (a first touch of a

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
 use crate::mem::{mem_available, parse_size, rss_bytes, PinnedBuf};
-use crate::setup::{new_pager, np_access, rnic_access};
+use crate::setup::{np_access, pager_without_reserve, rnic_access};
 use crate::spec::Mode;
 
 #[derive(Args, Debug)]
@@ -79,7 +79,7 @@ pub fn measure(mode: Mode, bytes: u64) -> Result<RegResult> {
                 result(mode, bytes, t0, t1, t2, rss_before, rss_after)
             }
             Mode::Nprdma => {
-                let pager = new_pager()?;
+                let pager = pager_without_reserve()?;
                 let ctx = nprdma::Context::new(&host, &pager, nprdma::Config::default())?;
                 let pd = ctx.alloc_pd();
                 let rss_before = rss_bytes()?;

@@ -92,16 +92,58 @@ pub const FAULT_AROUND: usize = 16;
 /// (`vmem::PagerConfig::fault_around_max`): 2 MiB, a transparent huge page.
 pub const FAULT_AROUND_MAX: usize = 512;
 
+/// A pager like [`new_pager`] without a zero reserve, for measurements of
+/// the process's RSS (the control-plane costs): the reserve's background
+/// fill would show in them, and its fixed size is not per-object state.
+pub fn pager_without_reserve() -> Result<vmem::Pager> {
+    let mut cfg = pager_config(1 << 30, None)?;
+    cfg.zero_reserve = 0;
+    Ok(vmem::Pager::new(cfg)?)
+}
+
+/// The zero reserve (`vmem::PagerConfig::zero_reserve`) by default: 32 MiB,
+/// at most a sixteenth of the budget.
+pub const ZERO_RESERVE_MB: usize = 32;
+/// Environment variable overriding [`ZERO_RESERVE_MB`] (MiB; 0 = no reserve).
+pub const ZERO_RESERVE_ENV: &str = "NPRDMA_ZERO_RESERVE_MB";
+
+/// Pages of zero reserve for a pager of `budget_pages`: `mb` MiB (the
+/// value of `NPRDMA_ZERO_RESERVE_MB`, default [`ZERO_RESERVE_MB`]), at most a
+/// sixteenth of the budget.
+pub fn zero_reserve_pages(mb: Option<&str>, budget_pages: Option<usize>) -> Result<usize> {
+    let mb = match mb.map(str::trim) {
+        None | Some("") => ZERO_RESERVE_MB,
+        Some(v) => v.parse::<usize>().map_err(|_| {
+            CliError::Arg(format!(
+                "{ZERO_RESERVE_ENV}={v:?}: expected a number of MiB"
+            ))
+        })?,
+    };
+    let pages = mb.saturating_mul((1 << 20) / vmem::PAGE_SIZE);
+    Ok(budget_pages.map_or(pages, |b| pages.min(b / 16)))
+}
+
 /// A pager with a `swap_size`-byte swap file and a resident budget of
 /// `budget_pages` (`None`: unlimited); O_DIRECT swap unless
 /// `NPRDMA_SWAP_BUFFERED=1`. It notifies swap-ins eagerly, so NP-RDMA maps
 /// pages into the NIC's views in the pass that brings them in (a CPU
 /// fault, pin or prefetch) rather than on their first RDMA access, and
 /// faults around first touches ([`FAULT_AROUND`] pages, growing to
-/// [`FAULT_AROUND_MAX`] while they come in order).
+/// [`FAULT_AROUND_MAX`] while they come in order), the long runs of them
+/// moved in from a zero reserve ([`zero_reserve_pages`]).
 pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::Pager> {
+    Ok(vmem::Pager::new(pager_config(swap_size, budget_pages)?)?)
+}
+
+/// The configuration of [`pager_with`].
+fn pager_config(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::PagerConfig> {
     let buffered = swap_buffered(std::env::var(SWAP_BUFFERED_ENV).ok().as_deref())?;
-    Ok(vmem::Pager::new(vmem::PagerConfig {
+    let zero_reserve = zero_reserve_pages(
+        std::env::var(ZERO_RESERVE_ENV).ok().as_deref(),
+        budget_pages,
+    )?;
+    Ok(vmem::PagerConfig {
+        zero_reserve,
         swap_size,
         budget_pages,
         o_direct: !buffered,
@@ -109,7 +151,7 @@ pub fn pager_with(swap_size: u64, budget_pages: Option<usize>) -> Result<vmem::P
         fault_around: FAULT_AROUND,
         fault_around_max: FAULT_AROUND_MAX,
         ..vmem::PagerConfig::default()
-    })?)
+    })
 }
 
 /// Which end of a run a set-up is for.
@@ -228,6 +270,16 @@ mod tests {
         }
         let want: Vec<usize> = (0..FAULT_AROUND).map(|i| r.addr() + i * ps).collect();
         assert_eq!(*ins.0.lock().unwrap(), want);
+    }
+
+    #[test]
+    fn zero_reserve_is_capped_by_the_budget() {
+        assert_eq!(zero_reserve_pages(None, None).unwrap(), 8192);
+        assert_eq!(zero_reserve_pages(None, Some(1 << 20)).unwrap(), 8192);
+        assert_eq!(zero_reserve_pages(None, Some(16 * 100)).unwrap(), 100);
+        assert_eq!(zero_reserve_pages(Some(" 0"), None).unwrap(), 0);
+        assert_eq!(zero_reserve_pages(Some("4"), Some(1 << 20)).unwrap(), 1024);
+        assert!(zero_reserve_pages(Some("x"), None).is_err());
     }
 
     #[test]

@@ -50,6 +50,15 @@ pub struct PagerConfig {
     /// fault elsewhere starts over at `fault_around`. Growth stops at an
     /// eighth of `budget_pages`. 0 (the default): no growth.
     pub fault_around_max: usize,
+    /// Zero reserve, in pages (rounded up to 2 MiB chunks; 0 = none, the
+    /// default): pages the kernel allocated and zeroed ahead of need, on a
+    /// background thread that blocks while the reserve is full. A run of at
+    /// least 32 never-touched pages written for the first time (sequential
+    /// fault-around, a pin of a range for writing) is moved into place from
+    /// it with one `UFFDIO_MOVE` instead of being allocated and zeroed on the
+    /// faulting thread. The reserve's pages are this process's memory (RSS)
+    /// but not the budget's until they are moved into a region.
+    pub zero_reserve: usize,
     /// How long the fault thread keeps polling without blocking after a fault.
     pub spin: Duration,
     /// Pages per eviction batch (also the staging-area size).
@@ -70,6 +79,7 @@ impl Default for PagerConfig {
             eager_swap_in_notify: false,
             fault_around: 1,
             fault_around_max: 0,
+            zero_reserve: 0,
             spin: Duration::from_micros(50),
             evict_batch: 64,
             background_evictor: true,

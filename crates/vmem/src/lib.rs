@@ -160,6 +160,7 @@ mod fault;
 mod listener;
 mod mm;
 mod region;
+mod reserve;
 mod space;
 mod state;
 mod stats;
@@ -280,7 +281,21 @@ impl Pager {
             addr: 0,
             err: e.into(),
         })?;
-        let inner = Arc::new(Inner::new(cfg, uffd, swap, EvictState::new(staging, cap)));
+        let reserve = match cfg.zero_reserve {
+            0 => None,
+            pages => Some(reserve::ZeroReserve::new(pages).map_err(|e| Error::Kernel {
+                op: "mmap",
+                addr: 0,
+                err: e,
+            })?),
+        };
+        let inner = Arc::new(Inner::new(
+            cfg,
+            uffd,
+            swap,
+            EvictState::new(staging, cap),
+            reserve,
+        ));
         let mut threads = Vec::new();
         let stop = Arc::new(stop);
         let (i2, sfd) = (inner.clone(), stop.clone());
@@ -300,6 +315,28 @@ impl Pager {
                 std::thread::Builder::new()
                     .name("vmem-evict".into())
                     .spawn(move || i3.evictor_loop())
+                    .map_err(|e| Error::Kernel {
+                        op: "spawn",
+                        addr: 0,
+                        err: e,
+                    })?,
+            );
+        }
+        if inner.reserve.is_some() {
+            let i4 = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("vmem-zero".into())
+                    .spawn(move || {
+                        if let Some(r) = &i4.reserve {
+                            reserve::idle_priority();
+                            r.refill_loop(|| {
+                                i4.registered
+                                    .load(Relaxed)
+                                    .saturating_sub(i4.resident.load(Relaxed))
+                            })
+                        }
+                    })
                     .map_err(|e| Error::Kernel {
                         op: "spawn",
                         addr: 0,
@@ -655,6 +692,9 @@ impl Pager {
             bytes_swapped_in: swap_ins * mm::PAGE as u64,
             bytes_swapped_out: swap_outs * mm::PAGE as u64,
             fault_service: i.stats.latency(),
+            zero_reserve_pages: i.reserve.as_ref().map_or(0, |r| r.pages()),
+            zero_reserve_moved: i.reserve.as_ref().map_or(0, |r| r.moved.load(Relaxed)),
+            zero_reserve_populated: i.reserve.as_ref().map_or(0, |r| r.populated.load(Relaxed)),
         }
     }
 
@@ -716,6 +756,9 @@ impl Drop for Handle {
         {
             let _k = self.inner.kick.lock();
             self.inner.kick_cv.notify_all();
+        }
+        if let Some(r) = &self.inner.reserve {
+            r.stop();
         }
         for t in self.threads.lock().drain(..) {
             // The last handle may be dropped by a listener on the evictor

@@ -156,6 +156,14 @@ pub struct PagerStats {
     pub bytes_swapped_out: u64,
     /// Fault-service time percentiles.
     pub fault_service: LatencySummary,
+    /// The zero reserve's capacity in pages (`PagerConfig::zero_reserve`,
+    /// rounded up to 2 MiB chunks; 0 = none).
+    pub zero_reserve_pages: usize,
+    /// Never-touched pages filled by a move from the zero reserve.
+    pub zero_reserve_moved: u64,
+    /// Pages the reserve's thread allocated and zeroed (this process's
+    /// memory until they are moved into a region).
+    pub zero_reserve_populated: u64,
 }
 
 impl Stats {

@@ -31,6 +31,9 @@ fn num(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<u64>> 
 /// * `NPRDMA_EAGER_SWAP_IN` (default 1) — map pages into the NIC's views as the pager
 ///   brings them in; `NPRDMA_FAULT_AROUND_PAGES` (default 16, at most budget / 8) —
 ///   never-touched pages filled together on a first touch.
+/// * `NPRDMA_ZERO_RESERVE_MB` (default 32, at most budget / 16; 0 = none) — pages
+///   zeroed ahead of need by a background thread, moved into place for long runs
+///   of first touches; never more than the registered memory not yet resident.
 pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerConfig> {
     let mut c = vmem::PagerConfig::default();
     let pages = num(get, "NPRDMA_BUDGET_PAGES")?;
@@ -77,8 +80,17 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
     // an eighth of the budget too).
     c.fault_around_max = num(get, "NPRDMA_FAULT_AROUND_MAX_PAGES")?
         .unwrap_or(DEFAULT_FAULT_AROUND_MAX as u64) as usize;
+    let reserve = (num(get, "NPRDMA_ZERO_RESERVE_MB")?.unwrap_or(DEFAULT_ZERO_RESERVE_MB) as usize)
+        .saturating_mul((1 << 20) / vmem::PAGE_SIZE);
+    c.zero_reserve = match c.budget_pages {
+        Some(b) => reserve.min(b / 16),
+        None => reserve,
+    };
     Ok(c)
 }
+
+/// Default `NPRDMA_ZERO_RESERVE_MB`: 32 MiB.
+pub const DEFAULT_ZERO_RESERVE_MB: u64 = 32;
 
 /// Default `NPRDMA_FAULT_AROUND_MAX_PAGES`: 512 pages (2 MiB, a transparent huge page).
 pub const DEFAULT_FAULT_AROUND_MAX: usize = 512;
@@ -181,6 +193,16 @@ mod tests {
         assert!(!c.eager_swap_in_notify);
         assert_eq!(c.fault_around, 0);
         assert!(pager_config(&with(&[("NPRDMA_FAULT_AROUND_PAGES", "x")])).is_err());
+    }
+
+    #[test]
+    fn zero_reserve_within_the_budget() {
+        assert_eq!(pager_config(&with(&[])).unwrap().zero_reserve, 8192);
+        let c = pager_config(&with(&[("NPRDMA_BUDGET_MB", "64")])).unwrap();
+        assert_eq!(c.zero_reserve, 1024, "at most a sixteenth of the budget");
+        let c = pager_config(&with(&[("NPRDMA_ZERO_RESERVE_MB", "0")])).unwrap();
+        assert_eq!(c.zero_reserve, 0);
+        assert!(pager_config(&with(&[("NPRDMA_ZERO_RESERVE_MB", "x")])).is_err());
     }
 
     #[test]

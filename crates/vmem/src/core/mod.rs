@@ -10,6 +10,7 @@ use crate::config::PagerConfig;
 use crate::error::{Error, Result};
 use crate::listener::Listeners;
 use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
+use crate::reserve::ZeroReserve;
 use crate::space::{Segment, Space};
 use crate::state;
 use crate::stats::Stats;
@@ -108,6 +109,8 @@ pub struct Inner {
     /// Odd while the fault thread is inside a read-and-handle cycle.
     pub handler_seq: std::sync::Arc<AtomicU64>,
     pub zero: PageBuf,
+    /// Pages zeroed ahead of need (`PagerConfig::zero_reserve`).
+    pub reserve: Option<ZeroReserve>,
 }
 
 thread_local! {
@@ -198,8 +201,15 @@ pub(crate) fn kernel(op: &'static str, addr: usize, err: io::Error) -> Error {
 }
 
 impl Inner {
-    pub fn new(cfg: PagerConfig, uffd: Uffd, swap: SwapDevice, evict: EvictState) -> Inner {
+    pub fn new(
+        cfg: PagerConfig,
+        uffd: Uffd,
+        swap: SwapDevice,
+        evict: EvictState,
+        reserve: Option<ZeroReserve>,
+    ) -> Inner {
         Inner {
+            reserve,
             budget: AtomicUsize::new(cfg.budget_pages.unwrap_or(usize::MAX)),
             cfg,
             uffd,

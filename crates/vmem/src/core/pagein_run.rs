@@ -189,15 +189,27 @@ impl Inner {
         unlock: &dyn Fn(usize),
     ) -> Result<usize> {
         if let (false, Some(src)) = (swapped, zero_source()) {
+            // Pages zeroed ahead of need first (a long run), then zeroes
+            // copied from the source for what the reserve did not cover.
+            let moved = self
+                .reserve
+                .as_ref()
+                .map_or(0, |r| r.take(&self.uffd, addr, n, wake));
+            if moved == n {
+                return Ok(n);
+            }
+            let rest = n - moved;
             // SAFETY: the zero source holds MAX_ZERO_RUN >= n readable pages
             // and is never written; the destination pages are registered
             // with our uffd and only filled if missing.
-            return Ok(
-                match unsafe { self.uffd.copy(addr, src as *const u8, n * PAGE, wake) } {
-                    Ok(()) => n,
-                    Err(e) => (e.done as usize / PAGE).min(n),
-                },
-            );
+            return Ok(moved
+                + match unsafe {
+                    self.uffd
+                        .copy(addr + moved * PAGE, src as *const u8, rest * PAGE, wake)
+                } {
+                    Ok(()) => rest,
+                    Err(e) => (e.done as usize / PAGE).min(rest),
+                });
         }
         RUN_BUF.with(|b| -> Result<usize> {
             let mut b = b.borrow_mut();

@@ -168,6 +168,9 @@ impl Inner {
         if !external {
             self.registered.fetch_add(new_pages, Relaxed);
             self.resident.fetch_add(resident, Relaxed);
+            if let Some(r) = &self.reserve {
+                r.kick();
+            }
             if self.resident.load(Relaxed) > self.budget.load(Relaxed)
                 && self.cfg.background_evictor
             {
