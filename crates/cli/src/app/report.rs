@@ -48,6 +48,11 @@ fn designs(size: Size) -> &'static [Design] {
 pub struct AppsEval {
     pub cache: Vec<CacheResult>,
     pub shuffle: Vec<ShuffleResult>,
+    /// More alternated pinned / NP-RDMA runs of the largest pool's job (the
+    /// reduce stage's copy speed swings by 2x from run to run on this VM, in
+    /// both designs: one pair does not settle a few percent).
+    #[serde(default)]
+    pub shuffle_repeats: Vec<ShuffleResult>,
     /// Runs that failed, with the error (their points are missing).
     pub failures: Vec<String>,
     pub seconds: f64,
@@ -62,6 +67,9 @@ struct Plan {
     shuffle_budget_div: u64,
     job: (usize, usize, usize),
     rounds: usize,
+    /// Pinned / NP-RDMA pairs of the largest pool's job in all (the sweep's
+    /// own pair included).
+    pairs: usize,
 }
 
 fn plan(size: Size) -> Plan {
@@ -76,6 +84,7 @@ fn plan(size: Size) -> Plan {
             shuffle_budget_div: 4,
             job: (2, 2, 256 << 10),
             rounds: 2,
+            pairs: 1,
         },
         Size::Quick => Plan {
             budget: 16 * m,
@@ -86,6 +95,7 @@ fn plan(size: Size) -> Plan {
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
             rounds: 3,
+            pairs: 3,
         },
         Size::Full => Plan {
             budget: 32 * m,
@@ -96,6 +106,7 @@ fn plan(size: Size) -> Plan {
             shuffle_budget_div: 4,
             job: (4, 8, 1 << 20),
             rounds: 3,
+            pairs: 5,
         },
     }
 }
@@ -127,19 +138,26 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
         }
     }
     let (maps, parts, part_bytes) = p.job;
-    for &pool in &p.pools {
-        let j = Job {
-            pool,
-            budget: pool / p.shuffle_budget_div,
-            swap: pool,
-            maps,
-            parts,
-            part_bytes,
-            rounds: p.rounds,
-        };
+    let job = |pool: u64| Job {
+        pool,
+        budget: pool / p.shuffle_budget_div,
+        swap: pool,
+        maps,
+        parts,
+        part_bytes,
+        rounds: p.rounds,
+    };
+    let last = p.pools.last().copied();
+    let extra = last.map_or(0, |_| p.pairs.saturating_sub(1));
+    let runs = p.pools.iter().map(|&pool| (pool, false));
+    for (pool, repeat) in runs.chain(
+        last.into_iter()
+            .flat_map(|l| (0..extra).map(move |_| (l, true))),
+    ) {
         for d in [Design::Pinned, Design::Nprdma] {
             tick(&format!("app shuffle {} {}", human(pool), d.label()));
-            match shuffle::run(&j, d, None) {
+            match shuffle::run(&job(pool), d, None) {
+                Ok(x) if repeat => out.shuffle_repeats.push(x),
                 Ok(x) => out.shuffle.push(x),
                 Err(e) => out
                     .failures
@@ -154,7 +172,7 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
 /// Runs (cache + shuffle) of a sweep, for progress bars.
 pub fn runs(size: Size) -> usize {
     let p = plan(size);
-    p.ratios.len() * designs(size).len() + p.pools.len() * 2
+    p.ratios.len() * designs(size).len() + (p.pools.len() + p.pairs.saturating_sub(1)) * 2
 }
 
 impl AppsEval {
@@ -166,7 +184,7 @@ impl AppsEval {
                 return Err(format!("bad cache row {r:?}"));
             }
         }
-        for r in &self.shuffle {
+        for r in self.shuffle.iter().chain(&self.shuffle_repeats) {
             let v = [r.init_ms, r.map_ms, r.reduce_ms, r.job_ms];
             if !v.iter().all(|x| x.is_finite() && *x >= 0.0)
                 || r.verified_bytes != r.data_bytes * r.rounds as u64
@@ -181,6 +199,18 @@ impl AppsEval {
         self.cache
             .iter()
             .find(|r| r.design == d && (r.ratio - ratio).abs() < 1e-9)
+    }
+
+    /// The (pinned, NP-RDMA) pairs of `pool`'s job, in run order: the
+    /// sweep's, then the repeats'.
+    fn shuffle_pairs(&self, pool: u64) -> Vec<(&ShuffleResult, &ShuffleResult)> {
+        let of = |d: Design| {
+            self.shuffle
+                .iter()
+                .chain(&self.shuffle_repeats)
+                .filter(move |r| r.design == d && r.pool_bytes == pool)
+        };
+        of(Design::Pinned).zip(of(Design::Nprdma)).collect()
     }
 
     fn shuffle_at(&self, d: Design, pool: u64) -> Option<&ShuffleResult> {
@@ -327,7 +357,7 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
             w,
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
-        for r in &a.shuffle {
+        for r in a.shuffle.iter().chain(&a.shuffle_repeats) {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |",
@@ -401,20 +431,39 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
                 saved * 100.0
             );
             let (later, first) = shuffle::round_slowdowns(p, n);
+            let pairs = a.shuffle_pairs(pool);
+            let spread = |f: &dyn Fn(&ShuffleResult, &ShuffleResult) -> f64| {
+                let mut v: Vec<f64> = pairs.iter().map(|&(p, n)| f(p, n)).collect();
+                v.sort_by(f64::total_cmp);
+                match v.len() {
+                    0 | 1 => pct(v.first().copied().unwrap_or(slow)),
+                    k => format!(
+                        "{} (min {}, max {}; median of {k} alternated pairs)",
+                        pct(v[k / 2]),
+                        pct(v[0]),
+                        pct(v[k - 1])
+                    ),
+                }
+            };
             let _ = writeln!(
                 w,
                 "| shuffle: job slowdown vs all-pinned (map + reduce, {} rounds) | 5.4 % | {} |",
                 n.rounds,
-                pct(slow)
+                spread(&|p, n| n.job_ms / p.job_ms.max(1e-9) - 1.0)
             );
             let _ = writeln!(
                 w,
-                "| — first round (pool pages touched for the first time) | — | {} |",
+                "| — map stage alone (the pool's first touches are in it) | — | {} |",
+                spread(&|p, n| n.map_ms / p.map_ms.max(1e-9) - 1.0)
+            );
+            let _ = writeln!(
+                w,
+                "| — first round (pool pages touched for the first time; first pair) | — | {} |",
                 pct(first)
             );
             let _ = writeln!(
                 w,
-                "| — later rounds (pages resident and mapped) | — | {} |",
+                "| — later rounds (pages resident and mapped; first pair) | — | {} |",
                 later.map_or("n/a".into(), pct)
             );
             let _ = writeln!(
