@@ -25,10 +25,12 @@ pub fn side_on(hc: rnic::HostConfig, cfg: Config) -> Side {
     side_paged(hc, pager_cfg(), cfg)
 }
 
-/// The tests' pager configuration (256 MiB of swap).
+/// The tests' pager configuration (256 MiB of swap; a 4 MiB zero reserve, so
+/// the long first-touch runs of pins for writing are moved in from it).
 pub fn pager_cfg() -> vmem::PagerConfig {
     vmem::PagerConfig {
         swap_size: 256 << 20,
+        zero_reserve: 1024,
         ..vmem::PagerConfig::default()
     }
 }

@@ -108,7 +108,9 @@ pub const DEFAULT_WRITE_VERSION_THRESHOLD: u64 = 0;
 /// after work before blocking, default the engine's 50), `NPRDMA_INTERRUPT=1` (the
 /// polling thread never spins), `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes: WRITEs up to
 /// this size are checked by a read-back, which needs the target MR to grant
-/// REMOTE_READ; longer ones by page versions; default 0), `NPRDMA_REG_CACHE_MB` (the
+/// REMOTE_READ; longer ones by page versions; default 0), `NPRDMA_READ_VERSION_THRESHOLD`
+/// (bytes: READs longer than this are checked with page versions instead of the
+/// magic-value scan of the data; default none), `NPRDMA_REG_CACHE_MB` (the
 /// registration cache of user-space mode, `NPRDMA_DEVICE=verbs`: MiB of temporary MRs
 /// kept registered; 0 = off; default the engine's 64, at most half of
 /// `RLIMIT_MEMLOCK`), `NPRDMA_LEASE_MS` and `NPRDMA_LEASE_MB` (user-space mode's
@@ -120,6 +122,9 @@ pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config>
     let mut c = np::Config::default();
     c.plan.write_version_threshold =
         num(get, "NPRDMA_WRITE_VERSION_THRESHOLD")?.unwrap_or(DEFAULT_WRITE_VERSION_THRESHOLD);
+    if let Some(t) = num(get, "NPRDMA_READ_VERSION_THRESHOLD")? {
+        c.plan.read_version_threshold = Some(t);
+    }
     if let Some(us) = num(get, "NPRDMA_POLL_SPIN_US")? {
         c.spin = Duration::from_micros(us);
     }
@@ -235,6 +240,9 @@ mod tests {
         );
         let c = engine_config(&with(&[("NPRDMA_WRITE_VERSION_THRESHOLD", "4096")])).unwrap();
         assert_eq!(c.plan.write_version_threshold, 4096);
+        assert_eq!(c.plan.read_version_threshold, None);
+        let c = engine_config(&with(&[("NPRDMA_READ_VERSION_THRESHOLD", "65536")])).unwrap();
+        assert_eq!(c.plan.read_version_threshold, Some(65536));
         let c = engine_config(&with(&[("NPRDMA_REG_CACHE_MB", "3")])).unwrap();
         assert_eq!(c.reg_cache_bytes, 3 << 20);
         let c =
