@@ -48,7 +48,9 @@ pub struct PagerConfig {
     /// (at most 512, 2 MiB — what Linux fills at once for anonymous memory
     /// with transparent huge pages), as Linux's readahead window grows; a
     /// fault elsewhere starts over at `fault_around`. Growth stops at an
-    /// eighth of `budget_pages`. 0 (the default): no growth.
+    /// eighth of `budget_pages`. 0 (the default): no growth. A write
+    /// stream at this longest run is also filled two runs ahead of its
+    /// writer while the fault thread has nothing else to do.
     pub fault_around_max: usize,
     /// Zero reserve, in pages (rounded up to 2 MiB chunks; 0 = none, the
     /// default): pages the kernel allocated and zeroed ahead of need, on a

@@ -50,6 +50,12 @@ impl Streams {
         }
     }
 
+    /// Whether a run of `w` pages is a grown stream's longest (one worth
+    /// filling ahead of).
+    fn at_max(&self, w: usize) -> bool {
+        self.max > self.base && w >= self.max
+    }
+
     /// A fault at `p` got a run of `w` pages of which `n` were filled.
     fn ran(&mut self, p: usize, n: usize, w: usize) {
         let i = match self.s.iter().position(|s| s.0 == p) {
@@ -63,10 +69,26 @@ impl Streams {
     }
 }
 
+/// Runs a write stream at its longest run is filled ahead of the writer
+/// (while no fault waits): the writer then runs through them without a
+/// userfault, instead of one hand-off to this thread per run.
+const AHEAD_RUNS: usize = 2;
+
+/// Fill-ahead still to do for a stream: `runs` runs of `window` pages from
+/// page `next` of segment `arr` (ending at `end`).
+struct Ahead {
+    arr: Arc<crate::state::PageArray>,
+    next: usize,
+    end: usize,
+    window: usize,
+    runs: usize,
+}
+
 pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
     let mut buf = PageBuf::new(1);
     let mut streams = Streams::new(&inner.cfg);
+    let mut ahead: Option<Ahead> = None;
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
     // Faults the kernel asked us to retry (an munmap/mremap in flight); their
@@ -88,7 +110,7 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
             let first = i >= nretry;
             // A bug must not leave faulting threads hanging forever.
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                handle(&inner, m, &mut buf, &mut streams, first)
+                handle(&inner, m, &mut buf, &mut streams, &mut ahead, first)
             }));
             match res {
                 Ok(true) => {}
@@ -104,6 +126,16 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if inner.shutdown.load(Acquire) {
                     return;
+                }
+                // No fault waiting: one run of fill-ahead, then look again.
+                if let Some(a) = ahead.take() {
+                    // Inside a handling cycle (odd), as a fault would be: a
+                    // registration reusing the addresses waits for it.
+                    inner.handler_seq.fetch_add(1, SeqCst);
+                    ahead = fill_ahead(&inner, a, &mut streams);
+                    inner.handler_seq.fetch_add(1, SeqCst);
+                    last = Instant::now();
+                    continue;
                 }
                 if last.elapsed() < spin {
                     std::hint::spin_loop();
@@ -143,10 +175,64 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     }
 }
 
+/// One run of fill-ahead; what is left of it.
+fn fill_ahead(inner: &Inner, a: Ahead, streams: &mut Streams) -> Option<Ahead> {
+    // The segment must still be the one the fault was in (not unregistered,
+    // its addresses not registered again); the stream's writer may already
+    // be past this point (it faulted there: nothing left to fill).
+    let same = inner
+        .space
+        .read()
+        .lookup(a.next)
+        .is_some_and(|s| Arc::ptr_eq(&s.arr, &a.arr));
+    if !same {
+        return None;
+    }
+    let n = match inner.fill_ahead(&a.arr, a.next, a.end, a.window) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(%e, "fill-ahead failed");
+            0
+        }
+    };
+    if n == 0 {
+        return None;
+    }
+    streams.ran(a.next, n, a.window);
+    notify_filled(inner, &a.arr, a.next, n);
+    inner.check_budget();
+    (a.runs > 1).then(|| Ahead {
+        next: a.next + n,
+        runs: a.runs - 1,
+        ..a
+    })
+}
+
+/// Tells the listeners about pages `p..p + n` just filled (eager swap-in
+/// notification), then lets them be evicted.
+fn notify_filled(inner: &Inner, arr: &crate::state::PageArray, p: usize, n: usize) {
+    if inner.cfg.eager_swap_in_notify {
+        // Published NOTIFYING (not evictable) by the fill; released once the
+        // listeners know.
+        let addrs: Vec<usize> = (p..p + n).map(|q| q << PAGE_SHIFT).collect();
+        inner.listeners.after_swap_in(&addrs);
+        for q in p..p + n {
+            arr.word(q).fetch_and(!crate::state::NOTIFYING, Release);
+        }
+    }
+}
+
 /// Handles one message; `false` = retry it later.
-fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first: bool) -> bool {
+fn handle(
+    inner: &Inner,
+    m: &Msg,
+    buf: &mut PageBuf,
+    streams: &mut Streams,
+    ahead: &mut Option<Ahead>,
+    first: bool,
+) -> bool {
     match m.event {
-        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, streams, first),
+        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, streams, ahead, first),
         uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
         uffd::EVENT_REMOVE => {}
         uffd::EVENT_REMAP => {
@@ -161,7 +247,16 @@ fn handle(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, firs
 }
 
 /// Resolves one fault; `false` = retry later (the thread stays blocked).
-fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first: bool) -> bool {
+/// A write fault that continues a stream at its longest run schedules
+/// fill-ahead after it (`ahead`).
+fn fault(
+    inner: &Inner,
+    m: &Msg,
+    buf: &mut PageBuf,
+    streams: &mut Streams,
+    ahead: &mut Option<Ahead>,
+    first: bool,
+) -> bool {
     let t0 = Instant::now();
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
@@ -178,16 +273,18 @@ fn fault(inner: &Inner, m: &Msg, buf: &mut PageBuf, streams: &mut Streams, first
         Ok(0) => {}
         Ok(n) => {
             streams.ran(p, n, window);
-            if inner.cfg.eager_swap_in_notify {
-                // Published NOTIFYING (not evictable) by the fill; released
-                // once the listeners know, before the threads run on.
-                let addrs: Vec<usize> = (p..p + n).map(|q| q << PAGE_SHIFT).collect();
-                inner.listeners.after_swap_in(&addrs);
-                for q in p..p + n {
-                    arr.word(q).fetch_and(!crate::state::NOTIFYING, Release);
-                }
-            }
+            // The listeners know before the threads run on.
+            notify_filled(inner, &arr, p, n);
             let _ = inner.uffd.wake(addr, n * PAGE);
+            if write && n == window && streams.at_max(window) {
+                *ahead = Some(Ahead {
+                    arr: arr.clone(),
+                    next: p + n,
+                    end: seg_end,
+                    window,
+                    runs: AHEAD_RUNS,
+                });
+            }
             inner.check_budget();
             inner
                 .stats

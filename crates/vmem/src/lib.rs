@@ -45,7 +45,12 @@
 //!   the zero page), so fresh memory written in order costs one userfault
 //!   per run; with `PagerConfig::fault_around_max` the run doubles while the
 //!   faults come in order (up to 2 MiB, as a transparent huge page), the way
-//!   Linux's readahead window grows (`fault.rs`).
+//!   Linux's readahead window grows (`fault.rs`). A write stream at that
+//!   longest run is filled two runs ahead while the fault thread is idle
+//!   (Linux's asynchronous readahead), so its writer mostly runs without
+//!   userfaults. With `PagerConfig::zero_reserve` the long runs are pages
+//!   zeroed ahead of need on an idle-priority thread, moved into place
+//!   (`reserve.rs`) instead of allocated on the faulting thread.
 //! * **Listeners** ([`SwapListener`]): called synchronously on the evicting
 //!   thread with the batch of pages about to leave, before they leave (the
 //!   MMU-notifier role). Optional eager swap-in notification. For memory the

@@ -85,6 +85,25 @@ impl Inner {
         self.fill_run(arr, p, end.min(p + max), why, |_| {})
     }
 
+    /// Fill-ahead of a sequential first-touch write stream (the fault
+    /// thread, while no fault is waiting): zero-fills the never-touched pages
+    /// `p..` (at most `max`, up to `end`) with one ioctl before anyone touches
+    /// them, each published as prefetched, so the writer runs on without a
+    /// userfault. Returns how many pages (0: `p` is not never-touched).
+    pub(crate) fn fill_ahead(
+        &self,
+        arr: &PageArray,
+        p: usize,
+        end: usize,
+        max: usize,
+    ) -> Result<usize> {
+        let max = max.min(MAX_ZERO_RUN);
+        if max < 2 || p >= end || state::kind(arr.word(p).load(Acquire)) != UNTOUCHED {
+            return Ok(0);
+        }
+        self.fill_run(arr, p, end.min(p + max), |_| Why::Prefetch, |_| {})
+    }
+
     /// Brings in pages `p..end` (at most [`MAX_RUN`] swapped-out or
     /// [`MAX_ZERO_RUN`] never-touched ones) as one run, publishing
     /// page `p + k` as brought in for `why(k)`; see [`Self::pin_run`]. For a
