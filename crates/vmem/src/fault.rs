@@ -84,11 +84,21 @@ struct Ahead {
     runs: usize,
 }
 
+/// The fault thread's own state between messages.
+struct Handler {
+    /// A page of buffer for page-at-a-time fills.
+    buf: PageBuf,
+    streams: Streams,
+    ahead: Option<Ahead>,
+}
+
 pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
-    let mut buf = PageBuf::new(1);
-    let mut streams = Streams::new(&inner.cfg);
-    let mut ahead: Option<Ahead> = None;
+    let mut h = Handler {
+        buf: PageBuf::new(1),
+        streams: Streams::new(&inner.cfg),
+        ahead: None,
+    };
     let spin = inner.cfg.spin;
     let mut last = Instant::now();
     // Faults the kernel asked us to retry (an munmap/mremap in flight); their
@@ -110,7 +120,7 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
             let first = i >= nretry;
             // A bug must not leave faulting threads hanging forever.
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                handle(&inner, m, &mut buf, &mut streams, &mut ahead, first)
+                handle(&inner, m, &mut h, first)
             }));
             match res {
                 Ok(true) => {}
@@ -128,11 +138,11 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
                     return;
                 }
                 // No fault waiting: one run of fill-ahead, then look again.
-                if let Some(a) = ahead.take() {
+                if let Some(a) = h.ahead.take() {
                     // Inside a handling cycle (odd), as a fault would be: a
                     // registration reusing the addresses waits for it.
                     inner.handler_seq.fetch_add(1, SeqCst);
-                    ahead = fill_ahead(&inner, a, &mut streams);
+                    h.ahead = fill_ahead(&inner, a, &mut h.streams);
                     inner.handler_seq.fetch_add(1, SeqCst);
                     last = Instant::now();
                     continue;
@@ -223,16 +233,9 @@ fn notify_filled(inner: &Inner, arr: &crate::state::PageArray, p: usize, n: usiz
 }
 
 /// Handles one message; `false` = retry it later.
-fn handle(
-    inner: &Inner,
-    m: &Msg,
-    buf: &mut PageBuf,
-    streams: &mut Streams,
-    ahead: &mut Option<Ahead>,
-    first: bool,
-) -> bool {
+fn handle(inner: &Inner, m: &Msg, h: &mut Handler, first: bool) -> bool {
     match m.event {
-        uffd::EVENT_PAGEFAULT => return fault(inner, m, buf, streams, ahead, first),
+        uffd::EVENT_PAGEFAULT => return fault(inner, m, h, first),
         uffd::EVENT_UNMAP => inner.forget(m.a0 as usize, m.a1 as usize),
         uffd::EVENT_REMOVE => {}
         uffd::EVENT_REMAP => {
@@ -248,15 +251,13 @@ fn handle(
 
 /// Resolves one fault; `false` = retry later (the thread stays blocked).
 /// A write fault that continues a stream at its longest run schedules
-/// fill-ahead after it (`ahead`).
-fn fault(
-    inner: &Inner,
-    m: &Msg,
-    buf: &mut PageBuf,
-    streams: &mut Streams,
-    ahead: &mut Option<Ahead>,
-    first: bool,
-) -> bool {
+/// fill-ahead after it (`h.ahead`).
+fn fault(inner: &Inner, m: &Msg, h: &mut Handler, first: bool) -> bool {
+    let Handler {
+        buf,
+        streams,
+        ahead,
+    } = h;
     let t0 = Instant::now();
     let addr = m.pf_address() as usize & !(PAGE - 1);
     let p = addr >> PAGE_SHIFT;
