@@ -198,7 +198,7 @@ fn fill_ahead(inner: &Inner, a: Ahead, streams: &mut Streams) -> Option<Ahead> {
     if !same {
         return None;
     }
-    let n = match inner.fill_ahead(&a.arr, a.next, a.end, a.window) {
+    let n = match inner.fill_untouched_run(&a.arr, a.next, a.end, a.window, Why::Prefetch) {
         Ok(n) => n,
         Err(e) => {
             tracing::debug!(%e, "fill-ahead failed");
@@ -270,7 +270,7 @@ fn fault(inner: &Inner, m: &Msg, h: &mut Handler, first: bool) -> bool {
         return true;
     };
     let window = streams.window(p);
-    match inner.fault_around(&arr, p, seg_end, write, window) {
+    match inner.fill_untouched_run(&arr, p, seg_end, window, Why::Fault { write }) {
         Ok(0) => {}
         Ok(n) => {
             streams.ran(p, n, window);

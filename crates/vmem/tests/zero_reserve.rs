@@ -4,9 +4,7 @@
 
 mod common;
 use common::*;
-use vmem::{Pager, PagerConfig};
-
-const PG: usize = 4096;
+use vmem::{Pager, PagerConfig, PAGE_SIZE as PG};
 
 /// The zero reserve: pages zeroed ahead of need by a background thread that
 /// then blocks; long first-touch runs (sequential fault-around, a pin of a

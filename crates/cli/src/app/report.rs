@@ -147,13 +147,12 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
         part_bytes,
         rounds: p.rounds,
     };
-    let last = p.pools.last().copied();
-    let extra = last.map_or(0, |_| p.pairs.saturating_sub(1));
-    let runs = p.pools.iter().map(|&pool| (pool, false));
-    for (pool, repeat) in runs.chain(
-        last.into_iter()
-            .flat_map(|l| (0..extra).map(move |_| (l, true))),
-    ) {
+    // Every pool once, then the largest pool's further pairs (`repeat`).
+    let mut runs: Vec<(u64, bool)> = p.pools.iter().map(|&pool| (pool, false)).collect();
+    if let Some(&last) = p.pools.last() {
+        runs.extend((1..p.pairs).map(|_| (last, true)));
+    }
+    for (pool, repeat) in runs {
         for d in [Design::Pinned, Design::Nprdma] {
             tick(&format!("app shuffle {} {}", human(pool), d.label()));
             match shuffle::run(&job(pool), d, None) {

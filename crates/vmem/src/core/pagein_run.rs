@@ -56,52 +56,30 @@ impl Inner {
         self.fill_run(arr, p, end, |_| Why::Pin { write }, on_page)
     }
 
-    /// Fault-around of a first-touch fault on page `p` (the fault thread):
-    /// zero-fills `p` and the never-touched pages after it, at most
-    /// `max` pages (see `PagerConfig::fault_around`) and up to `end`, with one ioctl,
-    /// and publishes them resident (`p` as the fault, the others as
-    /// prefetched). Returns how many pages, `p` first (0: no run here, the
-    /// caller resolves the fault page by page). Wakes nobody: the caller
-    /// notifies listeners and wakes the faulting thread.
-    pub(crate) fn fault_around(
-        &self,
-        arr: &PageArray,
-        p: usize,
-        end: usize,
-        write: bool,
-        max: usize,
-    ) -> Result<usize> {
-        let max = max.min(MAX_ZERO_RUN);
-        if max < 2 || state::kind(arr.word(p).load(Acquire)) != UNTOUCHED {
-            return Ok(0);
-        }
-        let why = |k| {
-            if k == 0 {
-                Why::Fault { write }
-            } else {
-                Why::Prefetch
-            }
-        };
-        self.fill_run(arr, p, end.min(p + max), why, |_| {})
-    }
-
-    /// Fill-ahead of a sequential first-touch write stream (the fault
-    /// thread, while no fault is waiting): zero-fills the never-touched pages
-    /// `p..` (at most `max`, up to `end`) with one ioctl before anyone touches
-    /// them, each published as prefetched, so the writer runs on without a
-    /// userfault. Returns how many pages (0: `p` is not never-touched).
-    pub(crate) fn fill_ahead(
+    /// A run of never-touched pages from `p` filled by the fault thread, with
+    /// one ioctl: at most `max` pages and up to `end`, published resident —
+    /// `p` for `first`, the others as prefetched. For the fault-around of a
+    /// first-touch fault on `p` (`first` = that fault; see
+    /// `PagerConfig::fault_around`) and for the fill-ahead of a sequential
+    /// write stream (`first` = [`Why::Prefetch`]: nobody touched `p` yet).
+    /// Returns how many pages, `p` first (0: `p` is not never-touched or not
+    /// before `end`; a fault is then resolved page by page). Wakes nobody
+    /// faulting in the run of a fault: the caller notifies listeners, then
+    /// wakes the faulting thread.
+    pub(crate) fn fill_untouched_run(
         &self,
         arr: &PageArray,
         p: usize,
         end: usize,
         max: usize,
+        first: Why,
     ) -> Result<usize> {
         let max = max.min(MAX_ZERO_RUN);
         if max < 2 || p >= end || state::kind(arr.word(p).load(Acquire)) != UNTOUCHED {
             return Ok(0);
         }
-        self.fill_run(arr, p, end.min(p + max), |_| Why::Prefetch, |_| {})
+        let why = |k| if k == 0 { first } else { Why::Prefetch };
+        self.fill_run(arr, p, end.min(p + max), why, |_| {})
     }
 
     /// Brings in pages `p..end` (at most [`MAX_RUN`] swapped-out or
