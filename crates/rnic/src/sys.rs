@@ -99,15 +99,15 @@ pub fn eventfd_drain(fd: impl AsFd) -> io::Result<u64> {
     }
 }
 
-/// poll(2) one fd for readability; true if readable before the timeout.
+/// poll(2) one fd for readability; true if readable before the timeout. The
+/// timeout keeps its nanoseconds (ppoll): rounded down to milliseconds, the last
+/// fraction of a millisecond of a caller's deadline became zero timeouts, and a
+/// waiting loop (`CompChannel::get_event`) spun through it — up to a millisecond
+/// of a core taken from the threads it waited for, at every timeout.
 pub fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<bool> {
-    // Millisecond resolution, as poll(2) has.
-    let ts = timeout.map(|d| {
-        let ms = d.as_millis().min(i32::MAX as u128) as u64;
-        rustix::event::Timespec {
-            tv_sec: (ms / 1000) as _,
-            tv_nsec: ((ms % 1000) * 1_000_000) as _,
-        }
+    let ts = timeout.map(|d| rustix::event::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: d.subsec_nanos() as _,
     });
     let mut p = [PollFd::new(&fd, PollFlags::IN)];
     loop {

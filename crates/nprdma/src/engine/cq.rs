@@ -150,16 +150,18 @@ impl<N: Backend> Cq<N> {
         self.u.efd.as_raw_fd()
     }
 
-    /// Block (no spinning) until an event or `timeout`; drains the eventfd.
+    /// Block (no spinning) until an event or `timeout` (rounded up to whole
+    /// milliseconds, as poll(2) counts them); drains the eventfd.
     pub fn wait_event(&self, timeout: Duration) -> bool {
         let mut p = libc::pollfd {
             fd: self.event_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
+        let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
         #[allow(unsafe_code)]
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
         if r > 0 {
             let mut v: u64 = 0;
             #[allow(unsafe_code)]

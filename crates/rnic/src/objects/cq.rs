@@ -502,4 +502,33 @@ mod tests {
             "disarmed after one event"
         );
     }
+
+    /// CPU time of the calling thread.
+    fn thread_cpu() -> Duration {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+
+    #[test]
+    fn waiting_for_an_event_until_the_timeout_blocks_throughout() {
+        let h = Host::new(HostConfig::default()).unwrap();
+        let ctx = h.open_context().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let _cq = ctx.create_cq(8, Some(&ch)).unwrap();
+        let (t0, c0) = (Instant::now(), thread_cpu());
+        for _ in 0..5 {
+            assert!(matches!(
+                ch.get_event(Some(Duration::from_millis(20))),
+                Err(Error::Timeout)
+            ));
+        }
+        let (wall, cpu) = (t0.elapsed(), thread_cpu() - c0);
+        assert!(wall >= Duration::from_millis(100), "timed out early: {wall:?}");
+        // Timeouts rounded down to whole milliseconds made the last fraction of
+        // each one a loop of zero-timeout polls: ~1 ms of CPU per wait.
+        assert!(
+            cpu < Duration::from_millis(1),
+            "{cpu:?} of CPU in 5 blocking waits of 20 ms"
+        );
+    }
 }
