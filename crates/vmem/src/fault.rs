@@ -92,6 +92,9 @@ struct Handler {
     ahead: Option<Ahead>,
 }
 
+/// Spinning without a fault longer than this yields the core at every turn.
+const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(10);
+
 pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
     let mut msgs = [Msg::default(); 32];
     let mut h = Handler {
@@ -139,6 +142,9 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
                 }
                 // No fault waiting: one run of fill-ahead, then look again.
                 if let Some(a) = h.ahead.take() {
+                    // The writer we just woke may be queued behind us on this
+                    // core: let it run first (the fill is meant to overlap it).
+                    std::thread::yield_now();
                     // Inside a handling cycle (odd), as a fault would be: a
                     // registration reusing the addresses waits for it.
                     inner.handler_seq.fetch_add(1, SeqCst);
@@ -147,8 +153,16 @@ pub fn run(inner: Arc<Inner>, stop: Arc<OwnedFd>) {
                     last = Instant::now();
                     continue;
                 }
-                if last.elapsed() < spin {
-                    std::hint::spin_loop();
+                let idle_for = last.elapsed();
+                if idle_for < spin {
+                    if idle_for < YIELD_AFTER {
+                        std::hint::spin_loop();
+                    } else {
+                        // Spin yielding: a thread we woke may be queued behind us
+                        // on this core (the scheduler does not move a cache-hot
+                        // thread to the idle core for milliseconds).
+                        std::thread::yield_now();
+                    }
                     continue;
                 }
                 // With deferred faults, poll with a short timeout to retry them.

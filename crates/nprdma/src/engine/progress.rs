@@ -377,6 +377,9 @@ fn on_ctrl_recv_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, slo
     }
 }
 
+/// Spinning without work longer than this yields the core at every turn.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+
 /// The polling thread: progress while there is work, spin briefly, then
 /// block on the NIC completion channel. While an application thread is
 /// polling its CQ (and so progressing inline), it stays out of the way.
@@ -413,11 +416,15 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             last_work = Instant::now();
             continue;
         }
-        if !sh.cfg.interrupt_mode && last_work.elapsed() < window {
+        let idle_for = last_work.elapsed();
+        if !sh.cfg.interrupt_mode && idle_for < window {
             rings.start();
-            if sh.armed_cqs.load(Ordering::Acquire) != 0 {
-                // An application waiting for an event is asleep and needs a core to
-                // run what it is woken for: spin yielding it.
+            if sh.armed_cqs.load(Ordering::Acquire) != 0 || idle_for >= YIELD_AFTER {
+                // Spin yielding the core: an application waiting for an event is
+                // asleep and needs a core to run what it is woken for; and a peer
+                // or application thread whose next request this thread waits for
+                // may be queued behind it on this core (the scheduler does not move
+                // a cache-hot thread to the idle core for milliseconds).
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

@@ -18,6 +18,8 @@ use std::time::Duration;
 const UNATTENDED_NS: u64 = 1_000_000;
 /// The NIC thread never sleeps longer than this (it then re-checks deferred work).
 pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
+/// Spinning without work longer than this yields the core at every turn.
+const YIELD_AFTER_NS: u64 = 20_000;
 /// While spinning, deferred work is looked at this often (or when kicked).
 const DEFERRED_EVERY_NS: u64 = 20_000;
 
@@ -217,7 +219,14 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
             continue;
         }
         if !ext && now.saturating_sub(last_work) < spin_ns {
-            std::hint::spin_loop();
+            if now.saturating_sub(last_work) < YIELD_AFTER_NS {
+                std::hint::spin_loop();
+            } else {
+                // Spin yielding: the requester whose next request we wait for may be
+                // queued behind us on this core (woken here), and the scheduler does
+                // not move it to the idle one for milliseconds.
+                std::thread::yield_now();
+            }
             continue;
         }
         if slept_at == 0 {

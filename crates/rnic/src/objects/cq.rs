@@ -109,7 +109,17 @@ impl Cq {
 
     /// [`Cq::poll`] handing each of up to `max` completions to `f` as it is taken (no
     /// buffer of `Wc`s: a caller converting them into its own type writes each once).
-    pub fn poll_each(&self, max: usize, mut f: impl FnMut(Wc)) -> Result<usize> {
+    pub fn poll_each(&self, max: usize, f: impl FnMut(Wc)) -> Result<usize> {
+        let r = self.poll_each_inner(max, f);
+        if matches!(r, Ok(0)) {
+            crate::sys::empty_poll();
+        } else {
+            crate::sys::fruitful_poll();
+        }
+        r
+    }
+
+    fn poll_each_inner(&self, max: usize, mut f: impl FnMut(Wc)) -> Result<usize> {
         // Progress the send queues completing here (no allocation on this hot path).
         // Idle QPs have nothing to progress (the NIC thread attends to issued WRs and
         // RNR timers on its own): with none busy, no lock is taken.
