@@ -55,7 +55,8 @@
 //!   data CQ is idle and at least every 16th poll); application CQs are
 //!   user-space queues. The polling thread
 //!   spins `Config::spin` after work (up to 40× that while requests keep
-//!   arriving just after it blocked), then blocks on the channel
+//!   arriving just after it blocked; past 20 µs without work it spins
+//!   yielding its core, see rnic's docs), then blocks on the channel
 //!   (`interrupt_mode`: no spinning). While it spins it also serves the
 //!   software NIC's request rings (`rnic::Host::set_ring_polling`), so the
 //!   host's NIC thread does not spin beside it: with rnic's default

@@ -82,7 +82,12 @@
 //!   (requesters wake it). A latency run therefore has one spinning thread per process:
 //!   the initiator's poller and the target's NIC thread; the initiator's own NIC thread
 //!   sleeps. It costs the active side no latency: a 2 B READ takes ~0.75 µs (see
-//!   BENCHMARKS.md). A process with a polling thread of its own (NP-RDMA's) lets that
+//!   BENCHMARKS.md). Spinners yield their core (`sched_yield`) once they have spun a
+//!   while without work — the NIC thread after 20 µs, a CQ poller every 256th empty
+//!   poll in a row — because a thread they woke (a peer's NIC thread, its requester)
+//!   may sit queued behind them on the same core: the scheduler places a woken
+//!   thread on the waker's core and leaves it there for milliseconds while the other
+//!   core idles. A process with a polling thread of its own (NP-RDMA's) lets that
 //!   thread serve the rings while it spins (`Host::set_ring_polling` +
 //!   `Host::serve_rings`): the NIC thread then neither spins nor is woken for a
 //!   doorbell, and turning the external polling off serves what rang meanwhile

@@ -112,7 +112,8 @@
 //! UNMAP/REMAP event.
 //!
 //! Threads: one fault-handler thread per pager (blocks in poll when idle,
-//! spins for `PagerConfig::spin` after a fault) and one evictor thread (blocks
+//! spins for `PagerConfig::spin` after a fault, yielding its core past the
+//! first 10 µs) and one evictor thread (blocks
 //! on a condition variable; woken only when the budget is exceeded).
 //!
 //! Limits and known issues:
