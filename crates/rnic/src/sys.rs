@@ -389,30 +389,3 @@ mod process_token_tests {
         assert!(process_gone(t));
     }
 }
-
-thread_local! {
-    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Consecutive empty CQ polls after which the polling thread yields its core once.
-const YIELD_EVERY_EMPTY_POLLS: u32 = 256;
-
-/// An empty CQ poll by this thread: every `YIELD_EVERY_EMPTY_POLLS`th in a row
-/// yields the core (sched_yield). A thread spinning on its CQ may be keeping off
-/// its core the very NIC thread whose answer it waits for (woken onto this core
-/// by our doorbell; the scheduler does not move a cache-hot thread to the idle
-/// core for milliseconds).
-pub fn empty_poll() {
-    EMPTY_POLLS.with(|c| {
-        let n = c.get().wrapping_add(1);
-        c.set(n);
-        if n % YIELD_EVERY_EMPTY_POLLS == 0 {
-            std::thread::yield_now();
-        }
-    });
-}
-
-/// A CQ poll that returned completions (or an error): the empty streak ends.
-pub fn fruitful_poll() {
-    EMPTY_POLLS.with(|c| c.set(0));
-}

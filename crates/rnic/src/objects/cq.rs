@@ -112,9 +112,9 @@ impl Cq {
     pub fn poll_each(&self, max: usize, f: impl FnMut(Wc)) -> Result<usize> {
         let r = self.poll_each_inner(max, f);
         if matches!(r, Ok(0)) {
-            crate::sys::empty_poll();
+            empty_poll();
         } else {
-            crate::sys::fruitful_poll();
+            fruitful_poll();
         }
         r
     }
@@ -305,6 +305,33 @@ impl CompChannel {
 
     /// Acknowledge events (kept for API parity with `ibv_ack_cq_events`).
     pub fn ack(&self, _cq: &Cq, _n: u32) {}
+}
+
+thread_local! {
+    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Consecutive empty CQ polls after which the polling thread yields its core once.
+const YIELD_EVERY_EMPTY_POLLS: u32 = 256;
+
+/// An empty CQ poll by this thread: every `YIELD_EVERY_EMPTY_POLLS`th in a row
+/// yields the core (sched_yield). A thread spinning on its CQ may be keeping off
+/// its core the very NIC thread whose answer it waits for (woken onto this core
+/// by our doorbell; the scheduler does not move a cache-hot thread to the idle
+/// core for milliseconds).
+fn empty_poll() {
+    EMPTY_POLLS.with(|c| {
+        let n = c.get().wrapping_add(1);
+        c.set(n);
+        if n % YIELD_EVERY_EMPTY_POLLS == 0 {
+            std::thread::yield_now();
+        }
+    });
+}
+
+/// A CQ poll that returned completions (or an error): the empty streak ends.
+fn fruitful_poll() {
+    EMPTY_POLLS.with(|c| c.set(0));
 }
 
 #[cfg(test)]
