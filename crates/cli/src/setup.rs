@@ -119,8 +119,7 @@ pub fn zero_reserve_pages(mb: Option<&str>, budget_pages: Option<usize>) -> Resu
             ))
         })?,
     };
-    let pages = mb.saturating_mul((1 << 20) / vmem::PAGE_SIZE);
-    Ok(budget_pages.map_or(pages, |b| pages.min(b / 16)))
+    Ok(vmem::PagerConfig::zero_reserve_pages(mb, budget_pages))
 }
 
 /// A pager with a `swap_size`-byte swap file and a resident budget of

@@ -69,6 +69,16 @@ pub struct PagerConfig {
     pub background_evictor: bool,
 }
 
+impl PagerConfig {
+    /// A zero reserve of `mib` MiB in pages (`zero_reserve`), at most a
+    /// sixteenth of `budget_pages`: a pager that keeps little resident
+    /// should not hold much of it zeroed in reserve.
+    pub fn zero_reserve_pages(mib: usize, budget_pages: Option<usize>) -> usize {
+        let pages = mib.saturating_mul((1 << 20) / crate::PAGE_SIZE);
+        budget_pages.map_or(pages, |b| pages.min(b / 16))
+    }
+}
+
 impl Default for PagerConfig {
     fn default() -> Self {
         PagerConfig {

@@ -80,12 +80,10 @@ pub fn pager_config(get: &dyn Fn(&str) -> Option<String>) -> Result<vmem::PagerC
     // an eighth of the budget too).
     c.fault_around_max = num(get, "NPRDMA_FAULT_AROUND_MAX_PAGES")?
         .unwrap_or(DEFAULT_FAULT_AROUND_MAX as u64) as usize;
-    let reserve = (num(get, "NPRDMA_ZERO_RESERVE_MB")?.unwrap_or(DEFAULT_ZERO_RESERVE_MB) as usize)
-        .saturating_mul((1 << 20) / vmem::PAGE_SIZE);
-    c.zero_reserve = match c.budget_pages {
-        Some(b) => reserve.min(b / 16),
-        None => reserve,
-    };
+    c.zero_reserve = vmem::PagerConfig::zero_reserve_pages(
+        num(get, "NPRDMA_ZERO_RESERVE_MB")?.unwrap_or(DEFAULT_ZERO_RESERVE_MB) as usize,
+        c.budget_pages,
+    );
     Ok(c)
 }
 
