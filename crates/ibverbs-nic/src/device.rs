@@ -475,9 +475,7 @@ impl Nic for VerbsNic {
             events: libc::POLLIN,
             revents: 0,
         };
-        // Rounded up: a sub-millisecond timeout is not a zero one (a caller's wait loop
-        // would spin through its last millisecond).
-        let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int;
+        let ms = nprdma::nic::poll_timeout_ms(timeout);
         // SAFETY: one pollfd.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
         if r < 0 {

@@ -646,6 +646,13 @@ pub trait Nic: Send + Sync {
     }
 }
 
+/// `timeout` as poll(2)'s milliseconds, rounded up: a sub-millisecond wait is
+/// not a zero one (a caller's wait loop would spin through its last
+/// millisecond instead of blocking).
+pub fn poll_timeout_ms(timeout: std::time::Duration) -> i32 {
+    timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32
+}
+
 /// Opaque handle of a registered swap listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListenerId(pub u64);

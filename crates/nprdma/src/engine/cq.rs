@@ -158,7 +158,7 @@ impl<N: Backend> Cq<N> {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+        let ms = crate::nic::poll_timeout_ms(timeout);
         #[allow(unsafe_code)]
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
