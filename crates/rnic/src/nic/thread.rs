@@ -218,8 +218,9 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
             last_work = now;
             continue;
         }
-        if !ext && now.saturating_sub(last_work) < spin_ns {
-            if now.saturating_sub(last_work) < YIELD_AFTER_NS {
+        let idle = now.saturating_sub(last_work);
+        if !ext && idle < spin_ns {
+            if idle < YIELD_AFTER_NS {
                 std::hint::spin_loop();
             } else {
                 // Spin yielding: the requester whose next request we wait for may be
