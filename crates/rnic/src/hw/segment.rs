@@ -995,9 +995,20 @@ impl Segment {
     /// Ring the NIC thread's doorbell for QP index `qp`, waking it if asleep and
     /// no other thread of the owner polls the doorbells.
     pub fn ring_doorbell(&self, qp: u32) {
+        self.set_doorbell(qp);
+        self.wake_for_doorbells();
+    }
+    /// Set QP index `qp`'s doorbell bit without waking anybody: the caller calls
+    /// [`Segment::wake_for_doorbells`] once it has rung every doorbell of its batch
+    /// (as a NIC is told of a whole posted list by one doorbell write).
+    pub fn set_doorbell(&self, qp: u32) {
         self.doorbell_word(qp / 64).fetch_or(1 << (qp % 64), Ordering::SeqCst);
+    }
+    /// Wake the NIC thread for the doorbells set before, if it sleeps and no other
+    /// thread of the owner polls the doorbells.
+    pub fn wake_for_doorbells(&self) {
         // SeqCst pairs with `set_ring_polling(false)`: either the poller's final
-        // pass sees our bit, or we see the flag cleared and wake the NIC thread.
+        // pass sees our bits, or we see the flag cleared and wake the NIC thread.
         if self.mbox().ext_polling.load(Ordering::SeqCst) == 0 {
             self.kick();
         }
@@ -1008,15 +1019,24 @@ impl Segment {
     /// answer visible and issued a SeqCst fence.
     pub fn kick_answer(&self) {
         let h = self.mbox();
-        if h.nic_sleeping.load(Ordering::SeqCst) == NIC_ASLEEP_ATTENDING {
+        if h.nic_sleeping.load(Ordering::SeqCst) == NIC_ASLEEP_ATTENDING
+            && h.nic_sleeping
+                .compare_exchange(NIC_ASLEEP_ATTENDING, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
             h.nic_seq.fetch_add(1, Ordering::SeqCst);
             sys::futex_wake(&h.nic_seq);
         }
     }
     /// Wake the NIC thread if it sleeps.
+    ///
+    /// One waker per sleep: the thread that clears `nic_sleeping` bumps the futex
+    /// word and wakes it; later kickers see it awake (it is, or its futex word moved
+    /// past what it waits on), so a burst of requests costs one `FUTEX_WAKE`, not
+    /// one per request while the woken thread is still on its way to a core.
     pub fn kick(&self) {
         let h = self.mbox();
-        if h.nic_sleeping.load(Ordering::SeqCst) != 0 {
+        if h.nic_sleeping.load(Ordering::SeqCst) != 0 && h.nic_sleeping.swap(0, Ordering::SeqCst) != 0 {
             h.nic_seq.fetch_add(1, Ordering::SeqCst);
             sys::futex_wake(&h.nic_seq);
         }
@@ -1097,6 +1117,54 @@ mod tests {
         assert_eq!(std::mem::size_of::<SlotHdr>(), 64);
         assert_eq!(std::mem::offset_of!(QpRec, rq_lock), 64, "RQ indices on their own line");
         assert_eq!(std::mem::offset_of!(QpRec, ring_cons), 128);
+    }
+
+    /// Wakes the NIC thread of `seg` was given (bumps of its futex word).
+    fn wakes(seg: &Segment, before: u32) -> u32 {
+        seg.mbox().nic_seq.load(Ordering::SeqCst).wrapping_sub(before)
+    }
+
+    #[test]
+    fn a_sleeping_nic_thread_is_woken_once_per_sleep() {
+        // A segment without a NIC thread: the sleep flag is ours to set.
+        let seg = Segment::create(&HostConfig::default(), 7).unwrap();
+        let peer = Segment::open(std::process::id(), seg.hdr().memfd.load(Ordering::Relaxed), 7).unwrap();
+        let h = seg.mbox();
+        let seq = h.nic_seq.load(Ordering::SeqCst);
+        // Awake: doorbells wake nobody.
+        peer.ring_doorbell(1);
+        assert_eq!(wakes(&seg, seq), 0);
+        // Asleep: a burst of doorbells (a peer's, then one of our own host) wakes it once.
+        h.nic_sleeping.store(NIC_ASLEEP, Ordering::SeqCst);
+        for qp in [1, 2, 65] {
+            peer.ring_doorbell(qp);
+        }
+        seg.kick();
+        assert_eq!(wakes(&seg, seq), 1);
+        assert_eq!(h.nic_sleeping.load(Ordering::SeqCst), 0);
+        assert_ne!(seg.doorbell_word(0).load(Ordering::SeqCst) & 0b110, 0);
+        assert_ne!(seg.doorbell_word(1).load(Ordering::SeqCst) & 0b10, 0);
+        // Its next sleep takes the next wake.
+        h.nic_sleeping.store(NIC_ASLEEP, Ordering::SeqCst);
+        peer.set_doorbell(3);
+        assert_eq!(wakes(&seg, seq), 1, "setting a doorbell bit wakes nobody");
+        peer.wake_for_doorbells();
+        peer.wake_for_doorbells();
+        assert_eq!(wakes(&seg, seq), 2);
+        // Answers wake it only while it attends, once.
+        h.nic_sleeping.store(NIC_ASLEEP, Ordering::SeqCst);
+        peer.kick_answer();
+        assert_eq!(wakes(&seg, seq), 2, "not attending: answers are for its poller");
+        h.nic_sleeping.store(NIC_ASLEEP_ATTENDING, Ordering::SeqCst);
+        peer.kick_answer();
+        peer.kick_answer();
+        peer.kick();
+        assert_eq!(wakes(&seg, seq), 3);
+        // Another thread polls the rings: doorbells leave the NIC thread asleep.
+        h.nic_sleeping.store(NIC_ASLEEP, Ordering::SeqCst);
+        h.ext_polling.store(1, Ordering::SeqCst);
+        peer.ring_doorbell(4);
+        assert_eq!(wakes(&seg, seq), 3);
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub(crate) struct Sq {
     /// Rewind generation carried by every ring request (see `segment::RING_ST_SEQ`):
     /// moves on when the requester goes back to resend after an RNR.
     pub gen: u16,
+    /// Ring requests whose doorbell bits are set but whose target NIC thread was not
+    /// yet woken for them (`QpCtx::issue` wakes it once per pass, see
+    /// `requester::BELL_BATCH`).
+    pub bells: u32,
 }
 
 /// A host's QPs as its NIC thread and ring servers find them.
@@ -278,6 +282,7 @@ impl QpCtx {
                 ring_cons: 0,
                 zombies: Vec::new(),
                 gen: 0,
+                bells: 0,
             }),
             outstanding: AtomicU32::new(0),
             deadline: AtomicU64::new(0),

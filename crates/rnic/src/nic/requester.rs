@@ -315,6 +315,13 @@ fn gather_local(me: &Nic, spans: &[Span], dst: *mut u8, len: u64, section: usize
 /// free slots (a WR's parts take consecutive slots; nothing behind it issues before
 /// its last part). `alone` ([`ring_odp`], known to the caller) is recorded when the WR
 /// starts.
+/// Ring requests an issuing pass puts in a target's rings before it wakes the target's
+/// NIC thread for them: the requests of one post (NP-RDMA's WRITE is three: page
+/// versions, data, versions) reach a sleeping NIC thread with one wake-up and are
+/// served in one pass, while a long run of parts (each gathering up to a slot of
+/// payload) does not leave the target asleep for long.
+pub(crate) const BELL_BATCH: u32 = 8;
+
 pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool) -> Issue {
     let Some(peer) = sq.peer.clone() else {
         return Issue::Failed(WcStatus::RetryExcErr);
@@ -437,7 +444,12 @@ pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool
             q.note_issuing();
         }
         h.state.store(segment::SLOT_REQ, Ordering::Release);
-        peer.seg.ring_doorbell(tq);
+        peer.seg.set_doorbell(tq);
+        sq.bells += 1;
+        if sq.bells >= BELL_BATCH {
+            sq.bells = 0;
+            peer.seg.wake_for_doorbells();
+        }
         sq.ring_prod += 1;
         sent += 1;
     }

@@ -103,6 +103,19 @@ impl QpCtx {
         if self.qp_type == QpType::Ud {
             return self.issue_ud(sq, now);
         }
+        let changed = self.issue_rc(sq, now);
+        // One wake-up of the target's NIC thread for this pass's ring requests.
+        if std::mem::take(&mut sq.bells) > 0 {
+            if let Some(peer) = &sq.peer {
+                peer.seg.wake_for_doorbells();
+            }
+        }
+        changed
+    }
+
+    /// [`QpCtx::issue`] for a connected QP (its ring requests' doorbells are set, the
+    /// target's NIC thread not yet woken for the last of them).
+    fn issue_rc(&self, sq: &mut Sq, now: u64) -> bool {
         let mut changed = false;
         let mut i = 0;
         let mut earlier_issued = false;
