@@ -10,6 +10,8 @@
 //!
 //! Run: `cargo run --release -p verbs-shim --example perftest_bench` (builds
 //! libnprdma.so first). Env: `PERFTEST_BENCH_ITERS` (latency iterations, default 10000),
+//! `PERFTEST_BENCH_RUNS` (runs per cell, configurations alternating; each cell shows the
+//! median and the range, default 3),
 //! `PERFTEST_BENCH_BUDGET_PAGES` (the pager budget of the swapped column, default 4
 //! pages = 16 KiB per process, below every buffer here), `PERFTEST_BENCH_RNIC_DEFAULTS=1` (add trusting pinned mode under rnic's own NIC
 //! defaults, `NPRDMA_RING_MAX=4096 NPRDMA_NIC_SPIN_US=100`). Every process is limited to 180 s.
@@ -139,6 +141,53 @@ fn pair(
 
 type Config = (&'static str, &'static [(&'static str, &'static str)]);
 
+/// One run of a cell: the client's result row and the pages swapped.
+type Measured = Option<(Vec<f64>, Option<Swaps>)>;
+
+/// Minimum, median and maximum of `v` (not empty).
+fn spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+/// A table cell from the runs of one configuration: latency tests report perftest's
+/// `t_typical` (its median) and p99, bandwidth tests BW_average, each as the median
+/// over the runs with their range; failed runs are counted.
+fn cell_text(runs: &[Measured], lat: bool, budget: bool) -> String {
+    // #bytes #iter t_min t_max t_typical t_avg t_stdev p99 p99.9
+    // #bytes #iter BW_peak[MB/s] BW_avg[MB/s] MsgRate[Mpps]
+    let ok: Vec<&Vec<f64>> = runs
+        .iter()
+        .flatten()
+        .map(|(v, _)| v)
+        .filter(|v| v.len() >= if lat { 8 } else { 5 })
+        .collect();
+    let failed = runs.len() - ok.len();
+    if ok.is_empty() {
+        return "FAILED".into();
+    }
+    let col = |i: usize, scale: f64| ok.iter().map(|v| v[i] * scale).collect::<Vec<f64>>();
+    let mut text = if lat {
+        let (lo, med, hi) = spread(&mut col(4, 1.0));
+        let (_, p99, _) = spread(&mut col(7, 1.0));
+        format!("typical {med:.2} µs ({lo:.2}–{hi:.2}), p99 {p99:.2}")
+    } else {
+        let (lo, med, hi) = spread(&mut col(3, 1e-3));
+        format!("{med:.2} GB/s ({lo:.2}–{hi:.2})")
+    };
+    if failed > 0 {
+        text.push_str(&format!("; {failed} of {} runs FAILED", runs.len()));
+    }
+    if budget {
+        if let Some(((so, si), (co, ci))) = runs.iter().flatten().find_map(|(_, s)| *s) {
+            text.push_str(&format!(
+                "; swapped out/in (one run): server {so}/{si}, client {co}/{ci} pages"
+            ));
+        }
+    }
+    text
+}
+
 fn main() {
     let lib = lib();
     let iters = std::env::var("PERFTEST_BENCH_ITERS").unwrap_or_else(|_| "10000".into());
@@ -191,48 +240,47 @@ fn main() {
             ],
         ));
     }
+    // Every cell is measured `runs` times, the configurations alternating within each
+    // round: on this 2-core machine a latency run lands in one of two scheduler states
+    // (see BENCHMARKS.md, session 13), so a single run per cell compares states, not
+    // configurations.
+    let runs: usize = std::env::var("PERFTEST_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut port = 18900;
-    let mut cell = |tool: &str, size: &str, n: &str, env: &[(&str, &str)], lat: bool| {
-        port += 1;
-        let r = pair(&lib, tool, port, &["-s", size, "-n", n], env, size);
-        let budget = env.iter().any(|(k, _)| k.starts_with("NPRDMA_BUDGET"));
-        let sw = match &r {
-            Some((_, Some(((so, si), (co, ci))))) if budget => {
-                format!("; swapped out/in: server {so}/{si}, client {co}/{ci} pages")
+    let mut row = |tool: &str, size: &str, n: &str, lat: bool| -> Vec<String> {
+        let mut results: Vec<Vec<Measured>> = vec![Vec::new(); configs.len()];
+        for _ in 0..runs {
+            for (i, (_, env)) in configs.iter().enumerate() {
+                port += 1;
+                results[i].push(pair(&lib, tool, port, &["-s", size, "-n", n], env, size));
             }
-            _ => String::new(),
-        };
-        let r = r.map(|(v, _)| v);
-        let c = match r {
-            // #bytes #iter t_min t_max t_typical t_avg t_stdev p99 p99.9
-            Some(v) if lat && v.len() >= 8 => {
-                format!("typical {:.2} µs (avg {:.2}, p99 {:.2})", v[4], v[5], v[7])
-            }
-            // #bytes #iter BW_peak[MB/s] BW_avg[MB/s] MsgRate[Mpps]
-            Some(v) if !lat && v.len() >= 5 => format!("{:.2} GB/s", v[3] / 1e3),
-            _ => "FAILED".into(),
-        };
-        format!("{c}{sw}")
+        }
+        results
+            .iter()
+            .zip(&configs)
+            .map(|(rs, (_, env))| {
+                let budget = env.iter().any(|(k, _)| k.starts_with("NPRDMA_BUDGET"));
+                cell_text(rs, lat, budget)
+            })
+            .collect()
     };
     for tool in ["ib_read_lat", "ib_write_lat"] {
         for size in ["2", "64", "4096"] {
-            let cells = configs
-                .iter()
-                .map(|(_, env)| cell(tool, size, &iters, env, true))
-                .collect();
+            let cells = row(tool, size, &iters, true);
             rows.push((format!("{tool} | {size} B, -n {iters}"), cells));
         }
     }
     for tool in ["ib_read_bw", "ib_write_bw"] {
         for (size, n) in [("65536", "5000"), ("1048576", "500")] {
-            let cells = configs
-                .iter()
-                .map(|(_, env)| cell(tool, size, n, env, false))
-                .collect();
+            let cells = row(tool, size, n, false);
             rows.push((format!("{tool} | {size} B, -n {n}"), cells));
         }
     }
+    println!("Each cell: median over {runs} runs (min–max), configurations alternating.");
     let names: Vec<&str> = configs.iter().map(|c| c.0).collect();
     println!("| test | size | {} |", names.join(" | "));
     println!("|---|---|{}", "---|".repeat(names.len()));
