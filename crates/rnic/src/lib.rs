@@ -79,7 +79,9 @@
 //!   atomics execute on one thread of the target (`IBV_ATOMIC_HCA`). It spins only for
 //!   an adaptive window after its last request (`nic_spin`, doubled up to 32x while
 //!   requests keep coming right after it fell asleep) and otherwise blocks on a futex
-//!   (requesters wake it). A latency run therefore has one spinning thread per process:
+//!   (requesters wake it: once per issuing pass, so the ring requests of one post —
+//!   NP-RDMA's WRITE is three — are all in its rings when it wakes, and only the
+//!   requester that clears its sleep flag makes the `FUTEX_WAKE`). A latency run therefore has one spinning thread per process:
 //!   the initiator's poller and the target's NIC thread; the initiator's own NIC thread
 //!   sleeps. It costs the active side no latency: a 2 B READ takes ~0.75 µs (see
 //!   BENCHMARKS.md). Spinners yield their core (`sched_yield`) once they have spun a
