@@ -81,10 +81,11 @@
 //!   requests keep coming right after it fell asleep) and otherwise blocks on a futex
 //!   (requesters wake it: once per issuing pass, so the ring requests of one post —
 //!   NP-RDMA's WRITE is three — are all in its rings when it wakes, and only the
-//!   requester that clears its sleep flag makes the `FUTEX_WAKE`). A latency run therefore has one spinning thread per process:
-//!   the initiator's poller and the target's NIC thread; the initiator's own NIC thread
-//!   sleeps. It costs the active side no latency: a 2 B READ takes ~0.75 µs (see
-//!   BENCHMARKS.md). Spinners yield their core (`sched_yield`) once they have spun a
+//!   requester that clears its sleep flag makes the `FUTEX_WAKE`). A latency run
+//!   therefore has one spinning thread per process: the initiator's poller and the
+//!   target's NIC thread; the initiator's own NIC thread sleeps. It costs the active
+//!   side no latency: a 2 B READ takes ~0.75 µs (see BENCHMARKS.md). Spinners
+//!   yield their core (`sched_yield`) once they have spun a
 //!   while without work — the NIC thread after 20 µs, a CQ poller every 256th empty
 //!   poll in a row — because a thread they woke (a peer's NIC thread, its requester)
 //!   may sit queued behind them on the same core: the scheduler places a woken
