@@ -311,10 +311,6 @@ fn gather_local(me: &Nic, spans: &[Span], dst: *mut u8, len: u64, section: usize
     dma::copy(&src, &dst, len, section)
 }
 
-/// Put the next parts of WR `i` into the target's request ring, as many as there are
-/// free slots (a WR's parts take consecutive slots; nothing behind it issues before
-/// its last part). `alone` ([`ring_odp`], known to the caller) is recorded when the WR
-/// starts.
 /// Ring requests an issuing pass puts in a target's rings before it wakes the target's
 /// NIC thread for them: the requests of one post (NP-RDMA's WRITE is three: page
 /// versions, data, versions) reach a sleeping NIC thread with one wake-up and are
@@ -322,6 +318,11 @@ fn gather_local(me: &Nic, spans: &[Span], dst: *mut u8, len: u64, section: usize
 /// payload) does not leave the target asleep for long.
 pub(crate) const BELL_BATCH: u32 = 8;
 
+/// Put the next parts of WR `i` into the target's request ring, as many as there are
+/// free slots (a WR's parts take consecutive slots; nothing behind it issues before
+/// its last part). `alone` ([`ring_odp`], known to the caller) is recorded when the WR
+/// starts. Each part sets its doorbell bit; the target's NIC thread is woken every
+/// [`BELL_BATCH`] parts and by `QpCtx::issue` at the end of the pass.
 pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool) -> Issue {
     let Some(peer) = sq.peer.clone() else {
         return Issue::Failed(WcStatus::RetryExcErr);
