@@ -20,6 +20,7 @@
 //! | [`plan`] | application WR → strategy and NIC WRs (≤ 3), ordering descriptor, read-back batching |
 //! | [`pending`] | outstanding two-sided requests by generation-checked request id |
 //! | [`rob`] | reorder buffer: application completions in post order |
+//! | [`seen_versions`] | the peer's page versions a QP's last checks read, standing in for the next "before" READ |
 //! | [`target`] | target-side admission of a request: key, bounds, rights, pin, map-in; CPU atomics |
 //! | [`trace`] | opt-in timestamp trace of the two-sided path (latency breakdowns) |
 //! | `mem` | the CPU's (unsafe) access to application memory on the two-sided path |
@@ -288,7 +289,11 @@
 //!   version words ([`keymap::Translation::version_addr`]/`version_len`
 //!   through the version rkey), the WRITE/READ itself, READ the version words
 //!   again; [`check::check_versions`] (equal and odd per page), plus the
-//!   local version comparison. Costs 8 B per page of extra traffic.
+//!   local version comparison. Costs 8 B per page of extra traffic. On an
+//!   idle QP (the lean path) whose last checks read the versions of every
+//!   page of the range, those stand in for the first READ
+//!   ([`seen_versions`]: versions only grow, so the same odd version read
+//!   after the operation means the page never moved in between): 2 NIC WRs.
 //! * **Atomics** (CMP_SWP, FETCH_ADD) are not idempotent, so they are never
 //!   optimistic: always two-sided ([`ctrl::Repr::Atomic`]); the target CPU
 //!   pins the 8 bytes and executes the operation (all NP-RDMA atomics on a
@@ -465,6 +470,7 @@ pub mod ordering;
 pub mod pending;
 pub mod plan;
 pub mod rob;
+pub mod seen_versions;
 pub mod shadow;
 pub mod target;
 pub mod trace;

@@ -48,7 +48,19 @@ fn chaos_modes() {
     run_chaos(cfg, chaos_ops(400));
 }
 
-fn run_chaos(cfg: nprdma::Config, ops: u64) {
+/// Every READ and WRITE checked by page versions, so that operations on an
+/// idle QP often let the versions its last checks read stand in for their
+/// first READ ([`nprdma::seen_versions`]) while the evictors move pages.
+#[test]
+fn chaos_versioned() {
+    let mut cfg = nprdma::Config::default();
+    cfg.plan.read_version_threshold = Some(0);
+    cfg.plan.write_version_threshold = 0;
+    let (sa, sb) = run_chaos(cfg, chaos_ops(600));
+    assert!(sa.versions_seen + sb.versions_seen > 0, "{sa:?} {sb:?}");
+}
+
+fn run_chaos(cfg: nprdma::Config, ops: u64) -> (nprdma::Stats, nprdma::Stats) {
     let a = side_with(cfg.clone());
     let b = side_with(cfg);
     let (sa, sb) = chaos::run(&a, &b, ops).stats;
@@ -63,4 +75,5 @@ fn run_chaos(cfg: nprdma::Config, ops: u64) {
         0,
         "NIC touched a non-resident page on B"
     );
+    (sa, sb)
 }

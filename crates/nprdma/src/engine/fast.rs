@@ -10,7 +10,10 @@
 
 use super::backend::Backend;
 use super::one_sided::eval_one_sided;
-use super::op::{comp_op, local_versions, versions_unchanged, FastOp, Scratch};
+use super::op::{
+    comp_op, local_versions, prefill_before, versions_pass, versions_unchanged, FastOp, Scratch,
+    VersionsAt,
+};
 use super::qp::QpState;
 use super::retire::fail_qp;
 use super::state::{At, Shared, State};
@@ -34,7 +37,7 @@ pub(super) fn try_post<N: Backend>(
     if !wr.signaled {
         return false;
     }
-    let Some(At { qp, mrs, .. }) = st.at_gen(qi, gen) else {
+    let Some(At { qp, mrs, stats, .. }) = st.at_gen(qi, gen) else {
         return false;
     };
     if qp.errored
@@ -100,7 +103,15 @@ pub(super) fn try_post<N: Backend>(
         .as_ref()
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
-    let steps = nic_steps_small(strat, wr.remote_addr, len, &t);
+    let mut steps = nic_steps_small(strat, wr.remote_addr, len, &t);
+    let ver = VersionsAt::of(&t);
+    if matches!(strat, Strategy::WriteVersioned | Strategy::ReadVersioned)
+        && prefill_before(&qp.peer_versions, ver, vlen, saddr)
+    {
+        // The "before" READ is the first step.
+        steps.remove(0);
+        stats.versions_seen += 1;
+    }
     let mut sges = [[Sge::default(); 1]; 3];
     for (s, g) in steps.iter().zip(sges.iter_mut()) {
         let (addr, length, lkey) = match s.local {
@@ -157,6 +168,7 @@ pub(super) fn try_post<N: Backend>(
         left: posted as u8,
         err: WcStatus::Success,
         vlen,
+        ver,
         scratch,
         lver,
     });
@@ -197,7 +209,7 @@ pub(super) fn on_wc<N: Backend>(
     }
     crate::trace::mark(crate::trace::Step::IOptDone);
     let err = f.err;
-    if err == WcStatus::Success && passes(sh, qp, qp.fast.as_ref().expect("lean-path op")) {
+    if err == WcStatus::Success && passes(sh, qp) {
         let f = qp.fast.take().expect("checked above");
         qp.release_scratch(f.scratch);
         let c = Completion {
@@ -224,7 +236,10 @@ pub(super) fn on_wc<N: Backend>(
 /// The optimistic check of a finished lean-path operation (the same as
 /// `eval_one_sided`'s): local page versions unchanged and odd, then the
 /// magic check of a READ or the read-back comparison of a WRITE.
-fn passes<N: Backend>(sh: &Shared<N>, qp: &QpState<N>, f: &FastOp<N>) -> bool {
+fn passes<N: Backend>(sh: &Shared<N>, qp: &mut QpState<N>) -> bool {
+    let Some(f) = qp.fast.as_ref() else {
+        return false;
+    };
     if !versions_unchanged(&f.lmr.shadow, f.laddr, f.len, &f.lver) {
         return false;
     }
@@ -248,14 +263,9 @@ fn passes<N: Backend>(sh: &Shared<N>, qp: &QpState<N>, f: &FastOp<N>) -> bool {
             let Some(s) = f.scratch.as_ref() else {
                 return false;
             };
+            let (ver, vlen) = (f.ver, f.vlen);
             let (sa, _) = qp.scratch_addr(s);
-            let vlen = f.vlen as usize;
-            mem::with_slice(sa, 2 * vlen, |b| {
-                let (x, y) = b.split_at(vlen);
-                x.chunks_exact(4)
-                    .zip(y.chunks_exact(4))
-                    .all(|(p, q)| p == q && u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1)
-            })
+            versions_pass(&mut qp.peer_versions, ver, sa, vlen)
         }
         _ => false,
     }

@@ -10,7 +10,10 @@ use smallvec::SmallVec;
 
 use super::backend::Backend;
 use super::mr::MrEntry;
-use super::op::{local_fenced, local_versions, versions_unchanged, RbBatch, Retry, Scratch, Stage};
+use super::op::{
+    local_fenced, local_versions, versions_pass, versions_unchanged, RbBatch, Retry, Scratch,
+    Stage, VersionsAt,
+};
 use super::pin::{engine_pin, temp_mr, Hold};
 use super::replay;
 use super::retire::{fail_qp, finish};
@@ -216,6 +219,7 @@ fn post_leased<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, id: u32
         left: 1,
         err: WcStatus::Success,
         vlen: 0,
+        ver: VersionsAt::default(),
     };
     let first = op.retry == Retry::NotTried;
     st.stats.leased_ops += 1;
@@ -238,6 +242,7 @@ pub(super) fn post_steps<N: Backend>(
     let (laddr, len, raddr) = (op.laddr, op.len, op.wr.remote_addr);
     let steps = nic_steps_small(strat, raddr, len, t);
     let vlen = t.version_len;
+    let ver = VersionsAt::of(t);
     let need = match strat {
         Strategy::WriteReadback { deferred: false } => len,
         Strategy::ReadVersioned | Strategy::WriteVersioned => 2 * vlen,
@@ -265,6 +270,11 @@ pub(super) fn post_steps<N: Backend>(
         .as_ref()
         .map(|s| qp.scratch_addr(s))
         .unwrap_or((0, 0));
+    // Seen versions stand in for the "before" READ on an idle QP only (the
+    // lean path, `fast.rs`), not here: in a pipeline that READ costs no
+    // measurable time, and WRITE-READ pairs back to back ran slower through
+    // the software NIC's request ring than READ-WRITE-READ triples
+    // (BENCHMARKS.md, session 14). The versions read after are recorded.
     let sges: SmallVec<[[Sge; 1]; 3]> = steps
         .iter()
         .map(|s| {
@@ -334,6 +344,7 @@ pub(super) fn post_steps<N: Backend>(
         left: posted as u8,
         err,
         vlen,
+        ver,
     };
     // A probe moves no data: nothing may pipeline behind it until the
     // operation's data WRs are out (then `on_nic`).
@@ -346,7 +357,11 @@ pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: 
     let Some(qp) = st.qp(qi) else { return };
     let Some(op) = qp.ops.get_mut(id) else { return };
     let Stage::OneSided {
-        strat, err, vlen, ..
+        strat,
+        err,
+        vlen,
+        ver,
+        ..
     } = op.stage
     else {
         return;
@@ -410,12 +425,7 @@ pub(super) fn eval_one_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: 
             Strategy::ReadVersioned | Strategy::WriteVersioned => {
                 let s = scratch.as_ref().expect("version buffer");
                 let (sa, _) = qp.scratch_addr(s);
-                mem::with_slice(sa, 2 * vlen as usize, |b| {
-                    let (x, y) = b.split_at(vlen as usize);
-                    x.chunks_exact(4).zip(y.chunks_exact(4)).all(|(p, q)| {
-                        p == q && u32::from_le_bytes([p[0], p[1], p[2], p[3]]) % 2 == 1
-                    })
-                })
+                versions_pass(&mut qp.peer_versions, ver, sa, vlen)
             }
             Strategy::VersionProbe => {
                 let s = scratch.as_ref().expect("version buffer");

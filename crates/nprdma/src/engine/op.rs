@@ -15,9 +15,12 @@ use super::pin::{EnginePin, Hold};
 use super::types::{SendWr, PS};
 use crate::adapt::VmemMm;
 use crate::check::page_span;
+use crate::keymap::{Translation, VERSION_WORD};
+use crate::mem;
 use crate::nic::{CompOp, IommuControl, WcStatus};
 use crate::ordering::Ticket;
 use crate::plan::{AppOp, Strategy};
+use crate::seen_versions::{now_ms, SeenVersions, MAX_PAGES};
 use crate::shadow::MrShadow;
 
 pub(super) enum Scratch<N: Backend> {
@@ -37,6 +40,8 @@ pub(super) enum Stage {
         left: u8,
         err: WcStatus,
         vlen: u64,
+        /// Where the peer's version words are (Version MR rkey, address).
+        ver: VersionsAt,
     },
     TwoSided,
     ImmNotify,
@@ -141,6 +146,7 @@ pub(super) struct FastOp<N: Backend> {
     pub(super) left: u8,
     pub(super) err: WcStatus,
     pub(super) vlen: u64,
+    pub(super) ver: VersionsAt,
     pub(super) scratch: Option<Scratch<N>>,
     pub(super) lver: Versions,
 }
@@ -191,6 +197,73 @@ pub(super) fn versions_unchanged<I: IommuControl>(
         i.checked_add(k)
             .and_then(|j| vt.get(j))
             .is_some_and(|v| v == b && v % 2 == 1)
+    })
+}
+
+/// Where an operation's remote page versions are read from: the peer's
+/// Version MR rkey and the first word's address (0, 0: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct VersionsAt {
+    pub(super) rkey: u32,
+    pub(super) addr: u64,
+}
+
+impl VersionsAt {
+    pub(super) fn of(t: &Translation) -> Self {
+        VersionsAt {
+            rkey: t.version_rkey,
+            addr: t.version_addr,
+        }
+    }
+}
+
+/// Whether a versioned operation may leave out its "before" READ: if the QP
+/// has seen every page's version (`seen`), they are written where that READ
+/// would have put them (`before_addr`, engine-owned scratch memory) and the
+/// check compares them with the READ after (see [`crate::seen_versions`]).
+pub(super) fn prefill_before(
+    seen: &SeenVersions,
+    at: VersionsAt,
+    vlen: u64,
+    before_addr: u64,
+) -> bool {
+    let n = (vlen / VERSION_WORD) as usize;
+    if n == 0 || n > MAX_PAGES || vlen % VERSION_WORD != 0 {
+        return false;
+    }
+    let mut v = [0u32; MAX_PAGES];
+    if !seen.get(at.rkey, at.addr, now_ms(), &mut v[..n]) {
+        return false;
+    }
+    let mut b = [0u8; 4 * MAX_PAGES];
+    for (c, x) in b.chunks_exact_mut(4).zip(&v[..n]) {
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    mem::write(before_addr, &b[..4 * n]).is_ok()
+}
+
+/// The page-version check of a versioned operation whose snapshots are in
+/// the scratch at `sa` (`vlen` bytes before, then `vlen` after): each page's
+/// two versions equal and odd. The versions read after are recorded as
+/// seen (`seen`), whatever the outcome: they are what the pages show now.
+pub(super) fn versions_pass(seen: &mut SeenVersions, at: VersionsAt, sa: u64, vlen: u64) -> bool {
+    let vlen = vlen as usize;
+    mem::with_slice(sa, 2 * vlen, |b| {
+        let (x, y) = b.split_at(vlen);
+        let word = |p: &[u8]| u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+        let ok = x
+            .chunks_exact(4)
+            .zip(y.chunks_exact(4))
+            .all(|(p, q)| p == q && word(p) % 2 == 1);
+        if y.len() <= 4 * MAX_PAGES {
+            let mut after = [0u32; MAX_PAGES];
+            let n = y.len() / 4;
+            for (a, q) in after.iter_mut().zip(y.chunks_exact(4)) {
+                *a = word(q);
+            }
+            seen.record(at.rkey, at.addr, now_ms(), &after[..n]);
+        }
+        ok
     })
 }
 

@@ -27,7 +27,11 @@ use crate::ordering::{Admit, OrderTable, Range};
 use crate::pending::Pending;
 use crate::plan::order_desc;
 use crate::rob::CompletionOrder;
+use crate::seen_versions::SeenVersions;
 use crate::trace::{mark, Step};
+
+/// Slots of a QP's [`SeenVersions`] (version words of 64 recent pages).
+const SEEN_SLOTS: usize = 64;
 
 /// The SGE of an inline SEND's payload `s` (copied at post time: no key).
 fn inline_sge(s: &[u8]) -> [Sge; 1] {
@@ -109,6 +113,9 @@ pub(crate) struct QpState<N: Backend> {
     /// accepted and complete with WR_FLUSH_ERR, as on verbs hardware.
     pub(super) errored: bool,
     pub(super) peer: PeerKeys,
+    /// The peer's page versions the last checks read ([`SeenVersions`]);
+    /// cleared whenever `peer` changes.
+    pub(super) peer_versions: SeenVersions,
     /// The peer has queried our key table (its initial sync happened): from
     /// then on new MRs and revocations are pushed to it. Before that its QP
     /// may not even be connected, and its first use syncs everything.
@@ -359,6 +366,7 @@ impl<N: Backend> QpState<N> {
             errored: false,
             unreliable: false,
             peer: PeerKeys::new(PS as usize).expect("page size"),
+            peer_versions: SeenVersions::new(SEEN_SLOTS),
             keys_served: false,
             key_wait: Vec::new(),
             next_seq: 0,
@@ -782,6 +790,7 @@ impl<N: Backend> QpState<N> {
                 left: f.left,
                 err: f.err,
                 vlen: f.vlen,
+                ver: f.ver,
             },
             key_req: 0,
             key_answered: false,

@@ -537,6 +537,8 @@ fn on_key_update<N: Backend>(st: &mut State<N>, qi: usize, msg: &Repr<'_>) {
     if let Err(e) = qp.peer.apply(msg) {
         tracing::warn!(error = %e, "bad key message from peer");
     }
+    // A version seen under keys that changed stands in for nothing.
+    qp.peer_versions.clear();
     if let Repr::KeyRevoke { rkey, .. } = msg {
         // Its leases went with the MR.
         qp.held.forget(*rkey);

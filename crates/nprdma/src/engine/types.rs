@@ -177,6 +177,9 @@ pub struct RecvWr {
 pub struct Stats {
     /// Optimistic one-sided attempts that passed their check.
     pub optimistic_ok: u64,
+    /// Versioned operations posted without their "before" READ: the QP had
+    /// seen every page's version ([`crate::seen_versions`]).
+    pub versions_seen: u64,
     /// Operations that went (or fell back) to the two-sided path.
     pub two_sided: u64,
     /// Local pre-check fix-ups (pin + map-in before issuing).

@@ -270,8 +270,8 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         let n = self.ctx.nic_stats();
         format!(
             "mode={} budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
-             swap_ins={} swap_full={} major_faults={} optimistic_ok={} two_sided={} \
-             local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} \
+             swap_ins={} swap_full={} major_faults={} optimistic_ok={} versions_seen={} \
+             two_sided={} local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} \
              leased_ops={} leases_granted={} leases_renewed={} {}",
             F::MODE,
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
@@ -282,6 +282,7 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             p.swap_full,
             p.major_faults,
             e.optimistic_ok,
+            e.versions_seen,
             e.two_sided,
             e.local_fixups,
             e.served,
