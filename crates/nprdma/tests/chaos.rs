@@ -48,19 +48,19 @@ fn chaos_modes() {
     run_chaos(cfg, chaos_ops(400));
 }
 
-/// Every READ and WRITE checked by page versions, so that operations on an
-/// idle QP often let the versions its last checks read stand in for their
-/// first READ ([`nprdma::seen_versions`]) while the evictors move pages.
+/// Every READ and WRITE checked by page versions (the versions before and
+/// after each, or on an idle QP the versions its last checks read and those
+/// after: `nprdma::seen_versions`, which `modes.rs` drives on purpose —
+/// here QPs are seldom idle) while the evictors move pages.
 #[test]
 fn chaos_versioned() {
     let mut cfg = nprdma::Config::default();
     cfg.plan.read_version_threshold = Some(0);
     cfg.plan.write_version_threshold = 0;
-    let (sa, sb) = run_chaos(cfg, chaos_ops(600));
-    assert!(sa.versions_seen + sb.versions_seen > 0, "{sa:?} {sb:?}");
+    run_chaos(cfg, chaos_ops(600));
 }
 
-fn run_chaos(cfg: nprdma::Config, ops: u64) -> (nprdma::Stats, nprdma::Stats) {
+fn run_chaos(cfg: nprdma::Config, ops: u64) {
     let a = side_with(cfg.clone());
     let b = side_with(cfg);
     let (sa, sb) = chaos::run(&a, &b, ops).stats;
@@ -75,5 +75,4 @@ fn run_chaos(cfg: nprdma::Config, ops: u64) -> (nprdma::Stats, nprdma::Stats) {
         0,
         "NIC touched a non-resident page on B"
     );
-    (sa, sb)
 }
