@@ -91,6 +91,7 @@ struct PollerGuard<N: Backend> {
 impl<N: Backend> Drop for PollerGuard<N> {
     fn drop(&mut self) {
         self.sh.stop.store(true, Ordering::Release);
+        self.sh.armed_cqs.wake_poller();
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -186,6 +187,7 @@ impl<N: Backend> Context<N> {
             .name("nprdma-poll".into())
             .spawn(move || progress::poller(s2))
             .map_err(|e| Error::Other(e.to_string()))?;
+        sh.armed_cqs.set_poller(t.thread().clone());
         Ok(Context {
             _poller: Arc::new(PollerGuard {
                 sh: sh.clone(),

@@ -380,6 +380,17 @@ fn on_ctrl_recv_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, slo
 /// Spinning without work longer than this yields the core at every turn.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
 
+/// While the application polls (and so progresses inline), the polling
+/// thread naps, first for [`NAP_MIN`], doubling up to [`NAP_MAX`] while the
+/// polls go on: each wake-up to look takes a core from a spinning thread of
+/// this machine for a scheduler slice (on 2 cores, one operation in a few
+/// hundred waits µs for it), and an application that stops polling is
+/// noticed at the latest one nap later. Arming a CQ (an application about
+/// to wait for its event) and the context's end wake it at once.
+const NAP_MIN: Duration = Duration::from_micros(500);
+/// See [`NAP_MIN`].
+const NAP_MAX: Duration = Duration::from_millis(2);
+
 /// The polling thread: progress while there is work, spin briefly, then
 /// block on the NIC completion channel. While an application thread is
 /// polling its CQ (and so progressing inline), it stays out of the way.
@@ -394,6 +405,7 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let mut window = sh.cfg.spin;
     let max_window = sh.cfg.spin.saturating_mul(40);
     let mut seen = sh.app_polls.load(Ordering::Relaxed);
+    let mut nap = NAP_MIN;
     // While spinning, this thread also serves the NIC's request rings (peers'
     // small READ/WRITE and atomics) so the NIC thread need not spin as well: a
     // second spinner per process on a 2-core machine turns µs into ms.
@@ -402,12 +414,14 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         // An application that polls progresses inline; one waiting for an event
         // on an armed CQ does not (it polls once per event).
-        if polls != seen && sh.armed_cqs.load(Ordering::Acquire) == 0 {
+        if polls != seen && !sh.armed_cqs.any() {
             seen = polls;
             rings.stop();
-            std::thread::sleep(Duration::from_micros(500));
+            std::thread::park_timeout(nap);
+            nap = nap.saturating_mul(2).min(NAP_MAX);
             continue;
         }
+        nap = NAP_MIN;
         let n = {
             let mut st = sh.st.lock();
             progress(&sh, &mut st)
@@ -419,7 +433,7 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         let idle_for = last_work.elapsed();
         if !sh.cfg.interrupt_mode && idle_for < window {
             rings.start();
-            if sh.armed_cqs.load(Ordering::Acquire) != 0 || idle_for >= YIELD_AFTER {
+            if sh.armed_cqs.any() || idle_for >= YIELD_AFTER {
                 // Spin yielding the core: an application waiting for an event is
                 // asleep and needs a core to run what it is woken for; and a peer
                 // or application thread whose next request this thread waits for

@@ -4,7 +4,7 @@
 //! progresses (the polling thread, or an application thread polling its CQ).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,7 +17,7 @@ use super::mr::MrEntry;
 use super::op::Op;
 use super::qp::QpState;
 use super::types::{Stats, PS};
-use super::ucq::Direct;
+use super::ucq::{ArmedCqs, Direct};
 use crate::keymap::KeyTable;
 use crate::nic::Completion;
 use crate::ordering::Ticket;
@@ -33,7 +33,7 @@ pub(crate) struct Shared<N: Backend> {
     /// How many of the context's CQs are armed: an application waiting for a
     /// completion event depends on the polling thread, which then does not
     /// step aside for its polls.
-    pub armed_cqs: Arc<AtomicU32>,
+    pub armed_cqs: Arc<ArmedCqs>,
 }
 
 impl<N: Backend> std::ops::Deref for Shared<N> {

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -20,11 +20,49 @@ pub(crate) struct UCq {
     pub(super) depth: AtomicUsize,
     /// [`DISARMED`], [`ARMED_SOLICITED`] or [`ARMED_ANY`].
     pub(super) armed: AtomicU8,
-    /// The context's count of armed CQs (see `Shared::armed_cqs`), this one's
-    /// arming included while `armed` is set.
-    pub(super) armed_total: Arc<AtomicU32>,
+    /// The context's armed CQs (see `Shared::armed_cqs`), this one's arming
+    /// included while `armed` is set.
+    pub(super) armed_total: Arc<ArmedCqs>,
     pub(super) efd: OwnedFd,
     pub(super) overflowed: AtomicBool,
+}
+
+/// How many of a context's CQs are armed, and the polling thread to wake
+/// when one is: it naps while the application polls (`progress::poller`),
+/// and an application that arms a CQ to wait for its event depends on it.
+#[derive(Debug, Default)]
+pub(crate) struct ArmedCqs {
+    count: AtomicU32,
+    poller: OnceLock<std::thread::Thread>,
+}
+
+impl ArmedCqs {
+    /// Whether any CQ is armed.
+    pub(crate) fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+    }
+    /// The polling thread (set once, when it is started).
+    pub(crate) fn set_poller(&self, t: std::thread::Thread) {
+        let _ = self.poller.set(t);
+    }
+    /// Wake the polling thread from a nap (no effect if it is not napping
+    /// but for one spurious wake-up later).
+    pub(crate) fn wake_poller(&self) {
+        if let Some(t) = self.poller.get() {
+            t.unpark();
+        }
+    }
+    fn armed(&self) {
+        self.count.fetch_add(1, Ordering::Release);
+        self.wake_poller();
+    }
+    fn disarmed(&self) {
+        self.count.fetch_sub(1, Ordering::Release);
+    }
+    #[cfg(test)]
+    fn count(&self) -> u32 {
+        self.count.load(Ordering::Relaxed)
+    }
 }
 
 /// Not armed.
@@ -55,7 +93,7 @@ impl UCq {
             ARMED_ANY
         };
         if self.armed.fetch_max(want, Ordering::AcqRel) == DISARMED {
-            self.armed_total.fetch_add(1, Ordering::Release);
+            self.armed_total.armed();
         }
     }
 
@@ -88,7 +126,7 @@ impl UCq {
             _ => true,
         };
         if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
-            self.armed_total.fetch_sub(1, Ordering::Release);
+            self.armed_total.disarmed();
             let one: u64 = 1;
             #[allow(unsafe_code)]
             // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
@@ -112,7 +150,7 @@ impl UCq {
 impl Drop for UCq {
     fn drop(&mut self) {
         if *self.armed.get_mut() != DISARMED {
-            self.armed_total.fetch_sub(1, Ordering::Release);
+            self.armed_total.disarmed();
         }
     }
 }
@@ -172,6 +210,38 @@ mod tests {
     use super::*;
     use std::os::fd::FromRawFd;
 
+    /// Arming a CQ wakes a napping polling thread at once: an application
+    /// about to wait for an event does not wait out the nap.
+    #[test]
+    fn arming_wakes_the_napping_poller() {
+        let u = ucq();
+        let armed = u.armed_total.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let napper = std::thread::spawn(move || {
+            tx.send(()).unwrap();
+            let t0 = std::time::Instant::now();
+            let limit = std::time::Duration::from_secs(30);
+            // Park until woken (spurious wake-ups aside); a wake-up that
+            // comes only with the timeout is a failure.
+            loop {
+                if armed.any() {
+                    return t0.elapsed() < limit;
+                }
+                let Some(left) = limit.checked_sub(t0.elapsed()) else {
+                    return false;
+                };
+                std::thread::park_timeout(left);
+            }
+        });
+        u.armed_total.set_poller(napper.thread().clone());
+        rx.recv().unwrap();
+        u.arm(false);
+        assert!(
+            napper.join().unwrap(),
+            "the poller was not woken by the arming"
+        );
+    }
+
     fn ucq() -> UCq {
         #[allow(unsafe_code)]
         // SAFETY: plain eventfd creation; the fd is owned by the `OwnedFd`.
@@ -185,7 +255,7 @@ mod tests {
             len: AtomicUsize::new(0),
             depth: AtomicUsize::new(16),
             armed: AtomicU8::new(DISARMED),
-            armed_total: Arc::new(AtomicU32::new(0)),
+            armed_total: Arc::default(),
             efd,
             overflowed: AtomicBool::new(false),
         }
@@ -216,12 +286,12 @@ mod tests {
         // Solicited-only: an ordinary completion leaves it armed, a solicited one
         // fires it once.
         u.arm(true);
-        assert_eq!(u.armed_total.load(Ordering::Relaxed), 1);
+        assert_eq!(u.armed_total.count(), 1);
         u.push(c(0));
         assert!(!fired(&u));
         u.push_se(c(0), true);
         assert!(fired(&u));
-        assert_eq!(u.armed_total.load(Ordering::Relaxed), 0);
+        assert_eq!(u.armed_total.count(), 0);
         u.push_se(c(0), true);
         assert!(!fired(&u), "one event per arm");
         // A completion in error fires a solicited-only arm.
@@ -238,7 +308,7 @@ mod tests {
         u.arm(false);
         u.push(c(0));
         assert!(fired(&u));
-        assert_eq!(u.armed_total.load(Ordering::Relaxed), 0);
+        assert_eq!(u.armed_total.count(), 0);
     }
 
     #[test]
