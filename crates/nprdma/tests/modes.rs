@@ -109,41 +109,71 @@ fn readback_only_writes() {
     exercise(cfg);
 }
 
+/// Two sides checking every READ and WRITE by page versions, connected; the
+/// target's pages that the CPU brings back are mapped in at once (the eager
+/// swap-in notice).
+fn versioned_sides() -> (Side, Side, nprdma::Qp, nprdma::Qp) {
+    let mut cfg = Config::default();
+    cfg.plan.write_version_threshold = 0;
+    cfg.plan.read_version_threshold = Some(0);
+    let a = side_with(cfg.clone());
+    let pc = vmem::PagerConfig {
+        eager_swap_in_notify: true,
+        ..pager_cfg()
+    };
+    let b = side_paged(rnic::HostConfig::default(), pc, cfg);
+    let (qa, qb) = connect(&a, &b, 16);
+    (a, b, qa, qb)
+}
+
+/// An initiator side, its QP, its buffer and the target's buffer.
+struct Pair<'a> {
+    a: &'a Side,
+    qa: &'a nprdma::Qp,
+    la: &'a Buf,
+    rb: &'a Buf,
+}
+
+impl Pair<'_> {
+    /// Post one signaled `opcode` of `len` bytes between `la + src` and
+    /// `rb + off`, and wait for its successful completion.
+    fn op(&self, id: u64, opcode: Opcode, src: usize, off: usize, len: usize) {
+        self.qa
+            .post_send(&[SendWr::new(
+                id,
+                opcode,
+                Some(self.la.mr.sge(src as u64, len as u32)),
+                self.rb.addr() + off as u64,
+                self.rb.mr.rkey(),
+            )])
+            .unwrap();
+        let c = self.a.cq.poll_wait(1, Duration::from_secs(10));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].wr_id, c[0].status), (id, 0), "{opcode:?} {off}+{len}");
+    }
+}
+
 /// A versioned operation on pages whose versions an earlier check of the QP
 /// read leaves out its "before" READ (the seen versions stand in for it);
 /// once the pages went out and came back, the check fails and the
 /// operation goes two-sided: no byte is lost either way.
 #[test]
 fn seen_versions_stand_in_for_the_before_read() {
-    let mut cfg = Config::default();
-    cfg.plan.write_version_threshold = 0;
-    cfg.plan.read_version_threshold = Some(0);
-    let a = side_with(cfg.clone());
-    // Pages the CPU brings back are mapped in at once (the eager notice).
-    let pc = vmem::PagerConfig {
-        eager_swap_in_notify: true,
-        ..pager_cfg()
-    };
-    let b = side_paged(rnic::HostConfig::default(), pc, cfg);
-    let (qa, _qb) = connect(&a, &b, 16);
+    let (a, b, qa, _qb) = versioned_sides();
     const N: usize = 4 * 4096;
     let la = Buf::with(&a, N, Some(&pattern(1, N)));
     let rb = Buf::with(&b, N, Some(&pattern(2, N)));
     let mut want = pattern(2, N);
+    let pair = Pair {
+        a: &a,
+        qa: &qa,
+        la: &la,
+        rb: &rb,
+    };
     let mut id = 0;
     let mut op = |opcode: Opcode, src: usize, off: usize, len: usize| {
         id += 1;
-        qa.post_send(&[SendWr::new(
-            id,
-            opcode,
-            Some(la.mr.sge(src as u64, len as u32)),
-            rb.addr() + off as u64,
-            rb.mr.rkey(),
-        )])
-        .unwrap();
-        let c = a.cq.poll_wait(1, Duration::from_secs(10));
-        assert_eq!(c.len(), 1);
-        assert_eq!(c[0].status, 0, "{opcode:?} {off}+{len}");
+        pair.op(id, opcode, src, off, len);
     };
     let write = |op: &mut dyn FnMut(Opcode, usize, usize, usize),
                  want: &mut Vec<u8>,
@@ -209,20 +239,17 @@ fn seen_versions_stand_in_for_the_before_read() {
 /// model holds, and the target ends with the model's bytes.
 #[test]
 fn seen_versions_under_swapping() {
-    let mut cfg = Config::default();
-    cfg.plan.write_version_threshold = 0;
-    cfg.plan.read_version_threshold = Some(0);
-    let a = side_with(cfg.clone());
-    let pc = vmem::PagerConfig {
-        eager_swap_in_notify: true,
-        ..pager_cfg()
-    };
-    let b = side_paged(rnic::HostConfig::default(), pc, cfg);
-    let (qa, _qb) = connect(&a, &b, 16);
+    let (a, b, qa, _qb) = versioned_sides();
     const PAGES: usize = 8;
     const N: usize = PAGES * 4096;
     let la = Buf::with(&a, 2 * N, Some(&pattern(3, 2 * N)));
     let rb = Buf::with(&b, N, Some(&pattern(4, N)));
+    let pair = Pair {
+        a: &a,
+        qa: &qa,
+        la: &la,
+        rb: &rb,
+    };
     let mut model = pattern(4, N);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -263,17 +290,7 @@ fn seen_versions_under_swapping() {
             let src = ((x >> 24) as usize) % (2 * N - len);
             let write = (x >> 40) % 2 == 0;
             let op = if write { Opcode::Write } else { Opcode::Read };
-            qa.post_send(&[SendWr::new(
-                id,
-                op,
-                Some(la.mr.sge(src as u64, len as u32)),
-                rb.addr() + off as u64,
-                rb.mr.rkey(),
-            )])
-            .unwrap();
-            let c = a.cq.poll_wait(1, Duration::from_secs(10));
-            assert_eq!(c.len(), 1);
-            assert_eq!((c[0].wr_id, c[0].status), (id, 0), "{op:?} {off}+{len}");
+            pair.op(id, op, src, off, len);
             if write {
                 model[off..off + len].copy_from_slice(&la.bytes()[src..src + len]);
             } else {

@@ -376,6 +376,21 @@ fn pct(x: f64) -> String {
     format!("{:+.1} %", x * 100.0)
 }
 
+/// A cache row's measured columns: Kops/s, mean, p50, p99, p99.9 µs,
+/// swap-ins, verified bytes.
+fn measured_cols(r: &CacheResult) -> String {
+    format!(
+        "{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {}",
+        r.kops,
+        r.mean_us,
+        r.p50_us,
+        r.p99_us,
+        r.p99_9_us,
+        r.swap_ins,
+        human(r.verified_bytes)
+    )
+}
+
 /// The report section, with its `plots` (file, title).
 pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
     let _ = writeln!(
@@ -396,18 +411,12 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
         for r in &a.cache {
             let _ = writeln!(
                 w,
-                "| {} | {:.0}x | {} | {:.0} % | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {:.0}x | {} | {:.0} % | {} |",
                 r.label,
                 r.ratio,
                 human(r.pool_bytes),
                 r.hot_mass * 100.0,
-                r.kops,
-                r.mean_us,
-                r.p50_us,
-                r.p99_us,
-                r.p99_9_us,
-                r.swap_ins,
-                human(r.verified_bytes)
+                measured_cols(r)
             );
         }
         let _ = writeln!(w, "\n*hot-set share*: the share of accesses that fall on the most popular items fitting the budget (by construction of the distribution).\n");
@@ -423,17 +432,11 @@ pub fn section(w: &mut String, a: &AppsEval, plots: &[(String, String)]) {
         for (k, r) in a.cache_hot.iter().enumerate() {
             let _ = writeln!(
                 w,
-                "| {} | {} | {:.2} % | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {} | {:.2} % | {} |",
                 k + 1,
                 r.label,
                 r.hot_mass * 100.0,
-                r.kops,
-                r.mean_us,
-                r.p50_us,
-                r.p99_us,
-                r.p99_9_us,
-                r.swap_ins,
-                human(r.verified_bytes)
+                measured_cols(r)
             );
         }
         let _ = writeln!(w);
