@@ -135,19 +135,21 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
     let t0 = Instant::now();
     let p = plan(size);
     let mut out = AppsEval::default();
+    // 8 KiB items, 10 % writes, one front-end thread: pool `ratio` x budget.
+    let workload = |ratio: u64, theta: f64, warmup: Duration| Workload {
+        pool: ratio * p.budget,
+        budget: p.budget,
+        swap: ratio * p.budget,
+        item: 8192,
+        theta: Some(theta),
+        write_pct: 10,
+        threads: 1,
+        warmup,
+        run: p.run,
+        seed: 1,
+    };
     for &r in &p.ratios {
-        let w = Workload {
-            pool: r * p.budget,
-            budget: p.budget,
-            swap: r * p.budget,
-            item: 8192,
-            theta: Some(THETA),
-            write_pct: 10,
-            threads: 1,
-            warmup: p.warmup,
-            run: p.run,
-            seed: 1,
-        };
+        let w = workload(r, THETA, p.warmup);
         for &d in designs(size) {
             tick(&format!("app cache {r}x {}", d.label()));
             match cache::run(&w, d, None) {
@@ -157,18 +159,7 @@ pub fn measure(size: Size, mut tick: impl FnMut(&str)) -> AppsEval {
         }
     }
     if p.hot_pairs > 0 {
-        let w = Workload {
-            pool: PAPER_RATIO as u64 * p.budget,
-            budget: p.budget,
-            swap: PAPER_RATIO as u64 * p.budget,
-            item: 8192,
-            theta: Some(HOT_THETA),
-            write_pct: 10,
-            threads: 1,
-            warmup: p.hot_warmup,
-            run: p.run,
-            seed: 1,
-        };
+        let w = workload(PAPER_RATIO as u64, HOT_THETA, p.hot_warmup);
         let order = (0..p.hot_pairs)
             .flat_map(|_| [Design::Pinned, Design::Nprdma])
             .chain([Design::CopyThrough]);
