@@ -14,7 +14,7 @@ use super::mr::MrEntry;
 use super::pin::{EnginePin, Hold};
 use super::types::{SendWr, PS};
 use crate::adapt::VmemMm;
-use crate::check::page_span;
+use crate::check::{check_versions, page_span};
 use crate::keymap::{Translation, VERSION_WORD};
 use crate::mem;
 use crate::nic::{CompOp, IommuControl, WcStatus};
@@ -243,27 +243,23 @@ pub(super) fn prefill_before(
 }
 
 /// The page-version check of a versioned operation whose snapshots are in
-/// the scratch at `sa` (`vlen` bytes before, then `vlen` after): each page's
-/// two versions equal and odd. The versions read after are recorded as
-/// seen (`seen`), whatever the outcome: they are what the pages show now.
+/// the scratch at `sa` (`vlen` bytes before, then `vlen` after):
+/// [`check_versions`]. The versions read after are recorded as seen
+/// (`seen`), whatever the outcome: they are what the pages show now.
 pub(super) fn versions_pass(seen: &mut SeenVersions, at: VersionsAt, sa: u64, vlen: u64) -> bool {
     let vlen = vlen as usize;
     mem::with_slice(sa, 2 * vlen, |b| {
         let (x, y) = b.split_at(vlen);
-        let word = |p: &[u8]| u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-        let ok = x
-            .chunks_exact(4)
-            .zip(y.chunks_exact(4))
-            .all(|(p, q)| p == q && word(p) % 2 == 1);
-        if y.len() <= 4 * MAX_PAGES {
-            let mut after = [0u32; MAX_PAGES];
-            let n = y.len() / 4;
-            for (a, q) in after.iter_mut().zip(y.chunks_exact(4)) {
-                *a = word(q);
-            }
-            seen.record(at.rkey, at.addr, now_ms(), &after[..n]);
+        let words = |v: &[u8]| -> SmallVec<[u32; MAX_PAGES]> {
+            v.chunks_exact(4)
+                .map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
+                .collect()
+        };
+        let (before, after) = (words(x), words(y));
+        if after.len() <= MAX_PAGES {
+            seen.record(at.rkey, at.addr, now_ms(), &after);
         }
-        ok
+        check_versions(&before, &after).is_ok()
     })
 }
 
