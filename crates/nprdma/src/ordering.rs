@@ -81,7 +81,21 @@
 //! [`OrderTable::on_nic`] when an op's NIC WRs are posted and
 //! [`OrderTable::complete`] when an operation finishes; they hand back the
 //! operations to issue (or to finish) now, in order. The in-flight set is
-//! scanned linearly: it is bounded by the QP depth and almost always tiny.
+//! scanned linearly: it is bounded by the QP depth.
+//!
+//! **Twins.** A deep window of the same kind of op (perftest's READs of
+//! distinct remote pages into one buffer, up to the QP depth in flight) would
+//! make every event a scan of the whole window. Two ops are *twins* if they
+//! differ at most in the remote memory they only read: same local touches,
+//! same bits, no remote write, no message, no loopback. Against any op that
+//! writes no remote memory, twins conflict, supersede and overwrite alike.
+//! Consecutive in-flight twins form a *run* (a label per entry; a run is
+//! always a contiguous stretch of the in-flight set), and the table answers
+//! within a run from one member: a new op that meets its twin while nothing
+//! in flight writes remote memory gets the twin's admission for everything
+//! older; a failing op whose later ops are all its run decides them at
+//! once; holding and burying inside a run need one flag per entry. The
+//! answers are exactly the full scans' (a test drives both side by side).
 
 use std::collections::VecDeque;
 
@@ -505,6 +519,9 @@ struct Entry<T> {
     /// A later op supersedes it: its two-sided answer must not be written
     /// ([`OrderTable::data_dead`]).
     dead: bool,
+    /// Its run of twins (module docs, "twins"): entries with one label are
+    /// consecutive in flight.
+    run: u64,
 }
 
 /// The per-QP table: in-flight ops and the FIFO of parked ops.
@@ -516,6 +533,19 @@ pub struct OrderTable<T> {
     /// oldest, posts append).
     inflight: VecDeque<Entry<T>>,
     parked: VecDeque<(Ticket, OpDesc, T)>,
+    /// Next run label.
+    next_run: u64,
+    /// In-flight ops that are not [`plain`] (they tell twins apart).
+    specials: usize,
+    /// Answer from twins and runs (off only in tests, to compare with the
+    /// full scans).
+    shortcuts: bool,
+}
+
+/// An op that writes no remote memory, is no message and carries no
+/// ordering bit: the kind of op that has twins.
+fn plain(op: &OpDesc, b: &Bounds) -> bool {
+    !op.message && !op.order_before && !op.order_after && b.remote_w.0 >= b.remote_w.1
 }
 
 impl<T: Clone> OrderTable<T> {
@@ -526,6 +556,19 @@ impl<T: Clone> OrderTable<T> {
             next: 0,
             inflight: VecDeque::new(),
             parked: VecDeque::new(),
+            next_run: 0,
+            specials: 0,
+            shortcuts: true,
+        }
+    }
+
+    /// The same table answering every question with a full scan (the
+    /// reference the twin shortcuts are tested against).
+    #[cfg(test)]
+    pub(crate) fn without_shortcuts(cfg: OrderConfig) -> Self {
+        OrderTable {
+            shortcuts: false,
+            ..OrderTable::new(cfg)
         }
     }
 
@@ -562,6 +605,32 @@ impl<T: Clone> OrderTable<T> {
         ab.may_conflict(bb, &self.cfg) && self.cfg.conflicts(a, b)
     }
 
+    /// Whether `a` and `b` are twins (module docs, "twins").
+    fn twins(&self, a: &OpDesc, ab: &Bounds, b: &OpDesc, bb: &Bounds) -> bool {
+        self.shortcuts
+            && !self.cfg.loopback
+            && plain(a, ab)
+            && plain(b, bb)
+            && a.optimistic == b.optimistic
+            && a.suppressible == b.suppressible
+            && a.local == b.local
+    }
+
+    /// Whether the in-flight entries `0..=i` are one run (`i` and all older
+    /// entries are twins).
+    fn run_from_start(&self, i: usize) -> bool {
+        self.shortcuts && self.inflight[0].run == self.inflight[i].run
+    }
+
+    /// Take in-flight entry `i` out.
+    fn take(&mut self, i: usize) -> Option<Entry<T>> {
+        let e = self.inflight.remove(i)?;
+        if !plain(&e.op, &e.bounds) {
+            self.specials -= 1;
+        }
+        Some(e)
+    }
+
     /// Whether `op` may issue given the current in-flight set (ignoring
     /// parked ops); `Some(behind)` if so (`behind`: it overlaps an
     /// optimistic in-flight op).
@@ -579,7 +648,9 @@ impl<T: Clone> OrderTable<T> {
         // older one: it was admitted past them with the same conflicts,
         // and none of them has failed since (a failure would have replayed
         // it, i.e. taken it out of flight). So a perftest-style window
-        // checks one op, not the whole window.
+        // checks one op, not the whole window; an in-flight twin of `op`
+        // (module docs, "twins") vouches the same way while nothing in
+        // flight writes remote memory.
         for e in self.inflight.iter().rev() {
             if pipelines
                 && e.phase == Phase::Optimistic
@@ -596,6 +667,10 @@ impl<T: Clone> OrderTable<T> {
                 // it pipelines (it overwrites nothing `e` reads), past a
                 // two-sided one it buries it (the caller's `bury`).
                 if e.phase == Phase::Optimistic || e.failed {
+                    if self.specials == 0 && self.twins(op, b, &e.op, &e.bounds) {
+                        // As below: older ops treat `op` as they treat `e`.
+                        return Some(true);
+                    }
                     behind = true;
                     continue;
                 }
@@ -607,6 +682,13 @@ impl<T: Clone> OrderTable<T> {
                 } else {
                     return None;
                 }
+            }
+            if self.specials == 0 && self.twins(op, b, &e.op, &e.bounds) {
+                // Every older op treats `op` as it treated its in-flight twin
+                // `e`, which it admitted (an older op admitted after `e`, a
+                // replay, conflicts with neither: `e` would have been replayed
+                // with it).
+                return Some(behind || e.behind);
             }
         }
         Some(behind)
@@ -623,6 +705,26 @@ impl<T: Clone> OrderTable<T> {
         // Tickets only grow, except for replayed ops re-issued from the
         // front of the parked FIFO: keep the vector sorted.
         let at = self.inflight.partition_point(|e| e.ticket < ticket);
+        let n = self.inflight.len();
+        let run = match self.inflight.back() {
+            Some(last) if at == n && self.twins(&op, &bounds, &last.op, &last.bounds) => last.run,
+            _ => {
+                if at > 0 && at < n {
+                    // Inserted inside a run: its later part gets a label of
+                    // its own (a run stays contiguous).
+                    let (old, new) = (self.inflight[at - 1].run, self.next_run);
+                    self.next_run += 1;
+                    for e in self.inflight.range_mut(at..).take_while(|e| e.run == old) {
+                        e.run = new;
+                    }
+                }
+                self.next_run += 1;
+                self.next_run - 1
+            }
+        };
+        if !plain(&op, &bounds) {
+            self.specials += 1;
+        }
         self.inflight.insert(
             at,
             Entry {
@@ -635,6 +737,7 @@ impl<T: Clone> OrderTable<T> {
                 held: false,
                 failed: false,
                 dead: false,
+                run,
             },
         );
         at
@@ -702,17 +805,38 @@ impl<T: Clone> OrderTable<T> {
     /// replayed, and its answer is dropped: [`OrderTable::bury`]).
     fn blocked(&self, i: usize) -> bool {
         let e = &self.inflight[i];
-        e.behind
-            && self.inflight.range(..i).any(|f| {
-                !(f.failed && e.bounds.supersedes(&f.bounds, &self.cfg))
-                    && self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
-            })
+        if !e.behind || i == 0 {
+            return false;
+        }
+        if self.run_from_start(i) {
+            // All older ops are `e`'s twins: one answer for all of them.
+            let f = &self.inflight[0];
+            return self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
+                && (!e.bounds.supersedes(&f.bounds, &self.cfg)
+                    || self.inflight.range(..i).any(|f| !f.failed));
+        }
+        self.inflight.range(..i).any(|f| {
+            !(f.failed && e.bounds.supersedes(&f.bounds, &self.cfg))
+                && self.conflict(&e.op, &e.bounds, &f.op, &f.bounds)
+        })
     }
 
     /// Mark the two-sided ops that in-flight op `i` supersedes as dead:
     /// `i` may finish without waiting for them, so their answers must not
     /// land on its bytes.
     fn bury(&mut self, i: usize) {
+        if i > 0 && self.run_from_start(i) {
+            // All older ops are twins of `i`: it supersedes all or none.
+            if self.inflight[i]
+                .bounds
+                .supersedes(&self.inflight[0].bounds, &self.cfg)
+            {
+                for f in self.inflight.range_mut(..i).filter(|f| f.failed) {
+                    f.dead = true;
+                }
+            }
+            return;
+        }
         for k in 0..i {
             if self.inflight[k].failed
                 && !self.inflight[k].dead
@@ -765,7 +889,19 @@ impl<T: Clone> OrderTable<T> {
         // replace `t`'s, whose answer is then dropped).
         let mut set: SmallVec<[usize; 8]> = smallvec![i];
         let mut dead = false;
-        for k in i + 1..self.inflight.len() {
+        let n = self.inflight.len();
+        let mut from = i + 1;
+        if from < n && self.shortcuts && self.inflight[n - 1].run == self.inflight[i].run {
+            // Every later op is a twin of `t`: one answer for all of them.
+            let (e, f) = (&self.inflight[from], &self.inflight[i]);
+            if e.bounds.supersedes(&f.bounds, &self.cfg) {
+                dead = true;
+            } else if self.conflict(&e.op, &e.bounds, &f.op, &f.bounds) {
+                set.extend(from..n);
+            }
+            from = n;
+        }
+        for k in from..n {
             let e = &self.inflight[k];
             let mut over = false;
             let join = set.iter().any(|&s| {
@@ -785,7 +921,7 @@ impl<T: Clone> OrderTable<T> {
         self.inflight[i].dead |= dead;
         let start = out.len();
         for &k in set[1..].iter().rev() {
-            let Some(e) = self.inflight.remove(k) else {
+            let Some(e) = self.take(k) else {
                 continue;
             };
             tracing::trace!(ticket = e.ticket.0, failed = t.0, "ordering: op replayed");
@@ -806,7 +942,7 @@ impl<T: Clone> OrderTable<T> {
         out: &mut Vec<(Ticket, T)>,
     ) -> Result<(), OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
-        self.inflight.remove(i);
+        self.take(i);
         for k in i..self.inflight.len() {
             if self.inflight[k].held && !self.blocked(k) {
                 self.bury(k);
