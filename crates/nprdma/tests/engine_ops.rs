@@ -130,7 +130,7 @@ fn read_write_all_faults_and_sizes() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
-/// READs of at least `PlanConfig::probe_min` (4 MiB), once a large READ of the
+/// READs of at least `PlanConfig::probe_min` (64 KiB; 4 MiB and more here), once a large READ of the
 /// QP met a page out, start with a version probe: with every target page in
 /// they go one-sided as usual (and stop probing); with a page
 /// out (never touched, or swapped) they go two-sided without copying the
@@ -144,7 +144,9 @@ fn large_reads_and_writes_probe_versions_first() {
     let mut remote_faults = 0;
     for (k, &f) in FAULTS.iter().enumerate() {
         for &(off, len) in &[
-            (0usize, 4usize << 20),
+            (0usize, 64usize << 10),
+            (3, (1 << 20) + 5),
+            (0, 4 << 20),
             (100, (4 << 20) + 4096 + 7),
             (0, BIG),
         ] {

@@ -57,7 +57,9 @@ pub(super) fn try_post<N: Backend>(
     if len == 0 || len > i32::MAX as u64 {
         return false;
     }
-    if probes_first(wr.op, len, &sh.cfg.plan) {
+    if qp.probe_hint && probes_first(wr.op, len, &sh.cfg.plan) {
+        // A large READ of a QP whose last large READ met a page out: the
+        // general path probes the versions first.
         return false;
     }
     let strat = choose(wr.op, len, true, &sh.cfg.plan);
