@@ -889,6 +889,24 @@ fn arb_window_op() -> impl Strategy<Value = OpDesc> {
     })
 }
 
+/// A table call that hands back ops (`on_nic`, `fail`).
+type Handout = fn(&mut OrderTable<u64>, Ticket, &mut Vec<(Ticket, u64)>) -> Result<(), OrderError>;
+
+/// The outputs of one call of `f` on ticket `t` of both tables, asserted
+/// equal.
+fn both(
+    fast: &mut OrderTable<u64>,
+    slow: &mut OrderTable<u64>,
+    t: Ticket,
+    f: Handout,
+) -> Result<Vec<(Ticket, u64)>, TestCaseError> {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    f(fast, t, &mut x).unwrap();
+    f(slow, t, &mut y).unwrap();
+    prop_assert_eq!(&x, &y);
+    Ok(x)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(600))]
 
@@ -918,10 +936,7 @@ proptest! {
                 }
                 RAction::Nic(i) if !inflight.is_empty() => {
                     let t = inflight[i % inflight.len()];
-                    let (mut x, mut y) = (Vec::new(), Vec::new());
-                    fast.on_nic(t, &mut x).unwrap();
-                    slow.on_nic(t, &mut y).unwrap();
-                    prop_assert_eq!(&x, &y);
+                    let x = both(&mut fast, &mut slow, t, OrderTable::on_nic)?;
                     inflight.extend(x.iter().map(|(t, _)| *t));
                 }
                 RAction::Result(i) if !inflight.is_empty() => {
@@ -930,10 +945,7 @@ proptest! {
                 }
                 RAction::Fail(i) if !inflight.is_empty() => {
                     let t = inflight[i % inflight.len()];
-                    let (mut x, mut y) = (Vec::new(), Vec::new());
-                    fast.fail(t, &mut x).unwrap();
-                    slow.fail(t, &mut y).unwrap();
-                    prop_assert_eq!(&x, &y);
+                    let x = both(&mut fast, &mut slow, t, OrderTable::fail)?;
                     inflight.retain(|k| !x.iter().any(|(r, _)| r == k));
                 }
                 RAction::Complete(i) if !inflight.is_empty() => {
