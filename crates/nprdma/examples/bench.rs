@@ -339,6 +339,88 @@ fn main() {
             }
             return;
         }
+        if which == "hog" {
+            // `hog`: one QP READs NPRDMA_BENCH_PROF_LEN bytes (default 64
+            // MiB) of swapped-out target memory; meanwhile a second QP of the
+            // same contexts runs 8 B FETCH_ADDs (always served by the
+            // target's CPU) back to back. Their latencies say how long the
+            // large request keeps the target from serving anybody else.
+            let big = std::env::var("NPRDMA_BENCH_PROF_LEN")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(64usize << 20);
+            let (cq2, rcq2) = (ca.create_cq(64).unwrap(), ca.create_cq(16).unwrap());
+            let (cqb2, rcqb2) = (cb.create_cq(64).unwrap(), cb.create_cq(16).unwrap());
+            let q2 = pda.create_qp(&cq2, &rcq2, 16).unwrap();
+            let qb2 = pdb.create_qp(&cqb2, &rcqb2, 16).unwrap();
+            q2.connect(&qb2.endpoint()).unwrap();
+            qb2.connect(&q2.endpoint()).unwrap();
+            let src = np_buf(&pdb, &pgb, big, Some(5));
+            // The counter the FETCH_ADDs hit: a page of its own, atomic rights.
+            let ctr = pgb.alloc(4096).unwrap();
+            // SAFETY: pager-allocated private memory, dropped after the MR.
+            #[allow(unsafe_code)]
+            let ctr_mr = unsafe {
+                pdb.reg_mr(
+                    ctr.addr() as u64,
+                    4096,
+                    Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+                )
+            }
+            .unwrap();
+            let dst = np_buf(&pda, &pga, big, Some(1));
+            for round in 0..3 {
+                src.0.swap_out().unwrap();
+                let t0 = Instant::now();
+                np.qp
+                    .post_send(&[SendWr::new(
+                        1,
+                        Opcode::Read,
+                        Some(dst.1.sge(0, big as u32)),
+                        src.0.addr() as u64,
+                        src.1.rkey(),
+                    )])
+                    .unwrap();
+                let mut lat = Vec::new();
+                let mut c = [nprdma::Completion::default(); 1];
+                let big_us = loop {
+                    let t = Instant::now();
+                    q2.post_send(&[SendWr::new(
+                        2,
+                        Opcode::FetchAdd { add: 1 },
+                        Some(np.l.1.sge(0, 8)),
+                        ctr.addr() as u64,
+                        ctr_mr.rkey(),
+                    )])
+                    .unwrap();
+                    let mut done = None;
+                    while cq2.poll(&mut c) != 1 {
+                        if done.is_none() && np.cq.poll(&mut c) == 1 {
+                            assert_eq!(c[0].status, 0, "{:?}", c[0]);
+                            done = Some(t0.elapsed().as_secs_f64() * 1e6);
+                        }
+                    }
+                    assert_eq!(c[0].status, 0, "FETCH_ADD {:?}", c[0]);
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                    if let Some(d) = done {
+                        break d;
+                    }
+                    if np.cq.poll(&mut c) == 1 {
+                        assert_eq!(c[0].status, 0, "{:?}", c[0]);
+                        break t0.elapsed().as_secs_f64() * 1e6;
+                    }
+                };
+                let n = lat.len();
+                let max = lat.iter().cloned().fold(0.0, f64::max);
+                let (med, _, p99) = stats(lat);
+                println!(
+                    "prof hog round {round}: READ {big} B of swapped-out memory {big_us:.0} us; \
+                     meanwhile {n} FETCH_ADDs on another QP: median {med:.1} us, p99 {p99:.1}, max {max:.1}"
+                );
+            }
+            drop(ctr_mr);
+            return;
+        }
         if ["minor", "minor-write", "major"].contains(&which.as_str()) {
             // `minor` / `minor-write` / `major`: READs / WRITEs / READs of
             // NPRDMA_BENCH_PROF_LEN bytes (default 2), each on never-touched

@@ -193,6 +193,49 @@ fn large_reads_and_writes_probe_versions_first() {
     assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
 }
 
+/// A two-sided READ or WRITE longer than a piece (1 MiB) goes as a sequence
+/// of fault requests: the target serves one per MiB, the bytes are exact
+/// (unaligned ends, never-touched and swapped-out target pages), and the
+/// operation completes once, with its whole length.
+#[test]
+fn long_two_sided_ops_go_in_pieces() {
+    const BIG: usize = (5 << 20) + 4096;
+    let (off, len) = (5usize, (5 << 20) + 3);
+    let pieces = (len as u64).div_ceil(1 << 20);
+    let e = env();
+    for (k, &f) in [Fault::RemoteMinor, Fault::RemoteMajor].iter().enumerate() {
+        let (la, rb, _pa, pb) = bufs_of(&e, f, 200 + 2 * k as u64, BIG);
+        let served = e.b.ctx.stats().served;
+        let c = post1(&e, rd(1, &la, off as u64, &rb, off as u64, len as u32));
+        assert_eq!((c.status, c.byte_len as usize), (0, len), "READ {f:?}");
+        assert!(
+            la.bytes()[off..off + len] == pb[off..off + len],
+            "READ data {f:?}"
+        );
+        assert_eq!(
+            e.b.ctx.stats().served - served,
+            pieces,
+            "READ {f:?}: one request a piece"
+        );
+        // A WRITE into other pages of the same kind, then read back whole.
+        let (_, rb2, _, mut want) = bufs_of(&e, f, 210 + 2 * k as u64, BIG);
+        let src = pattern(220 + k as u64, BIG);
+        let la2 = Buf::with(&e.a, BIG, Some(&src));
+        let served = e.b.ctx.stats().served;
+        let c = post1(&e, wr(2, &la2, off as u64, &rb2, off as u64, len as u32));
+        assert_eq!((c.status, c.byte_len as usize), (0, len), "WRITE {f:?}");
+        assert_eq!(
+            e.b.ctx.stats().served - served,
+            pieces,
+            "WRITE {f:?}: one request a piece"
+        );
+        want[off..off + len].copy_from_slice(&src[off..off + len]);
+        assert!(rb2.bytes() == &want[..], "WRITE data {f:?}");
+    }
+    assert_eq!(e.a.ctx.nic_stats().nonresident_dma, 0);
+    assert_eq!(e.b.ctx.nic_stats().nonresident_dma, 0);
+}
+
 #[test]
 fn atomics_all_faults() {
     let e = env();

@@ -100,6 +100,9 @@ pub(super) struct Op<N: Backend> {
     pub(super) restart: bool,
     /// The peer's lease it runs on, counted in flight (user-space mode).
     pub(super) lease: Option<InFlight>,
+    /// A large two-sided READ/WRITE sent as a sequence of fault requests
+    /// (the `two_sided` file's [`Pieces`](super::two_sided::Pieces)).
+    pub(super) pieces: Option<super::two_sided::Pieces>,
 }
 
 #[derive(Clone, Copy)]

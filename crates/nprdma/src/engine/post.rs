@@ -98,6 +98,7 @@ pub(crate) fn post_send<N: Backend>(
             lver: Versions::new(),
             hold: Hold::default(),
             lease: None,
+            pieces: None,
         };
         let id = match qp.ops.insert(op) {
             Ok(id) => id,

@@ -800,6 +800,7 @@ impl<N: Backend> QpState<N> {
             stale: false,
             restart: false,
             lease: None,
+            pieces: None,
         };
         let id = match self.ops.insert(op) {
             Ok(id) => id,

@@ -1,7 +1,11 @@
 //! The initiator's two-sided path: an operation sent as a control message
 //! (inline data, a fault request with a temporary MR for the reverse
 //! operation, an atomic, a SEND or its rendezvous), and the notice of a
-//! WRITE_WITH_IMM done one-sided.
+//! WRITE_WITH_IMM done one-sided. A READ/WRITE longer than [`PIECE`] goes
+//! as a sequence of fault requests, [`PIECES_OUT`] at the target at a time
+//! ([`Pieces`]): the target pins, maps in and serves it piece by piece, its
+//! other requests are served in between, and no more than those pieces of
+//! it are pinned there at once.
 
 use std::time::Instant;
 
@@ -12,7 +16,9 @@ use super::pin::{engine_pin, temp_mr, EnginePin, Hold};
 use super::retire::finish;
 use super::state::{Shared, State};
 
-use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, Repr};
+use smallvec::SmallVec;
+
+use crate::ctrl::{AtomicKind, AtomicRequest, FaultKind, FaultRequest, Repr, Status};
 use crate::mem;
 use crate::nic::{Access, NicMr as _, WcStatus};
 use crate::plan::AppOp;
@@ -93,8 +99,117 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     op.hold = hold;
     op.stage = Stage::TwoSided;
     op.sent = Some(Instant::now());
-    qp.send_ctrl(&sh.cfg.ctrl, &msg);
+    let mut first = SmallVec::new();
+    if let Repr::Fault(f) = msg {
+        if let Some(mut p) = Pieces::of(f) {
+            p.more(&mut first);
+            op.pieces = Some(p);
+        }
+    }
+    if first.is_empty() {
+        qp.send_ctrl(&sh.cfg.ctrl, &msg);
+    }
+    for f in first {
+        qp.send_ctrl(&sh.cfg.ctrl, &Repr::Fault(f));
+    }
     mark(Step::ISent);
+}
+
+/// Longest piece of a two-sided READ/WRITE (one fault request): one round
+/// of the pager's concurrent swap reads.
+pub(super) const PIECE: u32 = 1 << 20;
+/// Pieces of one operation at the target at a time: one being pinned while
+/// the reverse operation of the other runs.
+pub(super) const PIECES_OUT: u32 = 2;
+
+/// A READ/WRITE longer than [`PIECE`] in flight as a sequence of fault
+/// requests (all with the operation's id, over its one temporary MR).
+#[derive(Debug)]
+pub(super) struct Pieces {
+    whole: FaultRequest,
+    /// Offset of the next piece to send.
+    next: u32,
+    /// Pieces sent and not answered yet.
+    out: u32,
+    /// Bytes answered.
+    done: u32,
+    /// The first piece that failed: nothing more is sent, the operation
+    /// fails once the pieces out are answered.
+    err: Option<Status>,
+}
+
+impl Pieces {
+    /// Pieces of `f` if it is long enough to go in pieces (not in retry mode
+    /// nor with a lease wanted: those answer a range as a whole).
+    fn of(f: FaultRequest) -> Option<Pieces> {
+        (f.len > PIECE && !f.retry_mode && !f.want_lease && !f.inline_ok).then_some(Pieces {
+            whole: f,
+            next: 0,
+            out: 0,
+            done: 0,
+            err: None,
+        })
+    }
+
+    /// The next requests to send, keeping [`PIECES_OUT`] at the target;
+    /// none after a failed piece.
+    fn more(&mut self, out: &mut SmallVec<[FaultRequest; 2]>) {
+        let w = self.whole;
+        while self.err.is_none() && self.out < PIECES_OUT && self.next < w.len {
+            let n = (w.len - self.next).min(PIECE);
+            out.push(FaultRequest {
+                local_addr: w.local_addr + u64::from(self.next),
+                remote_addr: w.remote_addr + u64::from(self.next),
+                len: n,
+                ..w
+            });
+            self.next += n;
+            self.out += 1;
+        }
+    }
+
+    /// A piece was answered with `status` (`len` bytes): the operation's
+    /// result once every piece sent is answered and nothing is left to
+    /// send (the whole length, or the first failure).
+    fn answered(&mut self, status: Status, len: u32) -> Option<(Status, u32)> {
+        self.out = self.out.saturating_sub(1);
+        if status == Status::Ok {
+            self.done = self.done.saturating_add(len);
+        } else if self.err.is_none() {
+            self.err = Some(status);
+        }
+        let over = self.err.is_some() || self.next >= self.whole.len;
+        let result = match self.err {
+            Some(e) => (e, 0),
+            None => (Status::Ok, self.done),
+        };
+        (self.out == 0 && over).then_some(result)
+    }
+}
+
+/// A piece of operation `id` of QP `qi` was answered: send the next ones;
+/// the operation's result once all are in (see [`Pieces::answered`]).
+/// `None` also for an operation not sent in pieces.
+pub(super) fn piece_answered<N: Backend>(
+    sh: &Shared<N>,
+    st: &mut State<N>,
+    qi: usize,
+    id: u32,
+    status: Status,
+    len: u32,
+) -> Option<(Status, u32)> {
+    let qp = st.qp(qi)?;
+    let op = qp.ops.get_mut(id)?;
+    let p = op.pieces.as_mut()?;
+    let done = p.answered(status, len);
+    let mut next = SmallVec::new();
+    p.more(&mut next);
+    // The peer is there and working: the two-sided timeout starts again.
+    op.sent = Some(Instant::now());
+    for f in next {
+        qp.send_ctrl(&sh.cfg.ctrl, &Repr::Fault(f));
+    }
+    done
 }
 
 /// The request of a two-sided READ/WRITE: inline, or a fault request with
@@ -232,4 +347,77 @@ fn send_request<'s, N: Backend>(
         solicited: op.wr.solicited,
         rnr_retry,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(len: u32) -> FaultRequest {
+        FaultRequest {
+            req_id: 7,
+            kind: FaultKind::Read,
+            local_addr: 0x10_0000,
+            local_key: 3,
+            remote_addr: 0x90_0005,
+            rkey: 9,
+            len,
+            inline_ok: false,
+            retry_mode: false,
+            want_lease: false,
+        }
+    }
+
+    fn more(p: &mut Pieces) -> Vec<(u64, u64, u32)> {
+        let mut v = SmallVec::new();
+        p.more(&mut v);
+        v.iter()
+            .map(|f| (f.local_addr, f.remote_addr, f.len))
+            .collect()
+    }
+
+    /// A request up to one piece long, or one answered as a whole (retry
+    /// mode, a lease wanted), is not cut; a longer one goes in pieces that
+    /// tile it, [`PIECES_OUT`] at a time, and completes with its length
+    /// once the last is answered.
+    #[test]
+    fn pieces_tile_the_request_and_complete_once() {
+        assert!(Pieces::of(req(PIECE)).is_none());
+        assert!(Pieces::of(FaultRequest {
+            retry_mode: true,
+            ..req(3 * PIECE)
+        })
+        .is_none());
+        assert!(Pieces::of(FaultRequest {
+            want_lease: true,
+            ..req(3 * PIECE)
+        })
+        .is_none());
+        let len = 2 * PIECE + 5;
+        let mut p = Pieces::of(req(len)).expect("in pieces");
+        let (l, r) = (0x10_0000u64, 0x90_0005u64);
+        let p1 = u64::from(PIECE);
+        assert_eq!(more(&mut p), [(l, r, PIECE), (l + p1, r + p1, PIECE)]);
+        assert_eq!(more(&mut p), [], "two out already");
+        assert_eq!(p.answered(Status::Ok, PIECE), None);
+        assert_eq!(more(&mut p), [(l + 2 * p1, r + 2 * p1, 5)]);
+        assert_eq!(p.answered(Status::Ok, PIECE), None);
+        assert_eq!(more(&mut p), []);
+        assert_eq!(p.answered(Status::Ok, 5), Some((Status::Ok, len)));
+    }
+
+    /// After a failed piece nothing more is sent, and the operation fails
+    /// only once the pieces still out are answered (their reverse
+    /// operations may still reach the local buffer until then).
+    #[test]
+    fn a_failed_piece_stops_the_rest_and_waits_for_those_out() {
+        let mut p = Pieces::of(req(4 * PIECE)).expect("in pieces");
+        assert_eq!(more(&mut p).len(), 2);
+        assert_eq!(p.answered(Status::RemoteAccess, 0), None);
+        assert_eq!(more(&mut p), [], "nothing after a failure");
+        assert_eq!(
+            p.answered(Status::Ok, PIECE),
+            Some((Status::RemoteAccess, 0))
+        );
+    }
 }
