@@ -60,6 +60,17 @@ fn chaos_versioned() {
     run_chaos(cfg, chaos_ops(600));
 }
 
+/// Two-sided READs and WRITEs longer than 4 KiB go in 4 KiB pieces (the
+/// default piece is 1 MiB, longer than the chaos test's operations).
+#[test]
+fn chaos_pieces() {
+    let cfg = nprdma::Config {
+        two_sided_piece: 4096,
+        ..nprdma::Config::default()
+    };
+    run_chaos(cfg, chaos_ops(600));
+}
+
 fn run_chaos(cfg: nprdma::Config, ops: u64) {
     let a = side_with(cfg.clone());
     let b = side_with(cfg);

@@ -43,3 +43,25 @@ fn chaos_across_processes() {
         "both paths ran: {st:?}"
     );
 }
+
+/// The same with the initiator's two-sided READs and WRITEs longer than
+/// 4 KiB going in 4 KiB pieces (`Config::two_sided_piece`; the default
+/// 1 MiB is longer than the chaos test's operations).
+#[test]
+fn chaos_across_processes_in_pieces() {
+    let ops = chaos_ops(1500);
+    let child = ChildProc::spawn(
+        "xchaos_child",
+        "NPRDMA_XCHAOS_CHILD",
+        Duration::from_secs(60 + ops / 100),
+    );
+    let a = side_with(nprdma::Config {
+        two_sided_piece: 4096,
+        ..nprdma::Config::default()
+    });
+    let st = xchaos::parent(&a, child, ops, || a.ctx.nic_stats().nonresident_dma);
+    assert!(
+        st.two_sided > 0 && st.optimistic_ok > 0,
+        "both paths ran: {st:?}"
+    );
+}

@@ -1,11 +1,11 @@
 //! The initiator's two-sided path: an operation sent as a control message
 //! (inline data, a fault request with a temporary MR for the reverse
 //! operation, an atomic, a SEND or its rendezvous), and the notice of a
-//! WRITE_WITH_IMM done one-sided. A READ/WRITE longer than [`PIECE`] goes
-//! as a sequence of fault requests, [`PIECES_OUT`] at the target at a time
-//! ([`Pieces`]): the target pins, maps in and serves it piece by piece, its
-//! other requests are served in between, and no more than those pieces of
-//! it are pinned there at once.
+//! WRITE_WITH_IMM done one-sided. A READ/WRITE longer than a piece
+//! (`Config::two_sided_piece`, 1 MiB by default) goes as a sequence of fault
+//! requests, [`PIECES_OUT`] at the target at a time ([`Pieces`]): the target
+//! pins, maps in and serves it piece by piece, its other requests are served
+//! in between, and no more than those pieces of it are pinned there at once.
 
 use std::time::Instant;
 
@@ -101,7 +101,7 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     op.sent = Some(Instant::now());
     let mut first = SmallVec::new();
     if let Repr::Fault(f) = msg {
-        if let Some(mut p) = Pieces::of(f) {
+        if let Some(mut p) = Pieces::of(f, sh.cfg.two_sided_piece) {
             p.more(&mut first);
             op.pieces = Some(p);
         }
@@ -115,18 +115,18 @@ pub(super) fn go_two_sided<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: us
     mark(Step::ISent);
 }
 
-/// Longest piece of a two-sided READ/WRITE (one fault request): one round
-/// of the pager's concurrent swap reads.
-pub(super) const PIECE: u32 = 1 << 20;
+/// Shortest piece of a two-sided READ/WRITE (`Config::two_sided_piece`).
+const MIN_PIECE: u32 = 4096;
 /// Pieces of one operation at the target at a time: one being pinned while
 /// the reverse operation of the other runs.
 pub(super) const PIECES_OUT: u32 = 2;
 
-/// A READ/WRITE longer than [`PIECE`] in flight as a sequence of fault
+/// A READ/WRITE longer than a piece in flight as a sequence of fault
 /// requests (all with the operation's id, over its one temporary MR).
 #[derive(Debug)]
 pub(super) struct Pieces {
     whole: FaultRequest,
+    piece: u32,
     /// Offset of the next piece to send.
     next: u32,
     /// Pieces sent and not answered yet.
@@ -141,9 +141,11 @@ pub(super) struct Pieces {
 impl Pieces {
     /// Pieces of `f` if it is long enough to go in pieces (not in retry mode
     /// nor with a lease wanted: those answer a range as a whole).
-    fn of(f: FaultRequest) -> Option<Pieces> {
-        (f.len > PIECE && !f.retry_mode && !f.want_lease && !f.inline_ok).then_some(Pieces {
+    fn of(f: FaultRequest, piece: u32) -> Option<Pieces> {
+        let piece = piece.max(MIN_PIECE);
+        (f.len > piece && !f.retry_mode && !f.want_lease && !f.inline_ok).then_some(Pieces {
             whole: f,
+            piece,
             next: 0,
             out: 0,
             done: 0,
@@ -156,7 +158,7 @@ impl Pieces {
     fn more(&mut self, out: &mut SmallVec<[FaultRequest; 2]>) {
         let w = self.whole;
         while self.err.is_none() && self.out < PIECES_OUT && self.next < w.len {
-            let n = (w.len - self.next).min(PIECE);
+            let n = (w.len - self.next).min(self.piece);
             out.push(FaultRequest {
                 local_addr: w.local_addr + u64::from(self.next),
                 remote_addr: w.remote_addr + u64::from(self.next),
@@ -353,6 +355,8 @@ fn send_request<'s, N: Backend>(
 mod tests {
     use super::*;
 
+    const PIECE: u32 = 1 << 20;
+
     fn req(len: u32) -> FaultRequest {
         FaultRequest {
             req_id: 7,
@@ -382,19 +386,27 @@ mod tests {
     /// once the last is answered.
     #[test]
     fn pieces_tile_the_request_and_complete_once() {
-        assert!(Pieces::of(req(PIECE)).is_none());
-        assert!(Pieces::of(FaultRequest {
-            retry_mode: true,
-            ..req(3 * PIECE)
-        })
+        assert!(Pieces::of(req(PIECE), PIECE).is_none());
+        // A piece is at least a page long.
+        assert_eq!(Pieces::of(req(8192), 1).map(|p| p.piece), Some(4096));
+        assert!(Pieces::of(
+            FaultRequest {
+                retry_mode: true,
+                ..req(3 * PIECE)
+            },
+            PIECE
+        )
         .is_none());
-        assert!(Pieces::of(FaultRequest {
-            want_lease: true,
-            ..req(3 * PIECE)
-        })
+        assert!(Pieces::of(
+            FaultRequest {
+                want_lease: true,
+                ..req(3 * PIECE)
+            },
+            PIECE
+        )
         .is_none());
         let len = 2 * PIECE + 5;
-        let mut p = Pieces::of(req(len)).expect("in pieces");
+        let mut p = Pieces::of(req(len), PIECE).expect("in pieces");
         let (l, r) = (0x10_0000u64, 0x90_0005u64);
         let p1 = u64::from(PIECE);
         assert_eq!(more(&mut p), [(l, r, PIECE), (l + p1, r + p1, PIECE)]);
@@ -411,7 +423,7 @@ mod tests {
     /// operations may still reach the local buffer until then).
     #[test]
     fn a_failed_piece_stops_the_rest_and_waits_for_those_out() {
-        let mut p = Pieces::of(req(4 * PIECE)).expect("in pieces");
+        let mut p = Pieces::of(req(4 * PIECE), PIECE).expect("in pieces");
         assert_eq!(more(&mut p).len(), 2);
         assert_eq!(p.answered(Status::RemoteAccess, 0), None);
         assert_eq!(more(&mut p), [], "nothing after a failure");

@@ -70,6 +70,12 @@ pub struct Config {
     /// A two-sided request unanswered this long completes with
     /// RETRY_EXC_ERR (the peer destroyed its QP or died).
     pub two_sided_timeout: Duration,
+    /// Longest piece of a two-sided READ/WRITE: a longer one goes as a
+    /// sequence of fault requests of this length, two at the target at a
+    /// time, so the target serves its other requests in between and pins
+    /// no more than two pieces of it at once (values below 4096 count as
+    /// 4096).
+    pub two_sided_piece: u32,
     /// User-space mode's registration cache: bytes of temporary MRs kept
     /// registered after their operation (LRU; 0: off, every two-sided
     /// operation registers and deregisters). Kernel-module mode does not
@@ -112,6 +118,7 @@ impl Default for Config {
             retry_mode: false,
             nic_cq_depth: 32768,
             two_sided_timeout: Duration::from_secs(5),
+            two_sided_piece: 1 << 20,
             reg_cache_bytes: 64 << 20,
             lease_ms: 100,
             lease_bytes: 64 << 20,
