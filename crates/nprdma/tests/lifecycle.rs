@@ -173,10 +173,24 @@ fn peer_destroyed_two_sided_request_times_out() {
 /// successfully if it finished before the fence, with an error otherwise.
 #[test]
 fn dereg_fences_reads_in_flight() {
+    dereg_fences_reads_in_flight_with(Config::default());
+}
+
+/// The same with each READ's two-sided form in 4 KiB pieces
+/// (`Config::two_sided_piece`): no piece is sent after the fence, none lands.
+#[test]
+fn dereg_fences_reads_in_flight_in_pieces() {
+    dereg_fences_reads_in_flight_with(Config {
+        two_sided_piece: 4096,
+        ..Config::default()
+    });
+}
+
+fn dereg_fences_reads_in_flight_with(cfg: Config) {
     const N: u64 = 32;
     const ONE: u64 = 64 * 1024;
     for round in 0..3 {
-        let a = side();
+        let a = side_with(cfg.clone());
         let b = side();
         let total = (N * ONE) as usize;
         let la = Buf::with(&a, total, Some(&pattern(1, total)));

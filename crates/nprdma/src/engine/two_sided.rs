@@ -170,6 +170,12 @@ impl Pieces {
         }
     }
 
+    /// Send nothing more: the operation fails with `status` (unless a piece
+    /// failed first) once the pieces out are answered.
+    fn stop(&mut self, status: Status) {
+        self.err.get_or_insert(status);
+    }
+
     /// A piece was answered with `status` (`len` bytes): the operation's
     /// result once every piece sent is answered and nothing is left to
     /// send (the whole length, or the first failure).
@@ -202,7 +208,13 @@ pub(super) fn piece_answered<N: Backend>(
 ) -> Option<(Status, u32)> {
     let qp = st.qp(qi)?;
     let op = qp.ops.get_mut(id)?;
+    // Deregistered meanwhile: its temporary MR is gone (`fence_mr`), so no
+    // further piece may name it (its key could be another MR's by then).
+    let fenced = local_fenced(&sh.mm, op) || op.hold.mr.is_none();
     let p = op.pieces.as_mut()?;
+    if fenced {
+        p.stop(Status::RemoteAccess);
+    }
     let done = p.answered(status, len);
     let mut next = SmallVec::new();
     p.more(&mut next);
@@ -427,6 +439,16 @@ mod tests {
         assert_eq!(more(&mut p).len(), 2);
         assert_eq!(p.answered(Status::RemoteAccess, 0), None);
         assert_eq!(more(&mut p), [], "nothing after a failure");
+        assert_eq!(
+            p.answered(Status::Ok, PIECE),
+            Some((Status::RemoteAccess, 0))
+        );
+        // Stopped from outside (the local MR was deregistered): the same.
+        let mut p = Pieces::of(req(4 * PIECE), PIECE).expect("in pieces");
+        assert_eq!(more(&mut p).len(), 2);
+        p.stop(Status::RemoteAccess);
+        assert_eq!(p.answered(Status::Ok, PIECE), None);
+        assert_eq!(more(&mut p), []);
         assert_eq!(
             p.answered(Status::Ok, PIECE),
             Some((Status::RemoteAccess, 0))
