@@ -203,6 +203,27 @@ fn np_buf(
     (reg, mr)
 }
 
+/// A connected QP pair between two contexts: the CQs (send and receive of
+/// `a`, then of `b`; `cqe` entries for the send CQs) and the two QPs.
+fn qp_pair(
+    (ca, pda): (&Context, &nprdma::Pd),
+    (cb, pdb): (&Context, &nprdma::Pd),
+    cqe: u32,
+    depth: u32,
+) -> ([nprdma::Cq; 4], nprdma::Qp, nprdma::Qp) {
+    let cqs = [
+        ca.create_cq(cqe).unwrap(),
+        ca.create_cq(16).unwrap(),
+        cb.create_cq(cqe).unwrap(),
+        cb.create_cq(16).unwrap(),
+    ];
+    let qa = pda.create_qp(&cqs[0], &cqs[1], depth).unwrap();
+    let qb = pdb.create_qp(&cqs[2], &cqs[3], depth).unwrap();
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    (cqs, qa, qb)
+}
+
 fn np_op(n: &Np, op: Opcode, len: usize, raddr: u64, rkey: u32, id: u64) {
     n.qp.post_send(&[SendWr::new(
         id,
@@ -300,12 +321,7 @@ fn main() {
         Context::new(&hb, &pgb, cfg).unwrap(),
     );
     let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
-    let (cqa, rcqa) = (ca.create_cq(4096).unwrap(), ca.create_cq(16).unwrap());
-    let (cqb, rcqb) = (cb.create_cq(4096).unwrap(), cb.create_cq(16).unwrap());
-    let qa = pda.create_qp(&cqa, &rcqa, 256).unwrap();
-    let qb = pdb.create_qp(&cqb, &rcqb, 256).unwrap();
-    qa.connect(&qb.endpoint()).unwrap();
-    qb.connect(&qa.endpoint()).unwrap();
+    let ([cqa, rcqa, cqb, rcqb], qa, qb) = qp_pair((&ca, &pda), (&cb, &pdb), 4096, 256);
     let np = Np {
         qp: qa,
         cq: cqa,
@@ -349,12 +365,7 @@ fn main() {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(64usize << 20);
-            let (cq2, rcq2) = (ca.create_cq(64).unwrap(), ca.create_cq(16).unwrap());
-            let (cqb2, rcqb2) = (cb.create_cq(64).unwrap(), cb.create_cq(16).unwrap());
-            let q2 = pda.create_qp(&cq2, &rcq2, 16).unwrap();
-            let qb2 = pdb.create_qp(&cqb2, &rcqb2, 16).unwrap();
-            q2.connect(&qb2.endpoint()).unwrap();
-            qb2.connect(&q2.endpoint()).unwrap();
+            let ([cq2, _rcq2, _cqb2, _rcqb2], q2, _qb2) = qp_pair((&ca, &pda), (&cb, &pdb), 64, 16);
             let src = np_buf(&pdb, &pgb, big, Some(5));
             // The counter the FETCH_ADDs hit: a page of its own, atomic rights.
             let ctr = pgb.alloc(4096).unwrap();
@@ -668,7 +679,7 @@ fn main() {
     drop(l.1);
     drop(r.1);
     drop(qb);
-    let _ = (cqb, rcqb);
+    let _ = (rcqa, cqb, rcqb);
     std::thread::sleep(Duration::from_millis(10));
 }
 

@@ -30,18 +30,7 @@ fn xchaos_child() {
 
 #[test]
 fn chaos_across_processes() {
-    let ops = chaos_ops(1500);
-    let child = ChildProc::spawn(
-        "xchaos_child",
-        "NPRDMA_XCHAOS_CHILD",
-        Duration::from_secs(60 + ops / 100),
-    );
-    let a = side();
-    let st = xchaos::parent(&a, child, ops, || a.ctx.nic_stats().nonresident_dma);
-    assert!(
-        st.two_sided > 0 && st.optimistic_ok > 0,
-        "both paths ran: {st:?}"
-    );
+    across_processes(nprdma::Config::default());
 }
 
 /// The same with the initiator's two-sided READs and WRITEs longer than
@@ -49,16 +38,22 @@ fn chaos_across_processes() {
 /// 1 MiB is longer than the chaos test's operations).
 #[test]
 fn chaos_across_processes_in_pieces() {
+    across_processes(nprdma::Config {
+        two_sided_piece: 4096,
+        ..nprdma::Config::default()
+    });
+}
+
+/// The chaos test from this process (engine configuration `cfg`) against a
+/// child process on the default configuration.
+fn across_processes(cfg: nprdma::Config) {
     let ops = chaos_ops(1500);
     let child = ChildProc::spawn(
         "xchaos_child",
         "NPRDMA_XCHAOS_CHILD",
         Duration::from_secs(60 + ops / 100),
     );
-    let a = side_with(nprdma::Config {
-        two_sided_piece: 4096,
-        ..nprdma::Config::default()
-    });
+    let a = side_with(cfg);
     let st = xchaos::parent(&a, child, ops, || a.ctx.nic_stats().nonresident_dma);
     assert!(
         st.two_sided > 0 && st.optimistic_ok > 0,

@@ -401,22 +401,12 @@ mod tests {
         assert!(Pieces::of(req(PIECE), PIECE).is_none());
         // A piece is at least a page long.
         assert_eq!(Pieces::of(req(8192), 1).map(|p| p.piece), Some(4096));
-        assert!(Pieces::of(
-            FaultRequest {
-                retry_mode: true,
-                ..req(3 * PIECE)
-            },
-            PIECE
-        )
-        .is_none());
-        assert!(Pieces::of(
-            FaultRequest {
-                want_lease: true,
-                ..req(3 * PIECE)
-            },
-            PIECE
-        )
-        .is_none());
+        let (mut retry, mut lease) = (req(3 * PIECE), req(3 * PIECE));
+        retry.retry_mode = true;
+        lease.want_lease = true;
+        for whole in [retry, lease] {
+            assert!(Pieces::of(whole, PIECE).is_none(), "{whole:?}");
+        }
         let len = 2 * PIECE + 5;
         let mut p = Pieces::of(req(len), PIECE).expect("in pieces");
         let (l, r) = (0x10_0000u64, 0x90_0005u64);
