@@ -1021,23 +1021,18 @@ fn on_completion<N: Backend>(
         }
         return;
     }
-    if matches!(op.stage, Stage::TwoSided) && op.pieces.is_some() {
-        if let Some((s, len)) =
-            super::two_sided::piece_answered(sh, st, qi, req_id, status, byte_len)
-        {
-            if s == Status::Ok
-                && matches!(
-                    st.op_mut(qi, req_id).map(|o| o.wr.op),
-                    Some(AppOp::WriteImm(_))
-                )
-            {
-                start_notify(sh, st, qi, req_id);
-            } else {
-                finish(st, qi, req_id, answered(s), len);
-            }
+    let (status, byte_len) = if matches!(op.stage, Stage::TwoSided) && op.pieces.is_some() {
+        // One answer a piece: the operation's own once all of them are in.
+        match super::two_sided::piece_answered(sh, st, qi, req_id, status, byte_len) {
+            Some(whole) => whole,
+            None => return,
         }
+    } else {
+        (status, byte_len)
+    };
+    let Some(op) = st.op_mut(qi, req_id) else {
         return;
-    }
+    };
     match op.stage {
         Stage::TwoSided => {
             if matches!(op.wr.op, AppOp::WriteImm(_)) && status == Status::Ok {
