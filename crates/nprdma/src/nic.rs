@@ -644,6 +644,16 @@ pub trait Nic: Send + Sync {
     fn serve_rings(&self) -> bool {
         false
     }
+    /// Software-NIC hook: how many passes over the request rings served
+    /// requests so far, by any thread (polls of this NIC's CQs serve them
+    /// too); a thread spinning for peers compares it between turns
+    /// (default: 0, never changing).
+    fn ring_passes(&self) -> u64 {
+        0
+    }
+    /// Software-NIC hook: the calling thread paces its own spinning, so this
+    /// NIC's CQ polls need not yield its core for it (default: nothing).
+    fn pace_own_polls(&self) {}
 }
 
 /// `timeout` as poll(2)'s milliseconds, rounded up: a sub-millisecond wait is

@@ -293,6 +293,9 @@ struct Fabric {
     ranges: HashMap<u64, Vec<Frame>>,
     /// Signaled on every completion (the completion channels of all NICs).
     wake: Arc<std::sync::Condvar>,
+    /// Serving passes over the (modelled) request rings, `Nic::ring_passes`:
+    /// only [`FakeNic::count_ring_pass`] moves it (WRs execute at post time).
+    ring_passes: u64,
 }
 
 impl Fabric {
@@ -414,6 +417,11 @@ impl FakeNic {
             }),
         };
         (nic(1), nic(2))
+    }
+    /// Count a serving pass over the request rings, as a CQ poll that served
+    /// peers' requests does on the software NIC.
+    pub(crate) fn count_ring_pass(&self) {
+        self.fabric.lock().expect("fabric").ring_passes += 1;
     }
 }
 
@@ -951,6 +959,9 @@ impl Nic for FakeNic {
         Ok(!t.timed_out())
     }
     fn stats(&self) {}
+    fn ring_passes(&self) -> u64 {
+        self.fabric.lock().expect("fabric").ring_passes
+    }
 }
 
 impl crate::engine::Backend for FakeNic {

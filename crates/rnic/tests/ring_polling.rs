@@ -101,3 +101,97 @@ fn turning_polling_off_serves_what_rang_meanwhile() {
     // hand-back must have served requests that no wake-up announced.
     assert!(handed_back > 50, "hand-back served {handed_back} of 100");
 }
+
+/// One signaled 64 B READ from `a` into `l` of `t`, waited for after a pause
+/// (the requester does not spin meanwhile: the target's threads get the cores).
+fn read_once(a: &End, l: &OwnedMr, t: &OwnedMr, i: u64) {
+    std::thread::sleep(std::time::Duration::from_micros(200));
+    let rs = [l.sge(0, 64)];
+    a.qp.post_send(&[SendWr::new(i, WrOpcode::Read, &rs).remote(t.addr() as u64, t.rkey())])
+        .unwrap();
+    let w = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (i, WcStatus::Success));
+}
+
+#[test]
+fn a_cq_poll_serves_the_rings_and_counts_a_pass() {
+    let (a, b) = pair_cfg(quiet_nic_cfg());
+    let t = buf(&b.pd, 4096, 0);
+    let l = buf(&a.pd, 4096, 0);
+    // Nobody wakes the NIC thread: the target's (empty) CQ polls serve.
+    b.host.set_ring_polling(true);
+    for i in 0..20u8 {
+        t.write(0, &pattern(64, i));
+        let passes = b.host.ring_passes();
+        let rs = [l.sge(0, 64)];
+        a.qp.post_send(&[SendWr::new(u64::from(i), WrOpcode::Read, &rs).remote(t.addr() as u64, t.rkey())])
+            .unwrap();
+        let mut out = [Wc::default(); 1];
+        let t0 = std::time::Instant::now();
+        let w = loop {
+            assert_eq!(
+                b.cq.poll(&mut out).unwrap(),
+                0,
+                "the target's CQ has nothing of its own"
+            );
+            if a.cq.poll(&mut out).unwrap() == 1 {
+                break out[0];
+            }
+            assert!(t0.elapsed() < T, "READ {i} not served by the target's CQ polls");
+        };
+        assert_eq!((w.wr_id, w.status), (u64::from(i), WcStatus::Success));
+        assert_eq!(l.to_vec(0, 64), pattern(64, i), "READ {i}");
+        // Serving inside a CQ poll is a pass a spinning poller can see.
+        assert!(b.host.ring_passes() > passes, "READ {i}: no pass counted");
+    }
+    b.host.set_ring_polling(false);
+}
+
+#[test]
+fn the_nic_thread_spins_for_a_passive_target_and_not_beside_a_polling_one() {
+    // A spin window far longer than the gaps between requests.
+    let (a, b) = pair_cfg(HostConfig {
+        nic_spin: std::time::Duration::from_millis(500),
+        ..secure_cfg()
+    });
+    let t = buf(&b.pd, 4096, 7);
+    let l = buf(&a.pd, 4096, 0);
+    let n = 100;
+    read_once(&a, &l, &t, 0);
+    // Nobody of the target polls: its NIC thread serves, spinning between requests.
+    let before = b.host.stats().nic_sleeps;
+    for i in 1..=n {
+        read_once(&a, &l, &t, i);
+    }
+    let passive = b.host.stats().nic_sleeps - before;
+    assert!(
+        passive <= 5,
+        "a passive target's NIC thread slept {passive} times in {n} READs"
+    );
+    // A thread of the target polls its CQ (and so serves the rings): the NIC
+    // thread stops spinning.
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (cq, stop) = (b.cq.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut out = [Wc::default(); 4];
+            while !stop.load(Ordering::Acquire) {
+                assert_eq!(cq.poll(&mut out).unwrap(), 0);
+                std::hint::spin_loop();
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let before = b.host.stats().nic_sleeps;
+    for i in 1..=n {
+        read_once(&a, &l, &t, n + i);
+    }
+    let polled = b.host.stats().nic_sleeps - before;
+    stop.store(true, Ordering::Release);
+    poller.join().unwrap();
+    assert!(
+        polled >= n / 2,
+        "beside a thread polling the target's CQ its NIC thread slept only {polled} times in {n} READs"
+    );
+    assert_eq!(l.to_vec(0, 64), vec![7; 64]);
+}

@@ -450,6 +450,12 @@ impl nic::Nic for RnicNic {
     fn serve_rings(&self) -> bool {
         self.host.serve_rings()
     }
+    fn ring_passes(&self) -> u64 {
+        self.host.ring_passes()
+    }
+    fn pace_own_polls(&self) {
+        rnic::cq::pace_own_polls();
+    }
 }
 
 #[cfg(test)]

@@ -410,6 +410,8 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     // small READ/WRITE and atomics) so the NIC thread need not spin as well: a
     // second spinner per process on a 2-core machine turns µs into ms.
     let mut rings = RingPolling::new(&sh.nic, !sh.cfg.interrupt_mode);
+    // This loop yields by its own rule (below), not every so many empty polls.
+    sh.nic.pace_own_polls();
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         // An application that polls progresses inline; one waiting for an event
@@ -481,9 +483,11 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
 /// (`Nic::set_ring_polling`, a software-NIC hook): on while it spins, off
 /// before it blocks.
 pub(super) struct RingPolling<'a, N: Backend> {
-    pub(super) host: &'a N,
-    pub(super) enabled: bool,
-    pub(super) on: bool,
+    host: &'a N,
+    enabled: bool,
+    on: bool,
+    /// The NIC's serving passes when last looked at (`Backend::ring_passes`).
+    passes: u64,
 }
 
 impl<'a, N: Backend> RingPolling<'a, N> {
@@ -492,17 +496,28 @@ impl<'a, N: Backend> RingPolling<'a, N> {
             host,
             enabled,
             on: false,
+            passes: 0,
         }
     }
     pub(super) fn start(&mut self) {
         if self.enabled && !self.on {
             self.on = true;
             self.host.set_ring_polling(true);
+            self.passes = self.host.ring_passes();
         }
     }
-    /// Serve pending ring requests (while on); whether any was served.
+    /// Serve pending ring requests (while on); whether any was served since
+    /// the last look, here or inside the CQ polls of `progress` (which serve
+    /// them too: without counting those, a steady stream of peers' requests
+    /// served there looked like idleness, and the thread yielded its core at
+    /// every turn after [`YIELD_AFTER`]).
     pub(super) fn serve(&mut self) -> bool {
-        self.on && self.host.serve_rings()
+        if !self.on {
+            return false;
+        }
+        let now = self.host.serve_rings();
+        let before = std::mem::replace(&mut self.passes, self.host.ring_passes());
+        now || self.passes != before
     }
     /// Hand the rings back to the NIC thread; whether pending ones were served.
     pub(super) fn stop(&mut self) -> bool {
@@ -511,5 +526,32 @@ impl<'a, N: Backend> RingPolling<'a, N> {
         }
         self.on = false;
         self.host.set_ring_polling(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RingPolling;
+    use crate::testutil::FakeNic;
+
+    #[test]
+    fn ring_polling_counts_serving_done_inside_cq_polls_as_work() {
+        let (nic, _peer) = FakeNic::pair();
+        let mut rings = RingPolling::new(&nic, true);
+        nic.count_ring_pass();
+        assert!(!rings.serve(), "off: nothing is this thread's work");
+        // Passes before polling started were the NIC thread's.
+        rings.start();
+        assert!(!rings.serve(), "nothing served since the start");
+        // A CQ poll of `progress` served peers' requests: work, counted once.
+        nic.count_ring_pass();
+        assert!(rings.serve());
+        assert!(!rings.serve());
+        nic.count_ring_pass();
+        nic.count_ring_pass();
+        assert!(rings.serve());
+        assert!(!rings.stop(), "nothing pending at the hand-back");
+        nic.count_ring_pass();
+        assert!(!rings.serve(), "off again");
     }
 }

@@ -13,7 +13,7 @@ use crate::verbs::HostAddr;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 /// One host as its engines see it: the device state (which it derefs to) plus the
@@ -25,6 +25,15 @@ pub(crate) struct Nic {
     /// Held by whichever thread serves the doorbells (the NIC thread, or an
     /// external poller, see `Host::serve_rings`): request rings have one consumer.
     pub ring_server: Mutex<RingServer>,
+    /// Serving passes over the doorbells that served requests, by any thread
+    /// (see `Host::ring_passes`).
+    pub ring_passes: AtomicU64,
+    /// A thread polled one of this host's CQs since the NIC thread last looked
+    /// (such a poll serves the request rings inline, see `Cq::poll`): the NIC
+    /// thread then does not spin for them.
+    pub cq_polled: AtomicBool,
+    /// Times the NIC thread blocked for lack of work (`NicStats::nic_sleeps`).
+    pub nic_sleeps: AtomicU64,
 }
 
 impl Deref for Nic {
@@ -48,6 +57,9 @@ impl Nic {
         let nic = Arc::new(Nic {
             odp: Default::default(),
             ring_server: Mutex::new(RingServer::new(dev.cfg.max_qp)),
+            ring_passes: AtomicU64::new(0),
+            cq_polled: AtomicBool::new(false),
+            nic_sleeps: AtomicU64::new(0),
             dev,
         });
         LOCAL_HOSTS

@@ -22,6 +22,9 @@ pub(crate) const MAX_SLEEP_NS: u64 = 10_000_000;
 const YIELD_AFTER_NS: u64 = 20_000;
 /// While spinning, deferred work is looked at this often (or when kicked).
 const DEFERRED_EVERY_NS: u64 = 20_000;
+/// The NIC thread looks this often whether an application thread polls a CQ
+/// of this host (`Nic::cq_polled`).
+const CQ_POLLS_EVERY_NS: u64 = 20_000;
 
 /// The initiator of QP `idx`'s requests may sleep attending an application that
 /// blocked: wake it now that answers are in its slots (see `Segment::kick_answer`).
@@ -105,6 +108,9 @@ pub(crate) fn serve_doorbells_locked(h: &Nic, qps: &HostQps, srv: &mut crate::ni
             drop(held);
         }
     }
+    if work {
+        h.ring_passes.fetch_add(1, Ordering::Relaxed);
+    }
     work
 }
 
@@ -186,6 +192,12 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
     let mut last_work = 0u64;
     let mut last_seq = hdr.nic_seq.load(Ordering::SeqCst).wrapping_sub(1);
     let mut next_check = 0u64;
+    // Whether an application thread polled a CQ of this host lately (looked at
+    // every `CQ_POLLS_EVERY_NS`, also across sleeps: a look right after one would
+    // mostly find the flag just cleared): its polls serve the rings, so we do
+    // not spin.
+    let mut cq_polls = false;
+    let mut next_polls_look = 0u64;
     let mut d = Deferred {
         work: false,
         next_deadline: None,
@@ -218,8 +230,12 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
             last_work = now;
             continue;
         }
+        if now >= next_polls_look {
+            next_polls_look = now + CQ_POLLS_EVERY_NS;
+            cq_polls = h.cq_polled.swap(false, Ordering::Relaxed);
+        }
         let idle = now.saturating_sub(last_work);
-        if !ext && idle < spin_ns {
+        if !ext && !cq_polls && idle < spin_ns {
             if idle < YIELD_AFTER_NS {
                 std::hint::spin_loop();
             } else {
@@ -267,6 +283,7 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
                 timeout = Some(timeout.map_or(t, |x| x.min(t)));
             }
             let timeout = timeout.map_or(MAX_SLEEP_NS, |t| t.min(MAX_SLEEP_NS));
+            h.nic_sleeps.fetch_add(1, Ordering::Relaxed);
             sys::futex_wait(&hdr.nic_seq, seq, Some(Duration::from_nanos(timeout)));
         }
         hdr.nic_sleeping.store(0, Ordering::SeqCst);

@@ -68,6 +68,8 @@ pub struct NicStats {
     /// (`process_vm_*` / its DMA pool): only between two trusting hosts
     /// (`HostConfig::trusted_peers`); stays 0 with target-enforced protection.
     pub direct_remote: u64,
+    /// Times this host's NIC thread blocked (on its futex) for lack of work.
+    pub nic_sleeps: u64,
 }
 
 /// What every handle of a host holds: the engines' state, the QPs awaiting the NIC
@@ -209,6 +211,15 @@ impl Host {
         crate::nic::thread::serve_doorbells(self.inner(), &self.sh.qps)
     }
 
+    /// How many passes over the doorbells served requests so far, by any thread
+    /// of this process: the NIC thread, a ring poller, or an application thread
+    /// polling a CQ (which serves peers' requests too, see `Cq::poll`). A thread
+    /// spinning for peers' requests compares it between turns, so serving done
+    /// inside its own CQ polls is not mistaken for idleness.
+    pub fn ring_passes(&self) -> u64 {
+        self.inner().ring_passes.load(Ordering::Relaxed)
+    }
+
     /// The host's IOMMU.
     pub fn iommu(&self) -> &Iommu {
         &self.sh.inner.iommu
@@ -278,6 +289,7 @@ impl Host {
             retransmissions: l(&s.retransmissions),
             pool_copies: l(&s.pool_copies),
             direct_remote: l(&s.direct_remote),
+            nic_sleeps: l(&self.sh.inner.nic_sleeps),
         }
     }
 
@@ -345,7 +357,12 @@ mod tests {
         let b = Host::new(HostConfig::default()).unwrap();
         assert_ne!(a.addr(), b.addr());
         assert_eq!(a.addr().pid, std::process::id());
-        assert_eq!(a.stats(), NicStats::default());
+        // No traffic counted (its idle NIC thread may have gone to sleep).
+        let idle = NicStats {
+            nic_sleeps: 0,
+            ..a.stats()
+        };
+        assert_eq!(idle, NicStats::default());
         assert!(Host::new(HostConfig {
             max_tlp: 100,
             ..Default::default()

@@ -136,6 +136,11 @@ impl Cq {
         // serves): messages between two polling applications then need no NIC-thread
         // hand-off (a wake-up, or a spinning thread more per process).
         crate::nic::thread::serve_doorbells(hi, self.inner.host.qps());
+        // Tell the NIC thread it need not spin for the rings (a store only when
+        // it has looked since: the line is not bounced at every poll).
+        if !hi.cq_polled.load(Ordering::Relaxed) {
+            hi.cq_polled.store(true, Ordering::Relaxed);
+        }
         let seg = &hi.seg;
         let c = seg.cq(self.inner.idx).expect("own CQ");
         let h0 = c.head.load(Ordering::Acquire);
@@ -309,6 +314,18 @@ impl CompChannel {
 
 thread_local! {
     static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// This thread paces its own spinning (see [`pace_own_polls`]).
+    static OWN_PACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Declare that the calling thread paces its own spinning: its empty CQ polls
+/// no longer yield the core every [`YIELD_EVERY_EMPTY_POLLS`]th time. For a
+/// process's designated polling thread that yields by its own rule (NP-RDMA's,
+/// which also serves the request rings while it spins): the forced yields
+/// only delayed the peers' requests it serves, by a system call and a pass
+/// through the scheduler each.
+pub fn pace_own_polls() {
+    OWN_PACE.with(|c| c.set(true));
 }
 
 /// Consecutive empty CQ polls after which the polling thread yields its core once.
@@ -323,7 +340,7 @@ fn empty_poll() {
     EMPTY_POLLS.with(|c| {
         let n = c.get().wrapping_add(1);
         c.set(n);
-        if n % YIELD_EVERY_EMPTY_POLLS == 0 {
+        if n % YIELD_EVERY_EMPTY_POLLS == 0 && !OWN_PACE.with(|p| p.get()) {
             std::thread::yield_now();
         }
     });
