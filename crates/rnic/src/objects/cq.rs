@@ -319,7 +319,7 @@ thread_local! {
 }
 
 /// Declare that the calling thread paces its own spinning: its empty CQ polls
-/// no longer yield the core every [`YIELD_EVERY_EMPTY_POLLS`]th time. For a
+/// no longer yield the core every 256th time in a row. For a
 /// process's designated polling thread that yields by its own rule (NP-RDMA's,
 /// which also serves the request rings while it spins): the forced yields
 /// only delayed the peers' requests it serves, by a system call and a pass
