@@ -78,9 +78,9 @@
 //!   request ring (process_vm costs ~1.1 µs per call; a ring round trip ~0.3 µs), so
 //!   atomics execute on one thread of the target (`IBV_ATOMIC_HCA`). It spins only for
 //!   an adaptive window after its last request (`nic_spin`, doubled up to 32x while
-//!   requests keep coming right after it fell asleep), and only while no application
-//!   thread of its process polls a CQ (`Cq::poll` serves the rings too; it looks every
-//!   20 µs), and otherwise blocks on a futex
+//!   requests keep coming right after it fell asleep), and only once no application
+//!   thread of its process polled a CQ for 1 ms (`Cq::poll` serves the rings too; it
+//!   looks every 20 µs), and otherwise blocks on a futex
 //!   (requesters wake it: once per issuing pass, so the ring requests of one post —
 //!   NP-RDMA's WRITE is three — are all in its rings when it wakes, and only the
 //!   requester that clears its sleep flag makes the `FUTEX_WAKE`). A latency run

@@ -66,7 +66,8 @@
 //!   target-enforced protection — every request of a peer is checked and executed by
 //!   this process's own NIC thread, and nothing else of it is reachable.
 //! * `NPRDMA_RING_MAX` (bytes; default 64 KiB, with trusted peers 8), `NPRDMA_NIC_SPIN_US`
-//!   (default 100, while no application thread polls a CQ), `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring slot size,
+//!   (default 100 in pinned mode, once no application thread polled a CQ for 1 ms; 0 in
+//!   NP-RDMA mode), `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring slot size,
 //!   NIC-thread spin window and large-transfer sharing (see
 //!   [`backend::host_config_from_env`]).
 //! * `NPRDMA_TRACE` — log the sysfs reads applications attempt.

@@ -25,6 +25,13 @@ const DEFERRED_EVERY_NS: u64 = 20_000;
 /// The NIC thread looks this often whether an application thread polls a CQ
 /// of this host (`Nic::cq_polled`).
 const CQ_POLLS_EVERY_NS: u64 = 20_000;
+/// The NIC thread spins for the rings only once no CQ poll was seen for this
+/// long: an application that polls now and then (ib_write_lat polls its CQ for
+/// its own WRITE, then spins on memory for the peer's) serves the rings in its
+/// polls, and a NIC thread spinning beside it is one spinner too many on 2
+/// cores, worst when a loaded machine keeps the application off its core for
+/// a while.
+const CQ_QUIET_NS: u64 = 1_000_000;
 
 /// The initiator of QP `idx`'s requests may sleep attending an application that
 /// blocked: wake it now that answers are in its slots (see `Segment::kick_answer`).
@@ -192,11 +199,11 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
     let mut last_work = 0u64;
     let mut last_seq = hdr.nic_seq.load(Ordering::SeqCst).wrapping_sub(1);
     let mut next_check = 0u64;
-    // Whether an application thread polled a CQ of this host lately (looked at
-    // every `CQ_POLLS_EVERY_NS`, also across sleeps: a look right after one would
-    // mostly find the flag just cleared): its polls serve the rings, so we do
-    // not spin.
-    let mut cq_polls = false;
+    // When a look (every `CQ_POLLS_EVERY_NS`, also across sleeps: a look right
+    // after one would mostly find the flag just cleared) last found that an
+    // application thread had polled a CQ of this host: its polls serve the
+    // rings, so we do not spin until `CQ_QUIET_NS` passed without one.
+    let mut last_cq_poll = 0u64;
     let mut next_polls_look = 0u64;
     let mut d = Deferred {
         work: false,
@@ -232,10 +239,13 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
         }
         if now >= next_polls_look {
             next_polls_look = now + CQ_POLLS_EVERY_NS;
-            cq_polls = h.cq_polled.swap(false, Ordering::Relaxed);
+            if h.cq_polled.swap(false, Ordering::Relaxed) {
+                last_cq_poll = now;
+            }
         }
         let idle = now.saturating_sub(last_work);
-        if !ext && !cq_polls && idle < spin_ns {
+        let cq_quiet = last_cq_poll == 0 || now.saturating_sub(last_cq_poll) >= CQ_QUIET_NS;
+        if !ext && cq_quiet && idle < spin_ns {
             if idle < YIELD_AFTER_NS {
                 std::hint::spin_loop();
             } else {
