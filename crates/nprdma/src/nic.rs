@@ -627,8 +627,9 @@ pub trait Nic: Send + Sync {
     /// The IOMMU-control capability, if available.
     fn iommu(&self) -> Option<Arc<Self::Iommu>>;
     /// Block until an armed CQ of this NIC ([`NicCq::arm`]) signals its
-    /// completion channel, or `timeout` passes: `true` on an event, `false`
-    /// on the timeout.
+    /// completion channel, a ring waker of this NIC fires
+    /// ([`Nic::add_ring_waker`]), or `timeout` passes: `true` on an event or
+    /// a wake-up, `false` on the timeout.
     fn wait_event(&self, timeout: std::time::Duration) -> Result<bool, Self::Error>;
     /// The NIC's counters.
     fn stats(&self) -> Self::Stats;
@@ -654,6 +655,15 @@ pub trait Nic: Send + Sync {
     /// Software-NIC hook: the calling thread paces its own spinning, so this
     /// NIC's CQ polls need not yield its core for it (default: nothing).
     fn pace_own_polls(&self) {}
+    /// Software-NIC hook: have [`Nic::wait_event`] return when the NIC thread
+    /// starts serving peers' requests while nobody polls the rings, so a ring
+    /// poller that blocked takes them back; an id for
+    /// [`Nic::remove_ring_waker`] (default: nothing, 0).
+    fn add_ring_waker(&self) -> u64 {
+        0
+    }
+    /// Software-NIC hook: undo [`Nic::add_ring_waker`] (default: nothing).
+    fn remove_ring_waker(&self, _id: u64) {}
 }
 
 /// `timeout` as poll(2)'s milliseconds, rounded up: a sub-millisecond wait is

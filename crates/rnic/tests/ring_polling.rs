@@ -195,3 +195,57 @@ fn the_nic_thread_spins_for_a_passive_target_and_not_beside_a_polling_one() {
     );
     assert_eq!(l.to_vec(0, 64), vec![7; 64]);
 }
+
+#[test]
+fn the_nic_thread_wakes_a_blocked_ring_poller_when_it_serves() {
+    let (a, b) = pair_cfg(quiet_nic_cfg());
+    let t = buf(&b.pd, 4096, 9);
+    let l = buf(&a.pd, 4096, 0);
+    // A poller blocked on its completion channel (no CQ of it armed: only
+    // the waker can end the wait before the timeout).
+    let chan = b.ctx.create_comp_channel().unwrap();
+    let id = b.host.add_ring_waker(Arc::new(chan.waker()));
+    let waiter = {
+        let chan = chan.clone();
+        std::thread::spawn(move || chan.get_event_or_wake(Some(T)).map(|c| c.is_none()))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    read_once(&a, &l, &t, 1);
+    assert!(
+        matches!(waiter.join().unwrap(), Ok(true)),
+        "the READ the NIC thread served woke the blocked poller"
+    );
+    assert_eq!(l.to_vec(0, 64), vec![9; 64]);
+    // While a thread polls the rings, the NIC thread does not serve: no wake-up.
+    b.host.set_ring_polling(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (host, stop) = (b.host.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                host.serve_rings();
+                std::hint::spin_loop();
+            }
+        })
+    };
+    for i in 2..20 {
+        read_once(&a, &l, &t, i);
+    }
+    stop.store(true, Ordering::Release);
+    poller.join().unwrap();
+    b.host.set_ring_polling(false);
+    assert!(
+        matches!(
+            chan.get_event_or_wake(Some(std::time::Duration::from_millis(1))),
+            Err(Error::Timeout)
+        ),
+        "woken although a thread polled the rings"
+    );
+    // Removed: no wake-up either.
+    b.host.remove_ring_waker(id);
+    read_once(&a, &l, &t, 20);
+    assert!(matches!(
+        chan.get_event_or_wake(Some(std::time::Duration::from_millis(1))),
+        Err(Error::Timeout)
+    ));
+}

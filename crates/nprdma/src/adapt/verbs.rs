@@ -435,7 +435,7 @@ impl nic::Nic for RnicNic {
         Some(self.iommu.clone())
     }
     fn wait_event(&self, timeout: Duration) -> Result<bool, rnic::Error> {
-        match self.chan.get_event(Some(timeout)) {
+        match self.chan.get_event_or_wake(Some(timeout)) {
             Ok(_) => Ok(true),
             Err(rnic::Error::Timeout) => Ok(false),
             Err(e) => Err(e),
@@ -455,6 +455,12 @@ impl nic::Nic for RnicNic {
     }
     fn pace_own_polls(&self) {
         rnic::cq::pace_own_polls();
+    }
+    fn add_ring_waker(&self) -> u64 {
+        self.host.add_ring_waker(Arc::new(self.chan.waker()))
+    }
+    fn remove_ring_waker(&self, id: u64) {
+        self.host.remove_ring_waker(id);
     }
 }
 

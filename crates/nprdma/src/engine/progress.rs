@@ -412,6 +412,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let mut rings = RingPolling::new(&sh.nic, !sh.cfg.interrupt_mode);
     // This loop yields by its own rule (below), not every so many empty polls.
     sh.nic.pace_own_polls();
+    // Blocked, it is woken when the NIC thread starts serving peers' requests:
+    // it then takes the rings back (a stream of them would otherwise cost a
+    // NIC-thread sleep and wake-up each, for as long as the stream lasts).
+    let waker = (!sh.cfg.interrupt_mode).then(|| sh.nic.add_ring_waker());
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         // An application that polls progresses inline; one waiting for an event
@@ -465,6 +469,7 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             continue;
         }
         match sh.nic.wait_event(Duration::from_millis(20)) {
+            // An event, or the NIC thread serving peers' requests.
             Ok(true) => {
                 last_work = Instant::now();
                 window = window.saturating_mul(2).min(max_window);
@@ -477,6 +482,9 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         }
     }
     rings.stop();
+    if let Some(id) = waker {
+        sh.nic.remove_ring_waker(id);
+    }
 }
 
 /// The polling thread's turn at serving the NIC's request rings

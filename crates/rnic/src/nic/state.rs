@@ -34,7 +34,14 @@ pub(crate) struct Nic {
     pub cq_polled: AtomicBool,
     /// Times the NIC thread blocked for lack of work (`NicStats::nic_sleeps`).
     pub nic_sleeps: AtomicU64,
+    /// Threads that want the request rings (`Host::add_ring_waker`): the NIC
+    /// thread calls these when it starts serving after a sleep while none of
+    /// them polls the rings, so a blocked poller takes them back.
+    pub ring_wakers: Mutex<Vec<(u64, RingWaker)>>,
 }
+
+/// A call that wakes a blocked ring poller (see `Nic::ring_wakers`).
+pub type RingWaker = Arc<dyn Fn() + Send + Sync>;
 
 impl Deref for Nic {
     type Target = Device;
@@ -60,6 +67,7 @@ impl Nic {
             ring_passes: AtomicU64::new(0),
             cq_polled: AtomicBool::new(false),
             nic_sleeps: AtomicU64::new(0),
+            ring_wakers: Mutex::new(Vec::new()),
             dev,
         });
         LOCAL_HOSTS

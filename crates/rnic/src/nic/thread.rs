@@ -185,6 +185,14 @@ fn deferred(qps: &HostQps, now: u64) -> Deferred {
     d
 }
 
+/// Call the host's ring wakers (outside the lock: a waker may take its own).
+fn wake_ring_pollers(h: &Nic) {
+    let wakers: Vec<_> = h.ring_wakers.lock().iter().map(|(_, w)| w.clone()).collect();
+    for w in wakers {
+        w();
+    }
+}
+
 /// The NIC thread's loop (until the host shuts down).
 pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
     let seg = h.seg.clone();
@@ -225,6 +233,11 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
             work |= d.work;
         }
         if work {
+            if slept_at != 0 && !ext {
+                // Serving after a sleep, no poller on the rings: wake a blocked one
+                // to take them (it spins; we go back to sleep once it polls them).
+                wake_ring_pollers(&h);
+            }
             if slept_at != 0 {
                 let gap = now.saturating_sub(slept_at);
                 spin_ns = if gap < 4 * spin_ns {

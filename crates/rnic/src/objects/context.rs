@@ -211,6 +211,24 @@ impl Host {
         crate::nic::thread::serve_doorbells(self.inner(), &self.sh.qps)
     }
 
+    /// Register `wake`, called by the NIC thread when it starts serving requests
+    /// after a sleep while no thread polls the rings (`set_ring_polling` off): a
+    /// ring poller that blocked (it had no work) is woken to take the rings back,
+    /// instead of leaving the NIC thread to serve a stream of requests with a
+    /// sleep and a wake-up each. Returns an id for [`Host::remove_ring_waker`].
+    /// `wake` must not hold this host (the host would hold itself).
+    pub fn add_ring_waker(&self, wake: Arc<dyn Fn() + Send + Sync>) -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.inner().ring_wakers.lock().push((id, wake));
+        id
+    }
+
+    /// Forget the waker `id` of [`Host::add_ring_waker`].
+    pub fn remove_ring_waker(&self, id: u64) {
+        self.inner().ring_wakers.lock().retain(|(i, _)| *i != id);
+    }
+
     /// How many passes over the doorbells served requests so far, by any thread
     /// of this process: the NIC thread, a ring poller, or an application thread
     /// polling a CQ (which serves peers' requests too, see `Cq::poll`). A thread

@@ -10,7 +10,7 @@ use crate::sys;
 use crate::verbs::{Wc, WcFlags, WcOpcode, WcStatus};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -253,6 +253,9 @@ pub(crate) struct ChanInner {
     /// Shared with the CQ rings signalling it (open while they may push).
     fd: Arc<OwnedFd>,
     cqs: Mutex<Vec<Weak<CqInner>>>,
+    /// Set by a [`CompChannel::waker`] call, taken by
+    /// [`CompChannel::get_event_or_wake`].
+    woken: Arc<AtomicBool>,
 }
 
 /// A completion channel: `fd()` becomes readable when an armed CQ gets a completion.
@@ -268,6 +271,7 @@ impl CompChannel {
                 host,
                 fd: Arc::new(sys::eventfd()?),
                 cqs: Mutex::new(Vec::new()),
+                woken: Arc::new(AtomicBool::new(false)),
             }),
         })
     }
@@ -277,11 +281,38 @@ impl CompChannel {
         self.inner.fd.as_raw_fd()
     }
 
+    /// A call that makes [`CompChannel::get_event_or_wake`] return `None` (now, or
+    /// at its next call), for another thread's reason to wake the waiter (see
+    /// `Host::add_ring_waker`). It holds the channel's eventfd, not the channel.
+    pub fn waker(&self) -> impl Fn() + Send + Sync + 'static {
+        let (fd, woken) = (self.inner.fd.clone(), self.inner.woken.clone());
+        move || {
+            if !woken.swap(true, Ordering::AcqRel) {
+                // A full counter only means the waiter is being woken anyway.
+                let _ = sys::eventfd_signal(&*fd);
+            }
+        }
+    }
+
+    /// [`CompChannel::get_event`], or `Ok(None)` once a [`CompChannel::waker`] was
+    /// called (since the last return of `None`).
+    pub fn get_event_or_wake(&self, timeout: Option<Duration>) -> Result<Option<Cq>> {
+        self.wait(timeout, true)
+    }
+
     /// Wait for an event (`None` = forever) and return the CQ that fired. Re-arm with
     /// `req_notify` after polling it.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Cq> {
+        // Without wake-ups asked for, `wait` returns only events or errors.
+        self.wait(timeout, false)?.ok_or(Error::Timeout)
+    }
+
+    fn wait(&self, timeout: Option<Duration>, wakes: bool) -> Result<Option<Cq>> {
         let start = Instant::now();
         loop {
+            if wakes && self.inner.woken.swap(false, Ordering::AcqRel) {
+                return Ok(None);
+            }
             {
                 let seg = &self.inner.host.inner().seg;
                 let mut l = self.inner.cqs.lock();
@@ -290,7 +321,7 @@ impl CompChannel {
                     if let Some(ci) = w.upgrade() {
                         let c = seg.cq(ci.idx).expect("own CQ");
                         if c.event_pending.swap(0, Ordering::AcqRel) == 1 {
-                            return Ok(Cq { inner: ci });
+                            return Ok(Some(Cq { inner: ci }));
                         }
                     }
                 }
