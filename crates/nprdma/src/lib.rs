@@ -64,7 +64,11 @@
 //!   `ring_rw_max` a remote fault took ≈1.1 ms across processes (two
 //!   spinners in the target on 2 cores), now ≈9 µs (4–8 µs with
 //!   `ring_rw_max: Some(0)`, where the target's threads are not on the
-//!   one-sided path at all; BENCHMARKS.md). An application thread polling its CQ
+//!   one-sided path at all; BENCHMARKS.md). Requests it serves inside its
+//!   NIC-CQ polls count as work (`rnic::Host::ring_passes`), and its
+//!   NIC-CQ polls do not force yields (`rnic::cq::pace_own_polls`). Once
+//!   blocked, it is woken when the NIC thread starts serving requests in its
+//!   place (`rnic::Host::add_ring_waker`), and takes the rings back. An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
 //! * **Lean path** (`engine/fast.rs`): a signaled one-sided READ or
