@@ -56,7 +56,7 @@
 //!   data CQ is idle and at least every 16th poll); application CQs are
 //!   user-space queues. The polling thread
 //!   spins `Config::spin` after work (up to 40× that while requests keep
-//!   arriving just after it blocked; past 20 µs without work it spins
+//!   arriving just after it blocked; past 8 µs without work it spins
 //!   yielding its core, see rnic's docs), then blocks on the channel
 //!   (`interrupt_mode`: no spinning). While it spins it also serves the
 //!   software NIC's request rings (`rnic::Host::set_ring_polling`), so the
@@ -66,9 +66,10 @@
 //!   `ring_rw_max: Some(0)`, where the target's threads are not on the
 //!   one-sided path at all; BENCHMARKS.md). Requests it serves inside its
 //!   NIC-CQ polls count as work (`rnic::Host::ring_passes`), and its
-//!   NIC-CQ polls do not force yields (`rnic::cq::pace_own_polls`). Once
-//!   blocked, it is woken when the NIC thread starts serving requests in its
-//!   place (`rnic::Host::add_ring_waker`), and takes the rings back. An application thread polling its CQ
+//!   NIC-CQ polls do not force yields (`rnic::cq::pace_own_polls`). With
+//!   `Config::ring_takeover` (off by default), once blocked, it is woken when
+//!   the NIC thread starts serving requests in its place
+//!   (`rnic::Host::add_ring_waker`), and takes the rings back. An application thread polling its CQ
 //!   progresses the engine itself (no thread hop) and the polling thread
 //!   steps aside meanwhile. One lock per context serialises engine state.
 //! * **Lean path** (`engine/fast.rs`): a signaled one-sided READ or

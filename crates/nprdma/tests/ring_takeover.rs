@@ -1,8 +1,9 @@
-//! The polling thread and the NIC thread on a passive target: after a pause
-//! long enough for the target's polling thread to block, a stream of peers'
-//! READs wakes it through the NIC thread (`Nic::add_ring_waker`), and it takes
-//! the request rings back — the NIC thread does not serve the stream with a
-//! sleep and a wake-up per request.
+//! The polling thread and the NIC thread on a passive target, with
+//! `Config::ring_takeover`: after a pause long enough for the target's
+//! polling thread to block, a stream of peers' READs wakes it through the NIC
+//! thread (`Nic::add_ring_waker`), and it takes the request rings back — the
+//! NIC thread does not serve the stream with a sleep and a wake-up per
+//! request.
 
 mod common;
 
@@ -20,8 +21,12 @@ fn a_blocked_polling_thread_takes_the_rings_back_from_the_nic_thread() {
         nic_spin: Duration::ZERO,
         ..rnic::HostConfig::default()
     };
-    let a = side_on(hc.clone(), nprdma::Config::default());
-    let b = side_on(hc, nprdma::Config::default());
+    let cfg = nprdma::Config {
+        ring_takeover: true,
+        ..nprdma::Config::default()
+    };
+    let a = side_on(hc.clone(), cfg.clone());
+    let b = side_on(hc, cfg);
     let (qa, _qb) = connect(&a, &b, 16);
     let pb = pattern(5, 4096);
     let la = Buf::with(&a, 4096, None);

@@ -66,8 +66,8 @@
 //!   target-enforced protection — every request of a peer is checked and executed by
 //!   this process's own NIC thread, and nothing else of it is reachable.
 //! * `NPRDMA_RING_MAX` (bytes; default 64 KiB, with trusted peers 8), `NPRDMA_NIC_SPIN_US`
-//!   (default 100 in pinned mode, once no application thread polled a CQ for 1 ms; 0 in
-//!   NP-RDMA mode), `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring slot size,
+//!   (default 0; a window applies only once no application thread polled a CQ for 1 ms),
+//!   `NPRDMA_DMA_HELP` (default 1): the NIC's request-ring slot size,
 //!   NIC-thread spin window and large-transfer sharing (see
 //!   [`backend::host_config_from_env`]).
 //! * `NPRDMA_TRACE` — log the sysfs reads applications attempt.
@@ -121,6 +121,8 @@
 //!   never-touched pages filled together on a first touch; `0` off.
 //! * `NPRDMA_FAULT_AROUND_MAX_PAGES` (default 512 = 2 MiB, at most budget / 8) — the run
 //!   doubles up to this while first touches come in order; `0` no growth.
+//! * `NPRDMA_RING_TAKEOVER=1` — the engine's polling thread, once blocked, takes the
+//!   request rings back when peers' requests come (`np::Config::ring_takeover`).
 //! * `NPRDMA_POLL_SPIN_US` (default 50), `NPRDMA_INTERRUPT=1` — the engine's polling
 //!   thread: spin window after work / never spin.
 //! * `NPRDMA_WRITE_VERSION_THRESHOLD` (bytes, default 0) — WRITEs up to this size are

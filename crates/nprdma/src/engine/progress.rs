@@ -378,7 +378,12 @@ fn on_ctrl_recv_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, slo
 }
 
 /// Spinning without work longer than this yields the core at every turn.
-const YIELD_AFTER: Duration = Duration::from_micros(20);
+/// Short, because a spinning initiator may share this thread's core (the
+/// scheduler leaves a cache-hot thread where it is for milliseconds): at
+/// 20 µs, ib_read_lat's default 1 000 iterations ran at 46–60 µs in half the
+/// runs once this thread stopped mistaking ring work for idleness (it had
+/// yielded at every turn); at 8 µs, 0.95–1.32 µs (BENCHMARKS.md, session 16).
+const YIELD_AFTER: Duration = Duration::from_micros(8);
 
 /// While the application polls (and so progresses inline), the polling
 /// thread naps, first for [`NAP_MIN`], doubling up to [`NAP_MAX`] while the
@@ -412,10 +417,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let mut rings = RingPolling::new(&sh.nic, !sh.cfg.interrupt_mode);
     // This loop yields by its own rule (below), not every so many empty polls.
     sh.nic.pace_own_polls();
-    // Blocked, it is woken when the NIC thread starts serving peers' requests:
-    // it then takes the rings back (a stream of them would otherwise cost a
-    // NIC-thread sleep and wake-up each, for as long as the stream lasts).
-    let waker = (!sh.cfg.interrupt_mode).then(|| sh.nic.add_ring_waker());
+    // With `ring_takeover`, blocked, it is woken when the NIC thread starts
+    // serving peers' requests: it then takes the rings back (a stream of them
+    // would otherwise cost a NIC-thread sleep and wake-up each).
+    let waker = (sh.cfg.ring_takeover && !sh.cfg.interrupt_mode).then(|| sh.nic.add_ring_waker());
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         // An application that polls progresses inline; one waiting for an event

@@ -76,6 +76,16 @@ pub struct Config {
     /// no more than two pieces of it at once (values below 4096 count as
     /// 4096).
     pub two_sided_piece: u32,
+    /// Ring takeover: the polling thread, once blocked, is woken when the
+    /// software NIC's thread starts serving peers' requests in its place
+    /// (`Nic::add_ring_waker`) and takes the request rings back, spinning.
+    /// Off by default: a long stream of READs at a passive target then costs
+    /// no NIC-thread sleep and wake-up per request (`ib_read_lat -n 10⁶`
+    /// 5.96 → 0.83 µs), but on this 2-core VM a short one (`ib_read_lat`'s
+    /// default 1 000 iterations) ran at 48–60 µs instead of 1–15 µs: the
+    /// spinning target and the spinning initiator shared a core (BENCHMARKS.md,
+    /// session 16).
+    pub ring_takeover: bool,
     /// User-space mode's registration cache: bytes of temporary MRs kept
     /// registered after their operation (LRU; 0: off, every two-sided
     /// operation registers and deregisters). Kernel-module mode does not
@@ -119,6 +129,7 @@ impl Default for Config {
             nic_cq_depth: 32768,
             two_sided_timeout: Duration::from_secs(5),
             two_sided_piece: 1 << 20,
+            ring_takeover: false,
             reg_cache_bytes: 64 << 20,
             lease_ms: 100,
             lease_bytes: 64 << 20,

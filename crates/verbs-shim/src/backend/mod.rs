@@ -281,20 +281,16 @@ pub unsafe extern "C" fn nprdma_shim_as_device(mode: *const std::ffi::c_char) ->
 /// protection (the default) every request is served by the target's NIC thread, in
 /// parts of rnic's default slot size.
 pub const DEFAULT_RING_MAX: u32 = 8;
-/// Default NIC-thread spin window after its last request in pinned mode: rnic's
-/// 100 µs (doubled while requests come right after it fell asleep). It spins only
-/// once no application thread of the process polled a CQ for a millisecond: such
-/// polls serve the rings themselves, and two spinners per process on 2 cores
-/// (ib_write_lat) gave ms latencies. A passive target (ib_read_lat's server) is
-/// then served without a wake-up per request: the spin window 0 used before cost
-/// its 8 KiB READs 3–15 µs against 1.2–2.2 µs.
-pub const DEFAULT_NIC_SPIN_US: u64 = 100;
-/// Default NIC-thread spin window in NP-RDMA mode: 0. NP-RDMA's polling thread is
-/// the process's spinner (it serves the rings while it spins); the NIC thread only
-/// stands in while that thread blocks, and sleeps after each request: with a busy
-/// second core, a spinning stand-in beside it turned ib_read_lat's medians from
-/// 6–9 µs into 47–56 µs in two runs of three.
-pub const NP_DEFAULT_NIC_SPIN_US: u64 = 0;
+/// Default NIC-thread spin window: 0 (it sleeps right after serving; see above).
+/// `NPRDMA_NIC_SPIN_US=100` (rnic's window, under its rule: only once no
+/// application thread of the process polled a CQ for 1 ms) serves a passive
+/// target (ib_read_lat's server) without a wake-up per request: 8 KiB READs at
+/// 1.1–1.4 µs against 3–15 µs over 10 000 iterations. It is not the default:
+/// over ib_read_lat's default 1 000 iterations it gave 49 µs against 6–8 µs on
+/// this 2-core VM (the spinning target shared a core with the spinning
+/// initiator; BENCHMARKS.md, session 16). In NP-RDMA mode the engine's polling
+/// thread is the spinner (and `NPRDMA_RING_TAKEOVER=1` the matching opt-in).
+pub const DEFAULT_NIC_SPIN_US: u64 = 0;
 
 /// Whether `NPRDMA_TRUSTED_PEERS=1` (the labelled opt-in: peers copy into this
 /// process themselves, see `rnic::HostConfig::trusted_peers`).

@@ -114,9 +114,6 @@ impl NpFlavor for Soft {
         if std::env::var_os("NPRDMA_RING_MAX").is_none() && hcfg.trusted_peers {
             hcfg.ring_max = NP_DEFAULT_RING_MAX;
         }
-        if std::env::var_os("NPRDMA_NIC_SPIN_US").is_none() {
-            hcfg.nic_spin = std::time::Duration::from_micros(super::NP_DEFAULT_NIC_SPIN_US);
-        }
         np_host_limits(&mut hcfg);
         let host = rnic::Host::new(hcfg)?;
         let nic = np::adapt::RnicNic::open(&host)?;

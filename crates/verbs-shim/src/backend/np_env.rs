@@ -129,6 +129,9 @@ pub fn engine_config(get: &dyn Fn(&str) -> Option<String>) -> Result<np::Config>
     if let Some(v) = num(get, "NPRDMA_INTERRUPT")? {
         c.interrupt_mode = v != 0;
     }
+    if let Some(v) = num(get, "NPRDMA_RING_TAKEOVER")? {
+        c.ring_takeover = v != 0;
+    }
     if let Some(mb) = num(get, "NPRDMA_REG_CACHE_MB")? {
         c.reg_cache_bytes = mb.saturating_mul(1 << 20);
     }
