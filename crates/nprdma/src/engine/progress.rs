@@ -385,6 +385,15 @@ fn on_ctrl_recv_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, slo
 /// yielded at every turn); at 8 µs, 0.95–1.32 µs (BENCHMARKS.md, session 16).
 const YIELD_AFTER: Duration = Duration::from_micros(8);
 
+/// An idle turn that came this long after the previous one (a yield, or a
+/// preemption while spinning) means another busy thread shares the core:
+/// the polling thread then blocks (its NIC
+/// thread serves peers' requests with a wake-up each) until the next event or
+/// its blocking timeout. With a busy second core, spinning on regardless
+/// gave ib_read_lat medians of 27–48 µs in most runs, a wake-up per request
+/// 6.5–8.5 µs (BENCHMARKS.md, session 16).
+const CONTENDED: Duration = Duration::from_micros(200);
+
 /// While the application polls (and so progresses inline), the polling
 /// thread naps, first for [`NAP_MIN`], doubling up to [`NAP_MAX`] while the
 /// polls go on: each wake-up to look takes a core from a spinning thread of
@@ -411,6 +420,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     let max_window = sh.cfg.spin.saturating_mul(40);
     let mut seen = sh.app_polls.load(Ordering::Relaxed);
     let mut nap = NAP_MIN;
+    // An idle turn found the core contended (see `CONTENDED`): block at the
+    // next one. `prev_idle`: the last idle turn since the last work.
+    let mut contended = false;
+    let mut prev_idle: Option<Instant> = None;
     // While spinning, this thread also serves the NIC's request rings (peers'
     // small READ/WRITE and atomics) so the NIC thread need not spin as well: a
     // second spinner per process on a 2-core machine turns µs into ms.
@@ -439,10 +452,14 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         };
         if n > 0 || rings.serve() {
             last_work = Instant::now();
+            prev_idle = None;
             continue;
         }
         let idle_for = last_work.elapsed();
-        if !sh.cfg.interrupt_mode && idle_for < window {
+        let now = Instant::now();
+        contended |= prev_idle.is_some_and(|p| now.duration_since(p) > CONTENDED);
+        prev_idle = Some(now);
+        if !sh.cfg.interrupt_mode && idle_for < window && !contended {
             rings.start();
             if sh.armed_cqs.any() || idle_for >= YIELD_AFTER {
                 // Spin yielding the core: an application waiting for an event is
@@ -473,6 +490,8 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             last_work = Instant::now();
             continue;
         }
+        contended = false;
+        prev_idle = None;
         match sh.nic.wait_event(Duration::from_millis(20)) {
             // An event, or the NIC thread serving peers' requests.
             Ok(true) => {
