@@ -455,8 +455,8 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
             prev_idle = None;
             continue;
         }
-        let idle_for = last_work.elapsed();
         let now = Instant::now();
+        let idle_for = now.duration_since(last_work);
         contended |= prev_idle.is_some_and(|p| now.duration_since(p) > CONTENDED);
         prev_idle = Some(now);
         if !sh.cfg.interrupt_mode && idle_for < window && !contended {

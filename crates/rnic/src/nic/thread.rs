@@ -233,12 +233,12 @@ pub(crate) fn run(h: Arc<Nic>, qps: Arc<HostQps>) {
             work |= d.work;
         }
         if work {
-            if slept_at != 0 && !ext {
-                // Serving after a sleep, no poller on the rings: wake a blocked one
-                // to take them (it spins; we go back to sleep once it polls them).
-                wake_ring_pollers(&h);
-            }
             if slept_at != 0 {
+                if !ext {
+                    // Serving after a sleep, no poller on the rings: wake a blocked one
+                    // to take them (it spins; we go back to sleep once it polls them).
+                    wake_ring_pollers(&h);
+                }
                 let gap = now.saturating_sub(slept_at);
                 spin_ns = if gap < 4 * spin_ns {
                     (spin_ns * 2).min(base_spin * 32)
