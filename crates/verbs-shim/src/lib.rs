@@ -81,7 +81,9 @@
 //! pinned anyway), over the `nprdma` layer and one
 //! process-wide `vmem` pager: `ibv_reg_mr` registers the application's own buffer
 //! (malloc'd or mmapped private anonymous memory) with the pager and the layer, never
-//! pinning it; QPs, CQs and completion channels (the layer's eventfd) are the layer's;
+//! pinning it (memory the pager cannot page, file mappings, is taken as a pinning NIC
+//! takes it: always resident; in both modes a registration that lets anyone write
+//! refuses memory not mapped writable with EFAULT, as `ib_umem_get` does); QPs, CQs and completion channels (the layer's eventfd) are the layer's;
 //! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
 //! Limits: SGE lists up to 16 (`max_sge`; the layer's WRs carry one SGE, so a list
 //! goes through a bounce buffer: gathered at post, scattered when the completion is
@@ -171,6 +173,7 @@ mod fault_tests;
 /// The libibverbs C ABI types (the `verbs-sys` crate).
 pub use verbs_sys as ffi;
 mod logging;
+mod maps;
 mod objects;
 mod qp_ex;
 mod rdmacm;

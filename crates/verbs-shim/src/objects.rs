@@ -7,6 +7,7 @@ use crate::backend::{self, Ah, Cq, Device, Mr, Pd, Qp, Srq};
 use crate::error::{report, set_errno, ShimError};
 use crate::ffi::*;
 use parking_lot::Mutex;
+use rnic::Access;
 use std::os::fd::OwnedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::AtomicU32;
@@ -41,6 +42,8 @@ pub struct ShimPd {
 pub struct ShimMr {
     pub mr: ibv_mr,
     pub inner: Box<dyn Mr>,
+    /// The access it was registered (or last re-registered) with.
+    pub access: Access,
     /// Made by `ibv_import_mr` (the registration belongs to the exporting MR).
     pub imported: bool,
     /// An imported MR's count on its PD (`ShimPd::users`), held by value: the

@@ -129,6 +129,19 @@ const SUPPORTED_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
     | IBV_ACCESS_REMOTE_ATOMIC
     | IBV_ACCESS_RELAXED_ORDERING;
 
+/// A registration that lets anyone write (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC)
+/// needs memory the process can write: a NIC pins it for writing and refuses
+/// read-only mappings with EFAULT.
+fn check_writable(addr: usize, len: usize, acc: Access) -> Result<(), ShimError> {
+    let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    if len > 0 && acc.intersects(writes) && crate::maps::all_writable(addr, len) == Some(false) {
+        return Err(ShimError::Fault(format!(
+            "{len} bytes at {addr:#x} are not all mapped writable (access {acc:?} writes)"
+        )));
+    }
+    Ok(())
+}
+
 unsafe fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -169,6 +182,7 @@ unsafe fn reg_mr(
     }
     // Relaxed ordering is a PCIe hint: dropped.
     let acc = Access::from_bits_truncate(access);
+    check_writable(addr as usize, len, acc)?;
     // SAFETY: the application keeps [addr, addr+len) mapped while the MR is registered
     // (the ibv_reg_mr contract).
     let inner = unsafe { s.inner.reg_mr(addr as usize, len, acc)? };
@@ -197,6 +211,7 @@ unsafe fn reg_mr(
     Ok(Box::into_raw(Box::new(ShimMr {
         mr,
         inner,
+        access: acc,
         imported: false,
         pd_users: None,
     })) as *mut ibv_mr)
@@ -260,8 +275,15 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             None
         };
         let range = translation.then_some((addr as usize, length));
+        if range.is_some() || acc.is_some() {
+            let (a, l) = range.unwrap_or((s.mr.addr as usize, s.mr.length as usize));
+            check_writable(a, l, acc.unwrap_or(s.access))?;
+        }
         // SAFETY: forwarded contract (a new range stays mapped while registered).
         unsafe { s.inner.rereg(new_pd.map(|p| &*p.inner), range, acc)? };
+        if let Some(a) = acc {
+            s.access = a;
+        }
         if let Some(p) = new_pd {
             // SAFETY: the old PD outlives the MR (its dealloc refuses while in use).
             let old: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
@@ -1268,6 +1290,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
                 lkey: e.lkey,
                 rkey: e.rkey,
             }),
+            access: Access::empty(),
             imported: true,
             pd_users: Some(p.users.clone()),
         })) as *mut ibv_mr)

@@ -129,3 +129,8 @@ fn limits() {
 fn threads() {
     check("threads");
 }
+
+#[test]
+fn mem_kinds() {
+    check("mem_kinds");
+}

@@ -18,6 +18,36 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
+    #[error("{addr:#x}+{len:#x} is not (all) mapped")]
+    /// Registration of a range that is not all mapped.
+    NotMapped {
+        /// Start of the range.
+        addr: usize,
+        /// Length of the range.
+        len: usize,
+    },
+    #[error(
+        "{addr:#x}+{len:#x} is not private anonymous memory (shared or file-backed): \
+         userfaultfd cannot manage it"
+    )]
+    /// Registration for paging of memory userfaultfd cannot manage (shared or
+    /// file-backed, or a range mixing it with private anonymous memory);
+    /// [`crate::Pager::register_foreign_raw`] takes it, always resident.
+    NotAnonymous {
+        /// Start of the range.
+        addr: usize,
+        /// Length of the range.
+        len: usize,
+    },
+    #[error("{addr:#x}+{len:#x} overlaps a region of the other kind (external/managed)")]
+    /// Registration overlapping a registered region of the other kind (an
+    /// external or foreign region and a managed one).
+    OtherKind {
+        /// Start of the range.
+        addr: usize,
+        /// Length of the range.
+        len: usize,
+    },
     #[error("address {0:#x} is not in a region registered with this pager")]
     /// The address is in no registered region.
     NotRegistered(usize),

@@ -421,6 +421,20 @@ impl Pager {
         self.inner().register(addr, len, false, false, true)
     }
 
+    /// Registers memory userfaultfd cannot manage (file mappings, or a range
+    /// mixing them with managed memory: what [`Pager::register_raw`] refuses
+    /// with [`Error::NotAnonymous`], or with [`Error::OtherKind`] inside such a
+    /// registration) the way a pinning NIC takes it: tracked as external, every
+    /// page resident, never evicted or swapped. Its munmap is not followed (a
+    /// userfaultfd cannot watch such memory either). Undo with
+    /// [`Pager::unregister`].
+    ///
+    /// # Safety
+    /// The range must stay mapped while registered.
+    pub unsafe fn register_foreign_raw(&self, addr: usize, len: usize) -> Result<RegionId> {
+        self.inner().register(addr, len, false, true, false)
+    }
+
     /// Undoes a registration; a second call returns [`Error::AlreadyUnregistered`].
     pub fn unregister(&self, id: RegionId) -> Result<()> {
         self.inner().unregister(id)

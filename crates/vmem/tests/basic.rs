@@ -166,7 +166,8 @@ fn bad_input_is_an_error() {
         assert!(!p.is_resident(0x1000));
         // Unmapped memory cannot be registered.
         // SAFETY: deliberately bogus range; must fail cleanly.
-        assert!(unsafe { p.register(0x10000, PG) }.is_err());
+        let res = unsafe { p.register(0x10000, PG) };
+        assert!(matches!(res, Err(Error::NotMapped { .. })));
         // File-backed memory cannot be registered.
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         // SAFETY: read-only private file mapping of our own executable.
@@ -182,7 +183,8 @@ fn bad_input_is_an_error() {
         };
         assert_ne!(m, libc::MAP_FAILED);
         // SAFETY: registration of a mapped range; must be refused.
-        assert!(unsafe { p.register(m as usize, PG) }.is_err());
+        let res = unsafe { p.register(m as usize, PG) };
+        assert!(matches!(res, Err(Error::NotAnonymous { .. })));
         // SAFETY: our mapping.
         unsafe { libc::munmap(m, PG) };
         let id = r.id();
@@ -672,6 +674,75 @@ fn sequential_first_touches_grow_the_fault_around_run() {
         assert_eq!(r.resident_count().unwrap(), 316 + 4);
         assert!((0..256).all(|pg| r.as_slice()[pg * PG + 7] == pg as u8 | 1));
         assert!(r.as_slice()[256 * PG..400 * PG].iter().all(|&b| b == 0));
+    });
+}
+
+/// A shared file mapping, which userfaultfd cannot page: a foreign
+/// registration keeps every page resident whatever the swap-outs and the
+/// budget, outside the budget's count, and writes through it reach the file.
+#[test]
+fn foreign_memory_stays_resident() {
+    with_timeout(30, || {
+        let p = Pager::new(PagerConfig {
+            budget_pages: Some(1),
+            ..small_cfg()
+        })
+        .unwrap();
+        let n = 8 * PG;
+        let path = std::env::temp_dir().join(format!("vmem-foreign-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(n as u64).unwrap();
+        // SAFETY: a fresh shared mapping of our own file.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let a = m as usize;
+        // SAFETY: mapped (the registration is refused).
+        let res = unsafe { p.register_raw(a, n) };
+        assert!(matches!(res, Err(Error::NotAnonymous { .. })));
+        // SAFETY: mapped until after the unregistration below.
+        let id = unsafe { p.register_foreign_raw(a + 100, n - 200) }.unwrap();
+        assert!((0..8).all(|k| p.is_resident(a + k * PG)));
+        assert_eq!(p.swap_out(a, n).unwrap(), 0, "never swapped");
+        p.pin(a + PG, PG).unwrap();
+        p.unpin(a + PG, PG).unwrap();
+        // SAFETY: our mapping, registered: written as the application would.
+        unsafe { std::ptr::write_volatile((a + 3 * PG + 5) as *mut u8, 0x77) };
+        assert!((0..8).all(|k| p.is_resident(a + k * PG)));
+        assert_eq!(
+            p.stats().resident_pages,
+            0,
+            "not counted against the budget"
+        );
+        // A managed registration inside it is refused as of the other kind.
+        // SAFETY: mapped; must be refused.
+        let res = unsafe { p.register_raw(a + PG, PG) };
+        assert!(matches!(res, Err(Error::OtherKind { .. })));
+        p.unregister(id).unwrap();
+        let mut b = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, (3 * PG + 5) as u64).unwrap();
+        assert_eq!(b[0], 0x77);
+        // SAFETY: our mapping, no longer registered.
+        assert_eq!(unsafe { libc::munmap(m, n) }, 0);
+        // An unmapped range is refused as such.
+        // SAFETY: unmapped above; must fail cleanly.
+        let res = unsafe { p.register_foreign_raw(a, n) };
+        assert!(matches!(res, Err(Error::NotMapped { .. })));
     });
 }
 

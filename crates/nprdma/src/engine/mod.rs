@@ -255,12 +255,14 @@ impl<N: Backend> Clone for Pd<N> {
 }
 
 impl<N: Backend> Pd<N> {
-    /// Register `[addr, addr+len)` without pinning it.
+    /// Register `[addr, addr+len)` without pinning it. Memory the pager
+    /// cannot page (shared or file-backed mappings) is taken as a pinning NIC
+    /// takes it: always resident (`vmem::Pager::register_foreign_raw`).
     ///
     /// # Safety
-    /// The range must be private anonymous memory of this process that stays
-    /// mapped while the MR exists (as for `ibv_reg_mr`); the pager may swap
-    /// its pages at any time.
+    /// The range must be memory of this process that stays mapped while the
+    /// MR exists (as for `ibv_reg_mr`); the pager may swap its private
+    /// anonymous pages at any time.
     #[allow(unsafe_code)]
     pub unsafe fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Mr<N>, Error> {
         // SAFETY: forwarded contract.

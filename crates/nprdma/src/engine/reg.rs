@@ -173,8 +173,18 @@ pub(crate) unsafe fn register<N: Backend>(
     }
     let first = addr & !(PS - 1);
     let npages = (addr + len - 1) / PS - addr / PS + 1;
-    // SAFETY: forwarded contract (private anonymous memory that stays mapped).
-    let region = unsafe { sh.mm.0.register_raw(addr as usize, len as usize)? };
+    // SAFETY: forwarded contract (memory that stays mapped).
+    let region = match unsafe { sh.mm.0.register_raw(addr as usize, len as usize) } {
+        Ok(r) => r,
+        // Memory the pager cannot page (shared or file-backed): as a NIC
+        // that pins takes it — always resident, so every operation on it
+        // goes one-sided.
+        Err(vmem::Error::NotAnonymous { .. } | vmem::Error::OtherKind { .. }) => {
+            // SAFETY: as above.
+            unsafe { sh.mm.0.register_foreign_raw(addr as usize, len as usize)? }
+        }
+        Err(e) => return Err(e.into()),
+    };
     let unreg = |e: Error| {
         let _ = sh.mm.0.unregister(region);
         e

@@ -36,11 +36,7 @@ impl Inner {
         let scanned = if scan || external {
             let mut v = vec![0u8; n];
             mm::mincore(base_addr, n * PAGE, &mut v).map_err(|e| match e.raw_os_error() {
-                Some(libc::ENOMEM) => Error::InvalidRange {
-                    addr,
-                    len,
-                    why: "not mapped",
-                },
+                Some(libc::ENOMEM) => Error::NotMapped { addr, len },
                 _ => kernel("mincore", addr, e),
             })?;
             Some(v)
@@ -73,11 +69,7 @@ impl Inner {
         let mut sp = self.space.write();
         let existing = sp.overlapping(p0, p1);
         if existing.iter().any(|s| s.arr.external != external) {
-            return Err(Error::InvalidRange {
-                addr,
-                len,
-                why: "overlaps a region of the other kind (external/managed)",
-            });
+            return Err(Error::OtherKind { addr, len });
         }
         // Runs that need a userfaultfd registration: gaps, and pages left GONE by
         // an earlier munmap whose address range was mapped again.
@@ -110,11 +102,8 @@ impl Inner {
                         let _ = self.uffd.unregister(a2 << PAGE_SHIFT, (b2 - a2) * PAGE);
                     }
                     return Err(match e.raw_os_error() {
-                        Some(libc::EINVAL) | Some(libc::ENOMEM) => Error::InvalidRange {
-                            addr,
-                            len,
-                            why: "not private anonymous memory (or not mapped)",
-                        },
+                        Some(libc::EINVAL) => Error::NotAnonymous { addr, len },
+                        Some(libc::ENOMEM) => Error::NotMapped { addr, len },
                         _ => kernel("UFFDIO_REGISTER", a << PAGE_SHIFT, e),
                     });
                 }
@@ -300,7 +289,8 @@ impl Inner {
                     }
                     let nv = state::with_slot(state::with_kind(v, GONE), None);
                     if w.compare_exchange(v, nv, AcqRel, Acquire).is_ok() {
-                        if state::kind(v) == RESIDENT {
+                        // External pages are not counted (see `register`).
+                        if state::kind(v) == RESIDENT && !s.arr.external {
                             self.resident.fetch_sub(1, Relaxed);
                         }
                         if let Some(sl) = state::slot(v) {
@@ -311,7 +301,7 @@ impl Inner {
                 }
             }
         }
-        tracing::debug!(start, end, "application unmapped managed memory");
+        tracing::debug!(start, end, "application unmapped registered memory");
         self.listeners.after_unmap(start, end);
     }
 }
