@@ -40,15 +40,25 @@ pub const NP_MAX_MR: u32 = 4096;
 /// Deepest QP of the layer (`nprdma` refuses more).
 const NP_MAX_DEPTH: u32 = 1000;
 
+/// Bytes of application MRs the NIC's IOMMU page table and residency map cover in all
+/// (what `ibv_query_device` advertises as `max_mr_size`, in one MR or many): 1 TiB.
+const NP_MR_BYTES: u64 = 1 << 40;
+
 /// The NIC resources behind the advertised limits: an application QP is two NIC QPs
 /// (data + control), two NIC MRs (control ring, read-back scratch) and a staging MR;
 /// an application MR (and a staging MR) is three NIC MRs (Read, Write and Version
-/// views) and one tracked frame range; two-sided operations add short-lived NIC MRs.
+/// views), one tracked frame range, two IOVA pages per page (the Read and Write views)
+/// and one tracked page per page; two-sided operations add short-lived NIC MRs. The
+/// page table (4 B per IOVA page) and the residency map (1 bit per page) are sparse
+/// shared memory: only what registrations use is ever touched.
 fn np_host_limits(c: &mut rnic::HostConfig) {
     let app_mrs = NP_MAX_MR + NP_MAX_QP + NP_MAX_BOUNCE;
+    let pages = NP_MR_BYTES / vmem::PAGE_SIZE as u64;
     c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
     c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
     c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
+    c.iova_pages = c.iova_pages.max(2 * pages + (1 << 20));
+    c.max_tracked_pages = c.max_tracked_pages.max(pages + (1 << 20));
 }
 
 /// A counted share of an advertised per-process limit; released on drop.
@@ -1443,6 +1453,25 @@ mod tests {
         // SAFETY: as above; dropped before the mapping.
         let ok = unsafe { pd.reg_mr(mem.addr() as usize, 8192, Access::REMOTE_READ) };
         assert!(ok.is_ok());
+    }
+
+    /// Registrations of many GiB, alone and together, fit the NIC's IOVA space and
+    /// residency map (more than 2 GiB of MRs failed with EIO before they were sized
+    /// to `max_mr_size`).
+    #[test]
+    fn mrs_of_many_gib_register() {
+        let dev = NpDevice::new().unwrap();
+        assert!(dev.attr().max_mr_size >= NP_MR_BYTES);
+        let pd = dev.alloc_pd().unwrap();
+        let big = 8usize << 30;
+        let a = vmem::AnonMapping::new_noreserve(big).expect("mmap");
+        let b = vmem::AnonMapping::new_noreserve(big).expect("mmap");
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        // SAFETY: the mappings outlive the MRs (dropped first).
+        let ma = unsafe { pd.reg_mr(a.addr() as usize, big, acc) }.expect("8 GiB MR");
+        // SAFETY: as above.
+        let mb = unsafe { pd.reg_mr(b.addr() as usize, big, acc) }.expect("a second 8 GiB MR");
+        drop((ma, mb));
     }
 
     /// The limits ibv_query_device advertises in this mode hold: max_mr MRs and then
