@@ -1468,9 +1468,9 @@ mod tests {
         let b = vmem::AnonMapping::new_noreserve(big).expect("mmap");
         let acc = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         // SAFETY: the mappings outlive the MRs (dropped first).
-        let ma = unsafe { pd.reg_mr(a.addr() as usize, big, acc) }.expect("8 GiB MR");
+        let ma = unsafe { pd.reg_mr(a.addr(), big, acc) }.expect("8 GiB MR");
         // SAFETY: as above.
-        let mb = unsafe { pd.reg_mr(b.addr() as usize, big, acc) }.expect("a second 8 GiB MR");
+        let mb = unsafe { pd.reg_mr(b.addr(), big, acc) }.expect("a second 8 GiB MR");
         drop((ma, mb));
     }
 
