@@ -181,6 +181,9 @@ impl MemoryManager for VmemMm {
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error> {
         self.0.unpin(addr as usize, len as usize)
     }
+    fn poll_own_reads(&self, on: bool) {
+        vmem::poll_swap_reads(on);
+    }
     fn add_swap_listener(&self, l: Arc<dyn nic::SwapListener>) -> nic::ListenerId {
         nic::ListenerId(self.0.add_listener(Arc::new(ListenerBridge(l))).0)
     }

@@ -723,6 +723,10 @@ pub trait MemoryManager: Send + Sync {
     }
     /// Drop one pin reference of every page of the range.
     fn unpin(&self, addr: u64, len: u64) -> Result<(), Self::Error>;
+    /// Whether the calling thread, which spins anyway while it has a core to
+    /// itself, waits for the device reads its pins make by polling rather than
+    /// by sleeping (default: nothing; see `vmem::poll_swap_reads`).
+    fn poll_own_reads(&self, _on: bool) {}
     /// Register a swap listener.
     fn add_swap_listener(&self, l: Arc<dyn SwapListener>) -> ListenerId;
     /// Unregister; returns once no call to it is running.

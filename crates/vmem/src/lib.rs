@@ -173,6 +173,7 @@ mod stats;
 mod swap;
 mod swap_io;
 mod uffd;
+mod uring;
 mod watch;
 
 pub use crate::core::AbsentWrite;
@@ -185,6 +186,7 @@ pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
+pub use uring::poll_swap_reads;
 pub use watch::{Hold, OnGone, UnmapWatch, WatchId};
 
 /// See [`Pager::events_handled`].

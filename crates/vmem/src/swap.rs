@@ -394,7 +394,7 @@ impl SwapDevice {
                 return Ok(());
             }
         }
-        self.file.read_exact_at(buf, Self::off(slot))
+        crate::uring::read_at(&self.file, buf, Self::off(slot))
     }
 
     /// [`Self::read`] of one page that also keeps it in the swap cache: the

@@ -85,7 +85,7 @@ fn transfer(file: &File, write: bool, ptr: usize, len: usize, off: u64) -> io::R
     if write {
         file.write_all_at(buf, off)
     } else {
-        file.read_exact_at(buf, off)
+        crate::uring::read_at(file, buf, off)
     }
 }
 

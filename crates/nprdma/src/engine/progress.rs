@@ -23,7 +23,9 @@ use super::types::PS;
 use super::ucq::UCq;
 use super::wrid::{WrKind, WrTag};
 use crate::ctrl::{Repr, Status, SLOT};
-use crate::nic::{CompOp, Completion, NicBuf as _, NicCq as _, NicQp as _, PinFor, WcStatus};
+use crate::nic::{
+    CompOp, Completion, MemoryManager as _, NicBuf as _, NicCq as _, NicQp as _, PinFor, WcStatus,
+};
 use crate::trace::{mark, Step};
 
 /// Drive the engine: poll the NIC CQ and handle everything. Returns the
@@ -434,6 +436,12 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
     // serving peers' requests: it then takes the rings back (a stream of them
     // would otherwise cost a NIC-thread sleep and wake-up each).
     let waker = (sh.cfg.ring_takeover && !sh.cfg.interrupt_mode).then(|| sh.nic.add_ring_waker());
+    // A spinning thread with a core to itself waits for the swap reads of the
+    // faults it serves by polling, not sleeping (a sleeping reader's idle core
+    // costs the read a halted vCPU's wake-up); not while its core is
+    // contended.
+    let mut polls_reads = !sh.cfg.interrupt_mode;
+    sh.mm.poll_own_reads(polls_reads);
     while !sh.stop.load(Ordering::Acquire) {
         let polls = sh.app_polls.load(Ordering::Relaxed);
         // An application that polls progresses inline; one waiting for an event
@@ -459,6 +467,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         let idle_for = now.duration_since(last_work);
         contended |= prev_idle.is_some_and(|p| now.duration_since(p) > CONTENDED);
         prev_idle = Some(now);
+        if polls_reads == contended {
+            polls_reads = !contended && !sh.cfg.interrupt_mode;
+            sh.mm.poll_own_reads(polls_reads);
+        }
         if !sh.cfg.interrupt_mode && idle_for < window && !contended {
             rings.start();
             if sh.armed_cqs.any() || idle_for >= YIELD_AFTER {
