@@ -87,10 +87,11 @@ pub fn device_line(r: &PerfResult) -> Option<String> {
     }
     r.device_read_4k_us?;
     Some(format!(
-        "# device (swap file, O_DIRECT 4 KiB random reads, same run): median {} us (min {}, max {}), {:.0} IOPS at depth 1; {:.0} IOPS at depth {} (median {} us)",
+        "# device (swap file, O_DIRECT 4 KiB random reads, same run): median {} us (min {}, max {}; polled for: median {} us), {:.0} IOPS at depth 1; {:.0} IOPS at depth {} (median {} us)",
         f(r.device_read_4k_us),
         f(r.device_read_4k_min_us),
         f(r.device_read_4k_max_us),
+        f(r.device_read_4k_polled_us),
         r.device_iops.unwrap_or(0.0),
         r.device_iops_at_depth.unwrap_or(0.0),
         r.device_depth.unwrap_or(0),
@@ -134,6 +135,7 @@ mod tests {
             device_read_4k_us: None,
             device_read_4k_min_us: None,
             device_read_4k_max_us: None,
+            device_read_4k_polled_us: None,
             device_iops: None,
             device_depth: None,
             device_iops_at_depth: None,
@@ -176,6 +178,7 @@ mod tests {
         r.device_read_4k_us = Some(45.5);
         r.device_read_4k_min_us = Some(30.25);
         r.device_read_4k_max_us = Some(900.0);
+        r.device_read_4k_polled_us = Some(41.75);
         r.device_iops = Some(20000.0);
         r.device_depth = Some(16);
         r.device_iops_at_depth = Some(50000.0);
@@ -185,6 +188,7 @@ mod tests {
             "45.50",
             "30.25",
             "900.00",
+            "polled for: median 41.75",
             "20000 IOPS",
             "50000 IOPS at depth 16",
         ] {

@@ -64,6 +64,10 @@ pub struct PerfResult {
     pub device_read_4k_min_us: Option<f64>,
     #[serde(default)]
     pub device_read_4k_max_us: Option<f64>,
+    /// The device's 4 KiB read, depth 1, waited for by polling (as NP-RDMA's
+    /// polling thread waits for its swap reads): median µs.
+    #[serde(default)]
+    pub device_read_4k_polled_us: Option<f64>,
     #[serde(default)]
     pub device_iops: Option<f64>,
     #[serde(default)]
@@ -222,6 +226,7 @@ pub fn run(
         device_read_4k_us: base.map(|b| b.median_us),
         device_read_4k_min_us: base.map(|b| b.min_us),
         device_read_4k_max_us: base.map(|b| b.max_us),
+        device_read_4k_polled_us: base.and_then(|b| b.median_polled_us),
         device_iops: base.map(|b| b.iops),
         device_depth: base.map(|b| b.depth),
         device_iops_at_depth: base.map(|b| b.iops_at_depth),

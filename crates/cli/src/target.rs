@@ -54,6 +54,9 @@ pub struct DeviceBaseline {
     pub min_us: f64,
     pub max_us: f64,
     pub iops: f64,
+    /// Depth 1, polled for (how NP-RDMA's polling thread waits for its reads).
+    #[serde(default)]
+    pub median_polled_us: Option<f64>,
     pub depth: usize,
     pub median_us_at_depth: f64,
     pub iops_at_depth: f64,
@@ -67,6 +70,7 @@ impl From<vmem::DeviceLatency> for DeviceBaseline {
             min_us: d.min_us,
             max_us: d.max_us,
             iops: d.iops,
+            median_polled_us: d.median_polled_us,
             depth: d.depth,
             median_us_at_depth: d.median_us_at_depth,
             iops_at_depth: d.iops_at_depth,

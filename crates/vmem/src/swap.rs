@@ -525,6 +525,11 @@ pub struct DeviceLatency {
     pub mean_us: f64,
     /// Depth 1: reads per second.
     pub iops: f64,
+    /// Depth 1, each read waited for by polling an io_uring instead of
+    /// sleeping in `pread` (as NP-RDMA's polling thread waits for its swap
+    /// reads, see [`crate::poll_swap_reads`]): median latency (µs). `None`
+    /// where io_uring is unavailable.
+    pub median_polled_us: Option<f64>,
     /// The concurrent run: its depth, median latency (µs) and reads per second.
     pub depth: usize,
     /// The concurrent run: median latency (µs).
@@ -587,7 +592,7 @@ fn median(v: &mut [u64]) -> u64 {
 /// `n` reads of random offsets out of `offs`, at depth 1 then at `depth`.
 fn measure(file: &File, offs: &[u64], depth: usize, n: usize) -> io::Result<DeviceLatency> {
     let mut next = rng();
-    let pick: Vec<u64> = (0..2 * n)
+    let pick: Vec<u64> = (0..3 * n)
         .map(|_| offs[(next() % offs.len() as u64) as usize])
         .collect();
     let mut buf = PageBuf::new(1);
@@ -606,9 +611,20 @@ fn measure(file: &File, offs: &[u64], depth: usize, n: usize) -> io::Result<Devi
     let med = median(&mut lat);
     let p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
     let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64;
+    // As many other reads, each polled for.
+    let mut polled = Vec::with_capacity(n);
+    for &off in &pick[2 * n..] {
+        let t = Instant::now();
+        match crate::uring::read_polled(file, buf.as_mut_slice(), off) {
+            Some(r) => r?,
+            None => break,
+        }
+        polled.push(t.elapsed().as_nanos() as u64);
+    }
+    let median_polled_us = (polled.len() == n).then(|| median(&mut polled) as f64 / 1e3);
     // Depth `depth`: that many threads, each one read at a time.
     let cursor = AtomicUsize::new(0);
-    let deep = &pick[n..];
+    let deep = &pick[n..2 * n];
     let t0 = Instant::now();
     let per: Vec<io::Result<Vec<u64>>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..depth)
@@ -649,6 +665,7 @@ fn measure(file: &File, offs: &[u64], depth: usize, n: usize) -> io::Result<Devi
         p99_us: us(p99),
         mean_us: mean / 1000.0,
         iops: n as f64 / secs1.max(1e-9),
+        median_polled_us,
         depth,
         median_us_at_depth: us(median(&mut all)),
         iops_at_depth: n as f64 / secs_d.max(1e-9),

@@ -52,7 +52,10 @@ pub(crate) fn read_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
 
 /// A polled read on this thread's ring; `None`: io_uring is not available
 /// here — nothing was read.
-fn read_polled(file: &File, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+pub(crate) fn read_polled(file: &File, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+    if UNAVAILABLE.load(Ordering::Relaxed) {
+        return None;
+    }
     RING.with(|r| {
         let mut r = r.borrow_mut();
         if r.is_none() {
