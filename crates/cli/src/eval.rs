@@ -761,18 +761,18 @@ fn report(res: &EvalResults, plots: &[(String, String)]) -> String {
     for op in [Op::Read, Op::Write] {
         let n = lat(op, Mode::Nprdma, Fault::Major, small);
         let pn = lat(op, Mode::Pinned, Fault::None, small);
-        let dev = find(p, op, Mode::Nprdma, Fault::Major, Test::Lat, small).map_or(
-            String::new(),
-            |r| match (&r.swap_io, r.device_read_4k_us) {
-                (Some(io), Some(d)) => format!(
+        let dev =
+            find(p, op, Mode::Nprdma, Fault::Major, Test::Lat, small).map_or(String::new(), |r| {
+                match (&r.swap_io, r.device_read_4k_us) {
+                    (Some(io), Some(d)) => format!(
                     " (swap {io}; the device's own 4 KiB read, same run: {} µs, polled for {} µs)",
                     f2(Some(d)),
                     f2(r.device_read_4k_polled_us)
                 ),
-                (Some(io), None) => format!(" (swap {io}; device baseline not measured)"),
-                _ => String::new(),
-            },
-        );
+                    (Some(io), None) => format!(" (swap {io}; device baseline not measured)"),
+                    _ => String::new(),
+                }
+            });
         row(
             w,
             format!(

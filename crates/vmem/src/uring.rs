@@ -5,8 +5,11 @@
 //! `pread(2)`. A sleeping reader leaves its core idle: on a VM the wake-up
 //! around the read then costs a halted vCPU's wake (the device's interrupt
 //! lands on one core; 20–30 µs of a ~60 µs 4 KiB read on this machine,
-//! BENCHMARKS "Session 17"); a polling thread's core stays busy and is merely
-//! interrupted to post the completion. Polling is bounded: after [`SPIN`] the
+//! BENCHMARKS "Session 17"); a polling thread's core stays busy. The ring
+//! runs completions cooperatively (`IORING_SETUP_COOP_TASKRUN` with its
+//! flag, where the kernel has them): the completion's task work does not
+//! interrupt the thread with an IPI either; the thread sees the flag and
+//! enters the kernel to run it. Polling is bounded: after [`SPIN`] the
 //! thread blocks in `io_uring_enter` like any other read. Threads that did
 //! not opt in (the I/O pool's, the application's) always read with `pread`;
 //! so does every thread where io_uring is unavailable (disabled by
@@ -59,7 +62,15 @@ pub(crate) fn read_polled(file: &File, buf: &mut [u8], off: u64) -> Option<io::R
     RING.with(|r| {
         let mut r = r.borrow_mut();
         if r.is_none() {
-            match IoUring::new(4) {
+            // Cooperative task running: a completion's task work does not
+            // interrupt this (spinning) thread with an IPI; the ring's flag
+            // says it is pending and the next `io_uring_enter` runs it.
+            let built = IoUring::builder()
+                .setup_coop_taskrun()
+                .setup_taskrun_flag()
+                .build(4)
+                .or_else(|_| IoUring::new(4));
+            match built {
                 Ok(ring) => *r = Some(ring),
                 Err(e) => {
                     tracing::info!(%e, "io_uring unavailable; swap reads block in pread");
@@ -116,7 +127,10 @@ fn read_on(ring: &mut IoUring, fd: i32, buf: &mut [u8], off: u64) -> Done {
         if let Some(c) = ring.completion().next() {
             break c.result();
         }
-        if t0.elapsed() < SPIN {
+        if ring.submission().taskrun() {
+            // The completion's task work is pending: entering runs it.
+            let _ = ring.submit();
+        } else if t0.elapsed() < SPIN {
             std::hint::spin_loop();
         } else if let Err(e) = ring.submit_and_wait(1) {
             // The read is in flight: wait on whatever the error was.
