@@ -212,13 +212,19 @@ pub(super) fn on_wc<N: Backend>(
     crate::trace::mark(crate::trace::Step::IOptDone);
     let err = f.err;
     if err == WcStatus::Success && passes(sh, qp) {
-        let f = qp.fast.take().expect("checked above");
-        qp.release_scratch(f.scratch);
+        // What the completion needs, then the operation dropped in place (not
+        // moved out: it is a few hundred bytes).
+        let (wr_id, op, len, scratch) = {
+            let f = qp.fast.as_mut().expect("checked above");
+            (f.wr.wr_id, f.wr.op, f.len, f.scratch.take())
+        };
+        qp.fast = None;
+        qp.release_scratch(scratch);
         let c = Completion {
-            wr_id: f.wr.wr_id,
+            wr_id,
             status: 0,
-            op: comp_op(f.wr.op),
-            byte_len: f.len as u32,
+            op: comp_op(op),
+            byte_len: len as u32,
             imm: None,
             qp_num: qp.qpn,
         };
