@@ -6,8 +6,10 @@
 //! while the NIC still reached it there, and a peer's WRITE would land in it. (Copies
 //! that meet the address while it is unmapped end with an error: `rnic::fault_guard`.)
 //! `mremap` likewise (moving registered memory away leaves the old address free for
-//! new memory). Other calls cost one atomic load (no NP-RDMA device open) or one
-//! lock. Not covered: munmaps the C library makes internally (`free` of a large
+//! new memory). Registered memory the pager does not page (file mappings, taken
+//! as always resident), which userfaultfd does not report at all, is let go of
+//! before the system call. Other calls cost one atomic load (no NP-RDMA device
+//! open) or two short locks. Not covered: munmaps the C library makes internally (`free` of a large
 //! block), which do not go through these symbols; there the pager's own handling
 //! leaves a window of microseconds (vmem's documented residual window).
 
@@ -49,6 +51,26 @@ impl Drop for Following {
     }
 }
 
+/// Before the range goes: the pagers' registrations there of memory they do not
+/// page (file mappings), whose munmap userfaultfd does not report, are forgotten
+/// now (`vmem::Pager::forget_foreign`: the NIC's views stop reaching them), so no
+/// peer reaches memory mapped anew at the address. The pagers are cloned under
+/// the lock and called outside it (their listeners remap NIC views).
+fn forget_foreign(addr: *mut c_void, len: usize) {
+    if OPEN.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let pagers: Vec<vmem::Pager> = PAGERS
+        .lock()
+        .iter()
+        .filter(|(_, p)| p.manages(addr as usize, len))
+        .map(|(_, p)| p.clone())
+        .collect();
+    for p in pagers {
+        p.forget_foreign(addr as usize, len);
+    }
+}
+
 /// Handles on the fault threads of the pagers managing part of `[addr, addr+len)`.
 fn managing(addr: *mut c_void, len: usize) -> Vec<vmem::EventsHandled> {
     if OPEN.load(Ordering::Acquire) == 0 {
@@ -85,6 +107,7 @@ pub unsafe extern "C" fn mremap(
         std::ptr::null_mut()
     };
     let managing = managing(old, old_size);
+    forget_foreign(old, old_size);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); on failure it returns -1 (MAP_FAILED) with errno set.
     let r = unsafe {
@@ -110,6 +133,7 @@ pub unsafe extern "C" fn mremap(
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let managing = managing(addr, len);
+    forget_foreign(addr, len);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); `syscall` sets errno on failure as munmap would.
     let r = unsafe { libc::syscall(libc::SYS_munmap, addr, len) } as c_int;

@@ -437,6 +437,18 @@ impl Pager {
         self.inner().register(addr, len, false, true, false)
     }
 
+    /// The application is about to unmap (or move away with mremap) `[addr,
+    /// addr+len)`: the pages of external and foreign registrations there,
+    /// whose munmap userfaultfd does not report, are forgotten now — as
+    /// managed memory's are when its unmap event arrives (the listeners'
+    /// `after_unmap`: a NIC view stops reaching them, later pins fail).
+    /// Returns whether there were any. Call it before the munmap, so nothing
+    /// reaches memory mapped anew at the address (the verbs library's munmap
+    /// wrapper does).
+    pub fn forget_foreign(&self, addr: usize, len: usize) -> bool {
+        self.inner().forget_external(addr, addr.saturating_add(len))
+    }
+
     /// Undoes a registration; a second call returns [`Error::AlreadyUnregistered`].
     pub fn unregister(&self, id: RegionId) -> Result<()> {
         self.inner().unregister(id)

@@ -733,6 +733,15 @@ fn foreign_memory_stays_resident() {
         // SAFETY: mapped; must be refused.
         let res = unsafe { p.register_raw(a + PG, PG) };
         assert!(matches!(res, Err(Error::OtherKind { .. })));
+        // The application is about to unmap it: forgotten now (userfaultfd
+        // will not say), and managed memory is left alone.
+        let m2 = p.alloc(PG).unwrap();
+        assert!(!p.forget_foreign(m2.addr(), PG));
+        assert!(!p.is_gone(m2.addr()));
+        assert!(p.forget_foreign(a + 2 * PG, PG));
+        assert!(p.is_gone(a + 2 * PG) && !p.is_resident(a + 2 * PG));
+        assert!(matches!(p.pin(a + 2 * PG, 1), Err(Error::Unmapped(_))));
+        assert!(p.is_resident(a + 3 * PG), "the rest stays");
         p.unregister(id).unwrap();
         let mut b = [0u8; 1];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, (3 * PG + 5) as u64).unwrap();

@@ -277,9 +277,32 @@ impl Inner {
 
     /// The application unmapped `[start, end)`: forget those pages.
     pub fn forget(&self, start: usize, end: usize) {
+        self.forget_where(start, end, |_| true);
+    }
+
+    /// The application is about to unmap `[start, end)`: forget the pages
+    /// of external regions there now (no userfaultfd event will tell);
+    /// whether there were any.
+    pub fn forget_external(&self, start: usize, end: usize) -> bool {
+        let (p0, p1) = (start >> PAGE_SHIFT, end.div_ceil(PAGE));
+        let any = p1 > p0
+            && self
+                .space
+                .read()
+                .overlapping(p0, p1)
+                .iter()
+                .any(|s| s.arr.external);
+        if any {
+            self.forget_where(start, end, |s| s.arr.external);
+        }
+        any
+    }
+
+    /// [`Self::forget`] of the segments `pick` chooses.
+    fn forget_where(&self, start: usize, end: usize, pick: impl Fn(&Segment) -> bool) {
         let (p0, p1) = (start >> PAGE_SHIFT, end.div_ceil(PAGE));
         let segs = self.space.read().overlapping(p0, p1);
-        for s in segs {
+        for s in segs.iter().filter(|s| pick(s)) {
             for p in s.start.max(p0)..s.end.min(p1) {
                 let w = s.arr.word(p);
                 loop {
