@@ -51,6 +51,68 @@ impl Drop for Following {
     }
 }
 
+/// Pinned MRs over memory userfaultfd cannot watch (file mappings): id, range and
+/// what to run, once, when the application unmaps or moves any of it.
+static FOREIGN: parking_lot::Mutex<Vec<(u64, usize, usize, vmem::OnGone)>> =
+    parking_lot::Mutex::new(Vec::new());
+/// `FOREIGN.len()`, read without the lock on every munmap.
+static FOREIGN_N: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `on_gone` (before the system call) when the application unmaps or moves
+/// away any of `[addr, addr+len)`, unless the returned guard drops first.
+pub fn follow_foreign(addr: usize, len: usize, on_gone: vmem::OnGone) -> ForeignFollow {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut f = FOREIGN.lock();
+    f.push((id, addr, addr.saturating_add(len), on_gone));
+    FOREIGN_N.store(f.len(), Ordering::Release);
+    ForeignFollow(id)
+}
+
+/// A range followed by [`follow_foreign`]; dropping it stops following.
+pub struct ForeignFollow(u64);
+
+impl Drop for ForeignFollow {
+    fn drop(&mut self) {
+        let gone = {
+            let mut f = FOREIGN.lock();
+            let at = f.iter().position(|e| e.0 == self.0);
+            let gone = at.map(|i| f.swap_remove(i));
+            FOREIGN_N.store(f.len(), Ordering::Release);
+            gone
+        };
+        // Dropped unrun, outside the lock.
+        drop(gone);
+    }
+}
+
+/// Runs (outside the lock) the callbacks of the followed ranges that overlap
+/// `[addr, addr+len)`, each once.
+fn run_foreign(addr: *mut c_void, len: usize) {
+    if FOREIGN_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let (start, end) = (addr as usize, (addr as usize).saturating_add(len));
+    let due: Vec<vmem::OnGone> = {
+        let mut f = FOREIGN.lock();
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < f.len() {
+            if f[i].1 < end && start < f[i].2 {
+                due.push(f.swap_remove(i).3);
+            } else {
+                i += 1;
+            }
+        }
+        FOREIGN_N.store(f.len(), Ordering::Release);
+        due
+    };
+    for g in due {
+        g();
+    }
+}
+
 /// Before the range goes: the pagers' registrations there of memory they do not
 /// page (file mappings), whose munmap userfaultfd does not report, are forgotten
 /// now (`vmem::Pager::forget_foreign`: the NIC's views stop reaching them), so no
@@ -108,6 +170,7 @@ pub unsafe extern "C" fn mremap(
     };
     let managing = managing(old, old_size);
     forget_foreign(old, old_size);
+    run_foreign(old, old_size);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); on failure it returns -1 (MAP_FAILED) with errno set.
     let r = unsafe {
@@ -134,6 +197,7 @@ pub unsafe extern "C" fn mremap(
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let managing = managing(addr, len);
     forget_foreign(addr, len);
+    run_foreign(addr, len);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); `syscall` sets errno on failure as munmap would.
     let r = unsafe { libc::syscall(libc::SYS_munmap, addr, len) } as c_int;

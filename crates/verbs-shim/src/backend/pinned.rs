@@ -159,7 +159,7 @@ impl Pd for PinnedPd {
         let watch = watch_mr(self.0.host(), &mr, lkey, addr, len);
         Ok(Box::new(PinnedMr {
             mr,
-            moved: parking_lot::Mutex::new((watch, charge)),
+            moved: parking_lot::Mutex::new((Some(watch), charge)),
             lkey,
             rkey,
         }))
@@ -296,20 +296,20 @@ fn unmap_watch() -> Option<&'static vmem::UnmapWatch> {
         .as_ref()
 }
 
-/// Watch `[addr, addr+len)`, registered as `mr`: unmapping it deregisters `mr` in
-/// the NIC. The watch and its host's count in [`WATCHED_HOSTS`], if userfaultfd
-/// could watch it.
-fn watch_mr(
-    host: &rnic::Host,
-    mr: &Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
-    lkey: u32,
-    addr: usize,
-    len: usize,
-) -> Option<(vmem::WatchId, rnic::Host)> {
-    let w = unmap_watch()?;
+/// How an MR's memory is followed through munmap.
+enum Follow {
+    /// The userfaultfd watch (anonymous, shared and hugetlbfs memory), and the host
+    /// whose count in [`WATCHED_HOSTS`] it holds.
+    Watch(vmem::WatchId, rnic::Host),
+    /// Memory userfaultfd cannot watch (file mappings): the interposed munmap /
+    /// mremap runs the callback before the system call.
+    Munmap(crate::unmap::ForeignFollow),
+}
+
+/// What unmapping an MR's memory does: deregister it in the NIC.
+fn on_gone(mr: &Arc<parking_lot::Mutex<Option<rnic::Mr>>>, lkey: u32) -> vmem::OnGone {
     let held = mr.clone();
-    watched_host(host, true);
-    let on_gone = Box::new(move || {
+    Box::new(move || {
         // Deregistered under the lock, so an `ibv_dereg_mr` racing this returns only
         // once the NIC is done with the MR.
         let mut held = held.lock();
@@ -318,22 +318,43 @@ fn watch_mr(
             lkey,
             "registered memory unmapped: MR deregistered in the NIC"
         );
-    });
-    match w.watch(addr, len, on_gone) {
-        Ok(id) => Some((id, host.clone())),
-        Err(e) => {
-            tracing::debug!(addr, len, "MR memory not watched for munmap: {e}");
-            watched_host(host, false);
-            None
-        }
-    }
+    })
 }
 
-/// Stop watching an MR's memory.
-fn unwatch_mr(watch: Option<(vmem::WatchId, rnic::Host)>) {
-    if let (Some((id, host)), Some(w)) = (watch, unmap_watch()) {
-        w.unwatch(id);
-        watched_host(&host, false);
+/// Follow `[addr, addr+len)`, registered as `mr`: unmapping it deregisters `mr` in
+/// the NIC — by the userfaultfd watch where it can watch the memory, else by the
+/// interposed munmap / mremap.
+fn watch_mr(
+    host: &rnic::Host,
+    mr: &Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
+    lkey: u32,
+    addr: usize,
+    len: usize,
+) -> Follow {
+    if let Some(w) = unmap_watch() {
+        watched_host(host, true);
+        match w.watch(addr, len, on_gone(mr, lkey)) {
+            Ok(id) => return Follow::Watch(id, host.clone()),
+            Err(e) => {
+                tracing::debug!(addr, len, "MR memory followed by the munmap wrapper: {e}");
+                watched_host(host, false);
+            }
+        }
+    }
+    Follow::Munmap(crate::unmap::follow_foreign(addr, len, on_gone(mr, lkey)))
+}
+
+/// Stop following an MR's memory.
+fn unwatch_mr(follow: Option<Follow>) {
+    match follow {
+        Some(Follow::Watch(id, host)) => {
+            if let Some(w) = unmap_watch() {
+                w.unwatch(id);
+            }
+            watched_host(&host, false);
+        }
+        Some(Follow::Munmap(f)) => drop(f),
+        None => {}
     }
 }
 
@@ -342,7 +363,7 @@ struct PinnedMr {
     mr: Arc<parking_lot::Mutex<Option<rnic::Mr>>>,
     /// What follows the MR's range (re-registration moves both): the watch over its
     /// memory, and its memlock charge.
-    moved: parking_lot::Mutex<(Option<(vmem::WatchId, rnic::Host)>, MemlockCharge)>,
+    moved: parking_lot::Mutex<(Option<Follow>, MemlockCharge)>,
     lkey: u32,
     rkey: u32,
 }
@@ -390,7 +411,7 @@ impl Mr for PinnedMr {
         drop(held);
         if let (Some((addr, len)), Some(charge)) = (range, charge) {
             unwatch_mr(moved.0.take());
-            moved.0 = watch_mr(&host, &self.mr, self.lkey, addr, len);
+            moved.0 = Some(watch_mr(&host, &self.mr, self.lkey, addr, len));
             moved.1 = charge;
         }
         Ok(())

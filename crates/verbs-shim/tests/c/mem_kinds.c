@@ -246,13 +246,12 @@ int main(void)
 	CHECK_EQ(ibv_dereg_mr(m2), 0);
 	free(two);
 
-	/* NP-RDMA mode: a registered file mapping unmapped, and another file
-	 * mapped at its address, is not reached through the old MR: a WRITE and
-	 * a READ with its rkey fail and the new mapping keeps its bytes. (Pinned
-	 * mode follows the munmap of anonymous and shared memory only: a
-	 * userfaultfd cannot watch a file mapping.) Last: the failures put the
-	 * QP in the error state. */
-	if (np_mode()) {
+	/* A registered file mapping unmapped, and another file mapped at its
+	 * address: the old MR does not reach the new mapping — a WRITE and a
+	 * READ with its rkey fail (a pinning NIC would reach the old pages; never
+	 * the new mapping) and the new mapping keeps its bytes. Last: the
+	 * failures put the QP in the error state. */
+	{
 		char *fmap = map_file(MAP_SHARED, &fd, n);
 		struct ibv_mr *fmr = reg(fmap, n);
 		exercise("file mapping before its munmap", fmap, n, fmr, 12);
