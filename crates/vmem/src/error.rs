@@ -27,12 +27,12 @@ pub enum Error {
         len: usize,
     },
     #[error(
-        "{addr:#x}+{len:#x} is not private anonymous memory (shared or file-backed): \
-         userfaultfd cannot manage it"
+        "{addr:#x}+{len:#x} is not memory the pager can page (hugetlbfs, or a file \
+         mapping outside tmpfs)"
     )]
-    /// Registration for paging of memory userfaultfd cannot manage (shared or
-    /// file-backed, or a range mixing it with private anonymous memory);
-    /// [`crate::Pager::register_foreign_raw`] takes it, always resident.
+    /// Registration for paging of memory the pager cannot page (hugetlbfs, file
+    /// mappings outside tmpfs, or a range mixing them with pageable memory); [`crate::Pager::register_foreign_raw`] takes it,
+    /// always resident.
     NotAnonymous {
         /// Start of the range.
         addr: usize,

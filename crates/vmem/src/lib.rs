@@ -423,12 +423,13 @@ impl Pager {
         self.inner().register(addr, len, false, false, true)
     }
 
-    /// Registers memory userfaultfd cannot manage (file mappings, or a range
-    /// mixing them with managed memory: what [`Pager::register_raw`] refuses
-    /// with [`Error::NotAnonymous`], or with [`Error::OtherKind`] inside such a
-    /// registration) the way a pinning NIC takes it: tracked as external, every
-    /// page resident, never evicted or swapped. Its munmap is not followed (a
-    /// userfaultfd cannot watch such memory either). Undo with
+    /// Registers memory the pager cannot page (hugetlbfs, file mappings
+    /// outside tmpfs, or a range mixing them with managed memory: what
+    /// [`Pager::register_raw`] refuses with [`Error::NotAnonymous`], or with
+    /// [`Error::OtherKind`] inside such a registration) the way a pinning NIC
+    /// takes it: tracked as external, every page resident, never evicted or
+    /// swapped. Its munmap is not reported by userfaultfd: call
+    /// [`Pager::forget_foreign`] before unmapping it. Undo with
     /// [`Pager::unregister`].
     ///
     /// # Safety

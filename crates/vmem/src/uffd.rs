@@ -24,6 +24,9 @@ const UFFDIO_WAKE: u64 = ior(0x02, 16);
 const UFFDIO_COPY: u64 = iowr(0x03, 40);
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
 const UFFDIO_MOVE: u64 = iowr(0x05, 40);
+/// `UFFDIO_MOVE` among a registration's range operations (`1 << _UFFDIO_MOVE`):
+/// offered on private anonymous memory only (not on shmem or hugetlbfs).
+pub const RANGE_MOVE: u64 = 1 << 0x05;
 
 /// Kernel feature bits (linux/userfaultfd.h).
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
@@ -167,7 +170,10 @@ impl Uffd {
     }
 
     /// Registers `[start, start+len)` in MISSING mode.
-    pub fn register(&self, start: usize, len: usize) -> io::Result<()> {
+    /// Registers `[start, start+len)` in missing mode; returns the range
+    /// operations the kernel offers on it (`1 << _UFFDIO_*` bits, see
+    /// [`RANGE_MOVE`]).
+    pub fn register(&self, start: usize, len: usize) -> io::Result<u64> {
         self.register_mode(start, len, REGISTER_MODE_MISSING)
     }
 
@@ -176,10 +182,10 @@ impl Uffd {
     /// such a range never faults to us: the registration only attaches the range to
     /// this userfaultfd, whose UNMAP / REMAP / REMOVE events then report it.
     pub fn register_events_only(&self, start: usize, len: usize) -> io::Result<()> {
-        self.register_mode(start, len, REGISTER_MODE_WP)
+        self.register_mode(start, len, REGISTER_MODE_WP).map(drop)
     }
 
-    fn register_mode(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
+    fn register_mode(&self, start: usize, len: usize, mode: u64) -> io::Result<u64> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
@@ -190,7 +196,8 @@ impl Uffd {
         };
         // SAFETY: the ioctl reads/writes exactly one `struct uffdio_register`; it only
         // changes VMA flags of our own address space.
-        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_REGISTER as _, &mut r) })
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_REGISTER as _, &mut r) })?;
+        Ok(r.ioctls)
     }
 
     pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {

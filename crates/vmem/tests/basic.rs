@@ -677,6 +677,52 @@ fn sequential_first_touches_grow_the_fault_around_run() {
     });
 }
 
+/// hugetlbfs memory registers with userfaultfd but cannot be paged 4 KiB at
+/// a time (the kernel offers no UFFDIO_MOVE or ZEROPAGE there): refused for
+/// paging, taken as foreign. (Shared anonymous memory is paged in: its pages
+/// never move out, see `unmovable_pages_stay_resident_and_are_skipped`.)
+#[test]
+fn hugetlb_memory_is_foreign() {
+    with_timeout(30, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let n = 2 << 20;
+        for (what, flags) in [(
+            "hugetlbfs",
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+        )] {
+            // SAFETY: a fresh mapping of ours.
+            let m = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    n,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    -1,
+                    0,
+                )
+            };
+            if m == libc::MAP_FAILED {
+                eprintln!("{what}: not available here (no huge pages reserved?), skipped");
+                continue;
+            }
+            let a = m as usize;
+            // SAFETY: mapped; must be refused.
+            let res = unsafe { p.register_raw(a, n) };
+            assert!(
+                matches!(res, Err(Error::NotAnonymous { .. })),
+                "{what}: {res:?}"
+            );
+            // SAFETY: mapped until after the unregistration.
+            let id = unsafe { p.register_foreign_raw(a, n) }.unwrap();
+            assert!(p.is_resident(a) && p.is_resident(a + n - 1), "{what}");
+            assert_eq!(p.swap_out(a, n).unwrap(), 0, "{what}");
+            p.unregister(id).unwrap();
+            // SAFETY: our mapping, no longer registered.
+            assert_eq!(unsafe { libc::munmap(m, n) }, 0);
+        }
+    });
+}
+
 /// A shared file mapping, which userfaultfd cannot page: a foreign
 /// registration keeps every page resident whatever the swap-outs and the
 /// budget, outside the budget's count, and writes through it reach the file.

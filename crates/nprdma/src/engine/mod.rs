@@ -256,8 +256,9 @@ impl<N: Backend> Clone for Pd<N> {
 
 impl<N: Backend> Pd<N> {
     /// Register `[addr, addr+len)` without pinning it. Memory the pager
-    /// cannot page (shared or file-backed mappings) is taken as a pinning NIC
-    /// takes it: always resident (`vmem::Pager::register_foreign_raw`).
+    /// cannot page (hugetlbfs, file mappings outside tmpfs) is taken as a
+    /// pinning NIC takes it: always resident (`vmem::Pager::register_foreign_raw`;
+    /// before unmapping it, `vmem::Pager::forget_foreign`).
     ///
     /// # Safety
     /// The range must be memory of this process that stays mapped while the

@@ -176,9 +176,9 @@ pub(crate) unsafe fn register<N: Backend>(
     // SAFETY: forwarded contract (memory that stays mapped).
     let region = match unsafe { sh.mm.0.register_raw(addr as usize, len as usize) } {
         Ok(r) => r,
-        // Memory the pager cannot page (shared or file-backed): as a NIC
-        // that pins takes it — always resident, so every operation on it
-        // goes one-sided.
+        // Memory the pager cannot page (hugetlbfs, file mappings outside
+        // tmpfs): as a NIC that pins takes it — always resident, so every
+        // operation on it goes one-sided.
         Err(vmem::Error::NotAnonymous { .. } | vmem::Error::OtherKind { .. }) => {
             // SAFETY: as above.
             unsafe { sh.mm.0.register_foreign_raw(addr as usize, len as usize)? }

@@ -1,6 +1,7 @@
 /* Memory of every kind a program registers: heap (unaligned, sub-page), stack,
  * .bss, shared anonymous, shared and private file mappings, transparent huge
- * pages, read-only memory, and two MRs over one buffer. Each is the target of
+ * pages, hugetlbfs pages (where reserved), read-only memory, and two MRs over
+ * one buffer. Each is the target of
  * RDMA WRITE, READ, SEND and atomics from another QP of this process; the bytes
  * are checked through the CPU, a file mapping's also through the file after
  * deregistration, and the memory stays the program's after ibv_dereg_mr. */
@@ -209,6 +210,34 @@ int main(void)
 	memset(hp, 1, hn);
 	one("huge pages", hp + (1 << 20) - 100, 300000, 8);
 	CHECK_EQ(munmap(raw, hn + (2 << 20)), 0);
+
+	/* hugetlbfs pages (where the system reserved some). */
+	char *hg = mmap(NULL, 4 << 20, PROT_READ | PROT_WRITE,
+			MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (hg == MAP_FAILED) {
+		fprintf(stderr, "no hugetlbfs pages reserved: that case skipped\n");
+	} else {
+		/* Both huge pages, the second never touched: one 4 MiB WRITE
+		 * and READ back. */
+		memset(hg, 2, 4096);
+		size_t hn = 4 << 20;
+		char *big = xalloc(2 * hn);
+		struct ibv_mr *bmr = reg(big, 2 * hn), *hmr = reg(hg, hn);
+		fill(big, hn, 16);
+		CHECK_EQ(post_send1(qa, 30, IBV_WR_RDMA_WRITE, big, hn, bmr->lkey,
+				    (uintptr_t)hg, hmr->rkey, IBV_SEND_SIGNALED), 0);
+		op_ok(cqa, 30, "hugetlbfs, 4 MiB WRITE");
+		CHECK(memcmp(hg, big, hn) == 0);
+		CHECK_EQ(post_send1(qa, 31, IBV_WR_RDMA_READ, big + hn, hn, bmr->lkey,
+				    (uintptr_t)hg, hmr->rkey, IBV_SEND_SIGNALED), 0);
+		op_ok(cqa, 31, "hugetlbfs, 4 MiB READ");
+		CHECK(memcmp(big + hn, big, hn) == 0);
+		CHECK_EQ(ibv_dereg_mr(hmr), 0);
+		CHECK_EQ(ibv_dereg_mr(bmr), 0);
+		free(big);
+		one("hugetlbfs", hg + (2 << 20) - 5000, 300000, 14);
+		CHECK_EQ(munmap(hg, 4 << 20), 0);
+	}
 
 	/* Read-only memory: REMOTE_READ without LOCAL_WRITE is allowed and reads
 	 * what the program put there; LOCAL_WRITE on it is refused. */

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
 use crate::space::{RegInfo, RegionId, Segment};
 use crate::state::{self, PageArray, BUSY, GONE, NOEVICT, REF, RESIDENT, SWAPPED, UNTOUCHED};
+use crate::uffd;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -97,16 +98,26 @@ impl Inner {
                 .chain(revive.iter().map(|r| (r.1, r.2)))
                 .collect();
             for (i, &(a, b)) in runs.iter().enumerate() {
-                if let Err(e) = self.uffd.register(a << PAGE_SHIFT, (b - a) * PAGE) {
-                    for &(a2, b2) in &runs[..i] {
-                        let _ = self.uffd.unregister(a2 << PAGE_SHIFT, (b2 - a2) * PAGE);
+                let (start, n) = (a << PAGE_SHIFT, (b - a) * PAGE);
+                let err = match self.uffd.register(start, n) {
+                    Ok(ops) if ops & uffd::RANGE_MOVE != 0 => continue,
+                    // Shared (shmem) and hugetlbfs memory register too, but
+                    // no page moves out of them, and hugetlbfs is not filled
+                    // 4 KiB at a time: only private anonymous memory is paged.
+                    Ok(_) => {
+                        let _ = self.uffd.unregister(start, n);
+                        Error::NotAnonymous { addr, len }
                     }
-                    return Err(match e.raw_os_error() {
+                    Err(e) => match e.raw_os_error() {
                         Some(libc::EINVAL) => Error::NotAnonymous { addr, len },
                         Some(libc::ENOMEM) => Error::NotMapped { addr, len },
-                        _ => kernel("UFFDIO_REGISTER", a << PAGE_SHIFT, e),
-                    });
+                        _ => kernel("UFFDIO_REGISTER", start, e),
+                    },
+                };
+                for &(a2, b2) in &runs[..i] {
+                    let _ = self.uffd.unregister(a2 << PAGE_SHIFT, (b2 - a2) * PAGE);
                 }
+                return Err(err);
             }
         }
         let mut resident = 0;
