@@ -127,7 +127,8 @@ const SUPPORTED_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
     | IBV_ACCESS_REMOTE_WRITE
     | IBV_ACCESS_REMOTE_READ
     | IBV_ACCESS_REMOTE_ATOMIC
-    | IBV_ACCESS_RELAXED_ORDERING;
+    | IBV_ACCESS_RELAXED_ORDERING
+    | IBV_ACCESS_HUGETLB;
 
 /// A registration that lets anyone write (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC)
 /// needs memory the process can write: a NIC pins it for writing and refuses
@@ -170,7 +171,7 @@ unsafe fn reg_mr(
     }
     if access & !SUPPORTED_ACCESS != 0 {
         return Err(ShimError::Unsupported(format!(
-            "MR access flags {:#x} (supported: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, RELAXED_ORDERING)",
+            "MR access flags {:#x} (supported: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, RELAXED_ORDERING, HUGETLB)",
             access & !SUPPORTED_ACCESS
         )));
     }
@@ -180,8 +181,9 @@ unsafe fn reg_mr(
             addr as u64
         )));
     }
-    // Relaxed ordering is a PCIe hint: dropped.
-    let acc = Access::from_bits_truncate(access);
+    // Relaxed ordering is a PCIe hint, HUGETLB a hint that the memory is backed by
+    // huge pages (how it is backed is read from the memory itself): dropped.
+    let acc = Access::from_bits_truncate(access & !IBV_ACCESS_HUGETLB);
     check_writable(addr as usize, len, acc)?;
     // SAFETY: the application keeps [addr, addr+len) mapped while the MR is registered
     // (the ibv_reg_mr contract).
