@@ -6,32 +6,70 @@
 //! while the NIC still reached it there, and a peer's WRITE would land in it. (Copies
 //! that meet the address while it is unmapped end with an error: `rnic::fault_guard`.)
 //! `mremap` likewise (moving registered memory away leaves the old address free for
-//! new memory). Registered memory the pager does not page (file mappings, taken
-//! as always resident), which userfaultfd does not report at all, is let go of
-//! before the system call. Other calls cost one atomic load (no NP-RDMA device
-//! open) or two short locks. Not covered: munmaps the C library makes internally (`free` of a large
-//! block), which do not go through these symbols; there the pager's own handling
-//! leaves a window of microseconds (vmem's documented residual window).
+//! new memory). Registered memory whose munmap userfaultfd does not report at all
+//! (file mappings, hugetlbfs: NP-RDMA's pager takes them as always resident, a pinned
+//! MR over them is not watched) is let go of before the system call. Other calls
+//! cost two atomic loads (no NP-RDMA device open, no such MR) or a short lock. Not
+//! covered: munmaps the C library makes internally (`free` of a large block), which
+//! do not go through these symbols; there the pager's own handling leaves a window
+//! of microseconds (vmem's documented residual window).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Pagers of the open NP-RDMA devices (normally one). The lock is held only to
-/// look (no syscall, no drop of a pager under it: a pager's threads call munmap
-/// as they exit).
-static PAGERS: parking_lot::Mutex<Vec<(u64, vmem::Pager)>> = parking_lot::Mutex::new(Vec::new());
-/// `PAGERS.len()`, read without the lock on every munmap.
-static OPEN: AtomicUsize = AtomicUsize::new(0);
+/// A process-wide list of entries under ids, whose length every munmap reads
+/// without the lock. The lock is held only to look or edit (no syscall, no drop
+/// of an entry under it: a pager's threads call munmap as they exit).
+struct Registry<T> {
+    list: parking_lot::Mutex<Vec<(u64, T)>>,
+    len: AtomicUsize,
+    next: AtomicU64,
+}
+
+impl<T> Registry<T> {
+    const fn new() -> Self {
+        Registry {
+            list: parking_lot::Mutex::new(Vec::new()),
+            len: AtomicUsize::new(0),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn add(&self, t: T) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.list.lock();
+        l.push((id, t));
+        self.len.store(l.len(), Ordering::Release);
+        id
+    }
+
+    /// The entries `take` picks, removed (each `take` sees an entry once).
+    fn take(&self, mut take: impl FnMut(u64, &T) -> bool) -> Vec<T> {
+        let mut l = self.list.lock();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < l.len() {
+            if take(l[i].0, &l[i].1) {
+                out.push(l.swap_remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
+        self.len.store(l.len(), Ordering::Release);
+        out
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Pagers of the open NP-RDMA devices (normally one).
+static PAGERS: Registry<vmem::Pager> = Registry::new();
 
 /// Follows munmaps of `pager`'s memory until the returned guard drops.
 pub fn follow(pager: &vmem::Pager) -> Following {
-    use std::sync::atomic::AtomicU64;
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    let mut p = PAGERS.lock();
-    p.push((id, pager.clone()));
-    OPEN.store(p.len(), Ordering::Release);
-    Following(id)
+    Following(PAGERS.add(pager.clone()))
 }
 
 /// Registration of a pager with the munmap wrapper (see [`follow`]).
@@ -39,35 +77,19 @@ pub struct Following(u64);
 
 impl Drop for Following {
     fn drop(&mut self) {
-        let gone = {
-            let mut p = PAGERS.lock();
-            let at = p.iter().position(|(id, _)| *id == self.0);
-            let gone = at.map(|i| p.swap_remove(i));
-            OPEN.store(p.len(), Ordering::Release);
-            gone
-        };
         // Dropped outside the lock (it may be the pager's last handle).
-        drop(gone);
+        drop(PAGERS.take(|id, _| id == self.0));
     }
 }
 
-/// Pinned MRs over memory userfaultfd cannot watch (file mappings): id, range and
+/// Pinned MRs over memory userfaultfd cannot watch (file mappings): range and
 /// what to run, once, when the application unmaps or moves any of it.
-static FOREIGN: parking_lot::Mutex<Vec<(u64, usize, usize, vmem::OnGone)>> =
-    parking_lot::Mutex::new(Vec::new());
-/// `FOREIGN.len()`, read without the lock on every munmap.
-static FOREIGN_N: AtomicUsize = AtomicUsize::new(0);
+static FOREIGN: Registry<(usize, usize, vmem::OnGone)> = Registry::new();
 
 /// Runs `on_gone` (before the system call) when the application unmaps or moves
 /// away any of `[addr, addr+len)`, unless the returned guard drops first.
 pub fn follow_foreign(addr: usize, len: usize, on_gone: vmem::OnGone) -> ForeignFollow {
-    use std::sync::atomic::AtomicU64;
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    let mut f = FOREIGN.lock();
-    f.push((id, addr, addr.saturating_add(len), on_gone));
-    FOREIGN_N.store(f.len(), Ordering::Release);
-    ForeignFollow(id)
+    ForeignFollow(FOREIGN.add((addr, addr.saturating_add(len), on_gone)))
 }
 
 /// A range followed by [`follow_foreign`]; dropping it stops following.
@@ -75,74 +97,43 @@ pub struct ForeignFollow(u64);
 
 impl Drop for ForeignFollow {
     fn drop(&mut self) {
-        let gone = {
-            let mut f = FOREIGN.lock();
-            let at = f.iter().position(|e| e.0 == self.0);
-            let gone = at.map(|i| f.swap_remove(i));
-            FOREIGN_N.store(f.len(), Ordering::Release);
-            gone
-        };
         // Dropped unrun, outside the lock.
-        drop(gone);
+        drop(FOREIGN.take(|id, _| id == self.0));
     }
 }
 
-/// Runs (outside the lock) the callbacks of the followed ranges that overlap
-/// `[addr, addr+len)`, each once.
-fn run_foreign(addr: *mut c_void, len: usize) {
-    if FOREIGN_N.load(Ordering::Acquire) == 0 {
-        return;
-    }
+/// Before `[addr, addr+len)` goes: runs (outside the lock) the callbacks of
+/// the followed ranges that overlap it, each once; and the pagers'
+/// registrations there of memory they do not page (hugetlbfs, file mappings),
+/// whose munmap userfaultfd does not report, are forgotten now
+/// (`vmem::Pager::forget_foreign`: the NIC's views stop reaching them), so no
+/// peer reaches memory mapped anew at the address. Returns handles on the fault
+/// threads of the pagers managing part of the range, to wait on after the
+/// system call.
+fn before_unmap(addr: *mut c_void, len: usize) -> Vec<vmem::EventsHandled> {
     let (start, end) = (addr as usize, (addr as usize).saturating_add(len));
-    let due: Vec<vmem::OnGone> = {
-        let mut f = FOREIGN.lock();
-        let mut due = Vec::new();
-        let mut i = 0;
-        while i < f.len() {
-            if f[i].1 < end && start < f[i].2 {
-                due.push(f.swap_remove(i).3);
-            } else {
-                i += 1;
-            }
+    if !FOREIGN.is_empty() {
+        for g in FOREIGN.take(|_, (s, e, _)| *s < end && start < *e) {
+            g.2();
         }
-        FOREIGN_N.store(f.len(), Ordering::Release);
-        due
-    };
-    for g in due {
-        g();
     }
-}
-
-/// Before the range goes: the pagers' registrations there of memory they do not
-/// page (file mappings), whose munmap userfaultfd does not report, are forgotten
-/// now (`vmem::Pager::forget_foreign`: the NIC's views stop reaching them), so no
-/// peer reaches memory mapped anew at the address. The pagers are cloned under
-/// the lock and called outside it (their listeners remap NIC views).
-fn forget_foreign(addr: *mut c_void, len: usize) {
-    if OPEN.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    let pagers: Vec<vmem::Pager> = PAGERS
-        .lock()
-        .iter()
-        .filter(|(_, p)| p.manages(addr as usize, len))
-        .map(|(_, p)| p.clone())
-        .collect();
-    for p in pagers {
-        p.forget_foreign(addr as usize, len);
-    }
-}
-
-/// Handles on the fault threads of the pagers managing part of `[addr, addr+len)`.
-fn managing(addr: *mut c_void, len: usize) -> Vec<vmem::EventsHandled> {
-    if OPEN.load(Ordering::Acquire) == 0 {
+    if PAGERS.is_empty() {
         return Vec::new();
     }
-    PAGERS
+    // Cloned under the lock, called outside it (their listeners remap NIC views).
+    let pagers: Vec<vmem::Pager> = PAGERS
+        .list
         .lock()
         .iter()
-        .filter(|(_, p)| p.manages(addr as usize, len))
-        .map(|(_, p)| p.events_handled())
+        .filter(|(_, p)| p.manages(start, len))
+        .map(|(_, p)| p.clone())
+        .collect();
+    pagers
+        .iter()
+        .map(|p| {
+            p.forget_foreign(start, len);
+            p.events_handled()
+        })
         .collect()
 }
 
@@ -168,9 +159,7 @@ pub unsafe extern "C" fn mremap(
     } else {
         std::ptr::null_mut()
     };
-    let managing = managing(old, old_size);
-    forget_foreign(old, old_size);
-    run_foreign(old, old_size);
+    let managing = before_unmap(old, old_size);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); on failure it returns -1 (MAP_FAILED) with errno set.
     let r = unsafe {
@@ -195,9 +184,7 @@ pub unsafe extern "C" fn mremap(
 /// As `munmap(2)`: the caller gives up `[addr, addr+len)`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
-    let managing = managing(addr, len);
-    forget_foreign(addr, len);
-    run_foreign(addr, len);
+    let managing = before_unmap(addr, len);
     // SAFETY: the raw system call with the caller's arguments (the caller's
     // contract); `syscall` sets errno on failure as munmap would.
     let r = unsafe { libc::syscall(libc::SYS_munmap, addr, len) } as c_int;
