@@ -186,7 +186,7 @@ pub use region::Region;
 pub use space::RegionId;
 pub use stats::{LatencySummary, PagerStats, ThreadFaults};
 pub use swap::{device_read_latency, DeviceLatency, SwapIo};
-pub use uring::poll_swap_reads;
+pub use uring::{poll_swap_reads, polled_swap_reads, swap_reads_can_poll};
 pub use watch::{Hold, OnGone, UnmapWatch, WatchId};
 
 /// See [`Pager::events_handled`].

@@ -21,7 +21,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a read is polled before the thread blocks for it.
@@ -29,6 +29,21 @@ const SPIN: Duration = Duration::from_micros(500);
 
 /// Set once a ring could not be created: no thread tries again.
 static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
+/// Reads done polled, process-wide.
+static POLLED: AtomicU64 = AtomicU64::new(0);
+
+/// How many swap reads of this process were polled for (see
+/// [`poll_swap_reads`]).
+pub fn polled_swap_reads() -> u64 {
+    POLLED.load(Ordering::Relaxed)
+}
+
+/// Whether this process can create an io_uring (so threads that opt in poll
+/// for their swap reads); asks the kernel the first time.
+pub fn swap_reads_can_poll() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| !UNAVAILABLE.load(Ordering::Relaxed) && IoUring::new(1).is_ok())
+}
 
 thread_local! {
     static POLL: Cell<bool> = const { Cell::new(false) };
@@ -81,7 +96,10 @@ pub(crate) fn read_polled(file: &File, buf: &mut [u8], off: u64) -> Option<io::R
         }
         let ring = r.as_mut()?;
         match read_on(ring, file.as_raw_fd(), buf, off) {
-            Done::Read(res) => Some(res),
+            Done::Read(res) => {
+                POLLED.fetch_add(1, Ordering::Relaxed);
+                Some(res)
+            }
             // The entry never reached the kernel: drop the ring with it (it
             // must never be submitted later, its buffer is the caller's) and
             // read with pread.
