@@ -25,7 +25,8 @@ const UFFDIO_COPY: u64 = iowr(0x03, 40);
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
 const UFFDIO_MOVE: u64 = iowr(0x05, 40);
 /// `UFFDIO_MOVE` among a registration's range operations (`1 << _UFFDIO_MOVE`):
-/// offered on private anonymous memory only (not on shmem or hugetlbfs).
+/// not offered on hugetlbfs (offered on shmem, where the move itself then fails
+/// and the page stays resident, see `evict.rs`).
 pub const RANGE_MOVE: u64 = 1 << 0x05;
 
 /// Kernel feature bits (linux/userfaultfd.h).

@@ -60,7 +60,7 @@ pub fn poll_swap_reads(on: bool) {
 /// Reads `buf.len()` bytes at `off` of `file`: polled if this thread opted in
 /// and io_uring is available, else with `pread`.
 pub(crate) fn read_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
-    if POLL.with(Cell::get) && !UNAVAILABLE.load(Ordering::Relaxed) {
+    if POLL.with(Cell::get) {
         if let Some(r) = read_polled(file, buf, off) {
             return r;
         }

@@ -467,9 +467,10 @@ pub(super) fn poller<N: Backend>(sh: Arc<Shared<N>>) {
         let idle_for = now.duration_since(last_work);
         contended |= prev_idle.is_some_and(|p| now.duration_since(p) > CONTENDED);
         prev_idle = Some(now);
-        if polls_reads == contended {
-            polls_reads = !contended && !sh.cfg.interrupt_mode;
-            sh.mm.poll_own_reads(polls_reads);
+        let want = !contended && !sh.cfg.interrupt_mode;
+        if want != polls_reads {
+            polls_reads = want;
+            sh.mm.poll_own_reads(want);
         }
         if !sh.cfg.interrupt_mode && idle_for < window && !contended {
             rings.start();

@@ -101,9 +101,8 @@ impl Inner {
                 let (start, n) = (a << PAGE_SHIFT, (b - a) * PAGE);
                 let err = match self.uffd.register(start, n) {
                     Ok(ops) if ops & uffd::RANGE_MOVE != 0 => continue,
-                    // Shared (shmem) and hugetlbfs memory register too, but
-                    // no page moves out of them, and hugetlbfs is not filled
-                    // 4 KiB at a time: only private anonymous memory is paged.
+                    // hugetlbfs memory registers too, but the kernel offers no
+                    // UFFDIO_MOVE there (nor 4 KiB fills): it is not paged.
                     Ok(_) => {
                         let _ = self.uffd.unregister(start, n);
                         Error::NotAnonymous { addr, len }
