@@ -764,6 +764,45 @@ fn import_device_pd_and_mr_from_cmd_fd() {
     }
 }
 
+/// test_shared_pd's teardown: QPs and MRs made on an imported PD outlive the PD's
+/// `ibv_unimport_pd` (rdma-core allows it: the kernel PD lives on), and hold the one
+/// use count of the PD and its imports, so the exporting PD cannot be deallocated
+/// under them (EBUSY) and can once they are gone. Destroying them after the unimport
+/// must not touch the released handle (it used to: heap corruption under pyverbs).
+#[test]
+fn objects_on_an_imported_pd_outlive_its_unimport() {
+    let e = open();
+    // SAFETY: as in a C program.
+    unsafe {
+        let ctx2 = ibv_import_device(libc::dup((*e.ctx).cmd_fd));
+        assert!(!ctx2.is_null());
+        let pd2 = ibv_import_pd(ctx2, (*e.pd).handle);
+        assert!(!pd2.is_null());
+        let cq = ibv_create_cq(ctx2, 16, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let qp = make_qp(&Env { ctx: ctx2, pd: pd2 }, cq);
+        let mut buf = vec![0u8; 4096];
+        let mr = ibv_reg_mr(
+            pd2,
+            buf.as_mut_ptr().cast(),
+            4096,
+            IBV_ACCESS_LOCAL_WRITE as c_int,
+        );
+        assert!(!mr.is_null());
+        assert_eq!(ibv_dealloc_pd(e.pd), libc::EBUSY);
+        assert_eq!(ibv_dealloc_pd(pd2), libc::EBUSY);
+        ibv_unimport_pd(pd2);
+        assert_eq!(ibv_dealloc_pd(e.pd), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), libc::EBUSY);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(e.pd), 0);
+        assert_eq!(ibv_close_device(ctx2), 0);
+        assert_eq!(ibv_close_device(e.ctx), 0);
+    }
+}
+
 /// Extended CQs as libibverbs' `ibv_create_cq_ex` inline reaches them (the
 /// verbs_context op): the standard completion fields, `ibv_start_poll` /
 /// `ibv_next_poll` / `ibv_end_poll` and the `ibv_wc_read_*` ops over loopback traffic

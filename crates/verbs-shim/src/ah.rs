@@ -8,7 +8,6 @@ use crate::error::ShimError;
 use crate::ffi::*;
 use crate::objects::{guard, guard_rc, shim, zeroed, ShimAh, ShimContext, ShimPd};
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 
 /// Check `a` (the attributes of a RoCE address) and return the destination GID.
 fn dest_gid(a: &ibv_ah_attr) -> Result<[u8; 16], ShimError> {
@@ -48,7 +47,6 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         // SAFETY: checked non-null; caller-provided.
         let gid = dest_gid(unsafe { &*attr })?;
         let inner = p.inner.create_ah(gid)?;
-        p.users.fetch_add(1, Ordering::AcqRel);
         // SAFETY: plain C data.
         let mut ah: ibv_ah = unsafe { zeroed() };
         ah.context = p.pd.context;
@@ -56,7 +54,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         let b = Box::into_raw(Box::new(ShimAh {
             ah,
             inner,
-            pd_users: p.users.clone(),
+            pd_use: p.take_use(),
         }));
         // SAFETY: just allocated; the handle is the object's address (unique while it lives).
         unsafe { (*b).ah.handle = b as usize as u32 };
@@ -70,9 +68,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard_rc("ibv_destroy_ah", || {
         // SAFETY: caller contract.
-        let a: &ShimAh = unsafe { shim(ah, "address handle")? };
-        a.pd_users.fetch_sub(1, Ordering::AcqRel);
-        // SAFETY: allocated by ibv_create_ah.
+        unsafe { shim::<_, ShimAh>(ah, "address handle")? };
+        // SAFETY: allocated by ibv_create_ah; dropping releases the PD's use.
         drop(unsafe { Box::from_raw(ah as *mut ShimAh) });
         Ok(())
     })

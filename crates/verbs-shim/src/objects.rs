@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use rnic::Access;
 use std::os::fd::OwnedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// `struct verbs_context` (whose last field is the `ibv_context`) + the device.
@@ -31,11 +31,38 @@ pub struct ShimContext {
 pub struct ShimPd {
     pub pd: ibv_pd,
     pub inner: Arc<dyn Pd>,
-    /// MRs and QPs using this PD (dealloc is refused while non-zero). Shared
-    /// with imported MRs, which may outlive an imported PD's handle.
+    /// MRs, QPs, SRQs and address handles on the backend PD (dealloc is refused while
+    /// non-zero). One count for the exporting PD and all its imports, as the kernel
+    /// keeps one use count on the PD object every handle names.
     pub users: Arc<AtomicU32>,
     /// Made by `ibv_import_pd` (a second handle on another PD's backend PD).
     pub imported: bool,
+}
+
+impl ShimPd {
+    /// One more user of this PD, released when the returned value is dropped.
+    pub fn take_use(&self) -> PdUse {
+        self.users.fetch_add(1, Ordering::AcqRel);
+        PdUse {
+            users: self.users.clone(),
+            handle: self.pd.handle,
+        }
+    }
+}
+
+/// A child object's hold on its PD's use count. Held by value, not through the
+/// PD's handle: the application may release an imported PD (`ibv_unimport_pd`, which
+/// cannot fail) while QPs, MRs or SRQs made on it live on, as rdma-core allows.
+pub struct PdUse {
+    users: Arc<AtomicU32>,
+    /// The PD's handle (`ibv_pd.handle`, the same for a PD and its imports).
+    pub handle: u32,
+}
+
+impl Drop for PdUse {
+    fn drop(&mut self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 #[repr(C)]
@@ -44,11 +71,16 @@ pub struct ShimMr {
     pub inner: Box<dyn Mr>,
     /// The access it was registered (or last re-registered) with.
     pub access: Access,
-    /// Made by `ibv_import_mr` (the registration belongs to the exporting MR).
-    pub imported: bool,
-    /// An imported MR's count on its PD (`ShimPd::users`), held by value: the
-    /// application may release the imported PD first (`ibv_unimport_pd`).
-    pub pd_users: Option<Arc<AtomicU32>>,
+    /// Its PD's use, or `None` for an MR made by `ibv_import_mr` (the registration,
+    /// and its use of the PD, belong to the exporting MR).
+    pub pd_use: Option<PdUse>,
+}
+
+impl ShimMr {
+    /// Made by `ibv_import_mr`.
+    pub fn imported(&self) -> bool {
+        self.pd_use.is_none()
+    }
 }
 
 #[repr(C)]
@@ -76,6 +108,8 @@ pub struct ShimQp {
     pub ex: bool,
     /// The `ibv_wr_start` .. `ibv_wr_complete` batch being built.
     pub batch: Mutex<Batch>,
+    /// Its PD's use.
+    pub pd_use: PdUse,
 }
 
 /// `struct ibv_srq` + the backend SRQ.
@@ -85,6 +119,8 @@ pub struct ShimSrq {
     pub inner: Box<dyn Srq>,
     /// QPs receiving from it (destroy is refused while non-zero).
     pub users: AtomicU32,
+    /// Its PD's use.
+    pub pd_use: PdUse,
 }
 
 /// `struct ibv_ah` + the backend address handle.
@@ -92,8 +128,8 @@ pub struct ShimSrq {
 pub struct ShimAh {
     pub ah: ibv_ah,
     pub inner: Box<dyn Ah>,
-    /// The PD's user count (the AH holds one).
-    pub pd_users: Arc<AtomicU32>,
+    /// Its PD's use.
+    pub pd_use: PdUse,
 }
 
 impl ShimAh {

@@ -32,7 +32,8 @@ fn nonnull<T>(p: *mut T, what: &str) -> Result<(), ShimError> {
 /// and MRs of the process. Handles are unique per process (any context may import).
 struct Exports {
     next: u32,
-    pds: HashMap<u32, Arc<dyn crate::backend::Pd>>,
+    /// Each PD's backend and its use count (shared with its imports).
+    pds: HashMap<u32, (Arc<dyn crate::backend::Pd>, Arc<AtomicU32>)>,
     mrs: HashMap<u32, MrExport>,
 }
 
@@ -83,9 +84,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         let inner = s.dev.alloc_pd()?;
+        let users = Arc::new(AtomicU32::new(0));
         let mut ex = EXPORTS.lock();
         let handle = ex.handle();
-        ex.pds.insert(handle, inner.clone());
+        ex.pds.insert(handle, (inner.clone(), users.clone()));
         let pd = ibv_pd {
             context: ctx,
             handle,
@@ -93,7 +95,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         let p = Box::into_raw(Box::new(ShimPd {
             pd,
             inner,
-            users: Arc::new(AtomicU32::new(0)),
+            users,
             imported: false,
         }));
         Ok(p as *mut ibv_pd)
@@ -209,13 +211,11 @@ unsafe fn reg_mr(
         lkey: inner.lkey(),
         rkey: inner.rkey(),
     };
-    s.users.fetch_add(1, Ordering::AcqRel);
     Ok(Box::into_raw(Box::new(ShimMr {
         mr,
         inner,
         access: acc,
-        imported: false,
-        pd_users: None,
+        pd_use: Some(s.take_use()),
     })) as *mut ibv_mr)
 }
 
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let rc = guard_rc("ibv_rereg_mr", || {
         // SAFETY: caller contract.
         let s: &mut ShimMr = unsafe { &mut *(mr as *mut ShimMr) };
-        if s.imported {
+        if s.imported() {
             return Err(ShimError::InvalidArgument("an imported MR".into()));
         }
         let new_pd: Option<&ShimPd> = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
@@ -287,10 +287,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             s.access = a;
         }
         if let Some(p) = new_pd {
-            // SAFETY: the old PD outlives the MR (its dealloc refuses while in use).
-            let old: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
-            old.users.fetch_sub(1, Ordering::AcqRel);
-            p.users.fetch_add(1, Ordering::AcqRel);
+            // Releases the old PD's use.
+            s.pd_use = Some(p.take_use());
             s.mr.pd = pd;
         }
         if let Some((a, l)) = range {
@@ -301,10 +299,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // updates them from the kernel's answer the same way).
         s.mr.lkey = s.inner.lkey();
         s.mr.rkey = s.inner.rkey();
-        // SAFETY: the MR's PD is ours.
-        let pd_handle = unsafe { shim::<_, ShimPd>(s.mr.pd, "PD")? }.pd.handle;
-        if let Some(x) = EXPORTS.lock().mrs.get_mut(&s.mr.handle) {
-            x.pd_handle = pd_handle;
+        let pd_handle = s.pd_use.as_ref().map(|u| u.handle);
+        if let (Some(x), Some(h)) = (EXPORTS.lock().mrs.get_mut(&s.mr.handle), pd_handle) {
+            x.pd_handle = h;
             x.length = s.mr.length;
         }
         Ok(())
@@ -414,14 +411,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard_rc("ibv_dereg_mr", || {
         // SAFETY: caller contract.
         let s: &ShimMr = unsafe { shim(mr, "MR")? };
-        // SAFETY: the MR's PD outlives it (dealloc_pd refuses while users != 0).
-        let pd: &ShimPd = unsafe { shim(s.mr.pd, "PD")? };
-        if !s.imported {
+        if !s.imported() {
             EXPORTS.lock().mrs.remove(&s.mr.handle);
         }
-        // SAFETY: allocated by reg_mr; dropping deregisters (waits for in-flight DMA).
+        // SAFETY: allocated by reg_mr / ibv_import_mr; dropping deregisters (waits for
+        // in-flight DMA) and releases the PD's use.
         drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
-        pd.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     })
 }
@@ -784,7 +779,6 @@ pub(crate) unsafe fn create_qp_common(
     if send_ops.is_some() {
         crate::qp_ex::install_wr_ops(&mut q);
     }
-    p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
     if let Some(s) = srq {
@@ -795,6 +789,7 @@ pub(crate) unsafe fn create_qp_common(
         inner,
         ex: send_ops.is_some(),
         batch: Mutex::new(Default::default()),
+        pd_use: p.take_use(),
     })) as *mut ibv_qp)
 }
 
@@ -913,23 +908,22 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard_rc("ibv_destroy_qp", || {
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
-        // SAFETY: PD and CQs outlive their QPs (their destroy refuses while in use).
-        let (pd, scq, rcq): (&ShimPd, &ShimCq, &ShimCq) = unsafe {
+        // SAFETY: CQs outlive their QPs (their destroy refuses while in use). The PD is
+        // not touched: an imported PD may be gone (the QP holds its use by value).
+        let (scq, rcq): (&ShimCq, &ShimCq) = unsafe {
             (
-                shim(q.qp.qp_base.pd, "PD")?,
                 shim(q.qp.qp_base.send_cq, "CQ")?,
                 shim(q.qp.qp_base.recv_cq, "CQ")?,
             )
         };
         let srq = q.qp.qp_base.srq;
-        // SAFETY: allocated by ibv_create_qp.
+        // SAFETY: allocated by ibv_create_qp; dropping releases the PD's use.
         drop(unsafe { Box::from_raw(qp as *mut ShimQp) });
         if !srq.is_null() {
             // SAFETY: an SRQ outlives its QPs (its destroy refuses while in use).
             let s: &ShimSrq = unsafe { shim(srq, "SRQ")? };
             s.users.fetch_sub(1, Ordering::AcqRel);
         }
-        pd.users.fetch_sub(1, Ordering::AcqRel);
         scq.users.fetch_sub(1, Ordering::AcqRel);
         rcq.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())
@@ -988,11 +982,11 @@ pub unsafe extern "C" fn ibv_create_srq(
         srq.context = p.pd.context;
         srq.srq_context = a.srq_context;
         srq.pd = pd;
-        p.users.fetch_add(1, Ordering::AcqRel);
         Ok(Box::into_raw(Box::new(ShimSrq {
             srq,
             inner,
             users: AtomicU32::new(0),
+            pd_use: p.take_use(),
         })) as *mut ibv_srq)
     })
 }
@@ -1007,11 +1001,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if s.users.load(Ordering::Acquire) != 0 {
             return Err(ShimError::Busy("SRQ still used by QPs".into()));
         }
-        // SAFETY: a PD outlives its SRQs (its dealloc refuses while in use).
-        let p: &ShimPd = unsafe { shim(s.srq.pd, "PD")? };
-        // SAFETY: allocated by ibv_create_srq.
+        // SAFETY: allocated by ibv_create_srq; dropping releases the PD's use.
         drop(unsafe { Box::from_raw(srq as *mut ShimSrq) });
-        p.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     })
 }
@@ -1237,7 +1228,7 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *m
     guard("ibv_import_pd", std::ptr::null_mut(), || {
         // SAFETY: caller contract.
         unsafe { ShimContext::from_ibv(ctx)? };
-        let inner = EXPORTS
+        let (inner, users) = EXPORTS
             .lock()
             .pds
             .get(&handle)
@@ -1249,7 +1240,7 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *m
                 handle,
             },
             inner,
-            users: Arc::new(AtomicU32::new(0)),
+            users,
             imported: true,
         }));
         Ok(p as *mut ibv_pd)
@@ -1285,7 +1276,6 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
             lkey: e.lkey,
             rkey: e.rkey,
         };
-        p.users.fetch_add(1, Ordering::AcqRel);
         Ok(Box::into_raw(Box::new(ShimMr {
             mr,
             inner: Box::new(ImportedMr {
@@ -1293,8 +1283,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
                 rkey: e.rkey,
             }),
             access: Access::empty(),
-            imported: true,
-            pd_users: Some(p.users.clone()),
+            pd_use: None,
         })) as *mut ibv_mr)
     })
 }
@@ -1328,11 +1317,7 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
 pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
     // SAFETY: caller contract.
     if let Ok(s) = unsafe { shim::<_, ShimMr>(mr, "MR") } {
-        if s.imported {
-            // Through the shared count, not the PD: its handle may be gone.
-            if let Some(u) = &s.pd_users {
-                u.fetch_sub(1, Ordering::AcqRel);
-            }
+        if s.imported() {
             // SAFETY: allocated by ibv_import_mr.
             drop(unsafe { Box::from_raw(mr as *mut ShimMr) });
         }
