@@ -545,7 +545,37 @@ fn shared_receive_queue_feeds_its_qps_in_order() {
         );
         assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
         assert_eq!(errno(), libc::EAGAIN);
-        for qp in [s1, r1, s2, r2] {
+        // A QP destroyed before its event was taken takes the event with it (as the
+        // kernel drops a destroyed object's unread events): none names a freed QP.
+        assert_eq!(ibv_modify_qp(r2, &mut err, IBV_QP_STATE as c_int), 0);
+        assert_eq!(ibv_destroy_qp(r2), 0);
+        assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        // An event taken and not yet acknowledged: ibv_destroy_qp waits for the ack,
+        // as libibverbs' does.
+        let r3 = mk(true);
+        assert_eq!(ibv_modify_qp(r3, &mut err, IBV_QP_STATE as c_int), 0);
+        assert_eq!(ibv_get_async_event(e.ctx, &mut ev), 0);
+        assert_eq!(
+            (ev.event_type, ev.element.qp),
+            (IBV_EVENT_QP_LAST_WQE_REACHED, r3)
+        );
+        let destroyed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (d, r3_addr) = (destroyed.clone(), r3 as usize);
+        let t = std::thread::spawn(move || {
+            // A QP of ours, destroyed once (inside the test's unsafe block).
+            let rc = ibv_destroy_qp(r3_addr as *mut ibv_qp);
+            d.store(true, std::sync::atomic::Ordering::SeqCst);
+            rc
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !destroyed.load(std::sync::atomic::Ordering::SeqCst),
+            "ibv_destroy_qp returned with its event unacknowledged"
+        );
+        ibv_ack_async_event(&mut ev);
+        assert_eq!(t.join().unwrap(), 0);
+        for qp in [s1, r1, s2] {
             assert_eq!(ibv_destroy_qp(qp), 0);
         }
         assert_eq!(ibv_destroy_srq(srq), 0);

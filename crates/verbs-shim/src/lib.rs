@@ -40,7 +40,9 @@
 //! * Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_query_srq`,
 //!   `ibv_destroy_srq`; QPs created with `srq`), in both modes (one SGE per WQE in
 //!   NP-RDMA mode). A QP on an SRQ moved to ERR posts `IBV_EVENT_QP_LAST_WQE_REACHED`
-//!   (`ibv_get_async_event`; the async fd is readable while events are queued). SRQ
+//!   (`ibv_get_async_event`; the async fd is readable while events are queued;
+//!   `ibv_destroy_qp` drops the QP's events not yet taken and waits until those taken
+//!   are acknowledged with `ibv_ack_async_event`, as libibverbs does). SRQ
 //!   limit events are not generated, so an SRQ limit (`srq_limit`) is refused
 //!   (EOPNOTSUPP), and so is resizing (`IBV_SRQ_MAX_WR`, EINVAL, as mlx5).
 //! * `ibv_rereg_mr` (PD, range and access; keys kept, the NIC fenced off the old

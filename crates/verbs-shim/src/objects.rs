@@ -110,6 +110,11 @@ pub struct ShimQp {
     pub batch: Mutex<Batch>,
     /// Its PD's use.
     pub pd_use: PdUse,
+    /// Asynchronous events about it handed out by `ibv_get_async_event` and not
+    /// yet acknowledged (`ibv_destroy_qp` waits for them, as libibverbs does).
+    pub events_unacked: Mutex<u32>,
+    /// Signalled by `ibv_ack_async_event`.
+    pub events_acked: parking_lot::Condvar,
 }
 
 /// `struct ibv_srq` + the backend SRQ.
@@ -197,6 +202,35 @@ impl ShimContext {
     pub fn post_async(&self, event_type: u32, element: usize) {
         self.async_events.lock().push_back((event_type, element));
         let _ = rustix::io::write(&self.async_fd, &1u64.to_ne_bytes());
+    }
+
+    /// Takes one count of the async fd's semaphore for an event just taken off
+    /// the queue (with the queue locked: every count read belongs to a queued
+    /// event). Its poster may not have written it yet (it writes after queueing):
+    /// then this waits for that write.
+    pub fn take_async_count(&self) {
+        loop {
+            match rustix::io::read(&self.async_fd, &mut [0u8; 8]) {
+                Ok(_) => return,
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => std::thread::yield_now(),
+                Err(e) => {
+                    tracing::error!(%e, "async event fd read failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Drops the queued, not yet taken events about the object at `element`
+    /// (it is being destroyed: the kernel forgets an object's unread events
+    /// with it, so no event names a destroyed object).
+    pub fn forget_async(&self, element: usize) {
+        let mut q = self.async_events.lock();
+        let before = q.len();
+        q.retain(|&(_, el)| el != element);
+        for _ in q.len()..before {
+            self.take_async_count();
+        }
     }
 
     pub fn ibv(&mut self) -> *mut ibv_context {

@@ -790,6 +790,8 @@ pub(crate) unsafe fn create_qp_common(
         ex: send_ops.is_some(),
         batch: Mutex::new(Default::default()),
         pd_use: p.take_use(),
+        events_unacked: Mutex::new(0),
+        events_acked: parking_lot::Condvar::new(),
     })) as *mut ibv_qp)
 }
 
@@ -908,6 +910,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard_rc("ibv_destroy_qp", || {
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
+        // Its unread events go with it; the ones handed out must be acknowledged
+        // first (libibverbs waits for them the same way).
+        // SAFETY: the QP's context is ours and open while the QP exists.
+        unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? }.forget_async(qp as usize);
+        let mut n = q.events_unacked.lock();
+        while *n > 0 {
+            q.events_acked.wait(&mut n);
+        }
+        drop(n);
         // SAFETY: CQs outlive their QPs (their destroy refuses while in use). The PD is
         // not touched: an imported PD may be gone (the QP holds its use by value).
         let (scq, rcq): (&ShimCq, &ShimCq) = unsafe {
@@ -1169,8 +1180,8 @@ pub extern "C" fn ibv_is_fork_initialized() -> ibv_fork_status {
 /// The next asynchronous event (blocking unless the async fd is O_NONBLOCK). Events
 /// generated: `IBV_EVENT_QP_LAST_WQE_REACHED` when a QP that receives from an SRQ is
 /// moved to ERR (no WQE of the SRQ will be taken by it any more: the application may
-/// destroy it). The event names the object; destroying the object before taking the
-/// event leaves a stale address in it (`ibv_destroy_*` does not wait for acks).
+/// destroy it). As with the kernel, destroying a QP drops its events not yet taken,
+/// and `ibv_destroy_qp` waits until those taken are acknowledged.
 ///
 /// # Safety
 /// `ctx` an open context; `ev` writable.
@@ -1183,19 +1194,41 @@ pub unsafe extern "C" fn ibv_get_async_event(
         // SAFETY: caller contract.
         let s = unsafe { ShimContext::from_ibv(ctx)? };
         nonnull(ev, "async event out pointer")?;
-        // One count of the semaphore per queued event; blocks (a blocking fd) until
-        // one is posted, or EAGAIN (the application set O_NONBLOCK).
-        match rustix::io::read(&s.async_fd, &mut [0u8; 8]) {
-            Ok(_) => {}
-            Err(e @ (rustix::io::Errno::AGAIN | rustix::io::Errno::INTR)) => {
-                set_errno(e.raw_os_error());
+        // The semaphore counts the queued events; its counts are taken with the
+        // queue locked, one per event taken off it (`take_async_count`).
+        let (t, el) = loop {
+            {
+                let mut q = s.async_events.lock();
+                if let Some((t, el)) = q.pop_front() {
+                    s.take_async_count();
+                    if is_qp_event(t) {
+                        // Counted while the queue is locked: a destroy of the QP
+                        // now either dropped the event first or waits for its ack.
+                        // SAFETY: a queued QP event names a live QP of ours
+                        // (`ibv_destroy_qp` drops its events under this lock).
+                        *unsafe { &*(el as *const ShimQp) }.events_unacked.lock() += 1;
+                    }
+                    drop(q);
+                    break (t, el);
+                }
+            }
+            // Nothing queued: EAGAIN on a non-blocking fd, else wait for a post.
+            if is_nonblocking(&s.async_fd) {
+                set_errno(libc::EAGAIN);
                 return Ok(-1);
             }
-            Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
-        }
-        let Some((t, el)) = s.async_events.lock().pop_front() else {
-            set_errno(libc::EAGAIN);
-            return Ok(-1);
+            let mut pfd = [rustix::event::PollFd::new(
+                &s.async_fd,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut pfd, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {
+                    set_errno(libc::EINTR);
+                    return Ok(-1);
+                }
+                Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
+            }
         };
         // SAFETY: checked non-null, caller-provided; the union's members are all
         // object pointers of the same size.
@@ -1207,8 +1240,42 @@ pub unsafe extern "C" fn ibv_get_async_event(
     })
 }
 
+/// Events about a QP (the `element.qp` of the event).
+fn is_qp_event(t: u32) -> bool {
+    matches!(
+        t,
+        IBV_EVENT_QP_FATAL
+            | IBV_EVENT_QP_REQ_ERR
+            | IBV_EVENT_QP_ACCESS_ERR
+            | IBV_EVENT_COMM_EST
+            | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_PATH_MIG
+            | IBV_EVENT_PATH_MIG_ERR
+            | IBV_EVENT_QP_LAST_WQE_REACHED
+    )
+}
+
+/// Acknowledges an event from `ibv_get_async_event` (an `ibv_destroy_qp` of its
+/// QP waits for that).
+///
+/// # Safety
+/// `ev` NULL or an event `ibv_get_async_event` filled in, acknowledged once.
 #[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ibv_async_event) {
+    if ev.is_null() {
+        return;
+    }
+    // SAFETY: caller contract: a filled-in event.
+    let (t, qp) = unsafe { ((*ev).event_type, (*ev).element.qp) };
+    if is_qp_event(t) && !qp.is_null() {
+        // SAFETY: the QP lives until its handed-out events are acknowledged
+        // (`ibv_destroy_qp` waits for this).
+        let q = unsafe { &*(qp as *const ShimQp) };
+        let mut n = q.events_unacked.lock();
+        *n = n.saturating_sub(1);
+        q.events_acked.notify_all();
+    }
+}
 
 /// Data placement order is not guaranteed beyond RC semantics: report "not in order"
 /// (0), as providers without the capability do.
