@@ -37,6 +37,9 @@ const POLL_CHUNK: usize = 32;
 pub const NP_MAX_QP: u32 = 256;
 /// MRs per process this mode advertises (`max_mr`) and grants.
 pub const NP_MAX_MR: u32 = 4096;
+/// CQs per process this mode advertises (`max_cq`) and grants (each is the layer's
+/// own, with an eventfd: no NIC CQ behind it; the software NIC's own count).
+pub const NP_MAX_CQ: u32 = 256;
 /// Deepest QP of the layer (`nprdma` refuses more).
 const NP_MAX_DEPTH: u32 = 1000;
 
@@ -144,9 +147,11 @@ pub struct NpDevice<F: NpFlavor> {
     flavor: F,
     pager: vmem::Pager,
     ctx: np::Context<F::Nic>,
-    /// Application QPs and MRs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]).
+    /// Application QPs, MRs and CQs alive (bounded by [`NP_MAX_QP`] / [`NP_MAX_MR`]
+    /// / [`NP_MAX_CQ`]).
     qps: Arc<std::sync::atomic::AtomicU32>,
     mrs: Arc<std::sync::atomic::AtomicU32>,
+    cqs: Arc<std::sync::atomic::AtomicU32>,
     /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
     sg: SgShared<F::Nic>,
     /// The munmap wrapper waits for this device's pager (`crate::unmap`).
@@ -199,6 +204,7 @@ impl<F: NpFlavor> NpDevice<F> {
             ctx,
             qps: Default::default(),
             mrs: Default::default(),
+            cqs: Default::default(),
             sg: SgShared::default(),
         })
     }
@@ -242,6 +248,7 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         a.max_inline_data = MAX_INLINE;
         a.max_qp = NP_MAX_QP;
         a.max_mr = NP_MAX_MR;
+        a.max_cq = NP_MAX_CQ;
         a
     }
     fn gid(&self) -> [u8; 16] {
@@ -259,11 +266,13 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         }))
     }
     fn create_cq(&self, depth: u32, events: bool) -> Result<Box<dyn Cq>> {
+        let quota = Quota::take(&self.cqs, NP_MAX_CQ, "CQs (max_cq)")?;
         let cq = self.ctx.create_cq(depth).map_err(np_err)?;
         Ok(Box::new(NpCq::<F::Nic> {
             cq,
             events,
             mapped: self.sg.mapped.clone(),
+            _quota: quota,
         }))
     }
     fn srq_limits(&self) -> Option<(u32, u32)> {
@@ -597,6 +606,8 @@ struct NpCq<N: np::engine::Backend> {
     events: bool,
     /// QPs with SGE lists, whose completions are translated back (`np_sgl`).
     mapped: np_sgl::Registry<N>,
+    /// Its count against [`NP_MAX_CQ`].
+    _quota: Quota,
 }
 
 fn wc_from(c: &np::Completion) -> Wc {
@@ -1476,12 +1487,16 @@ mod tests {
 
     /// The limits ibv_query_device advertises in this mode hold: max_mr MRs and then
     /// max_qp QPs (each with its staging MR) exist at once, a QP of max_qp_wr depth
-    /// can be created, and one more MR / QP than advertised is refused with ENOMEM.
+    /// can be created, max_cq CQs too, and one more MR / QP / CQ than advertised is
+    /// refused with ENOMEM.
     #[test]
-    fn advertised_qp_and_mr_limits_hold() {
+    fn advertised_qp_mr_and_cq_limits_hold() {
         let dev = NpDevice::new().unwrap();
         let a = dev.attr();
-        assert_eq!((a.max_qp, a.max_mr), (NP_MAX_QP, NP_MAX_MR));
+        assert_eq!(
+            (a.max_qp, a.max_mr, a.max_cq),
+            (NP_MAX_QP, NP_MAX_MR, NP_MAX_CQ)
+        );
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(16, false).unwrap();
         let page = vmem::PAGE_SIZE;
@@ -1533,6 +1548,20 @@ mod tests {
         drop(mrs);
         // Released on destroy: the next ones fit again.
         assert!(pd.create_qp(&*cq, &*cq, &small).is_ok());
+        // max_cq CQs in all (`cq` is one of them), then ENOMEM; one freed fits again.
+        let mut cqs: Vec<_> = (1..a.max_cq)
+            .map(|i| {
+                dev.create_cq(4, i % 2 == 0)
+                    .unwrap_or_else(|e| panic!("CQ {i} of {}: {e}", a.max_cq))
+            })
+            .collect();
+        let extra = dev.create_cq(4, false);
+        assert_eq!(
+            extra.err().expect("max_cq + 1 refused").errno(),
+            libc::ENOMEM
+        );
+        cqs.pop();
+        assert!(dev.create_cq(4, false).is_ok());
     }
 
     /// SGE lists in NP-RDMA mode (the layer's WRs carry one SGE; `np_sgl` bounces):
