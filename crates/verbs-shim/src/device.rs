@@ -220,6 +220,11 @@ fn fill_device_attr(dev: &dyn crate::backend::Device, a: &mut ibv_device_attr) {
     };
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
+    if dev.address_handles() {
+        // An address handle is a destination address, nothing of the NIC's: no limit
+        // but the C type's (as mlx5 reports).
+        a.max_ah = c_int::MAX;
+    }
     if let Some((wr, sge)) = dev.srq_limits() {
         a.max_srq = clamp(d.max_qp);
         a.max_srq_wr = clamp(wr);

@@ -48,6 +48,10 @@ pub trait Device: Send + Sync {
     fn srq_limits(&self) -> Option<(u32, u32)> {
         None
     }
+    /// Whether PDs create address handles ([`Pd::create_ah`]) for UD QPs.
+    fn address_handles(&self) -> bool {
+        false
+    }
     /// One line of counters for `NPRDMA_STATS=1` (printed at process exit).
     fn stats(&self) -> String {
         format!("mode={}", self.mode())

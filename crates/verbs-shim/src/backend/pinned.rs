@@ -71,6 +71,9 @@ impl Device for PinnedDevice {
         let a = self.attr();
         Some((a.max_qp_wr, a.max_sge))
     }
+    fn address_handles(&self) -> bool {
+        true
+    }
 }
 
 /// Pages pinned by this process's registrations (the kernel's `mm->pinned_vm`).

@@ -102,7 +102,11 @@ int main(void)
 	aa.is_global = 1;
 	aa.grh.dgid = e.gid;
 	aa.grh.hop_limit = 1;
+	/* The device says whether it makes address handles (max_ah). */
+	struct ibv_device_attr da;
+	CHECK_EQ(ibv_query_device(e.ctx, &da), 0);
 	if (np_mode()) {
+		CHECK_EQ(da.max_ah, 0);
 		errno = 0;
 		CHECK(ud_qp(&e, cqa) == NULL);
 		CHECK_EQ(errno, EOPNOTSUPP);
@@ -112,6 +116,7 @@ int main(void)
 		printf("skipping the UD checks: NP-RDMA mode refuses UD QPs (EOPNOTSUPP)\n");
 		return 0;
 	}
+	CHECK(da.max_ah > 0);
 	struct ibv_qp *a = ud_qp(&e, cqa), *b = ud_qp(&e, cqb);
 	CHECK(a && b);
 	CHECK_EQ(a->qp_type, IBV_QPT_UD);
