@@ -255,7 +255,7 @@ fn wait_np(cq: &nprdma::Cq, n: usize, what: &str) -> Result<()> {
         let k = cq.poll(&mut wc);
         for w in &wc[..k] {
             if !w.is_ok() {
-                return Err(gone(what, format!("status {}", w.status)));
+                return Err(gone(what, nprdma::nic::WcStatus::from_code(w.status)));
             }
         }
         got += k;
