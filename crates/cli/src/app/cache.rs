@@ -216,31 +216,7 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         kops: ops as f64 / secs / 1e3,
         mb_s: ops as f64 * item_len as f64 / secs / 1e6,
         mean_us: sum as f64 / ops as f64 / 1000.0,
-        p50_us: {
-            if std::env::var_os("DBG_TAIL").is_some() {
-                let mut txt = String::new();
-                for q in [0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999] {
-                    txt += &format!(" p{}={:.2}", q * 100.0, us(hist.value_at_quantile(q)));
-                }
-                let (mut lo, mut mid, mut hi) = ((0u64, 0f64), (0u64, 0f64), (0u64, 0f64));
-                for v in hist.iter_recorded() {
-                    let x = v.value_iterated_to() as f64 / 1000.0;
-                    let c = v.count_at_value();
-                    let b = if x < 5.0 {
-                        &mut lo
-                    } else if x < 30.0 {
-                        &mut mid
-                    } else {
-                        &mut hi
-                    };
-                    b.0 += c;
-                    b.1 += x * c as f64;
-                }
-                let n = hist.len() as f64;
-                eprintln!("DBGTAIL {txt} | <5us n={} contrib={:.3} | 5-30 n={} contrib={:.3} | >30 n={} contrib={:.3}", lo.0, lo.1 / n, mid.0, mid.1 / n, hi.0, hi.1 / n);
-            }
-            us(hist.value_at_quantile(0.5))
-        },
+        p50_us: us(hist.value_at_quantile(0.5)),
         p99_us: us(hist.value_at_quantile(0.99)),
         p99_9_us: us(hist.value_at_quantile(0.999)),
         max_us: us(hist.max()),
