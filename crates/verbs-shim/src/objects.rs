@@ -65,6 +65,35 @@ impl Drop for PdUse {
     }
 }
 
+/// Events of an object handed out to the application and not yet acknowledged:
+/// the object's destroy waits until there are none (libibverbs' rule for
+/// completion and asynchronous events).
+#[derive(Default)]
+pub struct Unacked {
+    n: Mutex<u32>,
+    acked: parking_lot::Condvar,
+}
+
+impl Unacked {
+    /// One more event handed out.
+    pub fn handed_out(&self) {
+        *self.n.lock() += 1;
+    }
+    /// `k` of them acknowledged.
+    pub fn ack(&self, k: u32) {
+        let mut n = self.n.lock();
+        *n = n.saturating_sub(k);
+        self.acked.notify_all();
+    }
+    /// Returns once every event handed out is acknowledged.
+    pub fn wait_all_acked(&self) {
+        let mut n = self.n.lock();
+        while *n > 0 {
+            self.acked.wait(&mut n);
+        }
+    }
+}
+
 #[repr(C)]
 pub struct ShimMr {
     pub mr: ibv_mr,
@@ -92,11 +121,9 @@ pub struct ShimCq {
     pub users: AtomicU32,
     /// The completion an extended-CQ poll is on (`ibv_start_poll` .. `ibv_end_poll`).
     pub cur: Mutex<rnic::Wc>,
-    /// Completion events handed out by `ibv_get_cq_event` and not yet acknowledged
-    /// (`ibv_destroy_cq` waits for them, as libibverbs does).
-    pub unacked: Mutex<u32>,
-    /// Signalled by `ibv_ack_cq_events`.
-    pub acked: parking_lot::Condvar,
+    /// Completion events handed out by `ibv_get_cq_event`, acknowledged by
+    /// `ibv_ack_cq_events` (`ibv_destroy_cq` waits for them, as libibverbs does).
+    pub events: Unacked,
 }
 
 #[repr(C)]
@@ -110,11 +137,10 @@ pub struct ShimQp {
     pub batch: Mutex<Batch>,
     /// Its PD's use.
     pub pd_use: PdUse,
-    /// Asynchronous events about it handed out by `ibv_get_async_event` and not
-    /// yet acknowledged (`ibv_destroy_qp` waits for them, as libibverbs does).
-    pub events_unacked: Mutex<u32>,
-    /// Signalled by `ibv_ack_async_event`.
-    pub events_acked: parking_lot::Condvar,
+    /// Asynchronous events about it handed out by `ibv_get_async_event`,
+    /// acknowledged by `ibv_ack_async_event` (`ibv_destroy_qp` waits for them, as
+    /// libibverbs does).
+    pub async_events: Unacked,
 }
 
 /// `struct ibv_srq` + the backend SRQ.

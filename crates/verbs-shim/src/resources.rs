@@ -527,8 +527,7 @@ pub(crate) unsafe fn create_cq_common(
             inner,
             users: AtomicU32::new(0),
             cur: Mutex::new(rnic::Wc::default()),
-            unacked: Mutex::new(0),
-            acked: parking_lot::Condvar::new(),
+            events: Default::default(),
         }));
         if let Some(ch) = chan {
             // SAFETY: just allocated, alive.
@@ -588,13 +587,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if s.users.load(Ordering::Acquire) != 0 {
             return Err(ShimError::Busy("CQ still used by QPs".into()));
         }
-        {
-            // libibverbs' destroy waits until every event it reported is acked.
-            let mut n = s.unacked.lock();
-            while *n != 0 {
-                s.acked.wait(&mut n);
-            }
-        }
+        // libibverbs' destroy waits until every event it reported is acked.
+        s.events.wait_all_acked();
         if !s.cq.channel.is_null() {
             // SAFETY: a channel cannot be destroyed while it has CQs.
             let ch: &ShimChannel = unsafe { shim(s.cq.channel, "completion channel")? };
@@ -659,7 +653,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             if let Some(c) = fired {
                 let c = c as *mut ShimCq;
                 // SAFETY: c is alive (see above); ibv_destroy_cq waits for this event's ack.
-                *unsafe { &*c }.unacked.lock() += 1;
+                unsafe { &*c }.events.handed_out();
                 // SAFETY: out pointers checked non-null; c is alive (see above).
                 unsafe {
                     *cq = c as *mut ibv_cq;
@@ -682,9 +676,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     // SAFETY: caller contract (a CQ of ours, or null: nothing to do).
     if let Ok(s) = unsafe { shim::<ibv_cq, ShimCq>(cq, "CQ") } {
-        let mut n = s.unacked.lock();
-        *n = n.saturating_sub(nevents);
-        s.acked.notify_all();
+        s.events.ack(nevents);
         // SAFETY: as above; the counter is informational.
         unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
     }
@@ -790,8 +782,7 @@ pub(crate) unsafe fn create_qp_common(
         ex: send_ops.is_some(),
         batch: Mutex::new(Default::default()),
         pd_use: p.take_use(),
-        events_unacked: Mutex::new(0),
-        events_acked: parking_lot::Condvar::new(),
+        async_events: Default::default(),
     })) as *mut ibv_qp)
 }
 
@@ -914,11 +905,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // first (libibverbs waits for them the same way).
         // SAFETY: the QP's context is ours and open while the QP exists.
         unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? }.forget_async(qp as usize);
-        let mut n = q.events_unacked.lock();
-        while *n > 0 {
-            q.events_acked.wait(&mut n);
-        }
-        drop(n);
+        q.async_events.wait_all_acked();
         // SAFETY: CQs outlive their QPs (their destroy refuses while in use). The PD is
         // not touched: an imported PD may be gone (the QP holds its use by value).
         let (scq, rcq): (&ShimCq, &ShimCq) = unsafe {
@@ -1206,7 +1193,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
                         // now either dropped the event first or waits for its ack.
                         // SAFETY: a queued QP event names a live QP of ours
                         // (`ibv_destroy_qp` drops its events under this lock).
-                        *unsafe { &*(el as *const ShimQp) }.events_unacked.lock() += 1;
+                        unsafe { &*(el as *const ShimQp) }.async_events.handed_out();
                     }
                     drop(q);
                     break (t, el);
@@ -1270,10 +1257,7 @@ pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ibv_async_event) {
     if is_qp_event(t) && !qp.is_null() {
         // SAFETY: the QP lives until its handed-out events are acknowledged
         // (`ibv_destroy_qp` waits for this).
-        let q = unsafe { &*(qp as *const ShimQp) };
-        let mut n = q.events_unacked.lock();
-        *n = n.saturating_sub(1);
-        q.events_acked.notify_all();
+        unsafe { &*(qp as *const ShimQp) }.async_events.ack(1);
     }
 }
 
