@@ -288,31 +288,29 @@ impl Inner {
     /// The application unmapped `[start, end)`: forget those pages.
     pub fn forget(&self, start: usize, end: usize) {
         self.forget_where(start, end, |_| true);
+        self.unmapped(start, end);
     }
 
     /// The application is about to unmap `[start, end)`: forget the pages
     /// of external regions there now (no userfaultfd event will tell);
     /// whether there were any.
     pub fn forget_external(&self, start: usize, end: usize) -> bool {
-        let (p0, p1) = (start >> PAGE_SHIFT, end.div_ceil(PAGE));
-        let any = p1 > p0
-            && self
-                .space
-                .read()
-                .overlapping(p0, p1)
-                .iter()
-                .any(|s| s.arr.external);
+        let any = end.div_ceil(PAGE) > start >> PAGE_SHIFT
+            && self.forget_where(start, end, |s| s.arr.external);
         if any {
-            self.forget_where(start, end, |s| s.arr.external);
+            self.unmapped(start, end);
         }
         any
     }
 
-    /// [`Self::forget`] of the segments `pick` chooses.
-    fn forget_where(&self, start: usize, end: usize, pick: impl Fn(&Segment) -> bool) {
+    /// Marks the pages of `[start, end)` in the segments `pick` chooses GONE
+    /// (their swap slots freed); whether it chose any.
+    fn forget_where(&self, start: usize, end: usize, pick: impl Fn(&Segment) -> bool) -> bool {
         let (p0, p1) = (start >> PAGE_SHIFT, end.div_ceil(PAGE));
         let segs = self.space.read().overlapping(p0, p1);
+        let mut any = false;
         for s in segs.iter().filter(|s| pick(s)) {
+            any = true;
             for p in s.start.max(p0)..s.end.min(p1) {
                 let w = s.arr.word(p);
                 loop {
@@ -334,6 +332,11 @@ impl Inner {
                 }
             }
         }
+        any
+    }
+
+    /// Tells the listeners that `[start, end)` was (or is about to be) unmapped.
+    fn unmapped(&self, start: usize, end: usize) {
         tracing::debug!(start, end, "application unmapped registered memory");
         self.listeners.after_unmap(start, end);
     }
