@@ -84,8 +84,10 @@
 //! process-wide `vmem` pager: `ibv_reg_mr` registers the application's own buffer
 //! (malloc'd or mmapped private anonymous memory) with the pager and the layer, never
 //! pinning it (memory the pager cannot page — hugetlbfs, file mappings outside tmpfs —
-//! is taken as a pinning NIC takes it: always resident, let go of before its munmap; in both modes a registration that lets anyone write
-//! refuses memory not mapped writable with EFAULT, as `ib_umem_get` does); QPs, CQs and completion channels (the layer's eventfd) are the layer's;
+//! is taken as a pinning NIC takes it: always resident, let go of before its munmap;
+//! in both modes a registration that lets anyone write refuses memory not mapped
+//! writable with EFAULT, as `ib_umem_get` does); QPs, CQs and completion channels (the
+//! layer's eventfd) are the layer's;
 //! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
 //! Limits: SGE lists up to 16 (`max_sge`; the layer's WRs carry one SGE, so a list
 //! goes through a bounce buffer: gathered at post, scattered when the completion is

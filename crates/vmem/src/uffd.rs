@@ -170,7 +170,6 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
-    /// Registers `[start, start+len)` in MISSING mode.
     /// Registers `[start, start+len)` in missing mode; returns the range
     /// operations the kernel offers on it (`1 << _UFFDIO_*` bits, see
     /// [`RANGE_MOVE`]).
