@@ -449,9 +449,16 @@ fn ud_child() {
                 .unwrap();
                 "READY".to_string()
             }
-            ["CANARY"] => {
+            ["CANARY", wait] => {
+                // `wait` completions are awaited first: a responder makes its receive
+                // completions visible only after it freed the ring slot (`Held`).
                 let mut wc = [Wc::default(); 8];
-                let n = e.rcq.poll(&mut wc).unwrap();
+                let mut n = 0;
+                if *wait == "1" {
+                    wc[0] = e.rcq.poll_wait(1, T).unwrap()[0];
+                    n = 1;
+                }
+                n += e.rcq.poll(&mut wc[n..]).unwrap();
                 let v = canary.to_vec(0, 4096);
                 let untouched = v[..100].iter().chain(&v[148..]).all(|&b| b == 0x77);
                 let got: Vec<String> = wc[..n].iter().map(|w| format!("{}:{}", w.wr_id, w.byte_len)).collect();
@@ -518,10 +525,10 @@ fn forged_datagrams_never_reach_past_a_receive() {
         QKEY,
         &data,
     );
-    assert_eq!(c.cmd("CANARY"), "WC [] true Rts");
+    assert_eq!(c.cmd("CANARY 0"), "WC [] true Rts");
     // A well-formed one lands inside it, GRH first.
     forge(&seg, tq, 6, segment::RING_UD, 8, rqpn, QKEY, &data);
-    assert_eq!(c.cmd("CANARY"), "WC [4:48] true Rts");
+    assert_eq!(c.cmd("CANARY 1"), "WC [4:48] true Rts");
 }
 
 #[test]
