@@ -446,19 +446,20 @@ fn fill(dst: *mut u8, len: usize, word: u32) -> Result<(), DmaErr> {
         // if the application unmaps it meanwhile, the guard ends the write.
         return unsafe { fault_guard::set(dst, 0, len) }.map_err(|_| DmaErr::Io);
     }
-    // The pattern in blocks (a block length is a multiple of 4, so every block
-    // starts at phase 0): a signature page is read at memcpy speed, not byte by byte.
+    // The pattern in blocks of words (a block length is a multiple of 4, so every
+    // block starts at phase 0): a signature page is read at memcpy speed, not byte by
+    // byte, and a short read (the 2 B READ of a faulting page) builds only the words
+    // it copies.
     const BLOCK: usize = 1024;
-    let mut block = [0u8; BLOCK];
-    for (k, x) in block.iter_mut().enumerate() {
-        *x = b[k % 4];
-    }
+    let mut block = [0u32; BLOCK / 4];
+    block[..len.min(BLOCK).div_ceil(4)].fill(u32::from_ne_bytes(b));
     let mut k = 0;
     while k < len {
         let n = (len - k).min(BLOCK);
         // SAFETY: dst+k..dst+k+n lies inside the validated destination (k + n <= len);
-        // `block` is a local array, so the two cannot overlap.
-        unsafe { fault_guard::copy(dst.add(k), block.as_ptr(), n) }.map_err(|_| DmaErr::Io)?;
+        // `block` is a local array of BLOCK bytes (n <= BLOCK, and its first n bytes
+        // are filled), so the two cannot overlap.
+        unsafe { fault_guard::copy(dst.add(k), block.as_ptr().cast::<u8>(), n) }.map_err(|_| DmaErr::Io)?;
         k += n;
     }
     Ok(())
