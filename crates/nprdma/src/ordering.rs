@@ -537,6 +537,9 @@ pub struct OrderTable<T> {
     next_run: u64,
     /// In-flight ops that are not [`plain`] (they tell twins apart).
     specials: usize,
+    /// In-flight ops that are held (see [`OrderTable::must_wait`]): a
+    /// completion looks for ops to hand back only while there are some.
+    holding: usize,
     /// Answer from twins and runs (off only in tests, to compare with the
     /// full scans).
     shortcuts: bool,
@@ -558,6 +561,7 @@ impl<T: Clone> OrderTable<T> {
             parked: VecDeque::new(),
             next_run: 0,
             specials: 0,
+            holding: 0,
             shortcuts: true,
         }
     }
@@ -598,7 +602,33 @@ impl<T: Clone> OrderTable<T> {
     }
 
     fn pos(&self, t: Ticket) -> Option<usize> {
+        // Tickets are consecutive unless ops are parked or done out of order:
+        // the offset from the oldest is then the index.
+        let first = self.inflight.front()?.ticket.0;
+        let guess = usize::try_from(t.0.checked_sub(first)?).ok()?;
+        if self.inflight.get(guess).is_some_and(|e| e.ticket == t) {
+            return Some(guess);
+        }
         self.inflight.binary_search_by_key(&t, |e| e.ticket).ok()
+    }
+
+    /// Whether the held count matches the held flags (tests).
+    #[cfg(test)]
+    pub(crate) fn holding_counted(&self) -> bool {
+        self.holding == self.inflight.iter().filter(|e| e.held).count()
+    }
+
+    /// Set the held flag of in-flight op `i`, keeping the count.
+    fn set_held(&mut self, i: usize, held: bool) {
+        let e = &mut self.inflight[i];
+        if e.held != held {
+            e.held = held;
+            if held {
+                self.holding += 1;
+            } else {
+                self.holding -= 1;
+            }
+        }
     }
 
     fn conflict(&self, a: &OpDesc, ab: &Bounds, b: &OpDesc, bb: &Bounds) -> bool {
@@ -627,6 +657,9 @@ impl<T: Clone> OrderTable<T> {
         let e = self.inflight.remove(i)?;
         if !plain(&e.op, &e.bounds) {
             self.specials -= 1;
+        }
+        if e.held {
+            self.holding -= 1;
         }
         Some(e)
     }
@@ -865,7 +898,7 @@ impl<T: Clone> OrderTable<T> {
     pub fn must_wait(&mut self, t: Ticket) -> Result<bool, OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         let wait = self.blocked(i);
-        self.inflight[i].held = wait;
+        self.set_held(i, wait);
         if !wait {
             self.bury(i);
         }
@@ -881,7 +914,7 @@ impl<T: Clone> OrderTable<T> {
     pub fn fail(&mut self, t: Ticket, out: &mut Vec<(Ticket, T)>) -> Result<(), OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         self.inflight[i].phase = Phase::Issued;
-        self.inflight[i].held = false;
+        self.set_held(i, false);
         self.inflight[i].failed = true;
         // The closure: scan later ops in ticket order; one joins if it
         // conflicts with `t` or with an op that joined before it. An op
@@ -943,13 +976,15 @@ impl<T: Clone> OrderTable<T> {
     ) -> Result<(), OrderError> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         self.take(i);
-        for k in i..self.inflight.len() {
+        let mut k = i;
+        while self.holding > 0 && k < self.inflight.len() {
             if self.inflight[k].held && !self.blocked(k) {
                 self.bury(k);
-                let e = &mut self.inflight[k];
-                e.held = false;
+                self.set_held(k, false);
+                let e = &self.inflight[k];
                 out.push((e.ticket, e.payload.clone()));
             }
+            k += 1;
         }
         self.release_parked(out);
         Ok(())

@@ -962,6 +962,7 @@ proptest! {
             }
             inflight.sort();
             prop_assert_eq!(fast.inflight_len(), inflight.len());
+            prop_assert!(fast.holding_counted() && slow.holding_counted());
             prop_assert_eq!(fast.parked_len(), slow.parked_len());
             for &t in &inflight {
                 prop_assert_eq!(fast.data_dead(t), slow.data_dead(t), "dead answer of {:?}", t);
