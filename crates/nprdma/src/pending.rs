@@ -92,6 +92,19 @@ impl<T> Pending<T> {
         v
     }
 
+    /// Drop the request with this id in place (what it holds is released
+    /// as by [`Pending::take`], without moving it out). Whether it was
+    /// outstanding.
+    pub fn remove(&mut self, id: u32) -> bool {
+        let Some(i) = self.slot_of(id) else {
+            return false;
+        };
+        self.slots[i].1 = None;
+        self.free.push(i as u32);
+        self.live -= 1;
+        true
+    }
+
     /// Live entries with their ids.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> + '_ {
         self.slots

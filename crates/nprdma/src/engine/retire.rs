@@ -28,23 +28,26 @@ pub(super) fn finish<N: Backend>(
     else {
         return;
     };
-    let Some(mut op) = qp.ops.take(id) else {
+    // What the completion needs; the op itself is dropped in place at the
+    // end (it is a few hundred bytes: not moved out).
+    let Some(op) = qp.ops.get_mut(id) else {
         return;
     };
+    let s = op.scratch.take();
+    let (wr_id, wr_op, len, seq, ticket) = (op.wr.wr_id, op.wr.op, op.len, op.seq, op.ticket);
     // Nothing of the responder's comes back on an unreliable connection: the WR
     // completes as sent.
     let (status, byte_len) = if qp.unreliable && status.is_remote() {
-        (WcStatus::Success, op.len as u32)
+        (WcStatus::Success, len as u32)
     } else {
         (status, byte_len)
     };
-    let s = op.scratch.take();
     qp.release_scratch(s);
     qp.key_wait.retain(|x| *x != id);
     let c = Completion {
-        wr_id: op.wr.wr_id,
+        wr_id,
         status: status.code(),
-        op: comp_op(op.wr.op),
+        op: comp_op(wr_op),
         byte_len: if status == WcStatus::Success {
             byte_len
         } else {
@@ -53,17 +56,18 @@ pub(super) fn finish<N: Backend>(
         imm: None,
         qp_num: qp.qpn,
     };
-    if let Err(e) = qp.rob.finish(op.seq, status == WcStatus::Success, c) {
+    if let Err(e) = qp.rob.finish(seq, status == WcStatus::Success, c) {
         tracing::error!(error = %e, "reorder buffer");
     }
     qp.deliver();
     mark(Step::IDone);
-    if let Some(t) = op.ticket {
+    if let Some(t) = ticket {
         released.clear();
         if qp.order.complete_into(t, released).is_ok() {
             ready.extend(released.drain(..).map(|(_, nid)| (qi, nid)));
         }
     }
+    qp.ops.remove(id);
 }
 
 /// The QP fails (its peer is gone, or its NIC work broke): every
