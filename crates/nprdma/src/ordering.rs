@@ -540,6 +540,9 @@ pub struct OrderTable<T> {
     /// In-flight ops that are held (see [`OrderTable::must_wait`]): a
     /// completion looks for ops to hand back only while there are some.
     holding: usize,
+    /// In-flight ops that went two-sided ([`OrderTable::fail`]): only those
+    /// can be buried.
+    failing: usize,
     /// Answer from twins and runs (off only in tests, to compare with the
     /// full scans).
     shortcuts: bool,
@@ -562,6 +565,7 @@ impl<T: Clone> OrderTable<T> {
             next_run: 0,
             specials: 0,
             holding: 0,
+            failing: 0,
             shortcuts: true,
         }
     }
@@ -612,10 +616,11 @@ impl<T: Clone> OrderTable<T> {
         self.inflight.binary_search_by_key(&t, |e| e.ticket).ok()
     }
 
-    /// Whether the held count matches the held flags (tests).
+    /// Whether the held and failed counts match the flags (tests).
     #[cfg(test)]
     pub(crate) fn holding_counted(&self) -> bool {
         self.holding == self.inflight.iter().filter(|e| e.held).count()
+            && self.failing == self.inflight.iter().filter(|e| e.failed).count()
     }
 
     /// Set the held flag of in-flight op `i`, keeping the count.
@@ -660,6 +665,9 @@ impl<T: Clone> OrderTable<T> {
         }
         if e.held {
             self.holding -= 1;
+        }
+        if e.failed {
+            self.failing -= 1;
         }
         Some(e)
     }
@@ -858,6 +866,10 @@ impl<T: Clone> OrderTable<T> {
     /// `i` may finish without waiting for them, so their answers must not
     /// land on its bytes.
     fn bury(&mut self, i: usize) {
+        if self.failing == 0 {
+            // Nothing went two-sided: nothing to bury.
+            return;
+        }
         if i > 0 && self.run_from_start(i) {
             // All older ops are twins of `i`: it supersedes all or none.
             if self.inflight[i]
@@ -915,7 +927,10 @@ impl<T: Clone> OrderTable<T> {
         let i = self.pos(t).ok_or(OrderError::NotInFlight(t))?;
         self.inflight[i].phase = Phase::Issued;
         self.set_held(i, false);
-        self.inflight[i].failed = true;
+        if !self.inflight[i].failed {
+            self.inflight[i].failed = true;
+            self.failing += 1;
+        }
         // The closure: scan later ops in ticket order; one joins if it
         // conflicts with `t` or with an op that joined before it. An op
         // that supersedes `t` does not join for `t`'s sake (its bytes
