@@ -684,6 +684,8 @@ impl<T: Clone> OrderTable<T> {
         }
         let pipelines = self.cfg.pipeline && op.pipelines();
         let mut behind = false;
+        // Whether `op` overwrites what an op like itself reads (asked once).
+        let mut self_overwrite: Option<bool> = None;
         // Newest first. An optimistic in-flight op with the same
         // description that `op` may pipeline behind vouches for every
         // older one: it was admitted past them with the same conflicts,
@@ -696,7 +698,7 @@ impl<T: Clone> OrderTable<T> {
             if pipelines
                 && e.phase == Phase::Optimistic
                 && e.op == *op
-                && !self.cfg.overwrites(op, &e.op)
+                && !*self_overwrite.get_or_insert_with(|| self.cfg.overwrites(op, op))
             {
                 return Some(true);
             }
@@ -745,7 +747,10 @@ impl<T: Clone> OrderTable<T> {
     ) -> usize {
         // Tickets only grow, except for replayed ops re-issued from the
         // front of the parked FIFO: keep the vector sorted.
-        let at = self.inflight.partition_point(|e| e.ticket < ticket);
+        let at = match self.inflight.back() {
+            Some(last) if last.ticket < ticket => self.inflight.len(),
+            _ => self.inflight.partition_point(|e| e.ticket < ticket),
+        };
         let n = self.inflight.len();
         let run = match self.inflight.back() {
             Some(last) if at == n && self.twins(&op, &bounds, &last.op, &last.bounds) => last.run,
