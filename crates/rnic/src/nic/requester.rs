@@ -548,20 +548,21 @@ pub(crate) fn exec_direct(q: &QpCtx, sq: &mut Sq, i: usize) -> Outcome {
             };
             // Large cross-process transfers are split with the target's NIC thread
             // (through a free request-ring slot: the ring is empty when a direct op runs).
+            // (The clock is read last: small and local transfers never need it.)
             let help = (me.cfg.dma_help
-                && crate::sys::now_ns() >= me.help_backoff.load(Ordering::Relaxed)
                 && peer.port != Port::Local
                 && len as usize >= dma::HELP_MIN
-                && *ring_prod == *ring_cons)
-                .then(|| dma::Help {
-                    seg: tseg,
-                    qp: tq,
-                    next_slot: std::cell::Cell::new(*ring_prod),
-                    src_nonce: me.addr.nonce,
-                    src_qpn: q.qpn,
-                    timeout_ns: me.cfg.transport_timeout.as_nanos() as u64,
-                    backoff_until: &me.help_backoff,
-                });
+                && *ring_prod == *ring_cons
+                && crate::sys::now_ns() >= me.help_backoff.load(Ordering::Relaxed))
+            .then(|| dma::Help {
+                seg: tseg,
+                qp: tq,
+                next_slot: std::cell::Cell::new(*ring_prod),
+                src_nonce: me.addr.nonce,
+                src_qpn: q.qpn,
+                timeout_ns: me.cfg.transport_timeout.as_nanos() as u64,
+                backoff_until: &me.help_backoff,
+            });
             let res = if read {
                 dma::copy_with_help(&remote, &local, len, section, help.as_ref())
             } else {
