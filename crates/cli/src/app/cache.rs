@@ -83,6 +83,13 @@ pub struct CacheResult {
     pub np_served: u64,
     pub rpcs: u64,
     pub nonresident_dma: u64,
+    /// The machine's cross-core cache-line round trip (ns) just before the
+    /// run's warm-up and just after its window (`machine::core_round_trip_ns`;
+    /// `None` with one CPU). On a VM it flips between states that move every
+    /// cross-core figure, so a comparison is fair only between runs measured
+    /// in one state.
+    #[serde(default)]
+    pub core_rtt_ns: [Option<f64>; 2],
 }
 
 struct ThreadOut {
@@ -124,6 +131,7 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         c.connect(q)?;
     }
     let (base, rkey) = (be.ready.base, be.ready.rkey);
+    let rtt_before = crate::machine::core_round_trip_ns();
     let t0 = Instant::now();
     let warm_end = t0 + w.warmup;
     let end = warm_end + w.run;
@@ -184,6 +192,7 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         ver += o.verified;
         vr += o.verified_reads;
     }
+    let rtt_after = crate::machine::core_round_trip_ns();
     let st = be.stats()?;
     if ops == 0 {
         return Err(CliError::Completion(
@@ -232,6 +241,7 @@ pub fn run(w: &Workload, design: Design, client: Option<(&str, u16)>) -> Result<
         np_served: st.np_served,
         rpcs: st.rpcs,
         nonresident_dma: st.nonresident_dma,
+        core_rtt_ns: [rtt_before, rtt_after],
     })
 }
 
