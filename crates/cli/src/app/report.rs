@@ -31,7 +31,7 @@ pub const THETA: f64 = 0.99;
 /// the items that fit the budget (θ = 0.99: 84 %).
 pub const HOT_THETA: f64 = 2.0;
 /// A cross-core round trip below this is the machine's fast state, at or
-/// above it the slow one (this VM: ~55–120 ns against ~300–500 ns).
+/// above it the slow one (this VM: ~55–120 ns against ~300–850 ns).
 pub const FAST_STATE_NS: f64 = 200.0;
 const DESIGNS: [Design; 4] = [
     Design::Nprdma,
@@ -387,8 +387,6 @@ fn pct(x: f64) -> String {
     format!("{:+.1} %", x * 100.0)
 }
 
-/// A cache row's measured columns: Kops/s, mean, p50, p99, p99.9 µs,
-/// swap-ins, verified bytes.
 /// The machine state a cache run was measured in: `Some(true)` fast,
 /// `Some(false)` slow, `None` when its two probes disagree or are missing.
 fn machine_state(r: &CacheResult) -> Option<bool> {
@@ -405,6 +403,8 @@ fn rtt_cols(r: &CacheResult) -> String {
     format!("{} / {}", f(r.core_rtt_ns[0]), f(r.core_rtt_ns[1]))
 }
 
+/// A cache row's measured columns: Kops/s, mean, p50, p99, p99.9 µs,
+/// swap-ins, verified bytes.
 fn measured_cols(r: &CacheResult) -> String {
     format!(
         "{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {}",
