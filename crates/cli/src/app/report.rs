@@ -248,11 +248,7 @@ impl AppsEval {
     /// NP-RDMA's mean latency over in-memory pinned's in each alternated
     /// pair of the hot-set-fits runs, sorted.
     fn hot_ratios(&self) -> Vec<f64> {
-        let of = |d: Design| self.cache_hot.iter().filter(move |r| r.design == d);
-        let mut v: Vec<f64> = of(Design::Pinned)
-            .zip(of(Design::Nprdma))
-            .map(|(p, n)| n.mean_us / p.mean_us.max(1e-9))
-            .collect();
+        let mut v: Vec<f64> = self.hot_pairs().map(|(p, n)| hot_ratio(p, n)).collect();
         v.sort_by(f64::total_cmp);
         v
     }
@@ -262,16 +258,21 @@ impl AppsEval {
     /// pair's ratio as in [`AppsEval::hot_ratios`] and whether the state was
     /// the fast one, sorted by ratio.
     fn hot_ratios_one_state(&self) -> Vec<(f64, bool)> {
-        let of = |d: Design| self.cache_hot.iter().filter(move |r| r.design == d);
-        let mut v: Vec<(f64, bool)> = of(Design::Pinned)
-            .zip(of(Design::Nprdma))
+        let mut v: Vec<(f64, bool)> = self
+            .hot_pairs()
             .filter_map(|(p, n)| {
                 let (a, b) = (machine_state(p)?, machine_state(n)?);
-                (a == b).then(|| (n.mean_us / p.mean_us.max(1e-9), a))
+                (a == b).then(|| (hot_ratio(p, n), a))
             })
             .collect();
         v.sort_by(|x, y| x.0.total_cmp(&y.0));
         v
+    }
+
+    /// The hot-set (in-memory pinned, NP-RDMA) pairs, in run order.
+    fn hot_pairs(&self) -> impl Iterator<Item = (&CacheResult, &CacheResult)> + '_ {
+        let of = |d: Design| self.cache_hot.iter().filter(move |r| r.design == d);
+        of(Design::Pinned).zip(of(Design::Nprdma))
     }
 
     /// The (pinned, NP-RDMA) pairs of `pool`'s job, in run order: the
@@ -385,6 +386,11 @@ pub fn plots(out: &std::path::Path, a: &AppsEval) -> Result<Vec<(String, String)
 
 fn pct(x: f64) -> String {
     format!("{:+.1} %", x * 100.0)
+}
+
+/// NP-RDMA's mean latency over in-memory pinned's in one hot-set pair.
+fn hot_ratio(p: &CacheResult, n: &CacheResult) -> f64 {
+    n.mean_us / p.mean_us.max(1e-9)
 }
 
 /// The machine state a cache run was measured in: `Some(true)` fast,
