@@ -59,17 +59,66 @@ CHAIN=(env LD_PRELOAD="$PWD/target/debug/libnprdma.so" NPRDMA_MODE=nprdma NPRDMA
   NPRDMA_VERBS_LIB=libibverbs.so.1 NPRDMA_VERBS_DEVICE="$NAME"
   NPRDMA_VERBS_GID_INDEX="${RXE_GID_INDEX:-1}" NPRDMA_STATS=1)
 port=18700
+LOGS=$(mktemp -d)
+trap 'cleanup; rm -rf "$LOGS"' EXIT
+# A program that is not installed: skipped by hand, a failure in CI (CI=true or
+# NPRDMA_REQUIRE_ALL=1, as for the cargo tests: crates/test-support/src/skip.rs).
+skipped=()
+missing() { # program, package
+  if [ "${CI:-}" = true ] || [ "${NPRDMA_REQUIRE_ALL:-}" = 1 ]; then
+    echo "FAIL: $1 is not installed ($2)" >&2; exit 1
+  fi
+  echo "SKIP: $1 is not installed ($2)"; skipped+=("$1")
+}
+# Counter $2 of a `nprdma-stats: key=value ...` line $1 (empty when absent).
+counter() { sed -n "s/.* $2=\([0-9][0-9]*\).*/\1/p" <<<"$1"; }
+# One side's output: the data check passed (ibv_*_pingpong print "invalid data" on
+# stdout and exit 0 all the same), and NP-RDMA ran: its stats line is there (printed
+# at exit by libnprdma.so under NPRDMA_STATS=1 — absent when the library did not
+# preload and the program ran on rxe directly), in user-space mode over the device,
+# with NP-RDMA operations counted.
+check_side() { # log, who
+  local log=$1 who=$2 line ops
+  if grep -q "invalid data" "$log"; then
+    echo "FAIL: $who: the data check failed" >&2; return 1
+  fi
+  line=$(grep -o 'nprdma-stats: .*' "$log" | tail -1)
+  if [ -z "$line" ]; then
+    echo "FAIL: $who: no nprdma-stats line (libnprdma.so did not run)" >&2; return 1
+  fi
+  if [ "$(sed -n 's/^nprdma-stats: mode=\([^ ]*\).*/\1/p' <<<"$line")" != nprdma-verbs ]; then
+    echo "FAIL: $who: not NP-RDMA's user-space mode: $line" >&2; return 1
+  fi
+  # Operations the engine carried: optimistic one-sided (none in user-space mode),
+  # two-sided, one-sided under a lease, and requests served for the peer.
+  ops=0
+  for k in optimistic_ok two_sided leased_ops served; do
+    ops=$(( ops + $(counter "$line" "$k" | grep . || echo 0) ))
+  done
+  if [ "$ops" -eq 0 ]; then
+    echo "FAIL: $who: no NP-RDMA operation counted: $line" >&2; return 1
+  fi
+  echo "$who: $ops NP-RDMA operations ($line)"
+}
 pair() { # program, arguments of both sides (the client adds the server's address)
   local prog=$1; shift
   port=$((port + 1))
-  "${CHAIN[@]}" timeout 120 "$prog" -p "$port" "$@" &
+  local slog="$LOGS/$prog.$port.server" clog="$LOGS/$prog.$port.client" src=0 crc=0
+  "${CHAIN[@]}" timeout 120 "$prog" -p "$port" "$@" >"$slog" 2>&1 &
   local server=$!
   sleep 1
-  "${CHAIN[@]}" timeout 120 "$prog" -p "$port" "$@" 127.0.0.1
-  wait "$server"
+  "${CHAIN[@]}" timeout 120 "$prog" -p "$port" "$@" 127.0.0.1 >"$clog" 2>&1 || crc=$?
+  wait "$server" || src=$?
+  echo "---- $prog server (exit $src)"; cat "$slog"
+  echo "---- $prog client (exit $crc)"; cat "$clog"
+  if [ "$src" -ne 0 ] || [ "$crc" -ne 0 ]; then
+    echo "FAIL: $prog: server exit $src, client exit $crc" >&2; exit 1
+  fi
+  check_side "$slog" "$prog server" || exit 1
+  check_side "$clog" "$prog client" || exit 1
 }
 for t in ib_write_bw ib_read_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat; do
-  if ! command -v "$t" >/dev/null; then echo "SKIP: $t is not installed (perftest)"; continue; fi
+  if ! command -v "$t" >/dev/null; then missing "$t" perftest; continue; fi
   size=65536; [ "$t" = ib_atomic_lat ] && size=8
   echo "== $t through libnprdma.so (NP-RDMA user-space mode) over $NAME"
   pair "$t" -n 200 -s "$size"
@@ -77,6 +126,13 @@ done
 if command -v ibv_rc_pingpong >/dev/null; then
   echo "== ibv_rc_pingpong (data check) through libnprdma.so over $NAME"
   pair ibv_rc_pingpong -g 0 -n 200 -s 4096 -c
+  for side in server client; do
+    grep -q "200 iters in" "$LOGS/ibv_rc_pingpong.$port.$side" ||
+      { echo "FAIL: ibv_rc_pingpong $side: not 200 iterations" >&2; exit 1; }
+  done
 else
-  echo "SKIP: ibv_rc_pingpong is not installed (ibverbs-utils)"
+  missing ibv_rc_pingpong ibverbs-utils
+fi
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo "rxe-test: ${#skipped[@]} skipped: ${skipped[*]}"
 fi

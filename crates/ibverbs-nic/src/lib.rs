@@ -76,7 +76,8 @@
 //! under memory pressure against a model (`NPRDMA_CHAOS_OPS`).
 //! `tests/xproc.rs`: user-space mode across two processes (the target a
 //! child with its own libnprdma.so device, the shared-memory transport). A test
-//! prints `SKIP` and passes when libnprdma.so cannot be built.
+//! skips when libnprdma.so cannot be built, and fails instead under
+//! `NPRDMA_REQUIRE_ALL=1` (as in CI).
 //!
 //! ## Layout (one job per file)
 //! [`dl`] (library loading, the verbs table) → [`mr`] (MRs, owned

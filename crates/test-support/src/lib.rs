@@ -4,15 +4,19 @@
 //! dev-dependency, so that neither crate's tests reach into the other's
 //! source tree and neither library carries test code.
 //!
-//! A tower of five files: [`cdylib`] (building the project's libnprdma.so for
-//! tests that load it), [`child`] (the child-process peer harness), this
-//! file (buffers and data patterns, generic over the backend), [`chaos`] (the
-//! randomized chaos test over any backend, built on the buffers), then
-//! [`xchaos`] (the same across processes, built on all three).
+//! A tower of six files: [`skip`] (the one rule for a test whose
+//! prerequisite is missing: it fails under `NPRDMA_REQUIRE_ALL=1`, as in CI,
+//! and otherwise skips, saying so), [`cdylib`] (building the project's
+//! libnprdma.so for tests that load it), [`child`] (the child-process peer
+//! harness), this file (buffers and data patterns, generic over the
+//! backend), [`chaos`] (the randomized chaos test over any backend, built on
+//! the buffers), then [`xchaos`] (the same across processes, built on all
+//! three).
 
 pub mod cdylib;
 pub mod chaos;
 pub mod child;
+pub mod skip;
 pub mod xchaos;
 
 use std::time::Duration;

@@ -1277,13 +1277,17 @@ pub(crate) fn run_in_child_with(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
 
 /// A copy of this build's libnprdma.so at another path, so that `dlopen` gives a
 /// second instance (the device of `NPRDMA_DEVICE=verbs` in the tests: the software
-/// NIC behind the C ABI). Built first when run by cargo; `None` (SKIP printed) when
-/// it cannot be had.
+/// NIC behind the C ABI). Built first when run by cargo; `None` when it cannot be had
+/// (skipped, or a failure under `NPRDMA_REQUIRE_ALL=1`: [`nprdma_test_support::skip`]).
 pub(crate) fn device_lib_copy() -> Option<std::path::PathBuf> {
     use std::path::Path;
-    let exe = std::env::current_exe().ok()?;
+    let exe = std::env::current_exe().expect("test exe path");
     // target/<profile>/deps/<test> -> target/<profile>
-    let dir = exe.parent().and_then(Path::parent)?.to_path_buf();
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
     if let Some(cargo) = std::env::var_os("CARGO") {
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
         let profile = if name == "debug" { "dev" } else { name };
@@ -1291,28 +1295,28 @@ pub(crate) fn device_lib_copy() -> Option<std::path::PathBuf> {
         let st = std::process::Command::new(cargo)
             .args(["build", "--lib", "--profile", profile, "--manifest-path"])
             .arg(&manifest)
-            .env("CARGO_TARGET_DIR", dir.parent()?)
+            .env("CARGO_TARGET_DIR", dir.parent().expect("target dir"))
             .stdin(std::process::Stdio::null())
             .status();
         if !st.is_ok_and(|s| s.success()) {
-            println!("SKIP: libnprdma.so could not be built; test not run");
+            nprdma_test_support::skip::skip("libnprdma.so could not be built");
             return None;
         }
     }
     let lib = dir.join("libnprdma.so");
     if !lib.exists() {
-        println!(
-            "SKIP: {} not found (cargo build -p verbs-shim); test not run",
+        nprdma_test_support::skip::skip(format!(
+            "{} not found (cargo build -p verbs-shim)",
             lib.display()
-        );
+        ));
         return None;
     }
     let copy_dir = dir.join("nprdma-chain");
-    std::fs::create_dir_all(&copy_dir).ok()?;
+    std::fs::create_dir_all(&copy_dir).expect("chain dir");
     let copy = copy_dir.join("libnprdma-device-abi.so");
     let tmp = copy_dir.join(format!("libnprdma-device-abi.so.{}", std::process::id()));
-    std::fs::copy(&lib, &tmp).ok()?;
-    std::fs::rename(&tmp, &copy).ok()?;
+    std::fs::copy(&lib, &tmp).expect("copy libnprdma.so");
+    std::fs::rename(&tmp, &copy).expect("rename the copy");
     Some(copy)
 }
 

@@ -4,7 +4,8 @@
 //! chain): verbs semantics as rxe/mlx5 give them (QP state machine, post-time
 //! refusals and `bad_wr`, completion statuses and fields, resource rules,
 //! completion channels, a peer killed mid-run). Each program asserts and exits
-//! non-zero on a mismatch. Skipped (with a message) without libibverbs' headers.
+//! non-zero on a mismatch. Skipped without libibverbs' headers (a failure under
+//! `NPRDMA_REQUIRE_ALL=1`, as in CI: [`nprdma_test_support::skip`]).
 
 mod common;
 use common::*;
@@ -29,10 +30,12 @@ fn out_dir() -> &'static Path {
     })
 }
 
-/// Compile `tests/c/<name>.c`; None (and why, on stderr) without the headers.
+/// Compile `tests/c/<name>.c`; None (skipped) without the headers.
 fn compile(name: &str) -> Option<PathBuf> {
     if !Path::new(HEADER).exists() {
-        eprintln!("skipping {name}: {HEADER} missing (apt-get install libibverbs-dev)");
+        skip(format!(
+            "{name}: {HEADER} missing (apt-get install -y libibverbs-dev)"
+        ));
         return None;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));

@@ -32,7 +32,7 @@ fn all_imported_verbs_are_exported() {
     let Some(bins) = require(&progs) else { return };
     let lib = lib_path();
     let Some(defined) = nm(&["-D", "--defined-only"], &lib) else {
-        println!("SKIP: `nm` (binutils) not available");
+        skip("`nm` (binutils) not available (apt-get install -y binutils)");
         return;
     };
     let exported: BTreeSet<String> = defined

@@ -39,7 +39,9 @@ fn pyverbs_present() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        println!("SKIP: {PY} with pyverbs not available (apt-get install -y python3-pyverbs)");
+        skip(format!(
+            "{PY} with pyverbs not available (apt-get install -y python3-pyverbs)"
+        ));
     }
     ok
 }

@@ -1,7 +1,8 @@
 //! Locating the device library for the tests: this repository's
 //! `libnprdma.so` (the software NIC behind the libibverbs C ABI, pinned
 //! mode), built by cargo next to the test binary as verbs-shim's own
-//! tests do; or `None` with the reason printed (the test then skips).
+//! tests do; or `None` when it cannot be had: the test skips, or fails under
+//! `NPRDMA_REQUIRE_ALL=1` (as in CI; [`nprdma_test_support::skip`]).
 //! `NPRDMA_TEST_VERBS_LIB` names another library instead (e.g.
 //! `libibverbs.so.1` over an rxe device: `scripts/rxe-test.sh`), with the
 //! device from `NPRDMA_VERBS_DEVICE`.
@@ -13,18 +14,16 @@ use std::path::{Path, PathBuf};
 use ibverbs_nic::{Config, VerbsNic};
 
 /// target/<profile>/libnprdma.so, built once per test binary when cargo
-/// runs it; `None` (reason printed) when it cannot be had.
+/// runs it; `None` (skipped, or a panic under `NPRDMA_REQUIRE_ALL=1`) when
+/// it cannot be had.
 pub fn lib_path() -> Option<PathBuf> {
     if let Some(l) = std::env::var_os("NPRDMA_TEST_VERBS_LIB").filter(|l| !l.is_empty()) {
         return Some(PathBuf::from(l));
     }
-    match nprdma_test_support::cdylib::libnprdma() {
-        Ok(p) => Some(p),
-        Err(why) => {
-            println!("SKIP: libnprdma.so could not be had ({why}); test not run");
-            None
-        }
-    }
+    nprdma_test_support::skip::or_skip(
+        nprdma_test_support::cdylib::libnprdma()
+            .map_err(|why| format!("libnprdma.so could not be had ({why})")),
+    )
 }
 
 /// The configuration of a test NIC: libnprdma.so as the device library.

@@ -284,35 +284,46 @@ int main(void)
 		char *fmap = map_file(MAP_SHARED, &fd, n);
 		struct ibv_mr *fmr = reg(fmap, n);
 		exercise("file mapping before its munmap", fmap, n, fmr, 12);
+		/* The other file is made before the munmap, so that nothing of this
+		 * thread runs between the munmap and the mmap at the freed address
+		 * (MAP_FIXED_NOREPLACE: never over another mapping). That address
+		 * not being free any more right after its munmap is a failure. */
+		char path[] = "/tmp/nprdma-mem-kinds-XXXXXX";
+		int ofd = mkstemp(path);
+		CHECK(ofd >= 0);
+		unlink(path);
+		CHECK_EQ(ftruncate(ofd, n), 0);
 		CHECK_EQ(munmap(fmap, n), 0);
 		close(fd);
+		fd = ofd;
 		char *other = mmap(fmap, n, PROT_READ | PROT_WRITE,
-				   MAP_SHARED | MAP_FIXED_NOREPLACE, fd = fileno(tmpfile()), 0);
+				   MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
 		if (other == MAP_FAILED || other != fmap) {
-			fprintf(stderr, "could not map anew at the old address: skipped\n");
-		} else {
-			CHECK_EQ(ftruncate(fd, n), 0);
-			memset(other, 0x11, n);
-			struct ibv_wc wc;
-			fill(src, 64, 13);
-			CHECK_EQ(post_send1(qa, 20, IBV_WR_RDMA_WRITE, src, 64, src_mr->lkey,
-					    (uintptr_t)fmap, fmr->rkey, IBV_SEND_SIGNALED), 0);
-			poll_n(cqa, &wc, 1, 10);
-			CHECK(wc.status != IBV_WC_SUCCESS);
-			memset(src + 64, 0, 64);
-			CHECK_EQ(post_send1(qa, 21, IBV_WR_RDMA_READ, src + 64, 64, src_mr->lkey,
-					    (uintptr_t)fmap + 4096, fmr->rkey, IBV_SEND_SIGNALED), 0);
-			poll_n(cqa, &wc, 1, 10);
-			CHECK(wc.status != IBV_WC_SUCCESS);
-			for (size_t i = 0; i < 64; i++)
-				CHECK(src[64 + i] != 0x11);
-			for (size_t i = 0; i < n; i++)
-				if (other[i] != 0x11) {
-					fprintf(stderr, "the new mapping was written at %zu\n", i);
-					exit(1);
-				}
-			CHECK_EQ(munmap(other, n), 0);
+			fprintf(stderr, "could not map anew at the old address %p: %s (got %p)\n",
+				(void *)fmap, other == MAP_FAILED ? strerror(errno) : "elsewhere",
+				(void *)other);
+			exit(1);
 		}
+		memset(other, 0x11, n);
+		struct ibv_wc wc;
+		fill(src, 64, 13);
+		CHECK_EQ(post_send1(qa, 20, IBV_WR_RDMA_WRITE, src, 64, src_mr->lkey,
+				    (uintptr_t)fmap, fmr->rkey, IBV_SEND_SIGNALED), 0);
+		poll_n(cqa, &wc, 1, 10);
+		CHECK(wc.status != IBV_WC_SUCCESS);
+		memset(src + 64, 0, 64);
+		CHECK_EQ(post_send1(qa, 21, IBV_WR_RDMA_READ, src + 64, 64, src_mr->lkey,
+				    (uintptr_t)fmap + 4096, fmr->rkey, IBV_SEND_SIGNALED), 0);
+		poll_n(cqa, &wc, 1, 10);
+		CHECK(wc.status != IBV_WC_SUCCESS);
+		for (size_t i = 0; i < 64; i++)
+			CHECK(src[64 + i] != 0x11);
+		for (size_t i = 0; i < n; i++)
+			if (other[i] != 0x11) {
+				fprintf(stderr, "the new mapping was written at %zu\n", i);
+				exit(1);
+			}
+		CHECK_EQ(munmap(other, n), 0);
 		close(fd);
 		CHECK_EQ(ibv_dereg_mr(fmr), 0);
 	}

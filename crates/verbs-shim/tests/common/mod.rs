@@ -1,6 +1,7 @@
 //! Harness for running unmodified libibverbs programs under `LD_PRELOAD=libnprdma.so`:
-//! locate the cdylib cargo built, skip (with a printed reason) when a program is not
-//! installed, run server + client as two processes with bounded time.
+//! locate the cdylib cargo built, skip when a program is not installed (a failure under
+//! `NPRDMA_REQUIRE_ALL=1`, as in CI: [`nprdma_test_support::skip`]), run server + client
+//! as two processes with bounded time.
 
 #![allow(dead_code)]
 
@@ -8,6 +9,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub use nprdma_test_support::skip::skip;
 
 /// Per-process time limit.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -18,7 +21,7 @@ pub fn lib_path() -> PathBuf {
     nprdma_test_support::cdylib::libnprdma().unwrap_or_else(|why| panic!("libnprdma.so: {why}"))
 }
 
-/// Full path of `bin` in PATH, or None (the test then prints why it skips).
+/// Full path of `bin` in PATH, or None.
 pub fn find_bin(bin: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -27,16 +30,17 @@ pub fn find_bin(bin: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Returns the binaries' paths, or prints a SKIP line and returns None.
+/// Returns the binaries' paths, or skips ([`skip`]: fails under
+/// `NPRDMA_REQUIRE_ALL=1`) and returns None.
 pub fn require(bins: &[&str]) -> Option<Vec<PathBuf>> {
     let mut v = Vec::new();
     for b in bins {
         match find_bin(b) {
             Some(p) => v.push(p),
             None => {
-                println!(
-                    "SKIP: `{b}` is not installed (apt-get install -y perftest ibverbs-utils); test not run"
-                );
+                skip(format!(
+                    "`{b}` is not installed (apt-get install -y perftest ibverbs-utils)"
+                ));
                 return None;
             }
         }
