@@ -245,7 +245,9 @@ mod tests {
     #[derive(Default)]
     struct Ins(std::sync::Mutex<Vec<usize>>);
     impl vmem::SwapListener for Ins {
-        fn before_swap_out(&self, _pages: &[usize]) {}
+        fn before_swap_out(&self, _pages: &[usize]) -> bool {
+            true
+        }
         fn after_swap_in(&self, pages: &[usize]) {
             self.0.lock().unwrap().extend_from_slice(pages);
         }

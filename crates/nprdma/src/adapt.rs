@@ -318,9 +318,9 @@ fn pagemap() -> Option<&'static std::fs::File> {
 pub struct ListenerBridge(pub Arc<dyn nic::SwapListener>);
 
 impl vmem::SwapListener for ListenerBridge {
-    fn before_swap_out(&self, pages: &[usize]) {
+    fn before_swap_out(&self, pages: &[usize]) -> bool {
         let p: Vec<u64> = pages.iter().map(|&a| a as u64).collect();
-        self.0.before_swap_out(&p);
+        self.0.before_swap_out(&p)
     }
     fn after_swap_in(&self, pages: &[usize]) {
         let p: Vec<u64> = pages.iter().map(|&a| a as u64).collect();

@@ -682,9 +682,11 @@ pub trait SwapListener: Send + Sync {
     /// Called on the evicting thread with page-aligned addresses, *before*
     /// their contents leave memory. NP-RDMA remaps the pages' IOMMU entries
     /// (Read MR → signature, Write MR → black hole), bumps their versions to
-    /// even, and flushes; only then may the pager reclaim them. Must not call
-    /// back into pin/unpin of the same pager.
-    fn before_swap_out(&self, pages: &[u64]);
+    /// even, and flushes; only then may the pager reclaim them. `false`: the
+    /// flush could not confirm that no DMA through the old mapping is still
+    /// in flight, so the pages must not leave now (the pager keeps them
+    /// resident). Must not call back into pin/unpin of the same pager.
+    fn before_swap_out(&self, pages: &[u64]) -> bool;
     /// Optional eager swap-in notice (beyond the paper; Linux has none, so
     /// the default relies on lazy swap-in through the two-sided path).
     fn after_swap_in(&self, _pages: &[u64]) {}

@@ -284,35 +284,51 @@ impl<I: IommuControl> MrShadow<I> {
     /// Swap-out of `pages` (page-aligned addresses; others are ignored):
     /// version → even, remap to signature / black hole, flush. Returns the
     /// number of pages that changed state.
+    ///
+    /// The flush runs *without* the MR's lock: the lock is never held while
+    /// waiting for DMA sections, so a thread that takes it (a map-in under a
+    /// pin on the polling thread, an eager map-in on the pager's fault
+    /// thread) never waits for the DMA of other threads, and no DMA section
+    /// can be made to wait for a flush through it (lock order: the MR's
+    /// lock is innermost; nothing waits while holding it). An `Err` (the
+    /// flush timed out) means some DMA atom may still use the old frames:
+    /// the caller must keep the pages resident.
     pub fn swap_out(&self, pages: &[u64]) -> Res<usize, I> {
-        let pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut changed = 0;
-        for &p in pages {
-            let Some(i) = self.page_index(p) else {
-                continue;
-            };
-            if !self.versions.set_parity(i, false) {
-                continue;
-            }
-            changed += 1;
-            self.iommu
-                .map(&self.read, i as u64, Frame::Signature)
-                .map_err(ShadowError::Iommu)?;
-            self.iommu
-                .map(&self.write, i as u64, Frame::BlackHole)
-                .map_err(ShadowError::Iommu)?;
-        }
-        if changed > 0 {
-            self.iommu.flush().map_err(ShadowError::Iommu)?;
+        {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             for &p in pages {
-                // A page the layer holds pinned stays resident (its eviction
-                // aborts), so the NIC model must keep seeing it resident:
-                // temporary MRs over it are in use.
-                if self.page_index(p).is_some_and(|i| !pinned(&pins, i)) {
-                    self.iommu
-                        .set_resident(p & !(self.page_size - 1), self.page_size, false)
-                        .map_err(ShadowError::Iommu)?;
+                let Some(i) = self.page_index(p) else {
+                    continue;
+                };
+                if !self.versions.set_parity(i, false) {
+                    continue;
                 }
+                changed += 1;
+                self.iommu
+                    .map(&self.read, i as u64, Frame::Signature)
+                    .map_err(ShadowError::Iommu)?;
+                self.iommu
+                    .map(&self.write, i as u64, Frame::BlackHole)
+                    .map_err(ShadowError::Iommu)?;
+            }
+        }
+        if changed == 0 {
+            return Ok(0);
+        }
+        self.iommu.flush().map_err(ShadowError::Iommu)?;
+        let pins = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for &p in pages {
+            // A page the layer holds pinned stays resident (its eviction
+            // aborts), so the NIC model must keep seeing it resident:
+            // temporary MRs over it are in use. So does a page mapped in
+            // again meanwhile (odd version: a map-in under a pin).
+            let keep =
+                |i: usize| pinned(&pins, i) || self.versions.get(i).is_some_and(|v| v % 2 == 1);
+            if self.page_index(p).is_some_and(|i| !keep(i)) {
+                self.iommu
+                    .set_resident(p & !(self.page_size - 1), self.page_size, false)
+                    .map_err(ShadowError::Iommu)?;
             }
         }
         Ok(changed)
@@ -495,12 +511,39 @@ impl<I: IommuControl> MrShadow<I> {
     }
 }
 
+/// Swap-outs refused because the IOMMU could not confirm the remap (all MRs
+/// of the process), reported in the stats (`remap_refusals`).
+static REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many swap-outs NP-RDMA refused so far because the IOMMU flush failed.
+pub fn remap_refusals() -> u64 {
+    REFUSALS.load(Ordering::Relaxed)
+}
+
+/// Counts a refused swap-out; logs the first one as an error and later ones
+/// at each power of two (one line, then a count, however often it recurs).
+fn report_refusal(e: &dyn std::fmt::Display) {
+    let n = REFUSALS.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        tracing::error!(
+            error = %e,
+            refusals = n,
+            "NP-RDMA swap-out remap failed: the pages stay resident (logged at each power of two)"
+        );
+    }
+}
+
 impl<I: IommuControl> SwapListener for MrShadow<I> {
-    fn before_swap_out(&self, pages: &[u64]) {
-        if let Err(e) = self.swap_out(pages) {
-            // Nothing can be returned to the pager; on the software RNIC the
-            // only failures are caller bugs (bad index), so shout.
-            tracing::error!(error = %e, "NP-RDMA swap-out remap failed");
+    fn before_swap_out(&self, pages: &[u64]) -> bool {
+        match self.swap_out(pages) {
+            Ok(_) => true,
+            Err(e) => {
+                // The pages stay resident (the pager evicts none of them),
+                // mapped to the special frames: the next RDMA access takes the
+                // two-sided path and maps them in again.
+                report_refusal(&e);
+                false
+            }
         }
     }
     fn after_swap_in(&self, pages: &[u64]) {
@@ -528,7 +571,7 @@ impl<I: IommuControl> SwapListener for MrShadow<I> {
                 .store(true, std::sync::atomic::Ordering::Release);
         }
         if let Err(e) = self.swap_out(&pages) {
-            tracing::error!(error = %e, "NP-RDMA unmap remap failed");
+            report_refusal(&e);
         }
     }
 }

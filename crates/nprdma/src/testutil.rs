@@ -178,8 +178,12 @@ impl FakeMem {
         if self.pin_count(p) > 0 {
             return false;
         }
+        let mut ok = true;
         for (_, l) in self.listeners.lock().unwrap().iter() {
-            l.before_swap_out(&[p]);
+            ok &= l.before_swap_out(&[p]);
+        }
+        if !ok {
+            return false;
         }
         self.resident.lock().unwrap().insert(p, false);
         true

@@ -254,8 +254,8 @@ fn unmapped_registered_memory_is_not_reached_through_the_old_mr() {
     let b = side();
     let la = Buf::with(&a, LEN, Some(&pattern(1, LEN)));
     let map = |at: *mut libc::c_void, flags: i32| {
-        // SAFETY: anonymous private mapping; at a fixed address only with
-        // MAP_FIXED_NOREPLACE, which never replaces an existing mapping.
+        // SAFETY: anonymous private mapping; at a fixed address only over
+        // this test's own mapping `old` (MAP_FIXED replaces it, nothing else).
         #[allow(unsafe_code)]
         let p = unsafe {
             libc::mmap(
@@ -297,13 +297,11 @@ fn unmapped_registered_memory_is_not_reached_through_the_old_mr() {
     };
     assert_eq!(c.status, 0);
     assert!(la.bytes()[..64].iter().all(|&x| x == 0x5a));
-    // Unmap it and map other memory at the same address.
-    // SAFETY: unmapping our own mapping.
-    #[allow(unsafe_code)]
-    unsafe {
-        assert_eq!(libc::munmap(old as *mut libc::c_void, LEN), 0)
-    };
-    let new = map(old as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE);
+    // Unmap it and map other memory at the same address, in one step
+    // (`MAP_FIXED` over it: the kernel unmaps the old pages, as munmap does,
+    // and reports it to the pager the same way; two steps would let a
+    // concurrent test's mapping take the address in between).
+    let new = map(old as *mut libc::c_void, libc::MAP_FIXED);
     assert_eq!(new, old, "the address was reused");
     // SAFETY: `new` is a fresh LEN-byte writable mapping.
     #[allow(unsafe_code)]

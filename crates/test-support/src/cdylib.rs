@@ -32,6 +32,30 @@ pub fn libnprdma() -> Result<PathBuf, String> {
         .clone()
 }
 
+/// `target/release/libnprdma.so`, built once per test binary when cargo runs
+/// it (whatever the test's own profile): for tests whose load the unoptimised
+/// library would turn from seconds into minutes (the memory-pressure stress).
+pub fn libnprdma_release() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().map_err(|e| format!("test exe path: {e}"))?;
+            // target/<profile>/deps/<test> -> target/release
+            let dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .and_then(Path::parent)
+                .ok_or("no target dir")?
+                .join("release");
+            build(&dir)?;
+            let p = dir.join("libnprdma.so");
+            p.exists().then_some(p).ok_or_else(|| {
+                "target/release/libnprdma.so not found (cargo build --release -p verbs-shim)".into()
+            })
+        })
+        .clone()
+}
+
 /// `cargo build` verbs-shim's library into `profile_dir` (nothing to do when not
 /// run by cargo: what is there is used).
 fn build(profile_dir: &Path) -> Result<(), String> {

@@ -9,53 +9,6 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
-const HEADER: &str = "/usr/include/infiniband/verbs.h";
-
-/// Where the programs are built: `target/<profile>/c-programs/` beside this test
-/// binary (the temp dir if that cannot be found).
-fn out_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let profile = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
-            .unwrap_or_else(std::env::temp_dir);
-        let d = profile.join("c-programs");
-        std::fs::create_dir_all(&d).expect("create the programs' build dir");
-        d
-    })
-}
-
-/// Compile `tests/c/<name>.c`; None (skipped) without the headers.
-fn compile(name: &str) -> Option<PathBuf> {
-    if !Path::new(HEADER).exists() {
-        skip(format!(
-            "{name}: {HEADER} missing (apt-get install -y libibverbs-dev)"
-        ));
-        return None;
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = out_dir().join(name);
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
-        .args(["-O1", "-g", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-libverbs", "-lpthread"])
-        .output()
-        .unwrap_or_else(|e| panic!("run {cc}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cc} {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
-}
 
 /// Run `name` in both modes, and in NP-RDMA's user-space mode over the C ABI of a
 /// second copy of the library (the chain of `perftest.rs`), with glibc's malloc
@@ -140,4 +93,11 @@ fn threads() {
 #[test]
 fn mem_kinds() {
     check("mem_kinds");
+}
+
+/// A WRITE whose remote range wraps → REM_ACCESS_ERR; a CQ overrun → the CQ
+/// fails polls once emptied and its QP is in ERR (`tests/c/overrun.c`).
+#[test]
+fn overrun() {
+    check("overrun");
 }

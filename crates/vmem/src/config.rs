@@ -65,6 +65,12 @@ pub struct PagerConfig {
     pub spin: Duration,
     /// Pages per eviction batch (also the staging-area size).
     pub evict_batch: usize,
+    /// How far above `budget_pages` resident memory may go before a thread
+    /// bringing pages in waits for the evictor (bounded: see
+    /// `core/admit.rs`): the evictor's hysteresis, concurrent page-ins and
+    /// fault-around runs use it. `None` (the default): an eighth of the
+    /// budget, at least 16 and at most 4096 pages.
+    pub budget_slack: Option<usize>,
     /// Run a background evictor thread that enforces the budget.
     pub background_evictor: bool,
 }
@@ -94,6 +100,7 @@ impl Default for PagerConfig {
             zero_reserve: 0,
             spin: Duration::from_micros(50),
             evict_batch: 64,
+            budget_slack: None,
             background_evictor: true,
         }
     }

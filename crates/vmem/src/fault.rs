@@ -209,9 +209,12 @@ fn fill_ahead(inner: &Inner, a: Ahead, streams: &mut Streams) -> Option<Ahead> {
         .read()
         .lookup(a.next)
         .is_some_and(|s| Arc::ptr_eq(&s.arr, &a.arr));
-    if !same {
+    // Filling ahead is a guess: only into room the budget has now, never
+    // waiting for the evictor.
+    if !same || inner.room() < a.window {
         return None;
     }
+    let _room = inner.admit(a.window);
     let n = match inner.fill_untouched_run(&a.arr, a.next, a.end, a.window, Why::Prefetch) {
         Ok(n) => n,
         Err(e) => {
@@ -283,7 +286,10 @@ fn fault(inner: &Inner, m: &Msg, h: &mut Handler, first: bool) -> bool {
         tracing::debug!(addr, "fault outside any registered segment");
         return true;
     };
-    let window = streams.window(p);
+    // Under the budget: a fault-around run shrinks to the room left, and the
+    // faulting page itself waits (bounded) for the evictor to make room.
+    let window = streams.window(p).min(inner.room().max(1));
+    let _room = inner.admit(window.max(1));
     match inner.fill_untouched_run(&arr, p, seg_end, window, Why::Fault { write }) {
         Ok(0) => {}
         Ok(n) => {

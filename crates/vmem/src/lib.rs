@@ -704,6 +704,7 @@ impl Pager {
         let swap_outs = c.swap_outs.load(Relaxed);
         PagerStats {
             resident_pages: i.resident.load(Relaxed),
+            resident_high: i.resident_high.load(Relaxed),
             registered_pages: i.registered.load(Relaxed),
             swap_slots_used: i.swap.used(),
             swap_slots_total: i.swap.slots(),
@@ -722,6 +723,11 @@ impl Pager {
             fault_retries: c.fault_retries.load(Relaxed),
             batched_swap_reads: c.batched_swap_reads.load(Relaxed),
             batched_swap_writes: c.batched_swap_writes.load(Relaxed),
+            evict_vetoes: c.evict_vetoes.load(Relaxed),
+            swap_write_failures: c.swap_write_failures.load(Relaxed),
+            budget_waits: c.budget_waits.load(Relaxed),
+            budget_overruns: c.budget_overruns.load(Relaxed),
+            budget_slack: self.budget().map_or(0, |b| i.slack(b)),
             swap_cache_hits: i.swap.cache_hits(),
             swap_io: i.swap.io(),
             bytes_swapped_in: swap_ins * mm::PAGE as u64,
@@ -731,6 +737,14 @@ impl Pager {
             zero_reserve_moved: i.reserve.as_ref().map_or(0, |r| r.moved.load(Relaxed)),
             zero_reserve_populated: i.reserve.as_ref().map_or(0, |r| r.populated.load(Relaxed)),
         }
+    }
+
+    /// Pages of the managed regions resident by the kernel's account
+    /// (`mincore` over every region), beside [`PagerStats::resident_pages`],
+    /// the pager's own count: a check of the budget that does not trust the
+    /// pager.
+    pub fn kernel_resident_pages(&self) -> usize {
+        self.inner().kernel_resident()
     }
 
     /// Faults the fault thread resolved, per faulting thread (userfaultfd

@@ -19,6 +19,12 @@ use std::sync::Arc;
 /// page is announced again before any later eviction). Treat the call as
 /// "may be absent from now on".
 ///
+/// A listener that cannot stop reaching the pages (its device could not
+/// confirm that no access through the old mapping is still in flight)
+/// returns `false`: the pager then evicts none of the batch (the pages stay
+/// resident, counted in `PagerStats::evict_vetoes`), so memory a device may
+/// still be using is never reclaimed. Returning `true` lets them leave.
+///
 /// `after_swap_in` is only called when `PagerConfig::eager_swap_in_notify` is
 /// set (or through `Pager::notify_swapped_in`); it may run on the fault-handler
 /// thread, so it must not touch non-resident pager-managed memory nor call
@@ -28,8 +34,9 @@ use std::sync::Arc;
 /// a [`crate::WeakPager`], not a `Pager` clone (which would keep it alive).
 pub trait SwapListener: Send + Sync {
     /// `pages` (page addresses) are about to leave memory; called on the evicting
-    /// thread before they leave (stop reaching them from now on).
-    fn before_swap_out(&self, pages: &[usize]);
+    /// thread before they leave (stop reaching them from now on). `false`:
+    /// they must not leave now (see the trait's documentation).
+    fn before_swap_out(&self, pages: &[usize]) -> bool;
     /// `pages` were swapped back in (only with eager swap-in notification).
     fn after_swap_in(&self, _pages: &[usize]) {}
     /// Accessed bits of a secondary MMU (Linux's `mmu_notifier`
@@ -141,7 +148,7 @@ impl Listeners {
         self.list.read().clone()
     }
 
-    fn each(&self, f: impl Fn(&dyn SwapListener)) {
+    fn each(&self, mut f: impl FnMut(&dyn SwapListener)) {
         let Some(list) = self.snapshot() else { return };
         for e in list.iter() {
             let _g = Active::enter(e);
@@ -151,10 +158,15 @@ impl Listeners {
         }
     }
 
-    pub fn before_swap_out(&self, pages: &[usize]) {
+    /// Every listener hears of `pages`; whether all of them let the pages
+    /// leave (each is called even after one refused, so every listener
+    /// sees the same announcements).
+    pub fn before_swap_out(&self, pages: &[usize]) -> bool {
+        let mut ok = true;
         if !pages.is_empty() {
-            self.each(|l| l.before_swap_out(pages));
+            self.each(|l| ok &= l.before_swap_out(pages));
         }
+        ok
     }
 
     /// Which of `pages` some listener reports young (every listener is
@@ -193,10 +205,11 @@ mod tests {
     /// (entered, finished)
     struct Slow(AtomicBool, AtomicBool);
     impl SwapListener for Slow {
-        fn before_swap_out(&self, _pages: &[usize]) {
+        fn before_swap_out(&self, _pages: &[usize]) -> bool {
             self.0.store(true, SeqCst);
             std::thread::sleep(Duration::from_millis(100));
             self.1.store(true, SeqCst);
+            true
         }
     }
 
@@ -223,10 +236,11 @@ mod tests {
 
     struct SelfRemover(Arc<Listeners>, parking_lot::Mutex<Option<ListenerId>>);
     impl SwapListener for SelfRemover {
-        fn before_swap_out(&self, _pages: &[usize]) {
+        fn before_swap_out(&self, _pages: &[usize]) -> bool {
             if let Some(id) = self.1.lock().take() {
                 assert!(self.0.remove(id));
             }
+            true
         }
     }
 

@@ -21,6 +21,10 @@ pub struct Counters {
     pub fault_retries: AtomicU64,
     pub batched_swap_reads: AtomicU64,
     pub batched_swap_writes: AtomicU64,
+    pub evict_vetoes: AtomicU64,
+    pub swap_write_failures: AtomicU64,
+    pub budget_waits: AtomicU64,
+    pub budget_overruns: AtomicU64,
 }
 
 pub struct Stats {
@@ -103,6 +107,9 @@ pub struct LatencySummary {
 pub struct PagerStats {
     /// Pager-managed pages resident now.
     pub resident_pages: usize,
+    /// The most pages `resident_pages` counted at once since the pager
+    /// started.
+    pub resident_high: usize,
     /// Pages in registered (managed) regions.
     pub registered_pages: usize,
     /// Swap slots in use.
@@ -145,6 +152,22 @@ pub struct PagerStats {
     /// Swap writes issued together in concurrent batches (an eviction batch
     /// whose slots form several runs).
     pub batched_swap_writes: u64,
+    /// Eviction batches a listener refused (its device could not confirm
+    /// that no access through the old mapping was in flight): the pages
+    /// stayed resident.
+    pub evict_vetoes: u64,
+    /// Swap writes that failed (their pages stayed resident; the first is
+    /// logged as an error, later ones at each power of two).
+    pub swap_write_failures: u64,
+    /// Page-ins that waited for the evictor to make room under the budget
+    /// plus its slack.
+    pub budget_waits: u64,
+    /// Page-ins that went over the limit after waiting the longest
+    /// (`ADMIT_WAIT`) for an evictor that could not keep up.
+    pub budget_overruns: u64,
+    /// The slack over the budget page-ins may use before they wait (see
+    /// `PagerConfig::budget_slack`; 0 without a budget).
+    pub budget_slack: usize,
     /// Swap-ins served by the swap cache: the page had just been read for
     /// `read_swapped`, so its swap-in cost no second device read.
     pub swap_cache_hits: u64,

@@ -450,7 +450,7 @@ struct Recorder {
 }
 
 impl SwapListener for Recorder {
-    fn before_swap_out(&self, pages: &[usize]) {
+    fn before_swap_out(&self, pages: &[usize]) -> bool {
         for &a in pages {
             // The contents are still there while the listener runs.
             // SAFETY: the page is a live, resident page of a region under test.
@@ -470,6 +470,7 @@ impl SwapListener for Recorder {
                 assert!(p.is_resident(a));
             }
         }
+        true
     }
     fn after_swap_in(&self, pages: &[usize]) {
         self.ins.lock().unwrap().extend_from_slice(pages);
@@ -556,7 +557,9 @@ struct HotPages {
 }
 
 impl SwapListener for HotPages {
-    fn before_swap_out(&self, _pages: &[usize]) {}
+    fn before_swap_out(&self, _pages: &[usize]) -> bool {
+        true
+    }
     fn test_and_clear_young(&self, pages: &[usize], young: &mut [bool]) {
         self.asked.lock().unwrap().extend_from_slice(pages);
         for (a, y) in pages.iter().zip(young) {
@@ -1144,9 +1147,10 @@ fn partly_covered_heap_pages_are_never_evicted() {
 
 struct LastHolder(Mutex<Option<Pager>>);
 impl SwapListener for LastHolder {
-    fn before_swap_out(&self, _pages: &[usize]) {
+    fn before_swap_out(&self, _pages: &[usize]) -> bool {
         // Drops what may be the last handle, on the evictor thread.
         self.0.lock().unwrap().take();
+        true
     }
 }
 

@@ -101,7 +101,7 @@ struct PresentChecker {
 }
 
 impl vmem::SwapListener for PresentChecker {
-    fn before_swap_out(&self, pages: &[usize]) {
+    fn before_swap_out(&self, pages: &[usize]) -> bool {
         let p = self.pager.upgrade();
         for &a in pages {
             let mut v = 0u8;
@@ -113,6 +113,7 @@ impl vmem::SwapListener for PresentChecker {
             }
         }
         self.pages.fetch_add(pages.len() as u64, Relaxed);
+        true
     }
 }
 
@@ -369,11 +370,12 @@ fn nic_model(eager: bool) {
             base: usize,
         }
         impl vmem::SwapListener for Nic {
-            fn before_swap_out(&self, pages: &[usize]) {
+            fn before_swap_out(&self, pages: &[usize]) -> bool {
                 let mut m = self.mapped.lock();
                 for &a in pages {
                     m[(a - self.base) / PG] = false;
                 }
+                true
             }
             fn after_swap_in(&self, pages: &[usize]) {
                 let mut m = self.mapped.lock();

@@ -297,7 +297,7 @@ struct OdpNotifier(rnic::Host);
 
 #[cfg(feature = "odp")]
 impl vmem::SwapListener for OdpNotifier {
-    fn before_swap_out(&self, pages: &[usize]) {
+    fn before_swap_out(&self, pages: &[usize]) -> bool {
         let page = page_size();
         // Ascending page addresses: invalidate each contiguous run at once.
         let mut i = 0;
@@ -311,6 +311,7 @@ impl vmem::SwapListener for OdpNotifier {
             }
             i = j;
         }
+        true
     }
 }
 

@@ -228,8 +228,9 @@ pub(super) fn on_wc<N: Backend>(
             imm: None,
             qp_num: qp.qpn,
         };
-        if !direct.offer(&qp.send_cq, c) {
-            qp.send_cq.push(c);
+        if !direct.offer(&qp.send_cq, c) && !qp.send_cq.push(c) {
+            // CQ overrun: the QP moves to ERR (later completions flush).
+            qp.errored = true;
         }
         stats.optimistic_ok += 1;
         return None;

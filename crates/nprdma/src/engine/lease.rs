@@ -375,7 +375,9 @@ fn take<N: Backend>(g: &mut Inner<N>, mut f: impl FnMut(&Lease<N>) -> bool) -> V
 
 impl<N: Backend> SwapListener for Leases<N> {
     /// Leased pages are pinned and never offered for eviction.
-    fn before_swap_out(&self, _pages: &[u64]) {}
+    fn before_swap_out(&self, _pages: &[u64]) -> bool {
+        true
+    }
     fn after_unmap(&self, start: u64, end: u64) {
         if self.enabled() {
             let victims = take(&mut self.inner.lock(), |l| l.start < end && start < l.end);

@@ -56,6 +56,7 @@ use parking_lot::Mutex;
 pub use self::backend::{Backend, DefaultNic, Device, NicStats};
 pub use self::cq::Cq;
 use self::dev::Dev;
+pub use self::pin::pinned_pages;
 use self::qp::QpState;
 pub use self::reg::Mr;
 use self::state::{Shared, State};

@@ -2,6 +2,7 @@
 //! shadow and mapped into the NIC views) and the temporary NIC MRs over
 //! them: the holds of two-sided operations and served requests.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::backend::Backend;
@@ -39,10 +40,30 @@ pub(super) struct EnginePin<N: Backend> {
     pub(super) pin: Option<Pinned<VmemMm>>,
 }
 
+/// Pages the engine holds pinned now (all contexts of the process; a
+/// range pinned twice counts twice), and the most it held at once: the
+/// part of resident memory above the pager's budget and slack that
+/// in-flight two-sided operations may keep (reported in the stats).
+static PINNED: AtomicUsize = AtomicUsize::new(0);
+static PINNED_HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// (pages the engine holds pinned now, the most it held at once).
+pub fn pinned_pages() -> (usize, usize) {
+    (
+        PINNED.load(Ordering::Relaxed),
+        PINNED_HIGH.load(Ordering::Relaxed),
+    )
+}
+
+fn pages_of(addr: u64, len: u64) -> usize {
+    crate::check::page_span(addr, len, super::types::PS as usize).map_or(0, |(_, n)| n as usize)
+}
+
 impl<N: Backend> Drop for EnginePin<N> {
     fn drop(&mut self) {
         self.shadow.unpinned(self.addr, self.len);
         drop(self.pin.take());
+        PINNED.fetch_sub(pages_of(self.addr, self.len), Ordering::Relaxed);
     }
 }
 
@@ -77,6 +98,8 @@ pub(super) fn pin_for_peer<N: Backend>(
         }
     })?;
     mark(Step::TPinned);
+    let n = PINNED.fetch_add(pages_of(addr, len), Ordering::Relaxed) + pages_of(addr, len);
+    PINNED_HIGH.fetch_max(n, Ordering::Relaxed);
     let g = EnginePin {
         shadow: mr.shadow.clone(),
         addr,

@@ -77,9 +77,16 @@ pub(crate) fn post_send<N: Backend>(
         if len > i32::MAX as u64 {
             status = WcStatus::LocLenErr;
         }
+        let rlen = if is_atomic(wr.op) { 8 } else { len };
+        let one_sided =
+            matches!(wr.op, AppOp::Read | AppOp::Write | AppOp::WriteImm(_)) || is_atomic(wr.op);
+        if status == WcStatus::Success && one_sided && wr.remote_addr.checked_add(rlen).is_none() {
+            // A remote range past the end of the address space lies in no MR:
+            // the target refuses it (REM_ACCESS_ERR, as rxe and the pinned NIC).
+            status = WcStatus::RemAccessErr;
+        }
         let seq = qp.rob.post(wr.signaled);
         qp.next_seq = seq + 1;
-        let rlen = if is_atomic(wr.op) { 8 } else { len };
         let op = Op {
             sent: None,
             wr: *wr,

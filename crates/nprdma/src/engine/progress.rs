@@ -319,7 +319,7 @@ fn on_rev_wc<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize, tid: u32,
                 qp_num: qp.qpn,
             };
             if ok {
-                qp.recv_cq.push_se(c, solicited);
+                qp.push_recv(c, solicited);
             } else {
                 qp.recv_error(c);
             }

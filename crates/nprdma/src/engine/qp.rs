@@ -499,7 +499,8 @@ impl<N: Backend> QpState<N> {
     /// receive queue's stay for its other QPs).
     pub(super) fn flush_recvs(&mut self) {
         for r in self.recvs.drain(..) {
-            self.recv_cq.push(Completion {
+            // (A CQ overrun here changes nothing: the QP is in ERR already.)
+            let _ = self.recv_cq.push(Completion {
                 wr_id: r.wr_id,
                 status: WcStatus::WrFlushErr.code(),
                 op: CompOp::Recv,
@@ -516,7 +517,7 @@ impl<N: Backend> QpState<N> {
     /// [`Self::deliver`]); the NIC QPs stay up, so the answer to the sender
     /// and those to sends still out are delivered.
     pub(super) fn recv_error(&mut self, cqe: Completion) {
-        self.recv_cq.push(cqe);
+        let _ = self.recv_cq.push(cqe);
         self.errored = true;
         self.flush_recvs();
     }
@@ -528,6 +529,15 @@ impl<N: Backend> QpState<N> {
     /// but on RC a WR behind a failed one never completes successfully.
     /// Later posts, and the posted RECVs, are flushed as for
     /// `retire::set_error`.
+    /// Queue receive completion `c` on the receive CQ; an overrun of that CQ
+    /// moves the QP to ERR ([`UCq::push_se`]).
+    pub(super) fn push_recv(&mut self, c: Completion, solicited: bool) {
+        if !self.recv_cq.push_se(c, solicited) && !self.errored {
+            self.errored = true;
+            self.flush_recvs();
+        }
+    }
+
     pub(super) fn deliver(&mut self) {
         let was = self.errored;
         let cq = &self.send_cq;
@@ -541,7 +551,10 @@ impl<N: Backend> QpState<N> {
             {
                 *errored = true;
             }
-            cq.push(c)
+            if !cq.push(c) {
+                // CQ overrun: the QP moves to ERR (later completions flush).
+                *errored = true;
+            }
         });
         if self.errored && !was {
             self.flush_recvs();

@@ -182,10 +182,11 @@ impl<N: Backend> RegCache<N> {
 }
 
 impl<N: Backend> SwapListener for RegCache<N> {
-    fn before_swap_out(&self, pages: &[u64]) {
+    fn before_swap_out(&self, pages: &[u64]) -> bool {
         for &p in pages {
             self.invalidate(p, p + PS);
         }
+        true
     }
     fn after_unmap(&self, start: u64, end: u64) {
         self.invalidate(start, end);

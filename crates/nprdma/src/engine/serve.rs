@@ -1237,7 +1237,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                     reply(qp, sh, req_id, Status::RemoteOp, 0);
                 } else {
                     cqe.byte_len = data.len() as u32;
-                    qp.recv_cq.push_se(cqe, solicited);
+                    qp.push_recv(cqe, solicited);
                     reply(qp, sh, req_id, Status::Ok, data.len() as u32);
                 }
             }
@@ -1251,7 +1251,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 cqe.op = CompOp::RecvWithImm;
                 cqe.imm = Some(imm);
                 cqe.byte_len = len;
-                qp.recv_cq.push_se(cqe, solicited);
+                qp.push_recv(cqe, solicited);
                 reply(qp, sh, req_id, Status::Ok, len);
             }
             Repr::SendRendezvous {
@@ -1275,7 +1275,7 @@ pub(super) fn deliver_inbound<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi:
                 };
                 if len == 0 {
                     cqe.imm = imm;
-                    qp.recv_cq.push_se(cqe, solicited);
+                    qp.push_recv(cqe, solicited);
                     reply(qp, sh, req_id, Status::Ok, 0);
                     continue;
                 }

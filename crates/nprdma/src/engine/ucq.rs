@@ -15,8 +15,8 @@ pub(crate) struct UCq {
     /// Entries in `q` (updated under its lock): an empty poll reads this
     /// instead of taking the lock.
     pub(super) len: AtomicUsize,
-    /// The CQ's size (`Cq::resize` changes it): more entries are kept but
-    /// reported as an overflow.
+    /// The CQ's size (`Cq::resize` changes it): a completion that finds it
+    /// full overruns the CQ (see [`UCq::push_se`]).
     pub(super) depth: AtomicUsize,
     /// [`DISARMED`], [`ARMED_SOLICITED`] or [`ARMED_ANY`].
     pub(super) armed: AtomicU8,
@@ -99,8 +99,8 @@ impl UCq {
 
     /// Queue `c`, not solicited (a send completion; a receive of a message
     /// without the solicited-event bit). See [`UCq::push_se`].
-    pub(crate) fn push(&self, c: Completion) {
-        self.push_se(c, false);
+    pub(crate) fn push(&self, c: Completion) -> bool {
+        self.push_se(c, false)
     }
 
     /// Queue `c`; `solicited`: a receive completion of a message sent with the
@@ -108,14 +108,20 @@ impl UCq {
     /// one armed solicited-only signals it for a solicited completion or one in
     /// error (IB's rule; rxe treats flushed receives so, mlx5 every error CQE),
     /// and stays armed otherwise.
-    pub(crate) fn push_se(&self, c: Completion, solicited: bool) {
+    ///
+    /// A CQ holds at most its depth: a completion that finds it full
+    /// overruns it, as on hardware and rxe — the CQ enters the error state
+    /// (polling it fails from then on, `Cq::overflowed`), this and later
+    /// completions are dropped, and `false` tells the caller to move the
+    /// completion's QP to ERR.
+    pub(crate) fn push_se(&self, c: Completion, solicited: bool) -> bool {
         let mut q = self.q.lock();
         let depth = self.depth.load(Ordering::Relaxed);
-        if q.len() >= depth {
-            // Kept (no completion is ever lost) but reported.
+        if q.len() >= depth || self.overflowed.load(Ordering::Relaxed) {
             if !self.overflowed.swap(true, Ordering::Relaxed) {
-                tracing::warn!(depth, "user CQ overflow");
+                tracing::warn!(depth, "CQ overrun: the CQ is in error, its QPs move to ERR");
             }
+            return false;
         }
         q.push_back(c);
         self.len.store(q.len(), Ordering::Release);
@@ -134,6 +140,7 @@ impl UCq {
                 libc::write(self.efd.as_raw_fd(), &one as *const u64 as *const _, 8);
             }
         }
+        true
     }
 }
 

@@ -40,8 +40,9 @@ fn failed_pin_leaves_nothing_pinned() {
 
 struct Recorder(Mutex<Vec<u64>>);
 impl SwapListener for Recorder {
-    fn before_swap_out(&self, pages: &[u64]) {
+    fn before_swap_out(&self, pages: &[u64]) -> bool {
         self.0.lock().unwrap().extend_from_slice(pages);
+        true
     }
 }
 

@@ -504,6 +504,40 @@ fn clear_if_dead(seg: &Segment, i: usize) -> bool {
     true
 }
 
+/// A flush waiting this long for DMA sections is reported ([`report_stall`]).
+const STALL: Duration = Duration::from_secs(1);
+
+/// Counts a flush that waited [`STALL`] and logs (the first, then at each power
+/// of two) which epoch slots still hold sections of the old parity `par`: the
+/// owner's own threads' slots, or the process (PID) that claimed a foreign one —
+/// what to look at when a DMA section never ends.
+#[cold]
+fn report_stall(seg: &Segment, par: usize, waited: Duration) {
+    let h = seg.hdr();
+    let n = h.stats.flush_stalls.fetch_add(1, Ordering::Relaxed) + 1;
+    if !n.is_power_of_two() {
+        return;
+    }
+    let held: Vec<String> = (0..EPOCH_SLOTS)
+        .filter(|&i| h.inflight[i][par].0.load(Ordering::SeqCst) != 0)
+        .map(|i| {
+            if FOREIGN_SLOTS.contains(&i) {
+                format!("slot {i} (peer pid {})", h.slot_owner[i].0.load(Ordering::SeqCst) >> 42)
+            } else if i == SHARED_SLOT {
+                format!("slot {i} (shared by peers)")
+            } else {
+                format!("slot {i} (this host's threads)")
+            }
+        })
+        .collect();
+    tracing::error!(
+        waited_ms = waited.as_millis() as u64,
+        stalls = n,
+        held = held.join(", "),
+        "IOMMU flush waiting for DMA sections that do not end (logged at each power of two)"
+    );
+}
+
 /// Flip the epoch and wait for the old parity to drain in every slot (callers
 /// serialize flushes). Sections still counted after a short spin are checked for
 /// owners that died inside them (cleared at once): a dead peer costs a flush about
@@ -515,6 +549,7 @@ pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     let mut spins = 0u32;
     let mut next_check = Duration::from_micros(500);
+    let mut stalled = false;
     while h.inflight.iter().any(|s| s[par].0.load(Ordering::SeqCst) != 0) {
         spins += 1;
         if spins < 200 {
@@ -530,7 +565,12 @@ pub(crate) fn flush_epoch(seg: &Segment, timeout: Duration) -> Result<()> {
                     }
                 }
             }
+            if t > STALL && !stalled {
+                stalled = true;
+                report_stall(seg, par, t);
+            }
             if t > timeout {
+                h.stats.flush_timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::Timeout);
             }
         }

@@ -123,6 +123,11 @@ pub struct StatsRec {
     pub pool_copies: AtomicU64,
     /// WRs executed directly against another process's memory (trusting hosts only).
     pub direct_remote: AtomicU64,
+    /// IOMMU flushes that waited longer than a second for DMA sections.
+    pub flush_stalls: AtomicU64,
+    /// IOMMU flushes that gave up at their timeout (the caller keeps the old
+    /// frames in use: `Iommu::flush` returned an error).
+    pub flush_timeouts: AtomicU64,
 }
 
 #[repr(C)]

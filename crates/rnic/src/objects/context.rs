@@ -70,6 +70,10 @@ pub struct NicStats {
     pub direct_remote: u64,
     /// Times this host's NIC thread blocked (on its futex) for lack of work.
     pub nic_sleeps: u64,
+    /// IOMMU flushes that waited longer than a second for DMA sections.
+    pub flush_stalls: u64,
+    /// IOMMU flushes that gave up at their timeout.
+    pub flush_timeouts: u64,
 }
 
 /// What every handle of a host holds: the engines' state, the QPs awaiting the NIC
@@ -307,6 +311,8 @@ impl Host {
             retransmissions: l(&s.retransmissions),
             pool_copies: l(&s.pool_copies),
             direct_remote: l(&s.direct_remote),
+            flush_stalls: l(&s.flush_stalls),
+            flush_timeouts: l(&s.flush_timeouts),
             nic_sleeps: l(&self.sh.inner.nic_sleeps),
         }
     }

@@ -139,7 +139,10 @@ impl NpFlavor for Soft {
         self.host.addr().to_bytes()
     }
     fn nic_stats(&self, n: &np::engine::NicStats) -> String {
-        format!("nonresident_dma={}", n.nonresident_dma)
+        format!(
+            "nonresident_dma={} flush_stalls={} flush_timeouts={}",
+            n.nonresident_dma, n.flush_stalls, n.flush_timeouts
+        )
     }
 }
 
@@ -288,17 +291,30 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         let e = self.ctx.stats();
         let n = self.ctx.nic_stats();
         format!(
-            "mode={} budget_pages={} resident_pages={} registered_pages={} swap_outs={} \
-             swap_ins={} swap_full={} major_faults={} optimistic_ok={} versions_seen={} \
+            "mode={} budget_pages={} budget_slack={} resident_pages={} \
+             kernel_resident_pages={} resident_high={} engine_pinned_high={} budget_waits={} \
+             budget_overruns={} \
+             registered_pages={} swap_outs={} \
+             swap_ins={} swap_full={} swap_write_failures={} evict_vetoes={} remap_refusals={} \
+             major_faults={} optimistic_ok={} versions_seen={} \
              two_sided={} local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} \
              leased_ops={} leases_granted={} leases_renewed={} {}",
             F::MODE,
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
+            p.budget_slack,
             p.resident_pages,
+            self.pager.kernel_resident_pages(),
+            p.resident_high,
+            np::engine::pinned_pages().1,
+            p.budget_waits,
+            p.budget_overruns,
             p.registered_pages,
             p.swap_outs,
             p.swap_ins,
             p.swap_full,
+            p.swap_write_failures,
+            p.evict_vetoes,
+            np::shadow::remap_refusals(),
             p.major_faults,
             e.optimistic_ok,
             e.versions_seen,
@@ -662,6 +678,12 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
             if m < k {
                 break;
             }
+        }
+        if got == 0 && self.cq.overflowed() {
+            // Overrun: what the CQ held is polled first, then it is in the
+            // error state, as the pinned NIC's (the QPs that completed into it
+            // are in ERR).
+            return Err(ShimError::Nic(rnic::Error::CqOverflow));
         }
         Ok(got)
     }

@@ -8,6 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use nprdma_test_support::skip::skip;
@@ -64,9 +65,14 @@ impl Output {
 }
 
 pub fn spawn(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+    spawn_with(&lib_path(), bin, args, env)
+}
+
+/// [`spawn`] preloading `lib`.
+pub fn spawn_with(lib: &Path, bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
     let mut c = Command::new(bin);
     c.args(args)
-        .env("LD_PRELOAD", lib_path())
+        .env("LD_PRELOAD", lib)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -112,6 +118,18 @@ pub fn finish(mut child: Child, deadline: Instant) -> Output {
 
 pub fn run(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     finish(spawn(bin, args, env), Instant::now() + LIMIT)
+}
+
+/// [`run`] with the release build of the library and its own time limit.
+pub fn run_release_within(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Output {
+    let lib = nprdma_test_support::cdylib::libnprdma_release()
+        .unwrap_or_else(|why| panic!("libnprdma.so (release): {why}"));
+    finish(spawn_with(&lib, bin, args, env), Instant::now() + limit)
 }
 
 /// Whether something listens on TCP `port` (IPv4 or IPv6).
@@ -240,4 +258,49 @@ pub fn assert_chain_stats(o: &Output) {
     );
     assert_eq!(stat(o, "optimistic_ok"), 0, "{}", o.all());
     assert_eq!(stat(o, "verbs_reg_failures"), 0, "{}", o.all());
+}
+
+pub const HEADER: &str = "/usr/include/infiniband/verbs.h";
+
+/// Where the programs are built: `target/<profile>/c-programs/` beside this test
+/// binary (the temp dir if that cannot be found).
+pub fn out_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
+            .unwrap_or_else(std::env::temp_dir);
+        let d = profile.join("c-programs");
+        std::fs::create_dir_all(&d).expect("create the programs' build dir");
+        d
+    })
+}
+
+/// Compile `tests/c/<name>.c` (the C programs of `c_programs.rs` and
+/// `pressure.rs`); None (skipped) without the headers.
+pub fn compile(name: &str) -> Option<PathBuf> {
+    if !Path::new(HEADER).exists() {
+        skip(format!(
+            "{name}: {HEADER} missing (apt-get install -y libibverbs-dev)"
+        ));
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = out_dir().join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-O1", "-g", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-lpthread"])
+        .output()
+        .unwrap_or_else(|e| panic!("run {cc}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cc} {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
 }

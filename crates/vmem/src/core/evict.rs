@@ -112,6 +112,7 @@ impl Inner {
                     if batch.len() == cap || done + batch.len() >= want {
                         st.hand = p + 1;
                         done += self.evict_batch(&mut st, &mut batch, true)?;
+                        self.room_made(false);
                     }
                 }
             }
@@ -122,6 +123,7 @@ impl Inner {
         self.spare_young(&mut batch);
         done += self.evict_batch(&mut st, &mut batch, true)?;
         inc(&self.stats.c.evict_runs);
+        self.room_made(false);
         Ok(done)
     }
 
@@ -209,8 +211,24 @@ impl Inner {
             return Err(e);
         }
         // 1. Listeners (MMU-notifier role), with no lock the fault path needs.
+        // One that cannot stop reaching the pages keeps the whole batch
+        // resident (a device may still be using them).
         let addrs: Vec<usize> = victims.iter().map(|(_, p)| p << PAGE_SHIFT).collect();
-        self.listeners.before_swap_out(&addrs);
+        if !self.listeners.before_swap_out(&addrs) {
+            inc(&self.stats.c.evict_vetoes);
+            for s in slots.drain(..) {
+                self.swap.free(s);
+            }
+            let mut stay = Vec::with_capacity(victims.len());
+            for (arr, p) in &victims {
+                clear_evicting(arr, *p);
+                stay.push(p << PAGE_SHIFT);
+            }
+            if self.cfg.eager_swap_in_notify {
+                self.listeners.after_swap_in(&stay);
+            }
+            return Ok(0);
+        }
         // 2. Lock: EVICTING -> BUSY unless a pin (or unmap) got there first.
         let mut locked: Vec<Victim> = Vec::with_capacity(victims.len());
         let mut aborted = Vec::new();
@@ -295,7 +313,12 @@ impl Inner {
         }
         for (&(i, j), op) in runs.iter().zip(&ops) {
             if let Err(e) = &op.res {
-                tracing::error!(%e, "swap write failed; pages stay resident");
+                // One line, then a count (at each power of two): a full or
+                // failing device fails every batch.
+                let n = self.stats.c.swap_write_failures.fetch_add(1, Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::error!(%e, failures = n, "swap write failed; pages stay resident (logged at each power of two)");
+                }
                 for k in i..j {
                     self.put_back(locked[k].1 << PAGE_SHIFT, st.staging + k * PAGE);
                     out[k] = Out::Failed;
@@ -453,7 +476,10 @@ impl Inner {
             let slack = (budget / 32).clamp(1, self.cfg.evict_batch);
             match self.reclaim(r - budget + slack) {
                 Ok(0) => {
-                    // Everything is pinned or busy: retry shortly rather than spin.
+                    // Everything is pinned or busy: page-ins waiting for room
+                    // go on (what pins keep resident is their holders' to
+                    // bound); retry shortly rather than spin.
+                    self.room_made(true);
                     std::thread::sleep(Duration::from_millis(1));
                     if self.shutdown.load(Acquire) {
                         return;
@@ -462,7 +488,9 @@ impl Inner {
                 }
                 Ok(_) => {}
                 Err(Error::SwapFull(_)) => {
-                    // Back off: pages stay resident until slots free up.
+                    // Back off: pages stay resident until slots free up
+                    // (nothing can be evicted: waiting page-ins go on).
+                    self.room_made(true);
                     std::thread::sleep(Duration::from_millis(100));
                     return;
                 }

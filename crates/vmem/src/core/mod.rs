@@ -1,7 +1,8 @@
 //! The pager core: shared state (`Inner`, the evictor's `EvictState`), segment
 //! lookup, residency queries and the evictor kick. The transitions are further
 //! `impl Inner` blocks in the files of this folder, each importing this file and
-//! nothing above it: `pagein` (bringing one page in), `pagein_run` and
+//! nothing above it: `admit` (making room under the budget before a page-in),
+//! `pagein` (bringing one page in), `pagein_run` and
 //! `pagein_batch` (runs of pages, concurrent swap reads), `registry` (register /
 //! unregister, application unmaps), `evict` (victims, listeners, move-out,
 //! write-out, the evictor thread) and `external` (application-managed regions).
@@ -21,6 +22,7 @@ use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
+mod admit;
 mod evict;
 mod external;
 mod pagein;
@@ -100,6 +102,17 @@ pub struct Inner {
     /// usize::MAX = no budget.
     pub budget: AtomicUsize,
     pub resident: AtomicUsize,
+    /// The most pages `resident` counted at once.
+    pub resident_high: AtomicUsize,
+    /// Pages admitted under the budget and not yet published (`admit`).
+    pub admitted: AtomicUsize,
+    /// Admissions waiting for room (`admit`), and what they wait on.
+    pub room_waiters: AtomicUsize,
+    pub room_lock: Mutex<()>,
+    pub room_cv: Condvar,
+    /// Bumped each time the evictor finds nothing it can evict while over
+    /// the budget (everything pinned or busy): waiting admissions proceed.
+    pub evict_stuck: AtomicU64,
     pub registered: AtomicUsize,
     pub evict: Mutex<EvictState>,
     pub kick: Mutex<bool>,
@@ -218,6 +231,12 @@ impl Inner {
             listeners: Listeners::default(),
             stats: Stats::default(),
             resident: AtomicUsize::new(0),
+            resident_high: AtomicUsize::new(0),
+            admitted: AtomicUsize::new(0),
+            room_waiters: AtomicUsize::new(0),
+            room_lock: Mutex::new(()),
+            room_cv: Condvar::new(),
+            evict_stuck: AtomicU64::new(0),
             registered: AtomicUsize::new(0),
             evict: Mutex::new(evict),
             kick: Mutex::new(false),
@@ -311,6 +330,34 @@ impl Inner {
         let sp = self.space.read();
         sp.lookup(p)
             .is_some_and(|s| state::is_resident(s.arr.word(p).load(Acquire)))
+    }
+
+    /// Pages of the managed (non-external) regions the kernel holds
+    /// resident now, by `mincore` over each region (the pager's own count,
+    /// `resident`, measured independently; a page the kernel still maps
+    /// through a forked child's copy-on-write share counts too).
+    pub fn kernel_resident(&self) -> usize {
+        let segs: Vec<(usize, usize)> = self
+            .space
+            .read()
+            .all()
+            .filter(|s| !s.arr.external)
+            .map(|s| (s.start, s.end))
+            .collect();
+        const CHUNK: usize = 1 << 16;
+        let mut vec = vec![0u8; CHUNK];
+        let mut n = 0;
+        for (mut p, end) in segs {
+            while p < end {
+                let k = (end - p).min(CHUNK);
+                // An unmapped piece (the application unmapped it) counts none.
+                if mm::mincore(p << PAGE_SHIFT, k * PAGE, &mut vec[..k]).is_ok() {
+                    n += vec[..k].iter().filter(|&&b| b & 1 != 0).count();
+                }
+                p += k;
+            }
+        }
+        n
     }
 
     /// Residency bitmap of `[addr, addr+len)` (bit i of word i/64 = page i).

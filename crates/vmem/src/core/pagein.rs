@@ -237,7 +237,8 @@ impl Inner {
             Some(((resident + add_pin) & !(BUSY | EVICTING)) | notifying)
         });
         // Every path here turns a non-resident page resident.
-        self.resident.fetch_add(1, Relaxed);
+        let r = self.resident.fetch_add(1, Relaxed) + 1;
+        self.resident_high.fetch_max(r, Relaxed);
         if swapped && outcome == Brought::Swap {
             inc(&self.stats.c.swap_ins);
             if why.is_pin() {
@@ -265,6 +266,22 @@ impl Inner {
         });
     }
 
+    /// How many pages of `[p0, p1)` in `segs` are not resident (what a pin
+    /// or prefetch of the range may bring in, for [`Inner::admit`]).
+    fn absent_pages(&self, segs: &super::Segs, p0: usize, p1: usize) -> usize {
+        if self.admit_limit().is_none() {
+            return 0;
+        }
+        segs.iter()
+            .filter(|s| !s.arr.external)
+            .map(|s| {
+                (s.start.max(p0)..s.end.min(p1))
+                    .filter(|&p| state::kind(s.arr.word(p).load(Relaxed)) != RESIDENT)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Runs `f` with this thread's bounce buffer.
     fn with_bounce<R>(f: impl FnOnce(&mut PageBuf) -> R) -> R {
         BOUNCE.with(|b| {
@@ -278,6 +295,7 @@ impl Inner {
     pub fn pin(&self, addr: usize, len: usize, write: bool) -> Result<()> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
+        let _room = self.admit(self.absent_pages(&segs, p0, p1));
         // No allocation on the common path (a fault's pin of a few pages):
         // a failure rolls back the first `pinned` pages of the same walk,
         // and the pages the concurrent swap-in pinned ahead of the walk.
@@ -421,6 +439,8 @@ impl Inner {
         let Some(s) = segs.first() else {
             return Ok(AbsentWrite::Skipped);
         };
+        // Room first: never wait for the evictor while holding the page lock.
+        let _room = self.admit(self.absent_pages(&segs, p, p + 1));
         let w = s.arr.word(p);
         let v = w.load(Acquire);
         let kind = state::kind(v);
@@ -502,6 +522,7 @@ impl Inner {
     pub fn prefetch(&self, addr: usize, len: usize) -> Result<usize> {
         let (p0, p1) = page_range(addr, len)?;
         let segs = self.segments_for(p0, p1)?;
+        let _room = self.admit(self.absent_pages(&segs, p0, p1));
         let mut brought: Vec<(&PageArray, usize)> = Vec::new();
         let r = Self::with_bounce(|buf| -> Result<()> {
             let mut ahead = Vec::new();

@@ -124,6 +124,11 @@ impl Inner {
             })
             .collect();
         drop(sp);
+        let absent = found
+            .iter()
+            .filter(|(p, s)| state::kind(s.arr.word(*p).load(Relaxed)) == SWAPPED)
+            .count();
+        let _room = self.admit(absent);
         let mut out = Vec::new();
         let mut rest = found.iter();
         loop {

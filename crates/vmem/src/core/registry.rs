@@ -166,7 +166,8 @@ impl Inner {
         drop(sp);
         if !external {
             self.registered.fetch_add(new_pages, Relaxed);
-            self.resident.fetch_add(resident, Relaxed);
+            let r = self.resident.fetch_add(resident, Relaxed) + resident;
+            self.resident_high.fetch_max(r, Relaxed);
             if let Some(r) = &self.reserve {
                 r.kick();
             }
