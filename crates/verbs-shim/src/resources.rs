@@ -1148,10 +1148,12 @@ refuse_rc!(ibv_set_ece, "enhanced connection establishment (ECE)", false, (qp: *
 /// mappings (and so every MR) where they were — the situation of a kernel with
 /// copy-on-fork for pinned pages, where rdma-core's `ibv_fork_init` returns 0
 /// without doing anything, before or after registrations. (NP-RDMA mode: the
-/// parent's registrations stay valid; a child's copy of registered memory that the
-/// pager had swapped out at fork time reads as zeroes — the pager serves the
-/// registering process only — so a child must not rely on it, as with
-/// `MADV_DONTFORK`ed MRs under rdma-core's `ibv_fork_init`.)
+/// parent's registrations stay valid and its peers keep working; the child's copy
+/// of registered memory holds what the parent wrote, pages the pager had swapped
+/// out included — they are read from swap into the child's copy during fork(),
+/// while the parent's eviction pauses — as a kernel that copies pinned pages on
+/// fork gives it; the child cannot use the parent's verbs objects, as with
+/// rdma-core.)
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0

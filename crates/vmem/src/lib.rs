@@ -138,8 +138,10 @@
 //!   handing over the UNMAP event and the fault thread handling it, an
 //!   eviction already in flight for that address could move the new page
 //!   (UFFDIO_MOVE does not check the source mapping's registration).
-//! * A forked child does not inherit the registration: pages swapped out at
-//!   fork time read as zeroes in the child.
+//! * A forked child does not inherit the registration (its copy is plain
+//!   memory); it gets the parent's contents of every managed page all the
+//!   same: pages swapped out at fork time are read from swap into the child's
+//!   copy while the parent's evictor pauses (`fork.rs`).
 //!
 //! Needs userfaultfd with UFFDIO_MOVE (Linux ≥ 6.8) and either root/
 //! CAP_SYS_PTRACE or `vm.unprivileged_userfaultfd = 1`.
@@ -163,6 +165,7 @@ mod config;
 mod core;
 mod error;
 mod fault;
+mod fork;
 mod listener;
 mod mm;
 mod region;
@@ -304,6 +307,7 @@ impl Pager {
             EvictState::new(staging, cap),
             reserve,
         ));
+        fork::register(&inner);
         let mut threads = Vec::new();
         let stop = Arc::new(stop);
         let (i2, sfd) = (inner.clone(), stop.clone());

@@ -34,6 +34,17 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: rustix::mm::Advice) -> io
     Ok(())
 }
 
+/// Makes the present page at `addr` exclusive to this process again, as a
+/// write to it would (`MADV_POPULATE_WRITE`: a write fault without writing;
+/// after a fork the page is shared with the child, or marked possibly so,
+/// until then). Contents are unchanged. Fails (no signal) on a mapping that
+/// is not writable.
+pub fn unshare(addr: usize) -> io::Result<()> {
+    // SAFETY: POPULATE_WRITE changes no byte of the range (it faults pages in
+    // for writing); the caller names a page of its own mapping.
+    unsafe { madvise(addr, PAGE, rustix::mm::Advice::LinuxPopulateWrite) }
+}
+
 /// `mincore` over page-aligned `[addr, addr+len)`: one byte per page, bit 0 =
 /// resident. (A raw call: rustix does not offer mincore.)
 pub fn mincore(addr: usize, len: usize, out: &mut [u8]) -> io::Result<()> {

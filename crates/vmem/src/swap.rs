@@ -397,6 +397,13 @@ impl SwapDevice {
         crate::uring::read_at(&self.file, buf, Self::off(slot))
     }
 
+    /// One slot's read with a plain `pread` (no swap cache, no io_uring, no
+    /// I/O thread): for a forked child, which has none of them.
+    pub fn read_plain(&self, slot: Slot, buf: &mut [u8]) -> io::Result<()> {
+        self.check(buf.as_ptr(), buf.len())?;
+        self.file.read_exact_at(buf, Self::off(slot))
+    }
+
     /// [`Self::read`] of one page that also keeps it in the swap cache: the
     /// caller reads a swapped page without bringing it in, and its swap-in
     /// usually follows. The slot must stay allocated during the call.

@@ -402,6 +402,8 @@ impl Inner {
     fn move_run(&self, st: &EvictState, locked: &[Victim], i: usize, j: usize, out: &mut [Out]) {
         let mut k = i;
         let mut single = false;
+        // The page (index) made exclusive once already: a second refusal stands.
+        let mut unshared = usize::MAX;
         while k < j {
             let len = if single { 1 } else { j - k };
             let src = locked[k].1 << PAGE_SHIFT;
@@ -419,6 +421,18 @@ impl Inner {
                         // Retry the failing page alone (e.g. runs spanning VMAs).
                         single = true;
                         continue;
+                    }
+                    let busy_page = src + d * PAGE;
+                    if e.err.raw_os_error() == Some(libc::EBUSY) && unshared != k {
+                        // A page the kernel no longer holds exclusive to us: since a
+                        // fork() it is (or was) shared with the child, and only a write
+                        // fault makes it ours again (a copy, if the child still maps
+                        // it): one without writing, then move it again.
+                        unshared = k;
+                        if mm::unshare(busy_page).is_ok() {
+                            single = true;
+                            continue;
+                        }
                     }
                     out[k] = match e.err.raw_os_error() {
                         // No page there: the application dropped it (or unmapped it).

@@ -1,0 +1,52 @@
+//! fork() with managed memory: the child of a process whose pager swapped
+//! pages out reads the parent's contents (swapped-out pages from swap, resident
+//! ones as the kernel copies them, never-touched ones as zeroes), and the
+//! parent's pager goes on afterwards with its memory unchanged.
+
+mod common;
+use common::*;
+use vmem::{Pager, PAGE_SIZE as PG};
+
+#[test]
+fn a_forked_child_reads_what_the_parent_wrote_swapped_out_pages_included() {
+    with_timeout(60, || {
+        let p = Pager::new(small_cfg()).unwrap();
+        let mut r = p.alloc(64 * PG).unwrap();
+        let written = 40 * PG;
+        for (i, b) in r.as_mut_slice()[..written].iter_mut().enumerate() {
+            *b = pat(7, i);
+        }
+        // Pages 0..24 swapped out, 24..40 resident, 40..64 never touched.
+        assert_eq!(p.swap_out(r.addr(), 24 * PG).unwrap(), 24);
+        assert!(!p.is_resident(r.addr()) && p.is_resident(r.addr() + 30 * PG));
+        // SAFETY: the child only reads memory and calls _exit.
+        #[allow(unsafe_code)]
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let s = r.as_slice();
+            let bad = (0..64 * PG)
+                .filter(|&i| s[i] != if i < written { pat(7, i) } else { 0 })
+                .count();
+            // SAFETY: leaving the child without running the parent's destructors.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::_exit(if bad == 0 { 0 } else { 1 })
+            };
+        }
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        #[allow(unsafe_code)]
+        let w = unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert_eq!(w, pid);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the child read other bytes than the parent wrote (status {st:#x})"
+        );
+        // The parent's pager is not held by the fork: it still swaps and serves.
+        assert!(p.swap_out(r.addr() + 24 * PG, 8 * PG).unwrap() > 0);
+        let s = r.as_slice();
+        assert!((0..written).all(|i| s[i] == pat(7, i)));
+        assert!(s[written..].iter().all(|&b| b == 0));
+    });
+}
