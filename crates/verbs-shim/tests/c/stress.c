@@ -22,7 +22,8 @@
  *   STRESS_SEED         (default 1)
  *   STRESS_CLIENTS      client processes, each with its own threads and QPs, on
  *                       disjoint parts of the one MR (default 1)
- *   STRESS_SERVER_BUDGET_PAGES  NPRDMA_BUDGET_PAGES of the server (default 64)
+ *   STRESS_SERVER_BUDGET_PAGES  NPRDMA_BUDGET_PAGES of the server (default 64; 0:
+ *                       no budget)
  *   STRESS_MAX_RESIDENT the server fails if a sample of its MR's resident pages
  *                       exceeds this (default: not checked)
  *   STRESS_INIT_KB      the server's CPU writes a pattern over this much of the MR's
@@ -805,7 +806,10 @@ int main(int argc, char **argv)
 	snprintf(b, sizeof(b), "%ld", envl("STRESS_SERVER_BUDGET_PAGES", 64));
 	const char *own_budget = getenv("NPRDMA_BUDGET_PAGES");
 	char *keep = own_budget ? strdup(own_budget) : NULL;
-	setenv("NPRDMA_BUDGET_PAGES", b, 1);
+	if (envl("STRESS_SERVER_BUDGET_PAGES", 64) > 0)
+		setenv("NPRDMA_BUDGET_PAGES", b, 1);
+	else
+		unsetenv("NPRDMA_BUDGET_PAGES"); /* 0: no budget */
 	pid_t pids[1 + MAXC];
 	int skeep[2 * MAXC];
 	for (int c = 0; c < nclients; c++)
