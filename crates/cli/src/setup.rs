@@ -277,7 +277,10 @@ mod tests {
     fn zero_reserve_is_capped_by_the_budget() {
         assert_eq!(zero_reserve_pages(None, None).unwrap(), 8192);
         assert_eq!(zero_reserve_pages(None, Some(1 << 20)).unwrap(), 8192);
-        assert_eq!(zero_reserve_pages(None, Some(16 * 100)).unwrap(), 100);
+        assert_eq!(zero_reserve_pages(None, Some(16 * 1024)).unwrap(), 1024);
+        // Whole 2 MiB chunks: a budget under 32 MiB gets none.
+        assert_eq!(zero_reserve_pages(None, Some(16 * 1000)).unwrap(), 512);
+        assert_eq!(zero_reserve_pages(None, Some(16 * 100)).unwrap(), 0);
         assert_eq!(zero_reserve_pages(Some(" 0"), None).unwrap(), 0);
         assert_eq!(zero_reserve_pages(Some("4"), Some(1 << 20)).unwrap(), 1024);
         assert!(zero_reserve_pages(Some("x"), None).is_err());

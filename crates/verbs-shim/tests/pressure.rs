@@ -249,13 +249,15 @@ fn stress_np_each_pager_feature() {
                 .map(|(_, kv)| *kv),
         );
         if i == 0 {
-            // The reserve fills only runs of 32+ never-touched pages: large WRITEs.
-            env.push(("NPRDMA_ZERO_RESERVE_MB", "1"));
+            // The reserve fills only runs of 32+ never-touched pages (large
+            // WRITEs), in whole 2 MiB chunks of at most a sixteenth of the
+            // budget: 32 MiB of budget, a 64 MiB hot part to swap from.
+            env.extend([("NPRDMA_ZERO_RESERVE_MB", "2"), ("STRESS_HOT_KB", "65536")]);
         }
         stress(Run {
             name: &format!("nprdma, {feature} alone"),
             env,
-            budget: if i == 0 { 1024 } else { BUDGET },
+            budget: if i == 0 { 8192 } else { BUDGET },
             min_ops: 12_000,
             min_swap_outs: 1_000,
         });

@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Pages of one chunk of the zero reserve (2 MiB: a transparent huge page).
+pub(crate) const RESERVE_CHUNK: usize = 512;
+
 /// How a [`crate::Pager`] is set up. `Default` gives a 1 GiB unlinked temp swap
 /// file read and written with O_DIRECT (like Linux swap: a major fault reads
 /// the device, not the page cache), 15 swap I/O threads for concurrent
@@ -78,10 +81,13 @@ pub struct PagerConfig {
 impl PagerConfig {
     /// A zero reserve of `mib` MiB in pages (`zero_reserve`), at most a
     /// sixteenth of `budget_pages`: a pager that keeps little resident
-    /// should not hold much of it zeroed in reserve.
+    /// should not hold much of it zeroed in reserve. Under a budget the
+    /// reserve is whole 2 MiB chunks (its unit, which a smaller reserve is
+    /// rounded up to), so a budget under 32 MiB gets none: the reserve's
+    /// memory never exceeds the sixteenth.
     pub fn zero_reserve_pages(mib: usize, budget_pages: Option<usize>) -> usize {
         let pages = mib.saturating_mul((1 << 20) / crate::PAGE_SIZE);
-        budget_pages.map_or(pages, |b| pages.min(b / 16))
+        budget_pages.map_or(pages, |b| pages.min(b / 16) / RESERVE_CHUNK * RESERVE_CHUNK)
     }
 }
 

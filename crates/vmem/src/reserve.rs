@@ -26,7 +26,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// Pages per chunk (2 MiB).
-pub const CHUNK: usize = 512;
+pub const CHUNK: usize = crate::config::RESERVE_CHUNK;
 /// Shortest run worth moving (below it a `UFFDIO_COPY` of zeroes is cheaper).
 pub const MIN_MOVE: usize = 32;
 /// Pages populated per `madvise` call (256 KiB).
