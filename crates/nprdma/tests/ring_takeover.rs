@@ -50,8 +50,12 @@ fn a_blocked_polling_thread_takes_the_rings_back_from_the_nic_thread() {
             read(1000 * (round + 1) + i);
         }
         let sleeps = b.host.stats().nic_sleeps - before;
+        // Without the takeover the NIC thread sleeps once per READ (301 for 300
+        // with `ring_takeover: false`); with it 0–79 were seen on the 2-core VM,
+        // the high ones while the machine was loaded (n / 10 failed 5 of 20 runs
+        // there on main before this bound): a third separates the two.
         assert!(
-            sleeps <= n / 10,
+            sleeps <= n / 3,
             "round {round}: the target's NIC thread slept {sleeps} times serving {n} READs"
         );
     }

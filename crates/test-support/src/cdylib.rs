@@ -11,24 +11,9 @@ use std::sync::OnceLock;
 /// binary when cargo runs it; why not otherwise.
 pub fn libnprdma() -> Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    // target/<profile>/deps/<test> -> target/<profile>
     BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().map_err(|e| format!("test exe path: {e}"))?;
-            // target/<profile>/deps/<test> -> target/<profile>/libnprdma.so
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .ok_or("no target dir")?;
-            build(dir)?;
-            let p = dir.join("libnprdma.so");
-            if !p.exists() {
-                return Err(format!(
-                    "{} not found (build it with `cargo build -p verbs-shim`, same profile and target dir)",
-                    p.display()
-                ));
-            }
-            Ok(p)
-        })
+        .get_or_init(|| built_in(|profile| Some(profile.to_path_buf())))
         .clone()
 }
 
@@ -38,22 +23,28 @@ pub fn libnprdma() -> Result<PathBuf, String> {
 pub fn libnprdma_release() -> Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().map_err(|e| format!("test exe path: {e}"))?;
-            // target/<profile>/deps/<test> -> target/release
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .and_then(Path::parent)
-                .ok_or("no target dir")?
-                .join("release");
-            build(&dir)?;
-            let p = dir.join("libnprdma.so");
-            p.exists().then_some(p).ok_or_else(|| {
-                "target/release/libnprdma.so not found (cargo build --release -p verbs-shim)".into()
-            })
-        })
+        .get_or_init(|| built_in(|profile| Some(profile.parent()?.join("release"))))
         .clone()
+}
+
+/// The library built into the profile directory `dir` names (given this test
+/// binary's own profile directory).
+fn built_in(dir: impl Fn(&Path) -> Option<PathBuf>) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("test exe path: {e}"))?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(dir)
+        .ok_or("no target dir")?;
+    build(&dir)?;
+    let p = dir.join("libnprdma.so");
+    if !p.exists() {
+        return Err(format!(
+            "{} not found (build it with `cargo build -p verbs-shim`, that profile and target dir)",
+            p.display()
+        ));
+    }
+    Ok(p)
 }
 
 /// `cargo build` verbs-shim's library into `profile_dir` (nothing to do when not

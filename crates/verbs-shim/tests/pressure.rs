@@ -294,13 +294,14 @@ fn stress_np_each_pager_feature() {
 /// that read its registered memory while the clients run.
 #[test]
 fn stress_np_two_clients_and_forked_readers() {
+    let every = std::env::var("NPRDMA_PRESSURE_FORK_EVERY").unwrap_or_else(|_| "2000".into());
     stress(Run {
         name: "nprdma, two clients, forked readers",
         env: vec![
             ("NPRDMA_MODE", "nprdma"),
             ("NPRDMA_SWAP_BUFFERED", "1"),
             ("STRESS_CLIENTS", "2"),
-            ("STRESS_SERVER_FORK_EVERY", "2000"),
+            ("STRESS_SERVER_FORK_EVERY", every.as_str()),
             ("STRESS_OPS", "10000"),
         ],
         budget: 256,

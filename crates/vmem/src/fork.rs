@@ -6,17 +6,18 @@
 //!
 //! How: `pthread_atfork` handlers, registered with the first pager. Before
 //! the fork (`prepare`) every live pager's evictor is held between batches
-//! (its lock) and its address space read-locked, so no swap slot is
-//! rewritten and no registration changes. Right after the fork, the child
-//! (`child`) reads the slot of every swapped-out page its copy lacks into
-//! that copy (plain `pread`; the child has none of the parent's threads),
-//! then lets the parent go on (`parent` waits for that on a pipe the child
-//! closes, or for the child's death). The parent's peers keep working
-//! meanwhile: only its eviction pauses, for about one swap read per
-//! swapped-out page. Never-touched pages read as zeroes in the child, which
-//! is what they hold. Not covered: a page whose write the pager announced
-//! but had not filled yet at the fork (`Pager::write_absent_then`) shows its
-//! old contents in the child.
+//! (its lock) and its address space read-locked, so the child's copy of the
+//! pager's state is consistent, and the swap device keeps every slot
+//! allocated at that moment from reuse until the child is done
+//! (`SwapDevice::hold_for_child`: slots freed meanwhile are released later).
+//! Right after the fork the parent lets both go and goes on at once: its
+//! evictor and peers keep working. The child (`child`) reads the slot of
+//! every swapped-out page its copy lacks into that copy (plain `pread`; the
+//! child has none of the parent's threads), then closes its end of a pipe,
+//! which tells the parent's swap device that it is done (or its death does).
+//! Never-touched pages read as zeroes in the child, which is what they hold.
+//! Not covered: a page whose write the pager announced but had not filled
+//! yet at the fork (`Pager::write_absent_then`) shows its old contents there.
 
 use crate::core::Inner;
 use crate::mm::{self, PageBuf, PAGE, PAGE_SHIFT};
@@ -31,9 +32,9 @@ static PAGERS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 /// What `prepare` holds for `parent` / `child` (same thread: the one forking).
 struct Held {
     pagers: Vec<Arc<Inner>>,
-    /// The child closes its copy of `tx` once its pages are in.
-    rx: OwnedFd,
-    tx: Option<OwnedFd>,
+    /// The child closes its copy once its pages are in (the read ends are
+    /// with the pagers' swap devices).
+    _tx: OwnedFd,
 }
 
 thread_local! {
@@ -66,7 +67,8 @@ extern "C" fn prepare() {
         .iter()
         .filter_map(Weak::upgrade)
         .collect();
-    let Ok((rx, tx)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) else {
+    let flags = rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK;
+    let Ok((rx, tx)) = rustix::pipe::pipe_with(flags) else {
         tracing::error!("fork: no pipe; a child may read swapped-out pages as zeroes");
         return;
     };
@@ -74,14 +76,12 @@ extern "C" fn prepare() {
         // Held across the fork, released by `parent` and `child` (force_unlock).
         std::mem::forget(i.evict.lock());
         std::mem::forget(i.space.read());
+        match rx.try_clone() {
+            Ok(r) => i.swap.hold_for_child(r),
+            Err(e) => tracing::error!(%e, "fork: a child may read reused swap slots"),
+        }
     }
-    HELD.with(|h| {
-        *h.borrow_mut() = Some(Held {
-            pagers,
-            rx,
-            tx: Some(tx),
-        })
-    });
+    HELD.with(|h| *h.borrow_mut() = Some(Held { pagers, _tx: tx }));
 }
 
 /// Releases what `prepare` took.
@@ -97,15 +97,13 @@ fn release(pagers: &[Arc<Inner>]) {
 }
 
 extern "C" fn parent() {
-    let Some(mut h) = HELD.with(|h| h.borrow_mut().take()) else {
+    let Some(h) = HELD.with(|h| h.borrow_mut().take()) else {
         return;
     };
-    // Our copy of the write end goes; the read returns once the child closed
-    // its copy (its pages are in) or died — at once if fork failed.
-    drop(h.tx.take());
-    let mut b = [0u8; 1];
-    while let Err(rustix::io::Errno::INTR) = rustix::io::read(&h.rx, &mut b) {}
+    // Our copy of the write end goes: the child's is the last (none if fork
+    // failed, and the slots are free to go at the next look).
     release(&h.pagers);
+    drop(h);
 }
 
 extern "C" fn child() {

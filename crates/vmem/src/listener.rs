@@ -9,7 +9,9 @@ use std::sync::Arc;
 ///
 /// `before_swap_out` runs synchronously on the evicting thread *before* the
 /// pages' contents leave memory; eviction of those pages proceeds only after it
-/// returns. The pager holds no lock that the fault path, `pin`, `unpin`,
+/// returns. The evicting thread is the evictor, or a thread that brings pages
+/// in under the budget and makes room first (a `pin`, `prefetch` or swap-in
+/// caller: direct reclaim; never the fault thread). The pager holds no lock that the fault path, `pin`, `unpin`,
 /// `is_resident`, `resident`, `prefetch` or registration need while calling it,
 /// so a listener may take its own locks and may call those. It must not call
 /// `swap_out` (eviction is serialised; that would self-deadlock) and must not

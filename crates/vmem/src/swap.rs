@@ -128,6 +128,18 @@ pub struct SwapDevice {
     cache_hits: AtomicU64,
     /// Fault injection (`Pager::inject_swap_write_failures`): fail every write.
     pub fail_writes: std::sync::atomic::AtomicBool,
+    /// Forked children still reading slots (see [`SwapDevice::hold_for_child`]).
+    held: std::sync::atomic::AtomicBool,
+    hold: Mutex<ForkHold>,
+}
+
+/// Slots kept from reuse while forked children read them: the read ends of
+/// their pipes (readable — at EOF — once a child is done) and the slots freed
+/// meanwhile, released when every child is done.
+#[derive(Default)]
+struct ForkHold {
+    children: Vec<std::os::fd::OwnedFd>,
+    freed: Vec<Slot>,
 }
 
 /// Pages kept by the swap cache.
@@ -301,6 +313,8 @@ impl SwapDevice {
             cached: AtomicUsize::new(0),
             cache_hits: AtomicU64::new(0),
             fail_writes: std::sync::atomic::AtomicBool::new(false),
+            held: std::sync::atomic::AtomicBool::new(false),
+            hold: Mutex::new(ForkHold::default()),
         })
     }
 
@@ -325,6 +339,7 @@ impl SwapDevice {
 
     /// Allocates `n` slots (next-fit, so mostly consecutive), all or nothing.
     pub fn alloc(&self, n: usize, out: &mut Vec<Slot>) -> Result<()> {
+        self.settle_hold();
         let mut a = self.alloc.lock();
         if a.free < n {
             return Err(Error::SwapFull(self.slots));
@@ -337,6 +352,48 @@ impl SwapDevice {
     }
 
     pub fn free(&self, slot: Slot) {
+        if self.held.load(Ordering::Acquire) && self.settle_hold() {
+            let mut h = self.hold.lock();
+            if !h.children.is_empty() {
+                // A forked child may still read it: not reused until it is done.
+                h.freed.push(slot);
+                return;
+            }
+        }
+        self.release_slot(slot);
+    }
+
+    /// Keep every slot allocated now from reuse until `child` (the read end
+    /// of a pipe the forked child closes once it read what it needs) is at
+    /// EOF: slots freed meanwhile are released then.
+    pub fn hold_for_child(&self, child: std::os::fd::OwnedFd) {
+        self.hold.lock().children.push(child);
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Forgets the children that are done (their pipe at EOF or broken) and,
+    /// with none left, releases the slots kept for them. Whether any is left.
+    fn settle_hold(&self) -> bool {
+        if !self.held.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut h = self.hold.lock();
+        let mut b = [0u8; 1];
+        h.children
+            .retain(|fd| matches!(rustix::io::read(fd, &mut b), Err(rustix::io::Errno::AGAIN)));
+        if !h.children.is_empty() {
+            return true;
+        }
+        self.held.store(false, Ordering::Release);
+        let freed = std::mem::take(&mut h.freed);
+        drop(h);
+        for s in freed {
+            self.release_slot(s);
+        }
+        false
+    }
+
+    fn release_slot(&self, slot: Slot) {
         // Drop a cached copy before the slot can be handed out again.
         if self.cached.load(Ordering::Acquire) > 0 {
             let mut c = self.cache.lock();

@@ -347,10 +347,14 @@ pub fn host_config_from_env() -> Result<rnic::HostConfig> {
 static DEVICE: OnceLock<std::result::Result<Arc<dyn Device>, ShimError>> = OnceLock::new();
 
 /// `atexit` handler of `NPRDMA_STATS=1`: one `nprdma-stats: key=value ...` line on
-/// stderr (not every application closes its device before exiting).
+/// stderr (not every application closes its device before exiting), written with
+/// one `write` so that the lines of processes sharing the stream (a server and
+/// its clients, a program and its children) never interleave.
 extern "C" fn print_stats() {
     if let Some(Ok(d)) = DEVICE.get() {
-        eprintln!("nprdma-stats: {}", d.stats());
+        use std::io::Write;
+        let line = format!("nprdma-stats: {}\n", d.stats());
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 }
 

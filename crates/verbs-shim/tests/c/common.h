@@ -121,7 +121,8 @@ static inline int to_init(struct ibv_qp *qp, int access)
 				     IBV_QP_ACCESS_FLAGS);
 }
 
-static inline int to_rtr(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn)
+/* RTR with `rd` incoming RDMA READs / atomics in flight. */
+static inline int to_rtr_rd(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn, int rd)
 {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -129,7 +130,7 @@ static inline int to_rtr(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn)
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = dqpn;
 	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
+	a.max_dest_rd_atomic = rd;
 	a.min_rnr_timer = 1;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.grh.dgid = gid;
@@ -142,7 +143,13 @@ static inline int to_rtr(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn)
 				     IBV_QP_MIN_RNR_TIMER);
 }
 
-static inline int to_rts(struct ibv_qp *qp, int timeout, int retry, int rnr)
+static inline int to_rtr(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn)
+{
+	return to_rtr_rd(qp, gid, dqpn, 1);
+}
+
+/* RTS with `rd` outgoing RDMA READs / atomics in flight. */
+static inline int to_rts_rd(struct ibv_qp *qp, int timeout, int retry, int rnr, int rd)
 {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -151,11 +158,16 @@ static inline int to_rts(struct ibv_qp *qp, int timeout, int retry, int rnr)
 	a.retry_cnt = retry;
 	a.rnr_retry = rnr;
 	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
+	a.max_rd_atomic = rd;
 	return ibv_modify_qp(qp, &a,
 			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 				     IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static inline int to_rts(struct ibv_qp *qp, int timeout, int retry, int rnr)
+{
+	return to_rts_rd(qp, timeout, retry, rnr, 1);
 }
 
 #define ALL_ACCESS                                                                 \
@@ -248,6 +260,25 @@ static inline int qp_state(struct ibv_qp *qp)
 	struct ibv_qp_init_attr i;
 	CHECK_EQ(ibv_query_qp(qp, &a, IBV_QP_STATE, &i), 0);
 	return a.qp_state;
+}
+
+/* All of `n` bytes to / from a pipe or socket (exits if the peer is gone). */
+static inline void xwrite(int fd, const void *p, size_t n)
+{
+	CHECK_EQ(write(fd, p, n), (long long)n);
+}
+
+static inline void xread(int fd, void *p, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = read(fd, (char *)p + got, n - got);
+		if (r <= 0) {
+			fprintf(stderr, "peer closed the connection (%zd)\n", r);
+			exit(1);
+		}
+		got += r;
+	}
 }
 
 static inline void *xalloc(size_t n)

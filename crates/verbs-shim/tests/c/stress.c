@@ -59,24 +59,6 @@ static long envl(const char *k, long d)
 	return v && *v ? strtol(v, NULL, 0) : d;
 }
 
-static void xwrite(int fd, const void *p, size_t n)
-{
-	CHECK_EQ(write(fd, p, n), (long long)n);
-}
-
-static void xread(int fd, void *p, size_t n)
-{
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)p + got, n - got);
-		if (r <= 0) {
-			fprintf(stderr, "stress: peer closed the pipe (%zd)\n", r);
-			exit(1);
-		}
-		got += r;
-	}
-}
-
 struct srv_info {
 	union ibv_gid gid;
 	uint32_t qpn[MAXQ];
@@ -100,34 +82,9 @@ static int rd_atom(struct ibv_context *ctx)
 
 static void connect_rc(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn, int atom)
 {
-	struct ibv_qp_attr a;
 	CHECK_EQ(to_init(qp, ALL_ACCESS), 0);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dqpn;
-	a.max_dest_rd_atomic = atom;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	CHECK_EQ(ibv_modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				       IBV_QP_MIN_RNR_TIMER),
-		 0);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = atom;
-	CHECK_EQ(ibv_modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				       IBV_QP_MAX_QP_RD_ATOMIC),
-		 0);
+	CHECK_EQ(to_rtr_rd(qp, gid, dqpn, atom), 0);
+	CHECK_EQ(to_rts_rd(qp, 14, 7, 7, atom), 0);
 }
 
 /* ---------------------------------------------------------------- server */
@@ -172,6 +129,7 @@ static void *sampler(void *arg)
 }
 
 static long cpu_reads, cpu_writes, cpu_bad, forks, fork_every;
+static double fork_max; /* the longest fork() in the server, seconds */
 
 /* The server's own CPU on registered memory while peers work on it: reads of random
  * pages anywhere (they change nothing), and writes of its last MiB, checked. */
@@ -204,8 +162,11 @@ static void *cpu_user(void *arg)
 		if (fork_every && cpu_reads % fork_every == 0) {
 			/* A child that reads the registered memory (what the parent wrote
 			 * there, swapped-out pages included), then exits. */
+			double f0 = now_s();
 			pid_t c = fork();
 			CHECK(c >= 0);
+			if (c > 0 && now_s() - f0 > fork_max)
+				fork_max = now_s() - f0;
 			if (c == 0) {
 				int bad = 0;
 				for (size_t q = own0; q < pages; q++) {
@@ -303,8 +264,9 @@ static int server(int nc, int *rfd, int *wfd)
 	CHECK_EQ(ibv_close_device(e.ctx), 0);
 	printf("stress server: %ld samples of the MR's resident pages (mincore): max %ld, "
 	       "bound %ld, over it %ld; CPU: %ld page reads, %ld own-page writes, %ld "
-	       "differ\n",
-	       srv_samples, srv_max, srv_bound, srv_over, cpu_reads, cpu_writes, cpu_bad);
+	       "differ; %ld forks, the longest %.1f ms\n",
+	       srv_samples, srv_max, srv_bound, srv_over, cpu_reads, cpu_writes, cpu_bad, forks,
+	       fork_max * 1e3);
 	fflush(stdout);
 	long bad = srv_over + cpu_bad;
 	for (int i = 0; i < nc; i++)

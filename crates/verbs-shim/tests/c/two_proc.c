@@ -13,21 +13,6 @@ struct info {
 	uint64_t addr;
 };
 
-static void xwrite(int fd, const void *p, size_t n)
-{
-	CHECK_EQ(write(fd, p, n), (long long)n);
-}
-
-static void xread(int fd, void *p, size_t n)
-{
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)p + got, n - got);
-		CHECK(r > 0);
-		got += r;
-	}
-}
-
 #define SZ 65536
 
 int main(void)

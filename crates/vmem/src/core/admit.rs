@@ -10,15 +10,22 @@
 //! admission waits only while something can be evicted: when the evictor
 //! finds every resident page pinned or busy it says so (a new `stuck`
 //! generation) and waiters proceed — memory the holders of pins keep
-//! resident is theirs to bound. A wait longer than [`ADMIT_WAIT`] also
-//! proceeds (counted in `budget_overruns`): a stalled evictor never stalls
-//! the process. So at every moment
+//! resident is theirs to bound. A thread other than the pager's fault
+//! thread does not wait for the evictor thread: it evicts for itself (direct
+//! reclaim, Linux's answer to an evictor that does not get a core on a busy
+//! machine), under the evictor's own lock and rules. No admission lasts
+//! longer than [`ADMIT_WAIT`] (then it proceeds, counted in
+//! `budget_overruns`): a stalled eviction — a flush waiting for DMA —
+//! never stalls the process.
+//! So at every moment
 //! `resident <= budget + slack`, or every page above that is pinned (or in
 //! flight to the evictor), or an overrun was counted.
 //!
-//! Who must not wait here (and does not call it): the evictor and every
-//! listener callback (they run on the evicting thread), and a thread
-//! holding a page's BUSY bit (the evictor may wait for it).
+//! Who must not call it: the evictor and every listener callback (they run
+//! on an evicting thread), a thread holding a page's BUSY bit (eviction may
+//! wait for it), and — since it may evict, running the listeners — a thread
+//! inside a DMA section or holding a lock a listener takes (the rules of
+//! `SwapListener::before_swap_out`).
 
 use super::Inner;
 use std::sync::atomic::Ordering::*;
@@ -69,12 +76,16 @@ impl Inner {
     }
 
     /// Admits `n` pages about to be brought in: returns at once while they
-    /// fit under the limit; otherwise kicks the evictor and waits until they
-    /// fit, the evictor reports nothing evictable, or [`ADMIT_WAIT`] passed.
+    /// fit under the limit; otherwise makes room itself (direct reclaim, as
+    /// Linux does, so room does not depend on the evictor thread getting a
+    /// core: on the pager's fault thread, which may not run listeners,
+    /// it waits for the evictor instead), until they fit, nothing is
+    /// evictable, or [`ADMIT_WAIT`] passed.
     pub fn admit(&self, n: usize) -> Admit<'_> {
         if n == 0 || self.admit_limit().is_none() {
             return Admit { inner: None, n: 0 };
         }
+        let direct = !super::IS_HANDLER.with(std::cell::Cell::get);
         let mut waited: Option<(Instant, u64)> = None;
         loop {
             let Some(limit) = self.admit_limit() else {
@@ -102,10 +113,29 @@ impl Inner {
                 self.stats.c.budget_waits.fetch_add(1, Relaxed);
                 (Instant::now(), self.evict_stuck.load(Acquire))
             });
-            let stuck = self.evict_stuck.load(Acquire) != stuck0;
+            let mut stuck = self.evict_stuck.load(Acquire) != stuck0;
+            if direct && !stuck {
+                // Evict what it takes to fit (and the evictor's hysteresis).
+                let want =
+                    (r + a + n).saturating_sub(limit) + self.slack(self.budget.load(Relaxed)) / 2;
+                match self.reclaim(want.max(1)) {
+                    Ok(0) | Err(_) => stuck = true,
+                    Ok(_) => continue,
+                }
+            }
             if stuck || since.elapsed() >= ADMIT_WAIT {
                 if !stuck {
-                    self.stats.c.budget_overruns.fetch_add(1, Relaxed);
+                    let k = self.stats.c.budget_overruns.fetch_add(1, Relaxed) + 1;
+                    if k.is_power_of_two() {
+                        tracing::warn!(
+                            resident = self.resident.load(Relaxed),
+                            admitted = self.admitted.load(Relaxed),
+                            n,
+                            limit,
+                            overruns = k,
+                            "a page-in waited the longest for the evictor (logged at each power of two)"
+                        );
+                    }
                 }
                 self.admitted.fetch_add(n, AcqRel);
                 return Admit {

@@ -1,8 +1,8 @@
 //! The pager core: shared state (`Inner`, the evictor's `EvictState`), segment
 //! lookup, residency queries and the evictor kick. The transitions are further
 //! `impl Inner` blocks in the files of this folder, each importing this file and
-//! nothing above it: `admit` (making room under the budget before a page-in),
-//! `pagein` (bringing one page in), `pagein_run` and
+//! nothing above it: `admit` (making room under the budget before a page-in;
+//! it may run `evict`'s reclaim), `pagein` (bringing one page in), `pagein_run` and
 //! `pagein_batch` (runs of pages, concurrent swap reads), `registry` (register /
 //! unregister, application unmaps), `evict` (victims, listeners, move-out,
 //! write-out, the evictor thread) and `external` (application-managed regions).
@@ -113,6 +113,7 @@ pub struct Inner {
     /// Bumped each time the evictor finds nothing it can evict while over
     /// the budget (everything pinned or busy): waiting admissions proceed.
     pub evict_stuck: AtomicU64,
+
     pub registered: AtomicUsize,
     pub evict: Mutex<EvictState>,
     pub kick: Mutex<bool>,
@@ -237,6 +238,7 @@ impl Inner {
             room_lock: Mutex::new(()),
             room_cv: Condvar::new(),
             evict_stuck: AtomicU64::new(0),
+
             registered: AtomicUsize::new(0),
             evict: Mutex::new(evict),
             kick: Mutex::new(false),
