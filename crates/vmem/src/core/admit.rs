@@ -1,8 +1,8 @@
 //! Budget admission: a thread about to bring pages in first makes room for
-//! them, waiting (bounded) for the evictor while the pages resident and
-//! being brought in would exceed the budget plus its slack, so resident
-//! memory stays within a stated bound under any traffic instead of running
-//! ahead of the evictor.
+//! them — evicting for itself, or on the fault thread waiting (bounded) for
+//! the evictor — while the pages resident and being brought in would exceed
+//! the budget plus its slack, so resident memory stays within a stated bound
+//! under any traffic instead of running ahead of the evictor.
 //!
 //! The bound. Pages a thread is admitted for count against the limit from
 //! admission until its [`Admit`] drops (after the pages were published
@@ -13,10 +13,12 @@
 //! resident is theirs to bound. A thread other than the pager's fault
 //! thread does not wait for the evictor thread: it evicts for itself (direct
 //! reclaim, Linux's answer to an evictor that does not get a core on a busy
-//! machine), under the evictor's own lock and rules. No admission lasts
-//! longer than [`ADMIT_WAIT`] (then it proceeds, counted in
-//! `budget_overruns`): a stalled eviction — a flush waiting for DMA —
-//! never stalls the process.
+//! machine), under the evictor's own lock and rules. No admission waits
+//! for room longer than [`ADMIT_WAIT`] (then it proceeds, counted in
+//! `budget_overruns`); an eviction it runs itself takes what the eviction
+//! takes — at worst an IOMMU flush waiting for DMA sections until its
+//! timeout, which then keeps the pages resident (`evict_vetoes`) and is
+//! reported (`flush_stalls`).
 //! So at every moment
 //! `resident <= budget + slack`, or every page above that is pinned (or in
 //! flight to the evictor), or an overrun was counted.
