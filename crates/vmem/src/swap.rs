@@ -339,7 +339,9 @@ impl SwapDevice {
 
     /// Allocates `n` slots (next-fit, so mostly consecutive), all or nothing.
     pub fn alloc(&self, n: usize, out: &mut Vec<Slot>) -> Result<()> {
-        self.settle_hold();
+        if self.held.load(Ordering::Acquire) {
+            self.settle_hold(&mut self.hold.lock());
+        }
         let mut a = self.alloc.lock();
         if a.free < n {
             return Err(Error::SwapFull(self.slots));
@@ -352,9 +354,9 @@ impl SwapDevice {
     }
 
     pub fn free(&self, slot: Slot) {
-        if self.held.load(Ordering::Acquire) && self.settle_hold() {
+        if self.held.load(Ordering::Acquire) {
             let mut h = self.hold.lock();
-            if !h.children.is_empty() {
+            if self.settle_hold(&mut h) {
                 // A forked child may still read it: not reused until it is done.
                 h.freed.push(slot);
                 return;
@@ -372,12 +374,10 @@ impl SwapDevice {
     }
 
     /// Forgets the children that are done (their pipe at EOF or broken) and,
-    /// with none left, releases the slots kept for them. Whether any is left.
-    fn settle_hold(&self) -> bool {
-        if !self.held.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut h = self.hold.lock();
+    /// with none left, releases the slots kept for them (`h` is the hold,
+    /// locked; releasing takes only the allocator's and the cache's locks).
+    /// Whether any child is left.
+    fn settle_hold(&self, h: &mut ForkHold) -> bool {
         let mut b = [0u8; 1];
         h.children
             .retain(|fd| matches!(rustix::io::read(fd, &mut b), Err(rustix::io::Errno::AGAIN)));
@@ -385,9 +385,7 @@ impl SwapDevice {
             return true;
         }
         self.held.store(false, Ordering::Release);
-        let freed = std::mem::take(&mut h.freed);
-        drop(h);
-        for s in freed {
+        for s in std::mem::take(&mut h.freed) {
             self.release_slot(s);
         }
         false

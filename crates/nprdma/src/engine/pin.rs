@@ -98,8 +98,11 @@ pub(super) fn pin_for_peer<N: Backend>(
         }
     })?;
     mark(Step::TPinned);
-    let n = PINNED.fetch_add(pages_of(addr, len), Ordering::Relaxed) + pages_of(addr, len);
-    PINNED_HIGH.fetch_max(n, Ordering::Relaxed);
+    let k = pages_of(addr, len);
+    PINNED_HIGH.fetch_max(
+        PINNED.fetch_add(k, Ordering::Relaxed) + k,
+        Ordering::Relaxed,
+    );
     let g = EnginePin {
         shadow: mr.shadow.clone(),
         addr,
