@@ -323,6 +323,25 @@ pub fn guard_rc(verb: &str, f: impl FnOnce() -> Result<(), ShimError>) -> i32 {
     }
 }
 
+static LIVE_QPS: std::sync::LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// A QP was handed out at `p`.
+pub fn qp_born(p: *mut ibv_qp) {
+    LIVE_QPS.lock().insert(p as usize);
+}
+
+/// The QP at `p` was destroyed.
+pub fn qp_gone(p: *mut ibv_qp) {
+    LIVE_QPS.lock().remove(&(p as usize));
+}
+
+/// Whether `p` is a QP not yet destroyed (the CM's check before it moves an id's QP,
+/// which the application may have destroyed with `ibv_destroy_qp` behind its back).
+pub fn qp_live(p: *mut ibv_qp) -> bool {
+    !p.is_null() && LIVE_QPS.lock().contains(&(p as usize))
+}
+
 /// A zero-initialised bindgen C struct.
 ///
 /// # Safety

@@ -776,14 +776,16 @@ pub(crate) unsafe fn create_qp_common(
     if let Some(s) = srq {
         s.users.fetch_add(1, Ordering::AcqRel);
     }
-    Ok(Box::into_raw(Box::new(ShimQp {
+    let qp = Box::into_raw(Box::new(ShimQp {
         qp: q,
         inner,
         ex: send_ops.is_some(),
         batch: Mutex::new(Default::default()),
         pd_use: p.take_use(),
         async_events: Default::default(),
-    })) as *mut ibv_qp)
+    }));
+    crate::objects::qp_born(qp.cast());
+    Ok(qp as *mut ibv_qp)
 }
 
 /// # Safety
@@ -915,6 +917,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             )
         };
         let srq = q.qp.qp_base.srq;
+        crate::objects::qp_gone(qp);
         // SAFETY: allocated by ibv_create_qp; dropping releases the PD's use.
         drop(unsafe { Box::from_raw(qp as *mut ShimQp) });
         if !srq.is_null() {

@@ -26,6 +26,26 @@ mod gen {
 }
 pub use gen::*;
 
+/// librdmacm's C ABI types (`rdma/rdma_cma.h`: `rdma_cm_id`, `rdma_cm_event`,
+/// `rdma_addrinfo`, the socket addresses they embed), generated the same way
+/// (see `rdmacm_gen.rs`'s header), over this crate's libibverbs types.
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    unnecessary_transmutes,
+    unsafe_op_in_unsafe_fn,
+    missing_docs,
+    clippy::undocumented_unsafe_blocks
+)]
+pub mod rdmacm {
+    use super::gen::*;
+    include!("rdmacm_gen.rs");
+}
+
 /// `enum ibv_gid_type_sysfs` (rdma-core's private driver.h): IB / RoCE v1.
 pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 /// `enum ibv_gid_type_sysfs` (rdma-core's private driver.h): RoCE v2.

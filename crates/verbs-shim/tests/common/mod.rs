@@ -294,6 +294,12 @@ pub fn compile(name: &str) -> Option<PathBuf> {
         .arg(&exe)
         .arg(&src)
         .args(["-libverbs", "-lpthread"])
+        // The rdma_cm programs (`cm_*.c`) link librdmacm as applications do.
+        .args(if name.starts_with("cm_") {
+            &["-lrdmacm"][..]
+        } else {
+            &[][..]
+        })
         .output()
         .unwrap_or_else(|e| panic!("run {cc}: {e}"));
     assert!(
