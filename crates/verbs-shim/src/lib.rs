@@ -20,6 +20,8 @@
 //! * Classic `ibv_post_send` path and the `ibv_qp_ex` builder (`ibv_create_qp_ex` with
 //!   `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, `ibv_wr_start` .. `ibv_wr_complete`).
 //! * Completion channels (`ibv_get_cq_event`, blocking or O_NONBLOCK), `ibv_ack_cq_events`.
+//! * librdmacm's API (`rdma_cm`: rping, perftest `-R`, rdmacm-utils, libfabric's verbs
+//!   MSG endpoints; both modes; see `rdmacm`).
 //! * Extended CQs (`ibv_create_cq_ex`, IBV_WC_STANDARD_FLAGS, `ibv_start_poll` ..
 //!   `ibv_end_poll`, `ibv_wc_read_*`; see `cq_ex`).
 //! * `cmd_fd` is a real (private memfd) fd; `ibv_fork_init` succeeds and
@@ -53,7 +55,7 @@
 //!   up to twice the created size or 64 entries, ENOMEM beyond).
 //! * Unsupported verbs/options (UD/AH in NP-RDMA mode, multicast, MW, ECE, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
-//!   alternate paths, rdma_cm) print `libnprdma: <verb>: …` on stderr and return the
+//!   alternate paths, rdma_cm multicast and ECE) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).
 //!
 //! ## Environment
@@ -161,7 +163,8 @@
 //! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode, `np_verbs`: its libibverbs device), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
 //! `ah` (address handles), `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
-//! `rdmacm` (rdma_cm refusal).
+//! `rdmacm` (librdmacm's API: event channels, ids, connect/accept/disconnect over a
+//! CM of our own, one TCP stream per connection on the rdma_cm port; see its module doc).
 
 #[cfg(test)]
 mod abi_tests;
