@@ -128,29 +128,6 @@ fn ib_read_bw_large_message() {
 }
 
 #[test]
-fn rdma_cm_fails_cleanly() {
-    let Some(bins) = require(&["ib_write_lat"]) else {
-        return;
-    };
-    let out = run(
-        &bins[0],
-        &["-R", "-p", "18621", "-n", "10", "localhost"],
-        &[("NPRDMA_MODE", "pinned")],
-    );
-    assert!(
-        out.code.is_some(),
-        "ib_write_lat -R hung (killed):\n{}",
-        out.all()
-    );
-    assert!(!out.ok(), "rdma_cm unexpectedly worked:\n{}", out.all());
-    assert!(
-        out.stderr.contains("libnprdma: rdma_") && out.stderr.contains("rdma_cm is not supported"),
-        "no clear rdma_cm error:\n{}",
-        out.all()
-    );
-}
-
-#[test]
 fn ib_atomic_lat_cmp_and_swap() {
     perftest(
         "ib_atomic_lat",
@@ -519,25 +496,6 @@ fn np_swapped_ib_read_lat() {
 #[test]
 fn np_swapped_ib_write_lat() {
     np_swapped("ib_write_lat", 18652, &["-n", "200", "-s", "65536"], false);
-}
-
-#[test]
-fn np_rdma_cm_fails_cleanly() {
-    let Some(bins) = require(&["ib_read_lat"]) else {
-        return;
-    };
-    let out = run(
-        &bins[0],
-        &["-R", "-p", "18653", "-n", "10", "localhost"],
-        &[("NPRDMA_MODE", "nprdma")],
-    );
-    assert!(out.code.is_some(), "hung:\n{}", out.all());
-    assert!(!out.ok(), "rdma_cm unexpectedly worked:\n{}", out.all());
-    assert!(
-        out.stderr.contains("rdma_cm is not supported"),
-        "{}",
-        out.all()
-    );
 }
 
 #[test]
