@@ -9,13 +9,28 @@ use super::link::Link;
 use super::reactor;
 use super::sockaddr;
 use super::verbs;
-use super::wire::{self, Msg, QpInfo};
+use super::wire::{self, Msg};
 use crate::ffi::rdmacm::*;
 use crate::ffi::*;
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A call's private data (NULL or empty: none), refused with EINVAL beyond `max`.
+///
+/// # Safety
+/// `data` is NULL or readable for `len` bytes.
+unsafe fn private_of(data: *const c_void, len: u8, max: usize) -> Result<Vec<u8>, i32> {
+    if data.is_null() || len == 0 {
+        return Ok(Vec::new());
+    }
+    if usize::from(len) > max {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }.to_vec())
+}
 
 fn post(c: &CmId, st: &mut State, kind: rdma_cm_event_type, status: i32) {
     let ev = EventBox::new(kind, (c as *const CmId).cast_mut().cast(), status);
@@ -164,22 +179,16 @@ pub unsafe extern "C" fn rdma_connect(idp: *mut rdma_cm_id, p: *mut rdma_conn_pa
         let ud = c.id.qp_type == IBV_QPT_UD;
         // SAFETY: readable per the contract.
         let p = unsafe { p.as_ref() };
-        let private = match p {
-            // SAFETY: private_data readable for its length (the caller's contract).
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => unsafe {
-                std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len as usize)
-                    .to_vec()
-            },
-            _ => Vec::new(),
-        };
         let max = if ud {
             wire::SIDR_REQ_PRIVATE_MAX
         } else {
             wire::REQ_PRIVATE_MAX
         };
-        if private.len() > max {
-            return Err(libc::EINVAL);
-        }
+        let (data, len) = p.map_or((std::ptr::null(), 0), |p| {
+            (p.private_data, p.private_data_len)
+        });
+        // SAFETY: private_data readable for its length (the caller's contract).
+        let private = unsafe { private_of(data, len, max)? };
         let m = verbs::max_rd_atom();
         st.mine = match p {
             Some(p) => Negotiated {
@@ -246,22 +255,16 @@ pub unsafe extern "C" fn rdma_accept(idp: *mut rdma_cm_id, p: *mut rdma_conn_par
         let ud = c.id.qp_type == IBV_QPT_UD;
         // SAFETY: readable per the contract.
         let p = unsafe { p.as_ref() };
-        let private = match p {
-            // SAFETY: private_data readable for its length.
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => unsafe {
-                std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len as usize)
-                    .to_vec()
-            },
-            _ => Vec::new(),
-        };
         let max = if ud {
             wire::SIDR_REP_PRIVATE_MAX
         } else {
             wire::REP_PRIVATE_MAX
         };
-        if private.len() > max {
-            return Err(libc::EINVAL);
-        }
+        let (data, len) = p.map_or((std::ptr::null(), 0), |p| {
+            (p.private_data, p.private_data_len)
+        });
+        // SAFETY: private_data readable for its length (the caller's contract).
+        let private = unsafe { private_of(data, len, max)? };
         let remote = st.remote.clone().ok_or(libc::EINVAL)?;
         st.mine = match p {
             Some(p) => Negotiated {
@@ -277,26 +280,10 @@ pub unsafe extern "C" fn rdma_accept(idp: *mut rdma_cm_id, p: *mut rdma_conn_par
                 rnr_retry_count: remote.rnr_retry_count,
             },
         };
-        let qpn = if c.id.qp.is_null() {
-            p.map_or(0, |p| p.qp_num)
-        } else {
-            // SAFETY: the id's QP.
-            unsafe { (*c.id.qp).qp_num }
-        };
         // SAFETY: the id's QP, under its lock.
         unsafe { verbs::connect_qp(c, &st)? };
         let rep = Msg::Rep {
-            qp: QpInfo {
-                gid: verbs::gid0(),
-                qpn,
-                psn: st.psn,
-                responder_resources: st.mine.responder_resources,
-                initiator_depth: st.mine.initiator_depth,
-                retry_count: st.mine.retry_count,
-                rnr_retry_count: st.mine.rnr_retry_count,
-                srq: !c.id.srq.is_null(),
-                qkey: verbs::UDP_QKEY,
-            },
+            qp: reactor::qp_info(c, &st, p.map_or(0, |p| p.qp_num)),
             private,
         };
         link.send(&rep).map_err(|_| libc::ECONNRESET)?;
@@ -325,15 +312,8 @@ fn reject(idp: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_
         if !matches!(st.phase, Phase::Requested) {
             return Err(libc::EINVAL);
         }
-        let private = if data.is_null() || len == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: readable for len bytes (the caller's contract).
-            unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len as usize).to_vec() }
-        };
-        if private.len() > wire::REP_PRIVATE_MAX {
-            return Err(libc::EINVAL);
-        }
+        // SAFETY: readable for len bytes (the caller's contract).
+        let private = unsafe { private_of(data, len, wire::REP_PRIVATE_MAX)? };
         st.phase = Phase::Done;
         if let (Some(t), Ok(r)) = (st.token.take(), reactor::get()) {
             r.forget(t);

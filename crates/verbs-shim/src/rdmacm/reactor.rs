@@ -591,30 +591,35 @@ impl Reactor {
 pub fn request(id: &Arc<Inner>, st: &State) -> Msg {
     // SAFETY: the id is alive (its lock is held by the caller).
     let c = unsafe { &*(id.cptr as *const CmId) };
-    let sidr = c.id.qp_type == IBV_QPT_UD;
-    let qpn = if c.id.qp.is_null() {
-        st.qpn_hint
-    } else {
-        // SAFETY: the id's QP.
-        unsafe { (*c.id.qp).qp_num }
-    };
     Msg::Req {
-        sidr,
-        qp: QpInfo {
-            gid: verbs::gid0(),
-            qpn,
-            psn: st.psn,
-            responder_resources: st.mine.responder_resources,
-            initiator_depth: st.mine.initiator_depth,
-            retry_count: st.mine.retry_count,
-            rnr_retry_count: st.mine.rnr_retry_count,
-            srq: !c.id.srq.is_null(),
-            qkey: verbs::UDP_QKEY,
-        },
+        sidr: c.id.qp_type == IBV_QPT_UD,
+        qp: qp_info(c, st, st.qpn_hint),
         dst: st
             .peer
             .unwrap_or_else(|| "0.0.0.0:0".parse().expect("literal")),
         private: st.pending_private.clone(),
+    }
+}
+
+/// This side's QP as a REQ or REP states it: the id's QP's number, or `qpn_hint`
+/// (`conn_param->qp_num`) for an id without a QP.
+pub fn qp_info(c: &CmId, st: &State, qpn_hint: u32) -> QpInfo {
+    let qpn = if c.id.qp.is_null() {
+        qpn_hint
+    } else {
+        // SAFETY: the id's QP (its id's lock is held by the caller).
+        unsafe { (*c.id.qp).qp_num }
+    };
+    QpInfo {
+        gid: verbs::gid0(),
+        qpn,
+        psn: st.psn,
+        responder_resources: st.mine.responder_resources,
+        initiator_depth: st.mine.initiator_depth,
+        retry_count: st.mine.retry_count,
+        rnr_retry_count: st.mine.rnr_retry_count,
+        srq: !c.id.srq.is_null(),
+        qkey: verbs::UDP_QKEY,
     }
 }
 
