@@ -44,7 +44,14 @@ pub fn report(verb: &str, err: &ShimError) -> i32 {
     e
 }
 
+/// This thread's `errno`.
+pub fn errno() -> i32 {
+    // SAFETY: as in `set_errno`: this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() }
+}
+
 /// Set this thread's `errno`.
+
 pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid. (Raw:
     // rustix returns errors instead of touching errno, and the C caller reads errno.)

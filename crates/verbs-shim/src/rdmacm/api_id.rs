@@ -10,7 +10,7 @@ use super::reactor::{self, REJ_INVALID_SERVICE_ID};
 use super::sockaddr;
 use super::verbs;
 use super::wire::Msg;
-use crate::error::set_errno;
+use crate::error::{errno, set_errno};
 use crate::ffi::rdmacm::*;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
@@ -19,8 +19,14 @@ use std::sync::Arc;
 
 /// Run an entry point: `Ok` → 0, `Err(errno)` → -1 with errno set; a panic is EIO.
 pub fn call(f: impl FnOnce() -> Result<(), i32>) -> c_int {
+    // A call that succeeds leaves errno as it found it (librdmacm's do; the
+    // non-blocking connect inside rdma_connect would leave EINPROGRESS).
+    let before = errno();
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => 0,
+        Ok(Ok(())) => {
+            set_errno(before);
+            0
+        }
         Ok(Err(e)) => {
             set_errno(e);
             -1
