@@ -79,6 +79,13 @@ pub struct HostConfig {
     /// address space reserved in a sealed memfd that peers map too; pages are
     /// allocated (populated and mlocked) only per buffer. 0 = no pool.
     pub dma_pool_size: usize,
+    /// Join the host's subnet ([`crate::subnet`]) through the registry at this path: the
+    /// device takes a LID, its QP numbers come from the LID's range, and peers find it
+    /// by LID or by one of `gids` with a QP number of that range. `None`: no LID
+    /// (QP numbers from 0x100).
+    pub subnet: Option<std::path::PathBuf>,
+    /// The GIDs the device answers to besides its address (published with its LID).
+    pub gids: Vec<[u8; 16]>,
 }
 
 impl Default for HostConfig {
@@ -108,6 +115,8 @@ impl Default for HostConfig {
             odp_timeout: Duration::from_millis(2),
             dma_pool_size: 64 << 20,
             trusted_peers: false,
+            subnet: None,
+            gids: Vec::new(),
         }
     }
 }

@@ -224,6 +224,7 @@ pub mod fault_guard;
 mod hw;
 mod nic;
 mod objects;
+pub mod subnet;
 mod sys;
 pub mod verbs;
 

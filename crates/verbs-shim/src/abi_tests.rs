@@ -4,6 +4,7 @@
 
 use crate::device::*;
 use crate::ffi::*;
+use crate::gid::*;
 use crate::objects::zeroed;
 use crate::resources::*;
 use std::ffi::{c_int, c_void};
@@ -623,14 +624,39 @@ fn refusals_set_errno() {
         ah.grh.dgid.raw = [7; 16];
         assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut ah.grh.dgid), 0);
-        ah.grh.sgid_index = 1;
+        // An IPv4-mapped GID no device of the host has: EINVAL.
+        ah.grh.dgid.raw = crate::netif::gid_of_ip("203.0.113.9".parse().unwrap());
         assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        ah.grh.sgid_index = 0;
-        let h = crate::ah::ibv_create_ah(e.pd, &mut ah);
+        assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut ah.grh.dgid), 0);
+        ah.grh.sgid_index = GID_TBL_LEN as u8;
+        assert!(crate::ah::ibv_create_ah(e.pd, &mut ah).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // By GID 0, by one of the host's IP GIDs from any source GID (UCX's GID
+        // selection makes such an AH for each entry), and by LID.
+        for (sgid, dgid) in [(0, 0), (1, 1), (1, 0)] {
+            ah.grh.sgid_index = sgid;
+            assert_eq!(ibv_query_gid(e.ctx, 1, dgid, &mut ah.grh.dgid), 0);
+            let h = crate::ah::ibv_create_ah(e.pd, &mut ah);
+            assert!(!h.is_null(), "sgid {sgid} dgid {dgid}");
+            assert_eq!(crate::ah::ibv_destroy_ah(h), 0);
+        }
+        let mut pa: ibv_port_attr = zeroed();
+        ibv_query_port(
+            e.ctx,
+            1,
+            &mut pa as *mut ibv_port_attr as *mut _compat_ibv_port_attr,
+        );
+        assert!(pa.lid >= 1 && pa.sm_lid == 1, "a LID of the host's subnet");
+        let mut by_lid: ibv_ah_attr = zeroed();
+        by_lid.port_num = 1;
+        by_lid.dlid = pa.lid;
+        let h = crate::ah::ibv_create_ah(e.pd, &mut by_lid);
         assert!(!h.is_null());
         assert_eq!(crate::ah::ibv_destroy_ah(h), 0);
+        by_lid.dlid = rnic::subnet::MAX_LID + 1;
+        assert!(crate::ah::ibv_create_ah(e.pd, &mut by_lid).is_null());
+        assert_eq!(errno(), libc::EINVAL);
         assert!(ibv_qp_to_qp_ex(null_mut()).is_null());
         // No async events: a non-blocking async fd reports EAGAIN.
         let afd = (*e.ctx).async_fd;
@@ -642,46 +668,61 @@ fn refusals_set_errno() {
         let mut ev: ibv_async_event = zeroed();
         assert_eq!(ibv_get_async_event(e.ctx, &mut ev), -1);
         assert_eq!(errno(), libc::EAGAIN);
-        // GID table: one RoCE v2 entry equal to GID 0.
-        let mut tab: [ibv_gid_entry; 4] = zeroed();
-        let n = _ibv_query_gid_table(
-            e.ctx,
-            tab.as_mut_ptr(),
-            4,
-            0,
-            std::mem::size_of::<ibv_gid_entry>(),
-        );
-        assert_eq!(n, 1);
+        // GID table: GID 0 (the NIC's address), then the host's IPs as RoCE v2 GIDs
+        // (IPv4-mapped, 127.0.0.1 among them, loopback last).
+        let mut tab: [ibv_gid_entry; GID_TBL_LEN as usize] = zeroed();
+        let sz = std::mem::size_of::<ibv_gid_entry>();
+        let n = _ibv_query_gid_table(e.ctx, tab.as_mut_ptr(), tab.len(), 0, sz);
+        let hosts = crate::netif::host_gids();
+        assert_eq!(n as usize, 1 + hosts.len());
         let mut g0: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 1, 0, &mut g0), 0);
         assert_eq!(
             (tab[0].gid.raw, tab[0].gid_type),
             (g0.raw, IBV_GID_TYPE_ROCE_V2)
         );
+        let lo = crate::netif::gid_of_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        let at = tab[..n as usize]
+            .iter()
+            .position(|t| t.gid.raw == lo)
+            .expect("127.0.0.1 in the table");
+        assert_eq!(
+            (tab[at].gid_index, tab[at].gid_type),
+            (at as u32, IBV_GID_TYPE_ROCE_V2)
+        );
+        let mut ent: ibv_gid_entry = zeroed();
+        assert_eq!(_ibv_query_gid_ex(e.ctx, 1, at as u32, &mut ent, 0, sz), 0);
+        assert_eq!(ent.gid.raw, lo);
+        // A buffer too small for the table: EINVAL, as the kernel answers.
+        assert_eq!(
+            _ibv_query_gid_table(e.ctx, tab.as_mut_ptr(), n as usize - 1, 0, sz),
+            -(libc::EINVAL as isize)
+        );
         assert!(ibv_import_pd(e.ctx, u32::MAX).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        // Bad port / GID index; entry 1 of the table is empty (zero GID, ENODATA
-        // from the _ex form, RoCE v1 type), as rdma-core reports an empty entry.
+        // Bad port / GID index; an entry past the populated ones is empty (zero GID,
+        // ENODATA from the _ex form, RoCE v1 type), as rdma-core reports one.
+        let empty = n as c_int;
         let mut gid: ibv_gid = zeroed();
         assert_eq!(ibv_query_gid(e.ctx, 2, 0, &mut gid), -1);
         assert_eq!(ibv_query_gid(e.ctx, 1, GID_TBL_LEN, &mut gid), -1);
         gid.raw = [1; 16];
-        assert_eq!(ibv_query_gid(e.ctx, 1, 1, &mut gid), 0);
+        assert_eq!(ibv_query_gid(e.ctx, 1, empty, &mut gid), 0);
         assert_eq!(gid.raw, [0; 16]);
-        let mut ent: ibv_gid_entry = zeroed();
-        let sz = std::mem::size_of::<ibv_gid_entry>();
         assert_eq!(
-            _ibv_query_gid_ex(e.ctx, 1, 1, &mut ent, 0, sz),
+            _ibv_query_gid_ex(e.ctx, 1, empty as u32, &mut ent, 0, sz),
             libc::ENODATA
         );
         assert_eq!(
-            _ibv_query_gid_ex(e.ctx, 1, 2, &mut ent, 0, sz),
+            _ibv_query_gid_ex(e.ctx, 1, GID_TBL_LEN as u32, &mut ent, 0, sz),
             libc::EINVAL
         );
         let mut ty = 9u32;
-        assert_eq!(ibv_query_gid_type(e.ctx, 1, 1, &mut ty), 0);
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, empty as u32, &mut ty), 0);
         assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_IB_ROCE_V1);
         assert_eq!(ibv_query_gid_type(e.ctx, 1, 0, &mut ty), 0);
+        assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_ROCE_V2);
+        assert_eq!(ibv_query_gid_type(e.ctx, 1, at as u32, &mut ty), 0);
         assert_eq!(ty, crate::ffi::IBV_GID_TYPE_SYSFS_ROCE_V2);
         let mut pa: ibv_port_attr = zeroed();
         let compat = &mut pa as *mut ibv_port_attr as *mut _compat_ibv_port_attr;

@@ -1,37 +1,36 @@
 //! Address handles (UD destinations): `ibv_create_ah`, `ibv_destroy_ah`,
-//! `ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`. The device is RoCE-like: an
-//! address names a host by its GID (GID 0 of a device = its NIC's address), so an AH
-//! needs a GRH (`is_global`); the backend resolves the host when the AH is created.
+//! `ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`. An address names a device by LID
+//! (no GRH), by its GID 0, or by one of the host's IP GIDs: the backend resolves the
+//! first two when the AH is created; an IP GID names a device only with the QP
+//! number of each datagram (`gid::resolve`).
 
-use crate::device::GID_TBL_LEN;
 use crate::error::ShimError;
 use crate::ffi::*;
-use crate::objects::{guard, guard_rc, shim, zeroed, ShimAh, ShimContext, ShimPd};
+use crate::objects::{guard, guard_rc, shim, zeroed, AhRoute, ShimAh, ShimContext, ShimPd};
 use std::ffi::c_int;
 
-/// Check `a` (the attributes of a RoCE address) and return the destination GID.
-fn dest_gid(a: &ibv_ah_attr) -> Result<[u8; 16], ShimError> {
-    if a.is_global == 0 {
-        return Err(ShimError::InvalidArgument(
-            "address without GRH: this RoCE-like device addresses hosts by GID \
-             (set is_global=1 and the peer's GID 0, e.g. ibv_ud_pingpong -g 0)"
-                .into(),
-        ));
-    }
-    if a.port_num != 1 {
-        return Err(ShimError::InvalidArgument(format!(
-            "port_num {}",
-            a.port_num
-        )));
-    }
-    if a.grh.sgid_index != 0 {
-        return Err(ShimError::InvalidArgument(format!(
-            "sgid_index {} (only entry 0 of {GID_TBL_LEN} is populated)",
-            a.grh.sgid_index
-        )));
-    }
-    // SAFETY: the byte view of the GID union; every bit pattern is valid.
-    Ok(unsafe { a.grh.dgid.raw })
+/// A UD send's destination through address handle `ah` (one of ours, or NULL:
+/// EINVAL) to QP `qpn`.
+///
+/// # Safety
+/// `ah` is NULL or an address handle this library created and has not destroyed.
+pub unsafe fn ud_dest(ah: *mut ibv_ah, qpn: u32, qkey: u32) -> Result<rnic::UdDest, ShimError> {
+    // SAFETY: forwarded contract.
+    let a: &ShimAh = unsafe { shim(ah, "address handle")? };
+    let dest = match &a.inner {
+        AhRoute::Device(d) => d.dest(),
+        AhRoute::ByQpn(gid) => crate::gid::by_gid_and_qpn(gid, qpn).ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "no device of this host with GID {} has QP {qpn:#x}",
+                crate::netif::ip_of_gid(gid)
+            ))
+        })?,
+    };
+    Ok(rnic::UdDest {
+        dest,
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+    })
 }
 
 /// # Safety
@@ -44,9 +43,40 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         if attr.is_null() {
             return Err(ShimError::InvalidArgument("NULL ah_attr".into()));
         }
+        // SAFETY: our PD's context.
+        let c = unsafe { ShimContext::from_ibv(p.pd.context)? };
         // SAFETY: checked non-null; caller-provided.
-        let gid = dest_gid(unsafe { &*attr })?;
-        let inner = p.inner.create_ah(gid)?;
+        let a = unsafe { &*attr };
+        if a.is_global == 0 && !crate::gid::in_subnet(c) {
+            return Err(ShimError::InvalidArgument(
+                "address without GRH: this device has no LID here (set is_global=1 and \
+                 the peer's GID, e.g. ibv_ud_pingpong -g 0)"
+                    .into(),
+            ));
+        }
+        // SAFETY: the byte view of the GID union.
+        let gid = unsafe { a.grh.dgid.raw };
+        let inner = match crate::gid::resolve(c, a, None)? {
+            Some(h) => match p.inner.create_ah(h.to_bytes()) {
+                Ok(ah) => AhRoute::Device(ah),
+                // Not a device's address: an IP GID of another namespace's device.
+                Err(_)
+                    if a.is_global != 0
+                        && crate::gid::in_subnet(c)
+                        && crate::gid::known_gid(&gid) =>
+                {
+                    AhRoute::ByQpn(gid)
+                }
+                Err(e) => return Err(e),
+            },
+            None if crate::gid::known_gid(&gid) => AhRoute::ByQpn(gid),
+            None => {
+                return Err(ShimError::InvalidArgument(format!(
+                    "no device of this host answers to GID {}",
+                    crate::netif::ip_of_gid(&gid)
+                )))
+            }
+        };
         // SAFETY: plain C data.
         let mut ah: ibv_ah = unsafe { zeroed() };
         ah.context = p.pd.context;
@@ -115,7 +145,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             let g = unsafe { &*grh };
             // SAFETY: byte views of the GID unions.
             let (sgid, dgid) = unsafe { (g.sgid.raw, g.dgid.raw) };
-            if dgid != c.dev.gid() {
+            if dgid != c.dev.gid() && !crate::netif::host_gids().contains(&dgid) {
                 return Err(ShimError::InvalidArgument(
                     "the GRH's destination GID is none of this device's".into(),
                 ));

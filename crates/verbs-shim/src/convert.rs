@@ -30,7 +30,11 @@ pub fn mtu_enum(bytes: u32) -> u32 {
 const KNOWN_MASK: u32 = (1 << 21) - 1;
 
 /// `ibv_modify_qp` arguments -> backend attributes + mask.
-pub fn qp_attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask), ShimError> {
+pub fn qp_attr_from_c(
+    a: &ibv_qp_attr,
+    mask: i32,
+    resolve: impl FnOnce(&ibv_ah_attr, u32) -> Result<HostAddr, ShimError>,
+) -> Result<(QpAttr, QpAttrMask), ShimError> {
     let mask = mask as u32;
     if mask & !KNOWN_MASK != 0 {
         return Err(ShimError::Unsupported(format!(
@@ -78,16 +82,7 @@ pub fn qp_attr_from_c(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask)
         )));
     }
     if m.contains(QpAttrMask::AV) {
-        if a.ah_attr.is_global == 0 {
-            return Err(ShimError::Unsupported(
-                "address vector without GRH: this RoCE-like device addresses peers by GID \
-                 (set is_global=1 and the peer's GID 0, e.g. ibv_rc_pingpong -g 0)"
-                    .into(),
-            ));
-        }
-        // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
-        let raw = unsafe { a.ah_attr.grh.dgid.raw };
-        out.dest = Some(HostAddr::from_bytes(&raw));
+        out.dest = Some(resolve(&a.ah_attr, a.dest_qp_num)?);
     }
     Ok((out, m))
 }
@@ -191,8 +186,19 @@ pub fn wc_to_c(w: &Wc) -> ibv_wc {
     o.__bindgen_anon_1.imm_data = w.imm_data;
     o.qp_num = w.qp_num;
     o.src_qp = w.src_qp;
+    o.slid = slid(w);
     o.wc_flags = w.wc_flags.bits();
     o
+}
+
+/// The sender's LID of a received datagram: the LID whose range holds its QP number
+/// (`rnic::subnet`; 0 for other completions and senders in no subnet).
+pub fn slid(w: &Wc) -> u16 {
+    if w.src_qp != 0 {
+        rnic::subnet::lid_of_qpn(w.src_qp)
+    } else {
+        0
+    }
 }
 
 #[cfg(test)]
@@ -222,7 +228,11 @@ mod tests {
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid.raw = h.to_bytes();
         let mask = (IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN) as i32;
-        let (r, m) = qp_attr_from_c(&a, mask).unwrap();
+        let by_gid = |av: &ibv_ah_attr, _qpn: u32| {
+            // SAFETY: byte view of the GID union.
+            Ok(HostAddr::from_bytes(unsafe { &av.grh.dgid.raw }))
+        };
+        let (r, m) = qp_attr_from_c(&a, mask, by_gid).unwrap();
         assert_eq!(r.dest, Some(h));
         assert_eq!(
             (r.path_mtu, r.dest_qp_num, r.qp_state),
@@ -233,15 +243,18 @@ mod tests {
         // SAFETY: byte view of the GID union.
         assert_eq!(unsafe { back.ah_attr.grh.dgid.raw }, h.to_bytes());
         assert_eq!(back.path_mtu, IBV_MTU_1024);
-        // No GRH: refused with a clear error.
-        a.ah_attr.is_global = 0;
+        // The resolver's refusal is the verb's; it sees the destination QP.
+        let refuse = |_: &ibv_ah_attr, qpn: u32| {
+            assert_eq!(qpn, 0x123);
+            Err(ShimError::InvalidArgument("no such LID".into()))
+        };
         assert!(matches!(
-            qp_attr_from_c(&a, mask),
-            Err(ShimError::Unsupported(_))
+            qp_attr_from_c(&a, mask, refuse),
+            Err(ShimError::InvalidArgument(_))
         ));
         // Rate limit: refused.
         assert!(matches!(
-            qp_attr_from_c(&a, (IBV_QP_STATE | IBV_QP_RATE_LIMIT) as i32),
+            qp_attr_from_c(&a, (IBV_QP_STATE | IBV_QP_RATE_LIMIT) as i32, by_gid),
             Err(ShimError::Unsupported(_))
         ));
     }

@@ -164,8 +164,9 @@ unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> u32 {
     unsafe { cur(cq) }.wc_flags.bits()
 }
 
-unsafe extern "C" fn read_slid(_cq: *mut ibv_cq_ex) -> u32 {
-    0
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: forwarded contract.
+    crate::convert::slid(&unsafe { cur(cq) }) as u32
 }
 
 unsafe extern "C" fn read_sl(_cq: *mut ibv_cq_ex) -> u8 {

@@ -5,12 +5,12 @@
 use crate::convert::{sges, wc_to_c, wr_opcode};
 use crate::error::{report, ShimError};
 use crate::ffi::*;
-use crate::objects::{ShimAh, ShimCq, ShimQp, ShimSrq};
+use crate::objects::{ShimCq, ShimQp, ShimSrq};
 use rnic::{RecvWr, SendFlags, SendWr, Sge, Wc};
 use std::ffi::c_int;
 
-/// Largest SGE list per WR (the device's `max_sge`, rnic's default 16).
-const MAX_SGE: usize = 16;
+/// Largest SGE list per WR (the largest `max_sge` a mode grants: pinned's).
+const MAX_SGE: usize = crate::backend::PINNED_MAX_SGE as usize;
 /// Largest inline payload gathered at post time (rnic's default `max_inline`).
 const MAX_INLINE: usize = 1024;
 /// Completions converted per backend poll.
@@ -51,7 +51,7 @@ unsafe fn post_one_send(q: &ShimQp, w: &ibv_send_wr) -> Result<(), i32> {
         let u = unsafe { w.wr.ud };
         // SAFETY: the application's address handle (NULL is refused).
         Some(
-            unsafe { ShimAh::ud_dest(u.ah, u.remote_qpn, u.remote_qkey) }
+            unsafe { crate::ah::ud_dest(u.ah, u.remote_qpn, u.remote_qkey) }
                 .map_err(|e| report("ibv_post_send", &e))?,
         )
     } else {

@@ -1,10 +1,11 @@
 //! The device, port and GID verbs: device list, open/close (building the
 //! `verbs_context` and its ops), query_device(_ex), query_port, GIDs, P_Keys.
-//! One device, `nprdma0`: RoCE-like (Ethernet link layer), GID 0 = the NIC's address.
+//! One device, `nprdma0`: RoCE-like (Ethernet link layer); its GIDs and LID: `gid`.
 
 use crate::datapath;
 use crate::error::ShimError;
 use crate::ffi::*;
+use crate::gid::{check_port, GID_TBL_LEN};
 use crate::objects::{device, guard, guard_rc, zeroed, ShimContext};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -16,10 +17,6 @@ pub const VENDOR_ID: u32 = 0x4e50; // "NP"
 pub const VENDOR_PART_ID: u32 = 0x0001;
 /// Node GUID (host order).
 pub const NODE_GUID: u64 = 0x4e50_5244_4d41_0001;
-/// GID table entries of the port: entry 0 is the NIC's address (RoCE v2); entry 1
-/// stays empty, as on real RoCE ports with unpopulated entries (queries of it give
-/// what rdma-core gives for an empty entry).
-pub const GID_TBL_LEN: c_int = 2;
 
 struct DevPtr(*mut ibv_device);
 // SAFETY: the device struct is immutable after creation and lives forever.
@@ -296,10 +293,15 @@ unsafe extern "C" fn query_device_ex_op(
     })
 }
 
-fn port_attr() -> ibv_port_attr {
+fn port_attr(lid: u16) -> ibv_port_attr {
     // SAFETY: plain C data.
     let mut p: ibv_port_attr = unsafe { zeroed() };
     p.state = IBV_PORT_ACTIVE;
+    // The port's LID in the host's subnet (its "subnet manager" is the registry:
+    // LID 1 plays the SM's), 0 without one, as RoCE ports report.
+    p.lid = lid;
+    p.sm_lid = if lid != 0 { 1 } else { 0 };
+    p.lmc = 0;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
     p.gid_tbl_len = GID_TBL_LEN;
@@ -311,17 +313,6 @@ fn port_attr() -> ibv_port_attr {
     p.phys_state = 5; // LinkUp
     p.link_layer = IBV_LINK_LAYER_ETHERNET as u8;
     p
-}
-
-fn check_port(ctx: *mut ibv_context, port: u8) -> Result<(), ShimError> {
-    // SAFETY: caller contract of the enclosing verb.
-    unsafe { ShimContext::from_ibv(ctx)? };
-    if port != 1 {
-        return Err(ShimError::InvalidArgument(format!(
-            "port {port} (the device has port 1)"
-        )));
-    }
-    Ok(())
 }
 
 unsafe extern "C" fn query_port_op(
@@ -336,7 +327,8 @@ unsafe extern "C" fn query_port_op(
         if attr.is_null() {
             return Err(ShimError::InvalidArgument("NULL port attr".into()));
         }
-        let p = port_attr();
+        // SAFETY: checked by check_port.
+        let p = port_attr(crate::gid::lid(unsafe { ShimContext::from_ibv(ctx)? }));
         let n = len.min(std::mem::size_of::<ibv_port_attr>());
         // SAFETY: the caller's struct has len bytes; we write at most that.
         unsafe {
@@ -368,124 +360,6 @@ pub unsafe extern "C" fn ibv_query_port(
             std::mem::size_of::<ibv_port_attr>() as u64,
         )
     }
-}
-
-fn gid_of(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<[u8; 16], ShimError> {
-    check_port(ctx, port)?;
-    if index != 0 {
-        return Err(ShimError::InvalidArgument(format!(
-            "GID index {index} (only entry 0 of {GID_TBL_LEN} is populated)"
-        )));
-    }
-    // SAFETY: checked by check_port.
-    Ok(unsafe { ShimContext::from_ibv(ctx)? }.dev.gid())
-}
-
-/// # Safety
-/// `gid` writable.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(
-    ctx: *mut ibv_context,
-    port: u8,
-    index: c_int,
-    gid: *mut ibv_gid,
-) -> c_int {
-    if gid.is_null() {
-        crate::error::set_errno(libc::EINVAL);
-        return -1;
-    }
-    match gid_of(ctx, port, index) {
-        Ok(g) => {
-            // SAFETY: caller-provided out struct.
-            unsafe { (*gid).raw = g };
-            0
-        }
-        // An empty entry of the table: a zero GID, as rdma-core's ibv_query_gid.
-        Err(_) if empty_gid(ctx, port, index) => {
-            // SAFETY: caller-provided out struct.
-            unsafe { (*gid).raw = [0; 16] };
-            0
-        }
-        Err(_) => {
-            crate::error::set_errno(libc::EINVAL);
-            -1
-        }
-    }
-}
-
-/// Whether `index` is an empty entry of the port's GID table.
-fn empty_gid(ctx: *mut ibv_context, port: u8, index: c_int) -> bool {
-    check_port(ctx, port).is_ok() && index > 0 && index < GID_TBL_LEN
-}
-
-/// # Safety
-/// `entry` has `entry_size` writable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn _ibv_query_gid_ex(
-    ctx: *mut ibv_context,
-    port: u32,
-    index: u32,
-    entry: *mut ibv_gid_entry,
-    _flags: u32,
-    entry_size: usize,
-) -> c_int {
-    let (port8, index_c) = (port.min(255) as u8, index.min(i32::MAX as u32) as c_int);
-    let g = match gid_of(ctx, port8, index_c) {
-        Ok(g) => g,
-        Err(_) => {
-            // An empty entry is ENODATA (the kernel's answer); past the table, EINVAL.
-            let e = if empty_gid(ctx, port8, index_c) {
-                libc::ENODATA
-            } else {
-                libc::EINVAL
-            };
-            crate::error::set_errno(e);
-            return e;
-        }
-    };
-    if entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-        crate::error::set_errno(libc::EINVAL);
-        return libc::EINVAL;
-    }
-    // SAFETY: plain C data.
-    let mut e: ibv_gid_entry = unsafe { zeroed() };
-    e.gid.raw = g;
-    e.gid_index = index;
-    e.port_num = port;
-    e.gid_type = IBV_GID_TYPE_ROCE_V2;
-    // SAFETY: checked size.
-    unsafe { *entry = e };
-    0
-}
-
-/// rdma-core private helper perftest imports.
-///
-/// # Safety
-/// `ty` writable.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid_type(
-    ctx: *mut ibv_context,
-    port: u8,
-    index: u32,
-    ty: *mut u32,
-) -> c_int {
-    let index = index.min(i32::MAX as u32) as c_int;
-    if ty.is_null() {
-        crate::error::set_errno(libc::EINVAL);
-        return -1;
-    }
-    let t = if gid_of(ctx, port, index).is_ok() {
-        IBV_GID_TYPE_SYSFS_ROCE_V2
-    } else if empty_gid(ctx, port, index) {
-        // rdma-core keeps its API behaviour for an empty GID: RoCE v1 / IB, success.
-        IBV_GID_TYPE_SYSFS_IB_ROCE_V1
-    } else {
-        crate::error::set_errno(libc::EINVAL);
-        return -1;
-    };
-    // SAFETY: caller-provided out value.
-    unsafe { *ty = t };
-    0
 }
 
 /// # Safety
@@ -533,27 +407,4 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     }
     crate::error::set_errno(libc::ENOENT);
     -1
-}
-
-/// The GID table: one entry (GID 0). Returns the number of entries written.
-///
-/// # Safety
-/// `entries` has `max_entries` entries of `entry_size` bytes.
-#[no_mangle]
-pub unsafe extern "C" fn _ibv_query_gid_table(
-    ctx: *mut ibv_context,
-    entries: *mut ibv_gid_entry,
-    max_entries: usize,
-    flags: u32,
-    entry_size: usize,
-) -> isize {
-    if max_entries == 0 || entries.is_null() {
-        crate::error::set_errno(libc::EINVAL);
-        return -(libc::EINVAL as isize);
-    }
-    // SAFETY: forwarded contract (first entry).
-    match unsafe { _ibv_query_gid_ex(ctx, 1, 0, entries, flags, entry_size) } {
-        0 => 1,
-        e => -(e as isize),
-    }
 }

@@ -12,6 +12,11 @@ pub enum ShimError {
     #[error("invalid argument: {0}")]
     /// A bad argument (EINVAL).
     InvalidArgument(String),
+    #[error("beyond the device's limit: {0}")]
+    /// A request beyond an advertised limit (EINVAL). Programs find limits by asking
+    /// (libfabric's verbs provider searches `max_inline_data` this way), so this one
+    /// is logged at debug level, not printed, as providers return it silently.
+    Exceeds(String),
     #[error("busy: {0}")]
     /// The object is in use (EBUSY).
     Busy(String),
@@ -28,7 +33,7 @@ impl ShimError {
     pub fn errno(&self) -> i32 {
         match self {
             ShimError::Unsupported(_) => libc::EOPNOTSUPP,
-            ShimError::InvalidArgument(_) => libc::EINVAL,
+            ShimError::InvalidArgument(_) | ShimError::Exceeds(_) => libc::EINVAL,
             ShimError::Busy(_) => libc::EBUSY,
             ShimError::Fault(_) => libc::EFAULT,
             ShimError::Nic(e) => e.errno(),
@@ -36,9 +41,14 @@ impl ShimError {
     }
 }
 
-/// Print `err` on stderr (with the verb that failed), set errno, return the errno.
+/// Print `err` on stderr (with the verb that failed; [`ShimError::Exceeds`] only in
+/// the debug log), set errno, return the errno.
 pub fn report(verb: &str, err: &ShimError) -> i32 {
-    eprintln!("libnprdma: {verb}: {err}");
+    if matches!(err, ShimError::Exceeds(_)) {
+        tracing::debug!("{verb}: {err}");
+    } else {
+        eprintln!("libnprdma: {verb}: {err}");
+    }
     let e = err.errno();
     set_errno(e);
     e
@@ -51,7 +61,6 @@ pub fn errno() -> i32 {
 }
 
 /// Set this thread's `errno`.
-
 pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid. (Raw:
     // rustix returns errors instead of touching errno, and the C caller reads errno.)

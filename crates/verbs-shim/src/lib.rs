@@ -179,8 +179,10 @@ pub mod error;
 mod fault_tests;
 /// The libibverbs C ABI types (the `verbs-sys` crate).
 pub use verbs_sys as ffi;
+mod gid;
 mod logging;
 mod maps;
+mod netif;
 mod objects;
 mod qp_ex;
 mod rdmacm;

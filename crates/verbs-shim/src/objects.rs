@@ -154,30 +154,22 @@ pub struct ShimSrq {
     pub pd_use: PdUse,
 }
 
-/// `struct ibv_ah` + the backend address handle.
+/// Where an address handle's datagrams go.
+pub enum AhRoute {
+    /// A device the backend resolved.
+    Device(Box<dyn Ah>),
+    /// An IP GID: the device whose LID owns each datagram's destination QP number,
+    /// if that GID is in its table (`gid::by_gid_and_qpn`).
+    ByQpn([u8; 16]),
+}
+
+/// `struct ibv_ah` + where it sends.
 #[repr(C)]
 pub struct ShimAh {
     pub ah: ibv_ah,
-    pub inner: Box<dyn Ah>,
+    pub inner: AhRoute,
     /// Its PD's use.
     pub pd_use: PdUse,
-}
-
-impl ShimAh {
-    /// A UD send's destination through address handle `ah` (one of ours, or NULL:
-    /// EINVAL).
-    ///
-    /// # Safety
-    /// `ah` is NULL or an address handle this library created and has not destroyed.
-    pub unsafe fn ud_dest(ah: *mut ibv_ah, qpn: u32, qkey: u32) -> Result<rnic::UdDest, ShimError> {
-        // SAFETY: forwarded contract.
-        let a: &ShimAh = unsafe { shim(ah, "address handle")? };
-        Ok(rnic::UdDest {
-            dest: a.inner.dest(),
-            remote_qpn: qpn,
-            remote_qkey: qkey,
-        })
-    }
 }
 
 /// One work request of an `ibv_wr_*` batch (see `qp_ex`).

@@ -249,7 +249,7 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _h: *mut c_void, _hs: u16, 
 }
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
     // SAFETY: the application passes an address handle of ours (NULL is refused).
-    match unsafe { crate::objects::ShimAh::ud_dest(ah, qpn, qkey) } {
+    match unsafe { crate::ah::ud_dest(ah, qpn, qkey) } {
         // SAFETY: as above.
         Ok(d) => unsafe { last(qp, |p| p.ud = Some(d)) },
         // SAFETY: as above.

@@ -634,6 +634,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             let order: &[epoll::Event] =
                 match epoll::wait(&ch.epfd, &mut ready, (!block).then_some(&now)) {
                     Ok((evs, _)) => evs,
+                    // A blocking read of the channel's fd (libibverbs') fails with
+                    // EINTR when a handler without SA_RESTART ran (qperf and perftest
+                    // end timed loops with SIGALRM this way); epoll_wait never restarts.
+                    Err(rustix::io::Errno::INTR) if block && !restarting_handlers() => {
+                        set_errno(libc::EINTR);
+                        return Ok(-1);
+                    }
                     Err(rustix::io::Errno::INTR) => &[],
                     Err(e) => return Err(rnic::Error::from(std::io::Error::from(e)).into()),
                 };
@@ -667,6 +674,24 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             }
             block = true;
         }
+    })
+}
+
+/// Whether every signal handler the process installed restarts interrupted calls
+/// (`SA_RESTART`): then a read the kernel interrupted would have been restarted, so
+/// the wait goes on. Which signal interrupted the wait is not known, so one handler
+/// without it is enough to return EINTR, as the program's own reads would.
+fn restarting_handlers() -> bool {
+    (1..libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: plain C data; sigaction with a NULL new action only reads the
+        // current one (an invalid signal number fails and is skipped).
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: see above.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            return true;
+        }
+        let h = old.sa_sigaction;
+        h == libc::SIG_DFL || h == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
     })
 }
 
@@ -721,6 +746,20 @@ pub(crate) unsafe fn create_qp_common(
         return Err(ShimError::Unsupported(
             "RDMA READ and atomics in send_ops_flags of a UC QP".into(),
         ));
+    }
+    // Within what ibv_query_device advertises, or EINVAL (quietly: see Exceeds).
+    // SAFETY: our PD's context is ours and open while the PD exists.
+    let d = unsafe { ShimContext::from_ibv(p.pd.context)? }.dev.attr();
+    for (what, v, max) in [
+        ("max_send_wr", a.cap.max_send_wr, d.max_qp_wr),
+        ("max_recv_wr", a.cap.max_recv_wr, d.max_qp_wr),
+        ("max_send_sge", a.cap.max_send_sge, d.max_sge),
+        ("max_recv_sge", a.cap.max_recv_sge, d.max_sge),
+        ("max_inline_data", a.cap.max_inline_data, d.max_inline_data),
+    ] {
+        if v > max {
+            return Err(ShimError::Exceeds(format!("{what} {v} > {max}")));
+        }
     }
     let srq: Option<&ShimSrq> = if a.srq.is_null() {
         None
@@ -814,10 +853,14 @@ pub unsafe extern "C" fn ibv_modify_qp(
         // SAFETY: caller contract.
         let q: &ShimQp = unsafe { shim(qp, "QP")? };
         nonnull(attr, "QP attr")?;
-        // SAFETY: checked non-null.
-        let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask)?;
         // SAFETY: the QP's context is ours and open while the QP exists.
         let c = unsafe { ShimContext::from_ibv(q.qp.qp_base.context)? };
+        let resolve = |av: &ibv_ah_attr, qpn: u32| {
+            crate::gid::resolve(c, av, Some(qpn))?
+                .ok_or_else(|| ShimError::InvalidArgument("address vector names no device".into()))
+        };
+        // SAFETY: checked non-null.
+        let (a, m) = qp_attr_from_c(unsafe { &*attr }, mask, resolve)?;
         // As rxe's rxe_qp_chk_attr: RDMA READ/atomic depths within the device's.
         let max_rd = c.dev.attr().max_qp_rd_atom;
         for (bit, v, what) in [

@@ -54,9 +54,21 @@ fn tool_pingpong(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Option<(Output, Output)> {
+    tool_pingpong_at(tool, &["-g", "0"], port, extra, env)
+}
+
+/// [`tool_pingpong`] with the addressing options `addr` (`-g N`, or none: by LID).
+fn tool_pingpong_at(
+    tool: &str,
+    addr: &[&str],
+    port: u16,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Option<(Output, Output)> {
     let b = require(&[tool])?;
     let p = port.to_string();
-    let mut sargs = vec!["-g", "0", "-p", p.as_str(), "-n", "200", "-c"];
+    let mut sargs = addr.to_vec();
+    sargs.extend(["-p", p.as_str(), "-n", "200", "-c"]);
     sargs.extend_from_slice(extra);
     let mut cargs = sargs.clone();
     cargs.push("localhost");
@@ -326,33 +338,25 @@ fn ibv_rc_pingpong_larger_messages() {
     pingpong(18633, &["-s", "65536"]);
 }
 
+/// The port's LID and its IP GIDs address peers as GID 0 does: the pingpongs
+/// without `-g` (address vectors without GRH: by LID, as InfiniBand software
+/// addresses ports) and with `-g 1` (the host's first IP as a RoCE v2 GID: the device
+/// is the one whose LID owns the destination QP number), RC and UC in both modes, UD
+/// address handles by IP GID in pinned mode.
 #[test]
-fn pingpong_without_gid_fails_cleanly() {
-    // No GRH in the address vector: a clear error, no hang.
-    let Some(b) = require(&["ibv_rc_pingpong"]) else {
-        return;
-    };
-    let (s, c) = run_pair(
-        &b[0],
-        18634,
-        &["-p", "18634", "-n", "5"],
-        &["-p", "18634", "-n", "5", "localhost"],
-        &[],
-    );
-    assert!(
-        c.code.is_some() && s.code.is_some(),
-        "hung:\n{}\n{}",
-        c.all(),
-        s.all()
-    );
-    assert!(!c.ok() || !s.ok(), "unexpected success");
-    let both = format!("{}{}", c.stderr, s.stderr);
-    assert!(
-        both.contains("libnprdma: ibv_modify_qp") && both.contains("GRH"),
-        "{}\n{}",
-        c.all(),
-        s.all()
-    );
+fn pingpongs_by_lid_and_by_ip_gid() {
+    let mut port = 18900;
+    for env in [&[][..], NP] {
+        for tool in ["ibv_rc_pingpong", "ibv_uc_pingpong"] {
+            for addr in [&[][..], &["-g", "1"][..]] {
+                port += 1;
+                if tool_pingpong_at(tool, addr, port, &[], env).is_none() {
+                    return;
+                }
+            }
+        }
+    }
+    tool_pingpong_at("ibv_ud_pingpong", &["-g", "1"], 18910, &[], &[]);
 }
 
 #[test]

@@ -58,6 +58,7 @@ pub use self::cq::Cq;
 use self::dev::Dev;
 pub use self::pin::pinned_pages;
 use self::qp::QpState;
+pub use self::qp::MAX_QP_DEPTH;
 pub use self::reg::Mr;
 use self::state::{Shared, State};
 pub use self::types::{Config, Endpoint, Error, RecvWr, SendWr, Stats};

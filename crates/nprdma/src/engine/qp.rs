@@ -66,6 +66,11 @@ pub(super) enum RnrWait {
 /// The control QP's number: the data QP's with this bit set.
 pub const CTRL_QPN_BIT: u32 = 1 << 23;
 
+/// Deepest QP (application WRs per queue): 1024, what qperf and libfabric ask of a
+/// device. Each WR of the depth holds a read-back scratch slot of the QP (two pages
+/// by default: 8 MiB of NIC buffer at full depth).
+pub const MAX_QP_DEPTH: u32 = 1024;
+
 /// A shared receive queue's WQEs (`Pd::create_srq`): the QPs attached to it
 /// take their receives from here, in post order, under the engine lock like
 /// the rest of the state (the mutex is never contended).
@@ -196,8 +201,8 @@ impl<N: Backend> QpState<N> {
         depth: u32,
         qpn: Option<u32>,
     ) -> Result<QpState<N>, Error> {
-        if depth == 0 || depth > 1000 {
-            return Err(Error::Invalid("QP depth must be 1..=1000"));
+        if depth == 0 || depth > MAX_QP_DEPTH {
+            return Err(Error::Invalid("QP depth must be 1..=MAX_QP_DEPTH (1024)"));
         }
         // The NIC QPs' depths below (data: 4 WRs per application WR + 16;
         // control: its slot ring; both on the data QP when it carries the

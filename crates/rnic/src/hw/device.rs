@@ -61,6 +61,10 @@ pub(crate) struct Device {
     pub qps: Mutex<IdxAlloc>,
     pub cqs: Mutex<IdxAlloc>,
     pub qpns: Mutex<(u32, std::collections::HashSet<u32>)>,
+    /// The QP numbers this device hands out, `[lo, hi)` (its LID's range in a subnet).
+    pub qpn_range: (u32, u32),
+    /// The port's LID (0: not in a subnet).
+    pub lid: u16,
     pub next_pd: AtomicU32,
     pub peers: Mutex<HashMap<u64, Arc<Peer>>>,
     pub self_peer: Arc<Peer>,
@@ -72,7 +76,12 @@ pub(crate) struct Device {
 
 impl Device {
     /// The device state of a new host over its freshly created segment.
-    pub fn new(cfg: HostConfig, seg: Arc<Segment>, addr: HostAddr) -> Device {
+    pub fn new(cfg: HostConfig, seg: Arc<Segment>, addr: HostAddr, lid: u16) -> Device {
+        let qpn_range = if lid == 0 {
+            (0x100, 1 << 23)
+        } else {
+            crate::subnet::qpn_range(lid)
+        };
         Device {
             iommu: Iommu::new(
                 seg.clone(),
@@ -83,7 +92,9 @@ impl Device {
             mrs: Mutex::new(IdxAlloc::new(cfg.max_mr)),
             qps: Mutex::new(IdxAlloc::new(cfg.max_qp)),
             cqs: Mutex::new(IdxAlloc::new(cfg.max_cq)),
-            qpns: Mutex::new((0x100, Default::default())),
+            qpns: Mutex::new((qpn_range.0, Default::default())),
+            qpn_range,
+            lid,
             next_pd: AtomicU32::new(1),
             peers: Mutex::new(HashMap::new()),
             help_backoff: AtomicU64::new(0),

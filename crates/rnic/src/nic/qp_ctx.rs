@@ -215,10 +215,11 @@ impl QpCtx {
                     n
                 }
                 None => {
+                    let (lo, hi) = h.qpn_range;
                     let mut n = q.0;
                     loop {
-                        if n >= 1 << 23 {
-                            n = 0x100;
+                        if n >= hi {
+                            n = lo;
                         }
                         if !q.1.contains(&n) {
                             break;

@@ -82,6 +82,8 @@ struct HostShared {
     inner: Arc<Nic>,
     qps: Arc<HostQps>,
     nic: Option<JoinHandle<()>>,
+    /// The device's LID, held while the host lives (dropped after the NIC stops).
+    _lease: Option<crate::subnet::Lease>,
 }
 
 impl Drop for HostShared {
@@ -129,6 +131,17 @@ impl Host {
             // The labelled opt-in: trusting peers copy into this process themselves.
             sys::allow_ptrace_any();
         }
+        // A LID first: it fixes the QP numbers the device hands out.
+        let lease = match &cfg.subnet {
+            Some(path) => {
+                let span = crate::subnet::qpn_range(1);
+                if cfg.max_qp as u64 >= (span.1 - span.0) as u64 / 2 {
+                    return Err(Error::InvalidArgument("max_qp too large for a LID's QP numbers"));
+                }
+                Some(crate::subnet::Lease::claim(path)?)
+            }
+            None => None,
+        };
         let nonce = make_nonce();
         let seg = Arc::new(Segment::create(&cfg, nonce)?);
         let addr = HostAddr {
@@ -136,7 +149,9 @@ impl Host {
             fd: seg.hdr().memfd.load(Ordering::Relaxed),
             nonce,
         };
-        let inner = Nic::register(Device::new(cfg, seg, addr));
+        let lid = lease.as_ref().map_or(0, |l| l.lid());
+        let gids = cfg.gids.clone();
+        let inner = Nic::register(Device::new(cfg, seg, addr, lid));
         let qps: Arc<HostQps> = Arc::default();
         let t = inner.clone();
         let act = qps.clone();
@@ -159,11 +174,16 @@ impl Host {
         if rx.recv() != Ok(true) {
             return Err(Error::Io("NIC thread could not take the liveness token".into()));
         }
+        // Published once the NIC answers: a peer that finds the LID can connect.
+        if let Some(l) = &lease {
+            l.publish(&crate::subnet::Entry { addr, gids })?;
+        }
         Ok(Host {
             sh: Arc::new(HostShared {
                 inner,
                 qps,
                 nic: Some(nic),
+                _lease: lease,
             }),
         })
     }
@@ -180,6 +200,11 @@ impl Host {
     /// The address peers use to connect QPs to this host.
     pub fn addr(&self) -> HostAddr {
         self.sh.inner.addr
+    }
+
+    /// The port's LID (0 when the host is in no subnet: `HostConfig::subnet`).
+    pub fn lid(&self) -> u16 {
+        self.sh.inner.lid
     }
 
     /// Open a device context.

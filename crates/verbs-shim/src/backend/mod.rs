@@ -14,6 +14,7 @@ mod np_sgl;
 mod np_verbs;
 mod pinned;
 pub use pinned::pinned_pages;
+pub use pinned::PINNED_MAX_SGE;
 
 use crate::error::ShimError;
 use rnic::{
@@ -34,6 +35,11 @@ pub trait Device: Send + Sync {
     fn attr(&self) -> DeviceAttr;
     /// GID index 0: the 16-byte address peers connect to.
     fn gid(&self) -> [u8; 16];
+    /// The port's LID in the host's subnet (`rnic::subnet`); 0: none (peers are
+    /// addressed by GID 0 only).
+    fn lid(&self) -> u16 {
+        0
+    }
     /// A protection domain.
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).
@@ -326,6 +332,9 @@ pub fn host_config_from_env() -> Result<rnic::HostConfig> {
     let mut c = rnic::HostConfig {
         trusted_peers,
         nic_spin: std::time::Duration::from_micros(DEFAULT_NIC_SPIN_US),
+        // The port takes a LID of the host's subnet and answers to the host's IPs.
+        subnet: Some(rnic::subnet::default_path()),
+        gids: crate::netif::host_gids().to_vec(),
         ..Default::default()
     };
     if trusted_peers {

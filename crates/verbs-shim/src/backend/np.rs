@@ -41,7 +41,7 @@ pub const NP_MAX_MR: u32 = 4096;
 /// own, with an eventfd: no NIC CQ behind it; the software NIC's own count).
 pub const NP_MAX_CQ: u32 = 256;
 /// Deepest QP of the layer (`nprdma` refuses more).
-const NP_MAX_DEPTH: u32 = 1000;
+const NP_MAX_DEPTH: u32 = np::engine::MAX_QP_DEPTH;
 
 /// Bytes of application MRs the NIC's IOMMU page table and residency map cover in all
 /// (what `ibv_query_device` advertises as `max_mr_size`, in one MR or many): 1 TiB.
@@ -58,6 +58,8 @@ fn np_host_limits(c: &mut rnic::HostConfig) {
     let app_mrs = NP_MAX_MR + NP_MAX_QP + NP_MAX_BOUNCE;
     let pages = NP_MR_BYTES / vmem::PAGE_SIZE as u64;
     c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
+    // A QP of full depth: 4 NIC WRs per WR, 16 spare, 64 command slots.
+    c.max_wr = c.max_wr.max(4 * NP_MAX_DEPTH + 16 + 64);
     c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
     c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
     c.iova_pages = c.iova_pages.max(2 * pages + (1 << 20));
@@ -109,6 +111,10 @@ pub trait NpFlavor: Send + Sync + Sized + 'static {
     fn device_attr(&self) -> DeviceAttr;
     /// GID index 0: this host's address for peers.
     fn gid(&self) -> [u8; 16];
+    /// The port's LID (0: none).
+    fn lid(&self) -> u16 {
+        0
+    }
     /// The NIC's counters for the stats line (`key=value` pairs).
     fn nic_stats(&self, s: &<Self::Nic as Nic>::Stats) -> String;
 }
@@ -137,6 +143,9 @@ impl NpFlavor for Soft {
     }
     fn gid(&self) -> [u8; 16] {
         self.host.addr().to_bytes()
+    }
+    fn lid(&self) -> u16 {
+        self.host.lid()
     }
     fn nic_stats(&self, n: &np::engine::NicStats) -> String {
         format!(
@@ -256,6 +265,9 @@ impl<F: NpFlavor> Device for NpDevice<F> {
     }
     fn gid(&self) -> [u8; 16] {
         self.flavor.gid()
+    }
+    fn lid(&self) -> u16 {
+        self.flavor.lid()
     }
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>> {
         Ok(Arc::new(NpPd::<F::Nic> {

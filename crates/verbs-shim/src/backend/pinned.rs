@@ -30,13 +30,23 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+/// Work requests per queue this mode grants (rxe's `RXE_MAX_QP_WR`).
+pub const PINNED_MAX_WR: u32 = 16384;
+/// SGEs per work request this mode grants (rxe's `RXE_MAX_SGE`).
+pub const PINNED_MAX_SGE: u32 = 32;
+
 pub struct PinnedDevice {
     ctx: rnic::Context,
 }
 
 impl PinnedDevice {
     pub fn new() -> Result<PinnedDevice> {
-        let host = rnic::Host::new(super::host_config_from_env()?)?;
+        let mut cfg = super::host_config_from_env()?;
+        // What rxe advertises: 16384 WRs per queue and 32 SGEs per WR (unused depth
+        // costs nothing: the receive rings are sparse shared memory).
+        cfg.max_wr = PINNED_MAX_WR;
+        cfg.max_sge = PINNED_MAX_SGE;
+        let host = rnic::Host::new(cfg)?;
         Ok(PinnedDevice {
             ctx: host.open_context()?,
         })
@@ -52,6 +62,9 @@ impl Device for PinnedDevice {
     }
     fn gid(&self) -> [u8; 16] {
         self.ctx.host().addr().to_bytes()
+    }
+    fn lid(&self) -> u16 {
+        self.ctx.host().lid()
     }
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>> {
         Ok(Arc::new(PinnedPd(self.ctx.alloc_pd()?)))

@@ -120,12 +120,7 @@ pub fn source_for(dst: &SocketAddr) -> Result<IpAddr, AddrError> {
 }
 
 /// The RoCE v2 GID of an IP address (IPv4-mapped for IPv4, as rxe builds them).
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
-        IpAddr::V6(v) => v.octets(),
-    }
-}
+pub use crate::netif::gid_of_ip as gid_of;
 
 #[cfg(test)]
 mod tests {

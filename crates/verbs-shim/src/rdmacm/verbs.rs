@@ -70,7 +70,7 @@ pub fn gid0() -> [u8; 16] {
     // SAFETY: plain C data; our own export on our context.
     unsafe {
         let mut g: ibv_gid = std::mem::zeroed();
-        if crate::device::ibv_query_gid(ctx, 1, 0, &mut g) != 0 {
+        if crate::gid::ibv_query_gid(ctx, 1, 0, &mut g) != 0 {
             return [0; 16];
         }
         g.raw

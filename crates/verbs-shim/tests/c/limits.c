@@ -48,6 +48,30 @@ int main(void)
 	CHECK(q);
 	CHECK_EQ(ibv_destroy_qp(q), 0);
 
+	/* What middleware asks of a device (qperf: 1024 WRs; libfabric and UCX: several
+	 * SGEs and inline data; rxe grants 512 B inline): granted, and the granted caps
+	 * written back cover the request. */
+	CHECK(da.max_qp_wr >= 1024);
+	CHECK(da.max_sge >= 5);
+	struct ibv_qp_init_attr ia;
+	memset(&ia, 0, sizeof(ia));
+	ia.send_cq = ia.recv_cq = cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = ia.cap.max_recv_wr = 1024;
+	ia.cap.max_send_sge = ia.cap.max_recv_sge = 5;
+	ia.cap.max_inline_data = 512;
+	q = ibv_create_qp(e.pd, &ia);
+	CHECK(q);
+	CHECK(ia.cap.max_send_wr >= 1024 && ia.cap.max_recv_wr >= 1024);
+	CHECK(ia.cap.max_send_sge >= 5 && ia.cap.max_recv_sge >= 5);
+	CHECK(ia.cap.max_inline_data >= 512);
+	/* A request at the granted inline size is granted again (libfabric's search). */
+	uint32_t inl = ia.cap.max_inline_data;
+	CHECK_EQ(ibv_destroy_qp(q), 0);
+	q = try_qp(&e, cq, 4, 1, inl);
+	CHECK(q);
+	CHECK_EQ(ibv_destroy_qp(q), 0);
+
 	/* max_rd_atomic past the device's max_qp_rd_atom: EINVAL. */
 	struct ibv_qp *a = make_qp(&e, cq), *b = make_qp(&e, cq);
 	CHECK_EQ(to_init(a, ALL_ACCESS), 0);
