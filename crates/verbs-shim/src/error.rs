@@ -51,7 +51,6 @@ pub fn errno() -> i32 {
 }
 
 /// Set this thread's `errno`.
-
 pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid. (Raw:
     // rustix returns errors instead of touching errno, and the C caller reads errno.)
