@@ -1,7 +1,8 @@
 //! UCX over libnprdma.so: `ucx_info -d` (Debian's UCX 1.13, package ucx-utils)
 //! lists the `ib` memory domain `nprdma0` and its verbs transports on `nprdma0:1`
 //! in both modes — uct_ib finds the device node it stats, opens the device, queries
-//! it and its port, allocates a PD and opens the interfaces (their QPs and CQs).
+//! it and its port, allocates a PD and opens the interfaces (their QPs and CQs);
+//! and `ucx_perftest tag_lat` runs over rc_verbs in pinned mode.
 
 mod common;
 use common::*;
@@ -62,4 +63,31 @@ fn ucx_info_lists_ib_md_with_rc_and_ud_verbs_pinned() {
 #[test]
 fn ucx_info_lists_ib_md_with_rc_verbs_nprdma() {
     ucx_info_lists(&[("NPRDMA_MODE", "nprdma")], &["rc_verbs"]);
+}
+
+/// `ucx_perftest -t tag_lat` between two processes over `UCX_TLS=rc_v,self` (rc_verbs,
+/// with ud_verbs as UCX's auxiliary transport for the wireup: rc_verbs alone cannot
+/// wire up, on any device), pinned mode: the tag-matching round trips complete.
+#[test]
+fn ucx_perftest_tag_lat_rc_verbs_pinned() {
+    let Some(b) = require(&["ucx_perftest"]) else {
+        return;
+    };
+    let port = 18734u16;
+    let p = port.to_string();
+    let env = [("NPRDMA_MODE", "pinned"), ("UCX_TLS", "rc_v,self")];
+    let (s, c) = run_pair(
+        &b[0],
+        port,
+        &["-p", &p],
+        &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000"],
+        &env,
+    );
+    assert!(
+        s.ok() && c.ok(),
+        "server:\n{}\nclient:\n{}",
+        s.all(),
+        c.all()
+    );
+    assert!(c.stdout.contains("Final:"), "{}", c.all());
 }
