@@ -17,8 +17,24 @@ pub const VENDOR_ID: u32 = 0x4e50; // "NP"
 pub const VENDOR_PART_ID: u32 = 0x0001;
 /// Node GUID (host order).
 pub const NODE_GUID: u64 = 0x4e50_5244_4d41_0001;
+/// The device's uverbs name (`ibv_device.dev_name`) and its node, which `stat` and
+/// `access` answer for (see `devnode`).
+pub const DEV_UVERBS: &str = "uverbs0";
+pub const DEV_NODE: &str = "/dev/infiniband/uverbs0";
 
 struct DevPtr(*mut ibv_device);
+
+/// The device as rdma-core allocates it: `struct verbs_device` begins with the
+/// `ibv_device` and goes on with the provider's fields, which provider libraries
+/// read from any device they are asked about (libmlx5's `mlx5dv_is_supported`, which
+/// UCX calls on every device, compares `verbs_device.ops` with its own). Here they
+/// are all zero (no provider ops), so such a check reads zeroed memory and says no.
+#[repr(C)]
+struct VerbsDevice {
+    device: ibv_device,
+    /// `ops`, `refcount`, `entry`, `sysfs`, `core_support` and room to spare.
+    provider: [u64; 16],
+}
 // SAFETY: the device struct is immutable after creation and lives forever.
 unsafe impl Send for DevPtr {}
 // SAFETY: as above.
@@ -40,13 +56,21 @@ pub fn ibv_dev() -> *mut ibv_device {
         d.node_type = IBV_NODE_CA;
         d.transport_type = IBV_TRANSPORT_IB;
         copy_cstr(&mut d.name, DEV_NAME);
-        copy_cstr(&mut d.dev_name, "uverbs0");
-        copy_cstr(&mut d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
+        copy_cstr(&mut d.dev_name, DEV_UVERBS);
+        copy_cstr(
+            &mut d.dev_path,
+            &format!("/sys/class/infiniband_verbs/{DEV_UVERBS}"),
+        );
         copy_cstr(
             &mut d.ibdev_path,
             &format!("/sys/class/infiniband/{DEV_NAME}"),
         );
-        DevPtr(Box::into_raw(Box::new(d)))
+        let v = Box::into_raw(Box::new(VerbsDevice {
+            device: d,
+            provider: [0; 16],
+        }));
+        // SAFETY: `device` is the first field of the leaked allocation.
+        DevPtr(unsafe { std::ptr::addr_of_mut!((*v).device) })
     })
     .0
 }
@@ -102,7 +126,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         if dev != ibv_dev() {
             return Err(ShimError::InvalidArgument("not a libnprdma device".into()));
         }
-        // The command fd: a real, private fd standing for /dev/infiniband/uverbsN
+        // The command fd: a real, private fd standing for the device node
         // (applications dup, poll or pass it; ibv_import_device takes a dup of it).
         let cmd_fd = rustix::fs::memfd_create(CMD_FD_NAME, rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|e| rnic::Error::from(std::io::Error::from(e)))?;

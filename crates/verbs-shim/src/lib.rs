@@ -14,6 +14,13 @@
 //!   rnic `HostAddr`, so the applications' own GID exchange carries it;
 //!   `ibv_modify_qp(RTR)` connects to (GID, dest_qp_num). An address vector without GRH
 //!   is refused (e.g. `ibv_rc_pingpong` needs `-g 0`).
+//! * The device node `/dev/infiniband/uverbs0` (`dev_name` `uverbs0`), which
+//!   middleware checks before opening a device (UCX's uct_ib: a character device the
+//!   caller may read and write), is answered for by the interposed `stat`, `stat64`,
+//!   `__xstat`, `__xstat64` and `access` (a uverbs node, 231:192, mode 0666): no node
+//!   exists, and an unprivileged process could create none (see `devnode`). So UCX
+//!   lists the `ib` memory domain `nprdma0` with `rc_verbs` (both modes) and `ud_verbs`
+//!   (pinned mode) on `nprdma0:1` (`tests/ucx.rs`).
 //! * One NIC per process, created at the first `ibv_open_device`, shared-memory
 //!   transport (two processes talk); remote READ/WRITE/atomics progress without any
 //!   verbs call by the passive side (rnic's NIC thread / initiator-side DMA).
@@ -161,7 +168,7 @@
 //!
 //! Modules: [`ffi`] (bindgen types + layout tests: the `verbs-sys` crate), [`backend`] (internal verbs
 //! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode, `np_verbs`: its libibverbs device), [`error`], `objects` (C-visible objects, entry guard), `device`
-//! (device/port/GID verbs), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
+//! (device/port/GID verbs), `devnode` (the device node's `stat`/`access`), `strs` (enum strings), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
 //! `ah` (address handles), `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (librdmacm's API: event channels, ids, connect/accept/disconnect over a
 //! CM of our own, one TCP stream per connection on the rdma_cm port; see its module doc).
@@ -174,6 +181,7 @@ mod convert;
 mod cq_ex;
 mod datapath;
 mod device;
+mod devnode;
 pub mod error;
 #[cfg(test)]
 mod fault_tests;
@@ -187,4 +195,5 @@ mod objects;
 mod qp_ex;
 mod rdmacm;
 mod resources;
+mod strs;
 mod unmap;

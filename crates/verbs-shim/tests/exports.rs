@@ -52,7 +52,14 @@ fn all_imported_verbs_are_exported() {
         .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
         .collect();
     let mut missing = BTreeSet::new();
-    let cm_bins: Vec<_> = cm_progs.iter().filter_map(|p| find_bin(p)).collect();
+    let mut cm_bins: Vec<_> = cm_progs.iter().filter_map(|p| find_bin(p)).collect();
+    // UCX's verbs and rdma_cm transports (ucx-utils' libucx0), when installed.
+    cm_bins.extend(
+        ["libuct_ib.so.0", "libuct_rdmacm.so.0"]
+            .iter()
+            .map(|l| std::path::Path::new("/usr/lib/x86_64-linux-gnu/ucx").join(l))
+            .filter(|p| p.exists()),
+    );
     for b in bins.iter().chain(&cm_bins) {
         let und = nm(&["-D", "--undefined-only"], b).expect("nm on a program");
         for l in und.lines() {
