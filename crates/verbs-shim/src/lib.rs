@@ -11,9 +11,20 @@
 //!
 //! * One device `nprdma0` (vendor 0x4e50, part 1: perftest uses `ibv_post_send`), one
 //!   port, active, Ethernet link layer (RoCE-like). GID 0 is the process NIC's 16-byte
-//!   rnic `HostAddr`, so the applications' own GID exchange carries it;
-//!   `ibv_modify_qp(RTR)` connects to (GID, dest_qp_num). An address vector without GRH
-//!   is refused (e.g. `ibv_rc_pingpong` needs `-g 0`).
+//!   rnic `HostAddr`, so the applications' own GID exchange carries it; entries 1..
+//!   of the 32-entry GID table are the host's IP addresses as RoCE v2 GIDs
+//!   (IPv4-mapped, loopback last: `netif`). The port has a LID of the host's subnet
+//!   (`rnic::subnet`: one per device of this user on the machine, its QP numbers from
+//!   the LID's range), so an address vector reaches a port by LID (no GRH: qperf,
+//!   `ibv_rc_pingpong` without `-g`), by GID 0, or by an IP GID with the destination
+//!   QP number (`gid`); UD address handles by IP GID resolve per datagram;
+//!   `wc.slid` is the sender's LID.
+//! * QP limits: pinned mode grants rxe's 16384 WRs and 32 SGEs per queue, 1024 B
+//!   inline; NP-RDMA mode 1024 WRs (`max_qp_wr`), 16 SGEs, 1024 B; the granted caps
+//!   are written back; a request past a limit fails with EINVAL without a message
+//!   (libfabric's verbs provider searches `max_inline_data` by asking).
+//! * `ibv_get_cq_event` fails with EINTR when a signal handler without `SA_RESTART`
+//!   interrupted its wait (as libibverbs' `read` of the channel fd would).
 //! * The device node `/dev/infiniband/uverbs0` (`dev_name` `uverbs0`), which
 //!   middleware checks before opening a device (UCX's uct_ib: a character device the
 //!   caller may read and write), is answered for by the interposed `stat`, `stat64`,
@@ -97,12 +108,12 @@
 //! in both modes a registration that lets anyone write refuses memory not mapped
 //! writable with EFAULT, as `ib_umem_get` does); QPs, CQs and completion channels (the
 //! layer's eventfd) are the layer's;
-//! `ibv_modify_qp(INIT->RTR)` connects to (GID 0 = rnic `HostAddr`, `dest_qp_num`).
+//! `ibv_modify_qp(INIT->RTR)` connects to the address vector's port (see above).
 //! Limits: SGE lists up to 16 (`max_sge`; the layer's WRs carry one SGE, so a list
 //! goes through a bounce buffer: gathered at post, scattered when the completion is
 //! polled — see `backend::np_sgl`), inline payloads up to 1024 bytes (staged in a
 //! per-QP registered buffer; nothing posted after an inline WR issues before it
-//! finishes), QP depth up to 1000 (`max_qp_wr`), 256 QPs and 4096 MRs per process
+//! finishes), QP depth up to 1024 (`max_qp_wr`), 256 QPs and 4096 MRs per process
 //! (what `ibv_query_device` advertises), the target QP's `qp_access_flags` enforced
 //! as by a NIC (REM_INV_REQ_ERR), QP state
 //! RESET→INIT→RTR→RTS, any state → ERR (`nprdma::Qp::set_error`: every outstanding
@@ -169,7 +180,7 @@
 //! Modules: [`ffi`] (bindgen types + layout tests: the `verbs-sys` crate), [`backend`] (internal verbs
 //! interface, `pinned`, `np` + `np_env` + `np_sgl`: NP-RDMA mode, `np_verbs`: its libibverbs device), [`error`], `objects` (C-visible objects, entry guard), `device`
 //! (device/port/GID verbs), `devnode` (the device node's `stat`/`access`), `strs` (enum strings), `resources` (PD/MR/CQ/channel/QP verbs, refusals),
-//! `ah` (address handles), `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
+//! `netif` (the host's IPs as GIDs), `gid` (GID table, LIDs, what an address vector names), `ah` (address handles), `datapath` (context ops), `qp_ex` (`ibv_wr_*` builder), `cq_ex` (extended CQs), `convert` (C <-> backend),
 //! `rdmacm` (librdmacm's API: event channels, ids, connect/accept/disconnect over a
 //! CM of our own, one TCP stream per connection on the rdma_cm port; see its module doc).
 

@@ -149,7 +149,11 @@ pub unsafe extern "C" fn rdma_listen(idp: *mut rdma_cm_id, backlog: c_int) -> c_
             return Err(libc::EINVAL);
         }
         let s = st.sock.take().ok_or(libc::EINVAL)?;
-        if let Err(e) = s.listen(backlog.clamp(16, 4096)) {
+        // IB's CM queues every request whatever the backlog (the kernel uses it for
+        // iWARP only): the stream listener takes the most the kernel allows, so a
+        // burst of connects never waits on a dropped SYN's one-second retry.
+        let _ = backlog;
+        if let Err(e) = s.listen(libc::SOMAXCONN.max(4096)) {
             st.sock = Some(s);
             return Err(e.raw_os_error().unwrap_or(libc::EADDRINUSE));
         }

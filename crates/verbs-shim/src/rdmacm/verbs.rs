@@ -174,6 +174,11 @@ pub unsafe fn create_qp(
     }
     attr.cap = init.cap;
     c.id.qp = qp;
+    tracing::debug!(
+        id = c as *const CmId as usize,
+        qp = qp as usize,
+        "rdma_create_qp"
+    );
     c.id.pd = pd;
     c.id.qp_type = init.qp_type;
     for (cq, ch) in made {
