@@ -123,13 +123,17 @@ int main(void)
 	ud_up(a);
 	ud_up(b);
 
-	/* Address handles: a GRH is required, sgid index 0, a reachable GID. */
+	/* Address handles: without a GRH by a LID some port has (0 is none's), an
+	 * sgid index inside the port's GID table, a reachable GID. */
+	struct ibv_port_attr pa;
+	CHECK_EQ(ibv_query_port(e.ctx, 1, &pa), 0);
 	aa.is_global = 0;
+	aa.dlid = 0;
 	errno = 0;
 	CHECK(ibv_create_ah(e.pd, &aa) == NULL);
 	CHECK_EQ(errno, EINVAL);
 	aa.is_global = 1;
-	aa.grh.sgid_index = 1;
+	aa.grh.sgid_index = pa.gid_tbl_len;
 	errno = 0;
 	CHECK(ibv_create_ah(e.pd, &aa) == NULL);
 	CHECK_EQ(errno, EINVAL);
@@ -171,7 +175,7 @@ int main(void)
 	CHECK_EQ(wc.wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
 	CHECK_EQ(ntohl(wc.imm_data), 0x12345678);
 	CHECK_EQ(wc.pkey_index, 0);
-	CHECK_EQ(wc.slid, 0);
+	CHECK_EQ(wc.slid, pa.lid); /* the sender's LID (same device here) */
 	CHECK_EQ(wc.dlid_path_bits, 0);
 	struct ibv_grh *g = (struct ibv_grh *)dst;
 	CHECK_EQ(ntohl(g->version_tclass_flow) >> 28, 6);
