@@ -203,6 +203,7 @@ mod logging;
 mod maps;
 mod netif;
 mod objects;
+mod per_process;
 mod qp_ex;
 mod rdmacm;
 mod resources;

@@ -353,7 +353,9 @@ pub fn host_config_from_env() -> Result<rnic::HostConfig> {
     Ok(c)
 }
 
-static DEVICE: OnceLock<std::result::Result<Arc<dyn Device>, ShimError>> = OnceLock::new();
+/// The process's device (a forked child makes its own: `per_process`).
+static DEVICE: crate::per_process::PerProcess<std::result::Result<Arc<dyn Device>, ShimError>> =
+    crate::per_process::PerProcess::new();
 
 /// `atexit` handler of `NPRDMA_STATS=1`: one `nprdma-stats: key=value ...` line on
 /// stderr (not every application closes its device before exiting), written with

@@ -90,7 +90,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         }
         st.peer = Some(d);
         c.set_peer(&d, sockaddr::gid_of(d.ip()));
-        c.id.verbs = verbs::context()?;
+        verbs::attach(c)?;
         st.phase = Phase::AddrResolved;
         post(c, &mut st, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
         drop(st);
@@ -208,6 +208,8 @@ pub unsafe extern "C" fn rdma_connect(idp: *mut rdma_cm_id, p: *mut rdma_conn_pa
                 rnr_retry_count: 7,
             },
         };
+        // The REP's count replaces this one for the QP; this one goes in the REQ.
+        st.offer_rnr = st.mine.rnr_retry_count;
         st.qpn_hint = p.map_or(0, |p| p.qp_num);
         st.pending_private = private;
         let peer = st.peer.ok_or(libc::EINVAL)?;
@@ -216,6 +218,7 @@ pub unsafe extern "C" fn rdma_connect(idp: *mut rdma_cm_id, p: *mut rdma_conn_pa
         }
         let s = st.sock.take().ok_or(libc::EINVAL)?;
         s.set_nonblocking(true).map_err(|_| libc::EIO)?;
+        st.attempted = true;
         match s.connect(&peer.into()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -270,20 +273,25 @@ pub unsafe extern "C" fn rdma_accept(idp: *mut rdma_cm_id, p: *mut rdma_conn_par
         // SAFETY: private_data readable for its length (the caller's contract).
         let private = unsafe { private_of(data, len, max)? };
         let remote = st.remote.clone().ok_or(libc::EINVAL)?;
+        // The accept's depths; the retry counts stay the REQ's (IB CM); the accept's
+        // RNR retry count goes in the REP, for the peer's QP.
         st.mine = match p {
             Some(p) => Negotiated {
                 responder_resources: clamp_depth(p.responder_resources),
                 initiator_depth: clamp_depth(p.initiator_depth),
-                retry_count: remote.retry_count,
-                rnr_retry_count: p.rnr_retry_count.min(7),
+                retry_count: remote.retry_count.min(7),
+                rnr_retry_count: remote.rnr_retry_count.min(7),
             },
             None => Negotiated {
                 responder_resources: clamp_depth(remote.initiator_depth),
                 initiator_depth: clamp_depth(remote.responder_resources),
-                retry_count: remote.retry_count,
-                rnr_retry_count: remote.rnr_retry_count,
+                retry_count: remote.retry_count.min(7),
+                rnr_retry_count: remote.rnr_retry_count.min(7),
             },
         };
+        st.offer_rnr = p
+            .map_or(remote.rnr_retry_count, |p| p.rnr_retry_count)
+            .min(7);
         // SAFETY: the id's QP, under its lock.
         unsafe { verbs::connect_qp(c, &st)? };
         let rep = Msg::Rep {
@@ -397,13 +405,21 @@ pub unsafe extern "C" fn rdma_disconnect(idp: *mut rdma_cm_id) -> c_int {
         let c = unsafe { cm(idp)? };
         let inner = Arc::clone(&c.inner);
         let mut st = inner.lock();
+        if c.id.qp_type == IBV_QPT_UD {
+            return Err(libc::EINVAL);
+        }
+        // A connection already going or gone (the peer's DREQ came first, or it
+        // was rejected): the kernel's rdma_disconnect moves the QP to ERR, finds no
+        // DREQ or DREP to send and succeeds; an id that never connected: EINVAL.
+        if matches!(st.phase, Phase::Disconnecting | Phase::Done) && st.attempted {
+            // SAFETY: the id's QP, under its lock.
+            unsafe { verbs::error_qp(c, &st) };
+            return Ok(());
+        }
         if !matches!(
             st.phase,
             Phase::Established | Phase::Accepting | Phase::Responded
         ) {
-            return Err(libc::EINVAL);
-        }
-        if c.id.qp_type == IBV_QPT_UD {
             return Err(libc::EINVAL);
         }
         // SAFETY: the id's QP, under its lock (librdmacm moves it to ERR first).

@@ -449,7 +449,7 @@ pub fn bind(c: &mut CmId, st: &mut State, a: SocketAddr) -> Result<(), i32> {
     st.sock = Some(s);
     st.local = Some(local);
     c.set_local(&local, verbs::gid0());
-    c.id.verbs = verbs::context()?;
+    verbs::attach(c)?;
     c.id.port_num = 1;
     st.phase = Phase::Bound;
     Ok(())

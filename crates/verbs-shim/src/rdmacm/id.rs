@@ -106,6 +106,9 @@ pub struct State {
     pub link: Option<Arc<Link>>,
     /// The reactor's registration (a listener's or the link's token).
     pub token: Option<u64>,
+    /// A connection began on this id (REQ sent or received): from then on
+    /// `rdma_disconnect` succeeds, as the kernel's does once a CM id exists.
+    pub attempted: bool,
     /// Options.
     pub opts: Options,
     /// The resolve timeout (ms), which bounds a connection attempt's first answer.
@@ -114,8 +117,13 @@ pub struct State {
     pub psn: u32,
     /// The peer's QP (from its REQ or REP).
     pub remote: Option<QpInfo>,
-    /// This side's parameters.
+    /// This side's QP's parameters (IB CM's rules, as the kernel's `cm_init_qp_*_attr`:
+    /// a passive side's retry and RNR retry counts are the REQ's, an active side's RNR
+    /// retry count the REP's).
     pub mine: Negotiated,
+    /// The RNR retry count this side's REQ or REP states (its `conn_param`'s): the
+    /// peer's QP takes it.
+    pub offer_rnr: u8,
     /// Events queued or handed out, not yet acknowledged.
     pub unacked: u32,
     /// `rdma_destroy_id` began.
@@ -198,11 +206,13 @@ impl CmId {
             sock: None,
             link: None,
             token: None,
+            attempted: false,
             opts: Options::default(),
             timeout_ms: 2000,
             psn: rand_psn(),
             remote: None,
             mine: Negotiated::default(),
+            offer_rnr: 7,
             unacked: 0,
             destroyed: false,
             disconnected: false,

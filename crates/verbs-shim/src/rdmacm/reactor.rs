@@ -5,7 +5,7 @@
 //! ends (a peer that died) — plus the timers bounding each wait for a peer.
 
 use super::channel::{Action, EventBox, Queue};
-use super::id::{CmId, Inner, Phase, State};
+use super::id::{CmId, Inner, Negotiated, Phase, State};
 use super::link::Link;
 use super::verbs;
 use super::wire::{self, Msg, QpInfo};
@@ -18,7 +18,7 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// IB CM reject reason: no listener for the service (a connect to a port nobody
@@ -67,7 +67,10 @@ pub struct Reactor {
 
 const WAKE: u64 = 0;
 
-static REACTOR: OnceLock<Result<Arc<Reactor>, i32>> = OnceLock::new();
+/// The process's reactor (a forked child starts its own: the parent's thread is not
+/// there).
+static REACTOR: crate::per_process::PerProcess<Result<Arc<Reactor>, i32>> =
+    crate::per_process::PerProcess::new();
 
 /// The process's reactor (started at first use).
 pub fn get() -> Result<Arc<Reactor>, i32> {
@@ -458,6 +461,7 @@ impl Reactor {
         // SAFETY: just created, not yet published.
         let c = unsafe { &mut *cp };
         c.id.verbs = lc.id.verbs;
+        c.id.pd = lc.id.pd;
         c.id.port_num = 1;
         if let (Some(local), Some(peer)) = (link.local(), link.peer()) {
             c.set_local(&local, verbs::gid0());
@@ -467,12 +471,22 @@ impl Reactor {
         let child = Arc::clone(&c.inner);
         let mut st = child.lock();
         st.phase = Phase::Requested;
+        st.attempted = true;
         st.opts = opts;
         st.local = link.local();
         st.peer = link.peer();
         st.link = Some(Arc::clone(link));
         st.token = Some(token);
         st.remote = Some(qp.clone());
+        // The REQ's parameters for this side's QP until rdma_accept says its depths:
+        // an external QP may be moved to RTS before the accept (rdma_init_qp_attr).
+        let m = verbs::max_rd_atom();
+        st.mine = Negotiated {
+            responder_resources: qp.initiator_depth.min(m),
+            initiator_depth: qp.responder_resources.min(m),
+            retry_count: qp.retry_count.min(7),
+            rnr_retry_count: qp.rnr_retry_count.min(7),
+        };
         if link.send(&Msg::Mra).is_err() {
             drop(st);
             // SAFETY: never published.
@@ -545,6 +559,7 @@ impl Reactor {
                 // librdmacm's rule: the REP's depths (swapped) for this side's QP.
                 st.mine.responder_resources = qp.initiator_depth;
                 st.mine.initiator_depth = qp.responder_resources;
+                st.mine.rnr_retry_count = qp.rnr_retry_count.min(7);
                 st.phase = Phase::Responded;
                 let kind = RDMA_CM_EVENT_CONNECT_RESPONSE;
                 let mut ev = EventBox::new(kind, id.cptr as *mut _, 0);
@@ -617,7 +632,7 @@ pub fn qp_info(c: &CmId, st: &State, qpn_hint: u32) -> QpInfo {
         responder_resources: st.mine.responder_resources,
         initiator_depth: st.mine.initiator_depth,
         retry_count: st.mine.retry_count,
-        rnr_retry_count: st.mine.rnr_retry_count,
+        rnr_retry_count: st.offer_rnr,
         srq: !c.id.srq.is_null(),
         qkey: verbs::UDP_QKEY,
     }

@@ -10,7 +10,6 @@ use crate::resources::{
     create_qp_ex_op, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq,
     ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_modify_qp,
 };
-use std::sync::OnceLock;
 
 /// The Q_Key of RDMA_PS_UDP ids (librdmacm's RDMA_UDP_QKEY).
 pub const UDP_QKEY: u32 = 0x0123_4567;
@@ -23,7 +22,9 @@ struct Dev {
     max_rd_atom: u8,
 }
 
-static DEV: OnceLock<Result<Dev, i32>> = OnceLock::new();
+/// The CM's context and default PD (per process: a forked child opens its own).
+static DEV: crate::per_process::PerProcess<Result<Dev, i32>> =
+    crate::per_process::PerProcess::new();
 
 fn dev() -> Result<&'static Dev, i32> {
     DEV.get_or_init(|| {
@@ -62,6 +63,16 @@ fn dev() -> Result<&'static Dev, i32> {
 /// The context every id is bound to (the one device).
 pub fn context() -> Result<*mut ibv_context, i32> {
     dev().map(|d| d.ctx as *mut ibv_context)
+}
+
+/// Give `c` the device (`id->verbs`) and its default PD (`id->pd`), as librdmacm's
+/// `ucma_get_device` does once an id has an address.
+pub fn attach(c: &mut CmId) -> Result<(), i32> {
+    c.id.verbs = context()?;
+    if c.id.pd.is_null() {
+        c.id.pd = default_pd()?;
+    }
+    Ok(())
 }
 
 /// This device's GID 0 (what the peer's QP is told to address this side's QPs by).
