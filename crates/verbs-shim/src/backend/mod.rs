@@ -14,7 +14,7 @@ mod np_sgl;
 mod np_verbs;
 mod pinned;
 pub use pinned::pinned_pages;
-pub use pinned::PINNED_MAX_SGE;
+pub use pinned::{PINNED_MAX_CQE, PINNED_MAX_SGE};
 
 use crate::error::ShimError;
 use rnic::{

@@ -58,6 +58,8 @@ fn np_host_limits(c: &mut rnic::HostConfig) {
     let app_mrs = NP_MAX_MR + NP_MAX_QP + NP_MAX_BOUNCE;
     let pages = NP_MR_BYTES / vmem::PAGE_SIZE as u64;
     c.max_qp = c.max_qp.max(2 * NP_MAX_QP + 64);
+    // CQs as deep as pinned mode's (libfabric's rxm asks for 262144 entries).
+    c.max_cqe = c.max_cqe.max(super::PINNED_MAX_CQE);
     // A QP of full depth: 4 NIC WRs per WR, 16 spare, 64 command slots.
     c.max_wr = c.max_wr.max(4 * NP_MAX_DEPTH + 16 + 64);
     c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);

@@ -35,6 +35,9 @@ pub const PINNED_MAX_WR: u32 = 16384;
 /// SGEs per work request this mode grants (rxe's `RXE_MAX_SGE`).
 pub const PINNED_MAX_SGE: u32 = 32;
 
+/// Entries per CQ this mode grants.
+pub const PINNED_MAX_CQE: u32 = 1 << 20;
+
 pub struct PinnedDevice {
     ctx: rnic::Context,
 }
@@ -46,6 +49,8 @@ impl PinnedDevice {
         // costs nothing: the receive rings are sparse shared memory).
         cfg.max_wr = PINNED_MAX_WR;
         cfg.max_sge = PINNED_MAX_SGE;
+        // libfabric's rxm asks for 262144-entry CQs (mlx5 offers 4M); sparse too.
+        cfg.max_cqe = PINNED_MAX_CQE;
         let host = rnic::Host::new(cfg)?;
         Ok(PinnedDevice {
             ctx: host.open_context()?,
