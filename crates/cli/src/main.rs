@@ -49,6 +49,9 @@ enum Cmd {
     /// Applications on NP-RDMA beside today's designs: a remote memory cache and
     /// a Spark-like shuffle (the paper's Applications section, scaled to this machine).
     App(app::AppArgs),
+    /// This machine: CPUs, memory, kernel and the cross-core cache-line round trip
+    /// (the state two-process figures depend on; printed beside benchmarks).
+    Machine,
     /// (internal) the target process of a two-process shm run.
     #[command(hide = true, name = "serve-peer")]
     ServePeer {
@@ -117,6 +120,10 @@ fn main() {
         Cmd::ServePeer { port } => runner::cmd_serve_peer(port),
         Cmd::App(a) => app::cmd_app(a),
         Cmd::AppPeer { port } => app::cmd_app_peer(port),
+        Cmd::Machine => {
+            println!("{}", machine::describe());
+            Ok(())
+        }
     };
     if let Err(e) = r {
         eprintln!("nprdma: error: {e}");

@@ -262,7 +262,7 @@ impl CmId {
         };
         self.path.sgid.raw = sgid;
         self.path.pkey = 0xffff;
-        self.path.mtu = IBV_MTU_1024 as u8;
+        self.path.mtu = IBV_MTU_4096 as u8;
         self.path.hop_limit = 64;
         // SAFETY: writing the ibaddr arm of the address union (plain bytes).
         unsafe {

@@ -276,7 +276,7 @@ pub fn init_attr(c: &CmId, st: &State, state: u32) -> Result<(ibv_qp_attr, i32),
         IBV_QPS_RTR if ud => IBV_QP_STATE,
         IBV_QPS_RTR => {
             let r = st.remote.as_ref().ok_or(libc::EINVAL)?;
-            a.path_mtu = IBV_MTU_1024;
+            a.path_mtu = IBV_MTU_4096; // the port's active MTU
             a.dest_qp_num = r.qpn;
             a.rq_psn = r.psn;
             a.max_dest_rd_atomic = st.mine.responder_resources;
