@@ -1,0 +1,559 @@
+//! NP-RDMA mode's UD QPs and address handles, on the software RNIC: a UD QP is a UD
+//! QP of the NIC itself (as pinned mode's: GRH, qkeys, `src_qp`, the UD MTU), whose
+//! SGEs name NP-RDMA MRs. Datagrams are two-sided and short (≤ the UD MTU), so there
+//! is nothing to be optimistic about: as NP-RDMA's SEND/RECV pins temporarily, each
+//! WR's pages are pinned in the pager from its post until its completion is polled
+//! (a RECV's for writing, a SEND's for reading) and reached by the NIC through a
+//! *view* — a standard (passthrough) NIC MR over the application MR, made on first
+//! use, with no remote rights, revoked when the application MR is deregistered. The
+//! NIC only reaches pages of posted WRs, which are pinned, so pins are bounded by
+//! what is posted and no non-resident page is touched.
+//!
+//! Every NIC WR is signaled (a SEND's pages are unpinned at its own completion); the
+//! completions of WRs the application did not signal are dropped unless in error.
+//! The NIC's completions come back on the application's CQ ([`UdLinks`]): its poll
+//! drains the QP's NIC CQs (one per direction) translating the token wr_ids back;
+//! for completion events a thread per NIC CQ waits on that CQ's channel and makes
+//! the application CQ's eventfd readable when the application armed it.
+//!
+//! Deregistration ([`UdShared::revoke`]): the view goes first (the NIC fences its DMA
+//! out of it; WRs still posted on it then complete in error, as on a NIC whose MR
+//! went), then the pins of those WRs: no byte of the MR is touched afterwards.
+
+use super::np_sgl::LkeyTable;
+use super::{Ah, Qp, Result};
+use crate::error::ShimError;
+use parking_lot::Mutex;
+use rnic::{
+    Access, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr, SendFlags, SendWr, Wc,
+    WcStatus,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Work requests per queue a UD QP grants in this mode (UCX's ud_verbs posts 4096
+/// receives): the NIC's own queue, no engine in between.
+pub const NP_UD_MAX_WR: u32 = 4096;
+
+/// What the device's UD QPs share: the NIC PD they live on, the pager that pins
+/// their buffers, the application MRs (by lkey) and their NIC views.
+pub struct UdShared {
+    pd: rnic::Pd,
+    pager: vmem::Pager,
+    lkeys: Arc<LkeyTable>,
+    /// NIC view of an application MR, by the application lkey.
+    views: Mutex<HashMap<u32, rnic::Mr>>,
+    /// The UD QPs alive (their pins go when an MR is revoked).
+    qps: Mutex<Vec<Weak<Core>>>,
+    /// Pages pinned by UD WRs now (for the stats line).
+    pinned: AtomicUsize,
+}
+
+/// A pin of one SGE's pages, released on drop.
+struct Pin {
+    lkey: u32,
+    addr: usize,
+    len: usize,
+    sh: Arc<UdShared>,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if let Err(e) = self.sh.pager.unpin(self.addr, self.len) {
+            tracing::debug!(addr = self.addr, len = self.len, "UD unpin: {e}");
+        }
+        self.sh
+            .pinned
+            .fetch_sub(pages(self.addr, self.len), Ordering::Relaxed);
+    }
+}
+
+fn pages(addr: usize, len: usize) -> usize {
+    let p = vmem::PAGE_SIZE;
+    (addr + len).div_ceil(p) - addr / p
+}
+
+impl UdShared {
+    pub fn new(host: &rnic::Host, pager: &vmem::Pager, lkeys: Arc<LkeyTable>) -> Result<Self> {
+        let ctx = host.open_context()?;
+        Ok(UdShared {
+            pd: ctx.alloc_pd()?,
+            pager: pager.clone(),
+            lkeys,
+            views: Mutex::new(HashMap::new()),
+            qps: Mutex::new(Vec::new()),
+            pinned: AtomicUsize::new(0),
+        })
+    }
+
+    /// Pages UD WRs hold pinned now.
+    pub fn pinned_pages(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// An address handle for the device whose GID is `gid`.
+    pub fn create_ah(&self, gid: [u8; 16]) -> Result<Box<dyn Ah>> {
+        let dest = rnic::HostAddr::from_bytes(&gid);
+        let ah = self.pd.create_ah(dest).map_err(|e| {
+            ShimError::InvalidArgument(format!("no device has GID {}: {e}", dest.to_hex()))
+        })?;
+        Ok(Box::new(NpAh(ah)))
+    }
+
+    /// Application MR `lkey` is going (deregistered, or re-registered): its view
+    /// first, then the pins UD WRs hold in it. Call after the lkey left the table.
+    pub fn revoke(&self, lkey: u32) {
+        let view = self.views.lock().remove(&lkey);
+        // Deregistered in the NIC: returns once no DMA uses it.
+        drop(view);
+        let qps: Vec<Arc<Core>> = {
+            let mut q = self.qps.lock();
+            q.retain(|w| w.strong_count() > 0);
+            q.iter().filter_map(Weak::upgrade).collect()
+        };
+        for c in qps {
+            let mut st = c.st.lock();
+            let st = &mut *st;
+            for e in st.sends.values_mut().chain(st.recvs.values_mut()) {
+                e.pins.retain(|p| p.lkey != lkey);
+            }
+        }
+    }
+
+    /// `sg` (application SGEs of PD `pd_id`) as NIC SGEs into `out`, pinning their
+    /// pages into `pins` (for writing if `write`). An SGE outside the PD's MRs, or
+    /// whose pages cannot be pinned, gets lkey 0 (no NIC MR has it): the NIC fails the
+    /// WR as it fails any bad SGE (LOC_PROT_ERR).
+    fn translate(
+        self: &Arc<Self>,
+        pd_id: u64,
+        sg: &[rnic::Sge],
+        write: bool,
+        out: &mut Vec<rnic::Sge>,
+        pins: &mut Vec<Pin>,
+    ) {
+        // Under the views' lock: a revoke either precedes the lkey check (which then
+        // fails) or removes the view made here.
+        let mut views = self.views.lock();
+        for s in sg {
+            let key = self.view_key(&mut views, pd_id, s, write);
+            let key = match key {
+                Some(k) if s.length > 0 => {
+                    let (addr, len) = (s.addr as usize, s.length as usize);
+                    let r = if write {
+                        self.pager.pin(addr, len)
+                    } else {
+                        self.pager.pin_read(addr, len)
+                    };
+                    match r {
+                        Ok(()) => {
+                            self.pinned.fetch_add(pages(addr, len), Ordering::Relaxed);
+                            pins.push(Pin {
+                                lkey: s.lkey,
+                                addr,
+                                len,
+                                sh: self.clone(),
+                            });
+                            k
+                        }
+                        Err(e) => {
+                            tracing::debug!(addr, len, "UD pin failed: {e}");
+                            0
+                        }
+                    }
+                }
+                Some(k) => k,
+                None => 0,
+            };
+            out.push(rnic::Sge { lkey: key, ..*s });
+        }
+    }
+
+    /// The NIC lkey of `s`'s view, made now if needed; `None`: `s` is not inside an
+    /// MR of the PD (with LOCAL_WRITE if `write`).
+    fn view_key(
+        &self,
+        views: &mut HashMap<u32, rnic::Mr>,
+        pd_id: u64,
+        s: &rnic::Sge,
+        write: bool,
+    ) -> Option<u32> {
+        if !self.lkeys.covers(pd_id, s, write) {
+            return None;
+        }
+        if let Some(v) = views.get(&s.lkey) {
+            return Some(v.lkey());
+        }
+        let info = self.lkeys.get(s.lkey)?;
+        let acc = if info.local_write {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        // SAFETY: the range of a registered application MR, mapped while registered;
+        // the view is dropped (`revoke`) before the MR is deregistered, and the NIC
+        // reaches only the pages of posted WRs, pinned until their completion.
+        let v = unsafe { self.pd.reg_mr(info.addr as usize, info.len as usize, acc) };
+        match v {
+            Ok(v) => {
+                let k = v.lkey();
+                views.insert(s.lkey, v);
+                Some(k)
+            }
+            Err(e) => {
+                tracing::warn!("UD view of MR {:#x}: {e}", s.lkey);
+                None
+            }
+        }
+    }
+}
+
+/// An address handle: the NIC's.
+struct NpAh(rnic::Ah);
+
+impl Ah for NpAh {
+    fn dest(&self) -> rnic::HostAddr {
+        self.0.dest()
+    }
+}
+
+/// One WR between its post and its completion.
+struct Entry {
+    wr_id: u64,
+    /// The application asked for its completion (sends; receives always).
+    signaled: bool,
+    pins: Vec<Pin>,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    sends: HashMap<u64, Entry>,
+    recvs: HashMap<u64, Entry>,
+}
+
+/// The WRs of one UD QP in flight.
+#[derive(Default)]
+struct Core {
+    st: Mutex<State>,
+}
+
+/// What an application CQ knows of the UD QPs completing into it.
+#[derive(Default)]
+pub struct UdLinks {
+    n: AtomicUsize,
+    list: Mutex<Vec<Weak<Link>>>,
+    /// The application armed the CQ (`ibv_req_notify_cq`) and no UD event fired yet.
+    armed: Arc<AtomicBool>,
+}
+
+impl UdLinks {
+    /// Drain the NIC CQs of the UD QPs completing here into `out`; how many.
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        if self.n.load(Ordering::Acquire) == 0 || out.is_empty() {
+            return Ok(0);
+        }
+        let links: Vec<Arc<Link>> = {
+            let mut l = self.list.lock();
+            l.retain(|w| w.strong_count() > 0);
+            self.n.store(l.len(), Ordering::Release);
+            l.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut got = 0;
+        for l in links {
+            got += l.poll(&mut out[got..])?;
+            if got == out.len() {
+                break;
+            }
+        }
+        Ok(got)
+    }
+
+    /// Arm the UD QPs' NIC CQs for the application CQ's next event.
+    pub fn arm(&self, solicited_only: bool) -> Result<()> {
+        if self.n.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.armed.store(true, Ordering::Release);
+        let links: Vec<Arc<Link>> = self.list.lock().iter().filter_map(Weak::upgrade).collect();
+        for l in links {
+            l.cq.req_notify(solicited_only)?;
+        }
+        Ok(())
+    }
+
+    fn add(&self, l: &Arc<Link>) {
+        let mut v = self.list.lock();
+        v.push(Arc::downgrade(l));
+        self.n.store(v.len(), Ordering::Release);
+    }
+}
+
+/// One direction of a UD QP: its NIC CQ, and where its completions go.
+struct Link {
+    cq: rnic::Cq,
+    core: Arc<Core>,
+    recv: bool,
+}
+
+/// Completions converted per NIC CQ poll.
+const CHUNK: usize = 32;
+
+impl Link {
+    fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        let mut st = self.core.st.lock();
+        let mut got = 0;
+        let mut buf = [Wc::default(); CHUNK];
+        while got < out.len() {
+            let k = (out.len() - got).min(CHUNK);
+            let m = self.cq.poll(&mut buf[..k])?;
+            for w in &buf[..m] {
+                let q = if self.recv {
+                    &mut st.recvs
+                } else {
+                    &mut st.sends
+                };
+                // A WR of a QP reset since: no completion (as its WRs went).
+                let Some(e) = q.remove(&w.wr_id) else {
+                    continue;
+                };
+                // The NIC is done with the WR's pages: unpinned here.
+                drop(e.pins);
+                if !e.signaled && w.status == WcStatus::Success {
+                    continue;
+                }
+                out[got] = Wc {
+                    wr_id: e.wr_id,
+                    ..*w
+                };
+                got += 1;
+            }
+            if m < k {
+                break;
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// Waits for the events of one NIC CQ and passes them on to the application CQ.
+struct Forwarder {
+    wake: Box<dyn Fn() + Send + Sync>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Forwarder {
+    fn start(chan: rnic::CompChannel, armed: Arc<AtomicBool>, signal: Signal) -> Result<Self> {
+        let wake = Box::new(chan.waker());
+        let thread = std::thread::Builder::new()
+            .name("nprdma-ud-ev".into())
+            .spawn(move || {
+                while let Ok(Some(_)) = chan.get_event_or_wake(None) {
+                    if armed.swap(false, Ordering::AcqRel) {
+                        signal();
+                    }
+                }
+            })
+            .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("UD event thread: {e}"))))?;
+        Ok(Forwarder {
+            wake,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        (self.wake)();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Makes an application CQ's eventfd readable (it keeps the CQ's fd open).
+pub type Signal = Arc<dyn Fn() + Send + Sync>;
+
+/// An application CQ as a UD QP sees it.
+pub struct AppCq<'a> {
+    /// Its completion event (used when `events`).
+    pub signal: Signal,
+    pub links: &'a Arc<UdLinks>,
+    pub events: bool,
+    pub depth: u32,
+}
+
+/// A UD QP of NP-RDMA mode.
+pub struct UdQp {
+    // Field order = drop order: the NIC QP first (no DMA after), then the event
+    // threads, then the WRs' pins (`core`, also held by the links).
+    qp: rnic::Qp,
+    _fwd: Vec<Forwarder>,
+    _links: [Arc<Link>; 2],
+    core: Arc<Core>,
+    sh: Arc<UdShared>,
+    pd_id: u64,
+    sq_sig_all: bool,
+    _quota: Box<dyn Send + Sync>,
+}
+
+/// Create a UD QP on `sh`'s NIC PD for application PD `pd_id`.
+pub fn create_qp(
+    sh: &Arc<UdShared>,
+    pd_id: u64,
+    send: AppCq<'_>,
+    recv: AppCq<'_>,
+    attr: &QpInitAttr,
+    quota: Box<dyn Send + Sync>,
+) -> Result<Box<dyn Qp>> {
+    if attr.max_send_wr > NP_UD_MAX_WR || attr.max_recv_wr > NP_UD_MAX_WR {
+        return Err(ShimError::InvalidArgument(format!(
+            "UD QP of {} send / {} recv WRs (at most {NP_UD_MAX_WR})",
+            attr.max_send_wr, attr.max_recv_wr
+        )));
+    }
+    let core = Arc::new(Core::default());
+    let mut fwd = Vec::new();
+    let mut mk = |a: &AppCq<'_>, wrs: u32, recv: bool| -> Result<Arc<Link>> {
+        let chan = if a.events {
+            Some(sh.pd.host().open_context()?.create_comp_channel()?)
+        } else {
+            None
+        };
+        let ctx = sh.pd.host().open_context()?;
+        let depth = a.depth.max(wrs).clamp(1, ctx.query_device().max_cqe);
+        let cq = ctx.create_cq(depth, chan.as_ref())?;
+        if let Some(ch) = chan {
+            fwd.push(Forwarder::start(
+                ch,
+                a.links.armed.clone(),
+                a.signal.clone(),
+            )?);
+        }
+        Ok(Arc::new(Link {
+            cq,
+            core: core.clone(),
+            recv,
+        }))
+    };
+    let sl = mk(&send, attr.max_send_wr, false)?;
+    let rl = mk(&recv, attr.max_recv_wr, true)?;
+    let qp = sh
+        .pd
+        .create_qp_of(rnic::QpType::Ud, &sl.cq, &rl.cq, None, attr)?;
+    send.links.add(&sl);
+    recv.links.add(&rl);
+    sh.qps.lock().push(Arc::downgrade(&core));
+    Ok(Box::new(UdQp {
+        qp,
+        _fwd: fwd,
+        _links: [sl, rl],
+        core,
+        sh: sh.clone(),
+        pd_id,
+        sq_sig_all: attr.sq_sig_all,
+        _quota: quota,
+    }))
+}
+
+impl UdQp {
+    fn post_send_one(&self, w: &SendWr) -> std::result::Result<(), rnic::Error> {
+        let mut st = self.core.st.lock();
+        let mut sg = Vec::new();
+        let mut pins = Vec::new();
+        if !w.flags.contains(SendFlags::INLINE) {
+            self.sh
+                .translate(self.pd_id, w.sg_list, false, &mut sg, &mut pins);
+        }
+        st.next += 1;
+        let token = st.next;
+        let signaled = self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED);
+        st.sends.insert(
+            token,
+            Entry {
+                wr_id: w.wr_id,
+                signaled,
+                pins,
+            },
+        );
+        let nic = SendWr {
+            wr_id: token,
+            sg_list: &sg,
+            flags: w.flags | SendFlags::SIGNALED,
+            ..*w
+        };
+        let r = self.qp.post_send(&[nic]).map_err(|e| e.err);
+        if r.is_err() {
+            st.sends.remove(&token);
+        }
+        r
+    }
+
+    fn post_recv_one(&self, w: &RecvWr) -> std::result::Result<(), rnic::Error> {
+        let mut st = self.core.st.lock();
+        let mut sg = Vec::new();
+        let mut pins = Vec::new();
+        self.sh
+            .translate(self.pd_id, w.sg_list, true, &mut sg, &mut pins);
+        st.next += 1;
+        let token = st.next;
+        st.recvs.insert(
+            token,
+            Entry {
+                wr_id: w.wr_id,
+                signaled: true,
+                pins,
+            },
+        );
+        let nic = RecvWr {
+            wr_id: token,
+            sg_list: &sg,
+        };
+        let r = self.qp.post_recv(&[nic]).map_err(|e| e.err);
+        if r.is_err() {
+            st.recvs.remove(&token);
+        }
+        r
+    }
+}
+
+impl Qp for UdQp {
+    fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+    fn cap(&self) -> QpInitAttr {
+        self.qp.cap()
+    }
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.qp.modify(attr, mask)?;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // Its WRs went without completions: their pins too.
+            let mut st = self.core.st.lock();
+            st.sends.clear();
+            st.recvs.clear();
+        }
+        Ok(())
+    }
+    fn query(&self) -> QpAttr {
+        self.qp.query()
+    }
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        for (i, w) in wrs.iter().enumerate() {
+            self.post_send_one(w).map_err(|err| PostError {
+                bad_wr_index: i,
+                err,
+            })?;
+        }
+        Ok(())
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        for (i, w) in wrs.iter().enumerate() {
+            self.post_recv_one(w).map_err(|err| PostError {
+                bad_wr_index: i,
+                err,
+            })?;
+        }
+        Ok(())
+    }
+}
