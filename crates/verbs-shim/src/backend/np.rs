@@ -780,6 +780,16 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
         self
     }
     fn resize(&self, cqe: u32) -> Result<()> {
+        // The UD QPs' completions waiting count too (`np_ud`).
+        let ud = u32::try_from(self.ud.drain()?).unwrap_or(u32::MAX);
+        if ud > 0 {
+            if ud > cqe {
+                return Err(ShimError::InvalidArgument(
+                    "fewer CQ entries than completions waiting".into(),
+                ));
+            }
+            self.cq.resize((cqe - ud).max(1)).map_err(np_err)?;
+        }
         self.cq.resize(cqe).map_err(np_err)
     }
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {

@@ -29,7 +29,7 @@ use rnic::{
     WcStatus,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Work requests per queue a UD QP grants in this mode (UCX's ud_verbs posts 4096
@@ -244,9 +244,16 @@ struct Core {
 pub struct UdLinks {
     n: AtomicUsize,
     list: Mutex<Vec<Weak<Link>>>,
-    /// The application armed the CQ (`ibv_req_notify_cq`) and no UD event fired yet.
-    armed: Arc<AtomicBool>,
+    /// The application armed the CQ (`ibv_req_notify_cq`) and no UD event fired
+    /// yet: [`DISARMED`], [`SOLICITED`] or [`ANY`].
+    armed: Arc<AtomicU8>,
+    /// Completions taken out of the NIC CQs but not polled yet ([`UdLinks::drain`]).
+    staged: Mutex<std::collections::VecDeque<Wc>>,
 }
+
+const DISARMED: u8 = 0;
+const SOLICITED: u8 = 1;
+const ANY: u8 = 2;
 
 impl UdLinks {
     /// Drain the NIC CQs of the UD QPs completing here into `out`; how many.
@@ -254,14 +261,28 @@ impl UdLinks {
         if self.n.load(Ordering::Acquire) == 0 || out.is_empty() {
             return Ok(0);
         }
+        let mut got = 0;
+        {
+            let mut q = self.staged.lock();
+            while got < out.len() {
+                let Some(w) = q.pop_front() else { break };
+                out[got] = w;
+                got += 1;
+            }
+        }
         let links: Vec<Arc<Link>> = {
             let mut l = self.list.lock();
             l.retain(|w| w.strong_count() > 0);
-            self.n.store(l.len(), Ordering::Release);
+            // (Kept nonzero while completions of QPs gone since are staged.)
+            let staged = !self.staged.lock().is_empty();
+            self.n
+                .store(l.len().max(usize::from(staged)), Ordering::Release);
             l.iter().filter_map(Weak::upgrade).collect()
         };
-        let mut got = 0;
         for l in links {
+            if got == out.len() {
+                break;
+            }
             got += l.poll(&mut out[got..])?;
             if got == out.len() {
                 break;
@@ -271,22 +292,50 @@ impl UdLinks {
     }
 
     /// Arm the UD QPs' NIC CQs for the application CQ's next event.
-    pub fn arm(&self, solicited_only: bool) -> Result<()> {
+    /// Take every completion of the UD QPs out of their NIC CQs (kept for the next
+    /// polls): how many wait now (`ibv_resize_cq` counts them).
+    pub fn drain(&self) -> Result<usize> {
         if self.n.load(Ordering::Acquire) == 0 {
-            return Ok(());
+            return Ok(0);
         }
-        self.armed.store(true, Ordering::Release);
+        // (The list's lock before the staged queue's, never inside it: see `poll`.)
         let links: Vec<Arc<Link>> = self.list.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut q = self.staged.lock();
+        let mut buf = [Wc::default(); CHUNK];
         for l in links {
-            l.cq.req_notify(solicited_only)?;
+            loop {
+                let n = l.poll(&mut buf)?;
+                q.extend(&buf[..n]);
+                if n < CHUNK {
+                    break;
+                }
+            }
+        }
+        Ok(q.len())
+    }
+
+    /// A CQ armed before its UD QPs exist arms them as they are made ([`UdLinks::add`]).
+    pub fn arm(&self, solicited_only: bool) -> Result<()> {
+        // Under the list's lock: a link added meanwhile is armed by `add`.
+        let l = self.list.lock();
+        let want = if solicited_only { SOLICITED } else { ANY };
+        // Arming for any completion is not narrowed by a solicited-only request.
+        let now = self.armed.fetch_max(want, Ordering::AcqRel).max(want);
+        for x in l.iter().filter_map(Weak::upgrade) {
+            x.cq.req_notify(now == SOLICITED)?;
         }
         Ok(())
     }
 
-    fn add(&self, l: &Arc<Link>) {
+    fn add(&self, l: &Arc<Link>) -> Result<()> {
         let mut v = self.list.lock();
+        match self.armed.load(Ordering::Acquire) {
+            DISARMED => {}
+            a => l.cq.req_notify(a == SOLICITED)?,
+        }
         v.push(Arc::downgrade(l));
         self.n.store(v.len(), Ordering::Release);
+        Ok(())
     }
 }
 
@@ -344,13 +393,13 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    fn start(chan: rnic::CompChannel, armed: Arc<AtomicBool>, signal: Signal) -> Result<Self> {
+    fn start(chan: rnic::CompChannel, armed: Arc<AtomicU8>, signal: Signal) -> Result<Self> {
         let wake = Box::new(chan.waker());
         let thread = std::thread::Builder::new()
             .name("nprdma-ud-ev".into())
             .spawn(move || {
                 while let Ok(Some(_)) = chan.get_event_or_wake(None) {
-                    if armed.swap(false, Ordering::AcqRel) {
+                    if armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
                         signal();
                     }
                 }
@@ -442,8 +491,8 @@ pub fn create_qp(
     let qp = sh
         .pd
         .create_qp_of(rnic::QpType::Ud, &sl.cq, &rl.cq, None, attr)?;
-    send.links.add(&sl);
-    recv.links.add(&rl);
+    send.links.add(&sl)?;
+    recv.links.add(&rl)?;
     sh.qps.lock().push(Arc::downgrade(&core));
     Ok(Box::new(UdQp {
         qp,
@@ -555,5 +604,212 @@ impl Qp for UdQp {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::np::{NpDevice, Soft};
+    use super::super::{Cq, Device, Pd, Qp};
+    use rnic::{
+        Access, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr, SendFlags, SendWr, Wc, WcStatus,
+        WrOpcode,
+    };
+
+    const QKEY: u32 = 0x1234;
+
+    fn stat(dev: &dyn Device, key: &str) -> u64 {
+        let s = dev.stats();
+        s.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {s}"))
+    }
+
+    fn ud_qp(pd: &dyn Pd, cq: &dyn Cq, wrs: u32) -> Box<dyn Qp> {
+        let init = QpInitAttr {
+            qpn: None,
+            max_send_wr: wrs,
+            max_recv_wr: wrs,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        };
+        let q = pd
+            .create_qp_of(rnic::QpType::Ud, cq, cq, None, &init)
+            .unwrap();
+        use QpAttrMask as M;
+        let a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: QKEY,
+            ..Default::default()
+        };
+        q.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .unwrap();
+        let a = QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        };
+        q.modify(&a, M::STATE).unwrap();
+        let a = QpAttr {
+            qp_state: QpState::Rts,
+            ..Default::default()
+        };
+        q.modify(&a, M::STATE | M::SQ_PSN).unwrap();
+        q
+    }
+
+    fn wait(cq: &dyn Cq, n: usize) -> Vec<Wc> {
+        let mut v = Vec::new();
+        let mut out = [Wc::default(); 16];
+        let t0 = std::time::Instant::now();
+        while v.len() < n {
+            let k = cq.poll(&mut out).unwrap();
+            v.extend_from_slice(&out[..k]);
+            assert!(t0.elapsed().as_secs() < 10, "{} of {n}: {v:?}", v.len());
+        }
+        assert_eq!(v.len(), n, "more than {n}: {v:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(cq.poll(&mut out).unwrap(), 0, "more than {n}");
+        v
+    }
+
+    /// UD on NP-RDMA memory: receives into never-touched pages hold their pages
+    /// pinned while posted (and only then), the datagram lands byte-exact after its
+    /// 40-byte GRH, a 2-SGE send gathers, an unsignaled send's success is silent, a
+    /// bad lkey completes LOC_PROT_ERR; deregistering an MR with receives posted
+    /// releases their pins and no byte of it is written afterwards, each posted
+    /// receive completing once (none successfully); no DMA meets a non-resident page.
+    #[test]
+    fn ud_pins_while_posted_and_dereg_revokes() {
+        const LEN: usize = 256 * 1024;
+        let dev = NpDevice::<Soft>::new().unwrap();
+        assert!(dev.address_handles());
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, false).unwrap();
+        let mem = vmem::AnonMapping::new(LEN).unwrap();
+        let base = mem.addr() as u64;
+        let acc = Access::LOCAL_WRITE;
+        // SAFETY: the mapping outlives the MRs (dropped first).
+        let mr = unsafe { pd.reg_mr(mem.addr(), LEN / 2, acc).unwrap() };
+        // SAFETY: as above.
+        let mr2 = unsafe { pd.reg_mr(mem.addr() + LEN / 2, LEN / 2, acc).unwrap() };
+        let (a, b) = (ud_qp(&*pd, &*cq, 16), ud_qp(&*pd, &*cq, 16));
+        let ah = pd.create_ah(dev.gid()).unwrap();
+        let to = |q: &dyn Qp| rnic::UdDest {
+            dest: ah.dest(),
+            remote_qpn: q.qpn(),
+            remote_qkey: QKEY,
+        };
+        let at = |off: u64| (base + off) as *mut u8;
+        // 4 receives of 2 pages each into never-touched memory of mr.
+        for i in 0..4u64 {
+            let sg = [rnic::Sge {
+                addr: base + 8192 * (i + 1),
+                length: 8192,
+                lkey: mr.lkey(),
+            }];
+            b.post_recv(&[RecvWr {
+                wr_id: 10 + i,
+                sg_list: &sg,
+            }])
+            .unwrap();
+        }
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 8);
+        // SAFETY: inside the mapping (page 0, not posted).
+        unsafe { std::slice::from_raw_parts_mut(at(0), 4096).fill(0x5a) };
+        for i in 0..100 {
+            // SAFETY: as above.
+            unsafe { *at(i) = i as u8 };
+        }
+        let sg = [
+            rnic::Sge {
+                addr: base,
+                length: 60,
+                lkey: mr.lkey(),
+            },
+            rnic::Sge {
+                addr: base + 60,
+                length: 40,
+                lkey: mr.lkey(),
+            },
+        ];
+        let mut w = SendWr::new(1, WrOpcode::Send, &sg);
+        w.ud = Some(to(&*b));
+        // Unsignaled: its success is not reported; the next (signaled) one is.
+        w.flags = SendFlags::empty();
+        a.post_send(&[w]).unwrap();
+        w.wr_id = 2;
+        w.flags = SendFlags::SIGNALED;
+        a.post_send(&[w]).unwrap();
+        let mut got = wait(&*cq, 3);
+        got.sort_by_key(|w| w.wr_id);
+        let ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, [2, 10, 11]);
+        assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+        assert_eq!((got[1].byte_len, got[1].src_qp), (140, a.qpn()));
+        for r in 0..2u64 {
+            let off = 8192 * (r + 1) + 40;
+            // SAFETY: inside the mapping; the receive completed.
+            let data = unsafe { std::slice::from_raw_parts(at(off), 100) };
+            assert_eq!(data, (0..100u8).collect::<Vec<_>>().as_slice());
+        }
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 4, "2 receives left");
+        // A bad lkey: LOC_PROT_ERR (the QP moves to ERR), nothing pinned for it.
+        let bad = [rnic::Sge {
+            addr: base,
+            length: 8,
+            lkey: mr.lkey() ^ 0x40,
+        }];
+        let mut w = SendWr::new(3, WrOpcode::Send, &bad);
+        w.ud = Some(to(&*b));
+        a.post_send(&[w]).unwrap();
+        let got = wait(&*cq, 1);
+        assert_eq!((got[0].wr_id, got[0].status), (3, WcStatus::LocProtErr));
+        // Receives into mr2, then mr2 is deregistered: its pins go with it.
+        let off2 = (LEN / 2) as u64;
+        let q3 = ud_qp(&*pd, &*cq, 16);
+        for i in 0..3u64 {
+            let sg = [rnic::Sge {
+                addr: base + off2 + 4096 * i,
+                length: 4096,
+                lkey: mr2.lkey(),
+            }];
+            q3.post_recv(&[RecvWr {
+                wr_id: 20 + i,
+                sg_list: &sg,
+            }])
+            .unwrap();
+        }
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 4 + 3);
+        drop(mr2);
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 4);
+        let sg = [rnic::Sge {
+            addr: base,
+            length: 100,
+            lkey: mr.lkey(),
+        }];
+        let mut w = SendWr::new(4, WrOpcode::Send, &sg);
+        w.ud = Some(to(&*q3));
+        b.post_send(&[w]).unwrap();
+        // The datagram fails q3's first receive (LOC_PROT_ERR: its MR is gone), the
+        // QP moves to ERR and the other two flush.
+        let mut all = wait(&*cq, 4);
+        assert_eq!(q3.query().qp_state, QpState::Err);
+        all.sort_by_key(|w| w.wr_id);
+        assert_eq!(all[0].wr_id, 4);
+        let recvs: Vec<_> = all[1..].iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(all[0].status, WcStatus::Success, "{all:?}");
+        assert_eq!(recvs.len(), 3, "{all:?}");
+        assert_eq!(recvs[0], (20, WcStatus::LocProtErr));
+        assert!(recvs.iter().all(|r| r.1 != WcStatus::Success), "{recvs:?}");
+        // SAFETY: inside the mapping.
+        let untouched = unsafe { std::slice::from_raw_parts(at(off2), 3 * 4096) };
+        assert!(untouched.iter().all(|&x| x == 0), "written after dereg");
+        drop((a, b, q3));
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 0, "destroy releases");
+        assert_eq!(stat(&dev, "nonresident_dma"), 0);
+        drop((ah, mr));
     }
 }
