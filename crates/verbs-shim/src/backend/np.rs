@@ -225,7 +225,7 @@ impl<F: NpFlavor> NpDevice<F> {
         let sg = SgShared::default();
         let ud = flavor
             .ud_host()
-            .map(|h| UdShared::new(h, &pager, sg.lkeys.clone()).map(Arc::new))
+            .map(|h| UdShared::new(h, &pager, sg.lkeys.clone()))
             .transpose()?;
         Ok(NpDevice {
             _following: crate::unmap::follow(&pager),

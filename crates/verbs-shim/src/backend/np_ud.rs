@@ -42,12 +42,47 @@ pub struct UdShared {
     pd: rnic::Pd,
     pager: vmem::Pager,
     lkeys: Arc<LkeyTable>,
-    /// NIC view of an application MR, by the application lkey.
-    views: Mutex<HashMap<u32, rnic::Mr>>,
+    /// NIC view of an application MR (and the MR's range), by the application lkey.
+    views: Mutex<HashMap<u32, (rnic::Mr, usize, usize)>>,
     /// The UD QPs alive (their pins go when an MR is revoked).
     qps: Mutex<Vec<Weak<Core>>>,
     /// Pages pinned by UD WRs now (for the stats line).
     pinned: AtomicUsize,
+    /// The pager's calls when the application unmaps registered memory.
+    listener: Mutex<Option<vmem::ListenerId>>,
+}
+
+/// The application unmapped registered memory: the views over it go at once (the
+/// NIC stops reaching it by address), whatever WRs are posted on them.
+struct Unmaps(Weak<UdShared>);
+
+impl vmem::SwapListener for Unmaps {
+    fn before_swap_out(&self, _pages: &[usize]) -> bool {
+        // Views reach only pinned pages, which are never evicted.
+        true
+    }
+    fn after_unmap(&self, start: usize, end: usize) {
+        let Some(sh) = self.0.upgrade() else { return };
+        let gone: Vec<_> = {
+            let mut v = sh.views.lock();
+            let keys: Vec<u32> = v
+                .iter()
+                .filter(|(_, (_, a, l))| *a < end && start < a + l)
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter().filter_map(|k| v.remove(k)).collect()
+        };
+        // Deregistered in the NIC: returns once no DMA uses them.
+        drop(gone);
+    }
+}
+
+impl Drop for UdShared {
+    fn drop(&mut self) {
+        if let Some(id) = self.listener.get_mut().take() {
+            self.pager.remove_listener(id);
+        }
+    }
 }
 
 /// A pin of one SGE's pages, released on drop.
@@ -75,16 +110,20 @@ fn pages(addr: usize, len: usize) -> usize {
 }
 
 impl UdShared {
-    pub fn new(host: &rnic::Host, pager: &vmem::Pager, lkeys: Arc<LkeyTable>) -> Result<Self> {
+    pub fn new(host: &rnic::Host, pager: &vmem::Pager, lkeys: Arc<LkeyTable>) -> Result<Arc<Self>> {
         let ctx = host.open_context()?;
-        Ok(UdShared {
+        let sh = Arc::new(UdShared {
             pd: ctx.alloc_pd()?,
             pager: pager.clone(),
             lkeys,
             views: Mutex::new(HashMap::new()),
             qps: Mutex::new(Vec::new()),
             pinned: AtomicUsize::new(0),
-        })
+            listener: Mutex::new(None),
+        });
+        let id = pager.add_listener(Arc::new(Unmaps(Arc::downgrade(&sh))));
+        *sh.listener.lock() = Some(id);
+        Ok(sh)
     }
 
     /// Pages UD WRs hold pinned now.
@@ -133,11 +172,18 @@ impl UdShared {
         out: &mut Vec<rnic::Sge>,
         pins: &mut Vec<Pin>,
     ) {
-        // Under the views' lock: a revoke either precedes the lkey check (which then
-        // fails) or removes the view made here.
-        let mut views = self.views.lock();
-        for s in sg {
-            let key = self.view_key(&mut views, pd_id, s, write);
+        // Keys under the views' lock: a revoke either precedes the lkey check (which
+        // then fails) or removes the view made here — and then drops the pins taken
+        // below, once the caller (holding the QP's lock) is done.
+        let keys: Vec<Option<u32>> = {
+            let mut views = self.views.lock();
+            sg.iter()
+                .map(|s| self.view_key(&mut views, pd_id, s, write))
+                .collect()
+        };
+        // Pinned outside it: a pin may wait for the pager's fault thread, which
+        // takes it in `Unmaps::after_unmap`.
+        for (s, key) in sg.iter().zip(keys) {
             let key = match key {
                 Some(k) if s.length > 0 => {
                     let (addr, len) = (s.addr as usize, s.length as usize);
@@ -174,7 +220,7 @@ impl UdShared {
     /// MR of the PD (with LOCAL_WRITE if `write`).
     fn view_key(
         &self,
-        views: &mut HashMap<u32, rnic::Mr>,
+        views: &mut HashMap<u32, (rnic::Mr, usize, usize)>,
         pd_id: u64,
         s: &rnic::Sge,
         write: bool,
@@ -183,7 +229,7 @@ impl UdShared {
             return None;
         }
         if let Some(v) = views.get(&s.lkey) {
-            return Some(v.lkey());
+            return Some(v.0.lkey());
         }
         let info = self.lkeys.get(s.lkey)?;
         let acc = if info.local_write {
@@ -198,7 +244,7 @@ impl UdShared {
         match v {
             Ok(v) => {
                 let k = v.lkey();
-                views.insert(s.lkey, v);
+                views.insert(s.lkey, (v, info.addr as usize, info.len as usize));
                 Some(k)
             }
             Err(e) => {
@@ -811,5 +857,61 @@ mod tests {
         assert_eq!(stat(&dev, "ud_pinned_pages"), 0, "destroy releases");
         assert_eq!(stat(&dev, "nonresident_dma"), 0);
         drop((ah, mr));
+    }
+
+    /// The application unmaps registered memory with a UD receive posted on it: the
+    /// NIC stops reaching it (the datagram fails the receive with LOC_PROT_ERR,
+    /// nothing is written at the address), and the process goes on.
+    #[test]
+    fn ud_unmap_with_receive_posted() {
+        const LEN: usize = 64 * 1024;
+        let dev = NpDevice::<Soft>::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16, false).unwrap();
+        let mem = vmem::AnonMapping::new(LEN).unwrap();
+        let src = vmem::AnonMapping::new(4096).unwrap();
+        let base = mem.addr() as u64;
+        // SAFETY: the MR is dropped before `mem` (it outlives it; its tail is
+        // unmapped below, which the pager follows).
+        let mr = unsafe { pd.reg_mr(mem.addr(), LEN, Access::LOCAL_WRITE).unwrap() };
+        // SAFETY: as above.
+        let smr = unsafe { pd.reg_mr(src.addr(), 4096, Access::LOCAL_WRITE).unwrap() };
+        let (a, b) = (ud_qp(&*pd, &*cq, 4), ud_qp(&*pd, &*cq, 4));
+        let ah = pd.create_ah(dev.gid()).unwrap();
+        let tail = base + (LEN / 2) as u64;
+        let sg = [rnic::Sge {
+            addr: tail,
+            length: 4096,
+            lkey: mr.lkey(),
+        }];
+        b.post_recv(&[RecvWr {
+            wr_id: 7,
+            sg_list: &sg,
+        }])
+        .unwrap();
+        // SAFETY: the second half of our own mapping; nothing else uses it.
+        let r = unsafe { libc::munmap(tail as *mut libc::c_void, LEN / 2) };
+        assert_eq!(r, 0);
+        // The pager's fault thread handles the unmap event.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let ss = [rnic::Sge {
+            addr: src.addr() as u64,
+            length: 64,
+            lkey: smr.lkey(),
+        }];
+        let mut w = SendWr::new(1, WrOpcode::Send, &ss);
+        w.ud = Some(rnic::UdDest {
+            dest: ah.dest(),
+            remote_qpn: b.qpn(),
+            remote_qkey: QKEY,
+        });
+        a.post_send(&[w]).unwrap();
+        let mut got = wait(&*cq, 2);
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+        assert_eq!((got[1].wr_id, got[1].status), (7, WcStatus::LocProtErr));
+        assert_eq!(stat(&dev, "nonresident_dma"), 0);
+        drop((a, b, ah, smr, mr));
+        assert_eq!(stat(&dev, "ud_pinned_pages"), 0);
     }
 }
