@@ -837,7 +837,12 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
         }
         // SAFETY: the CQ's own non-blocking eventfd, open while the CQ lives.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.cq.event_fd()) };
-        rustix::io::read(fd, &mut [0u8; 8]) == Ok(8)
+        let took = rustix::io::read(fd, &mut [0u8; 8]) == Ok(8);
+        if took {
+            // The event is handed out: the CQ is disarmed for its UD QPs too.
+            self.ud.disarm();
+        }
+        took
     }
 }
 

@@ -373,6 +373,11 @@ impl UdLinks {
         Ok(())
     }
 
+    /// The application took the CQ's event: no UD event until it arms it again.
+    pub fn disarm(&self) {
+        self.armed.store(DISARMED, Ordering::Release);
+    }
+
     fn add(&self, l: &Arc<Link>) -> Result<()> {
         let mut v = self.list.lock();
         match self.armed.load(Ordering::Acquire) {
