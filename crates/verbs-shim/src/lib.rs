@@ -49,14 +49,16 @@
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
 //! * RC and UC QPs (UC: SEND/WRITE only, nothing acknowledged — what the responder
 //!   refuses is dropped there and the WR completes successfully), in both modes.
-//! * UD QPs in pinned mode (`ibv_create_qp[_ex]` with `IBV_QPT_UD`, SEND /
+//! * UD QPs in both modes (`ibv_create_qp[_ex]` with `IBV_QPT_UD`, SEND /
 //!   SEND_WITH_IMM, `wr.ud` and `ibv_wr_set_ud_addr`): address handles
 //!   (`ibv_create_ah` needs `is_global`, port 1, sgid index 0 and the GID of a
 //!   reachable device, else EINVAL; `ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`,
 //!   `ibv_destroy_ah`), the Q_Key in `ibv_modify_qp` / `ibv_query_qp`, receives with
 //!   the 40-byte GRH first (`IBV_WC_GRH`, `src_qp`); rxe's rules (see rnic's "QP
-//!   types"). NP-RDMA mode refuses UD QPs and AHs (EOPNOTSUPP: its engine has no
-//!   datagram path).
+//!   types"). In NP-RDMA mode a UD QP is the NIC's own, its WRs' pages pinned from
+//!   post to completion (`backend/np_ud.rs`), up to 4096 WRs per queue (more than
+//!   RC's `max_qp_wr`); its user-space mode (`NPRDMA_DEVICE=verbs`) refuses UD QPs
+//!   and AHs (EOPNOTSUPP).
 //! * Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_query_srq`,
 //!   `ibv_destroy_srq`; QPs created with `srq`), in both modes (one SGE per WQE in
 //!   NP-RDMA mode). A QP on an SRQ moved to ERR posts `IBV_EVENT_QP_LAST_WQE_REACHED`
@@ -71,7 +73,7 @@
 //!   RESET takes its queued completions out of its CQs (as mlx5), in both modes.
 //! * `ibv_resize_cq` (rxe's rules: not below the completions waiting; pinned mode
 //!   up to twice the created size or 64 entries, ENOMEM beyond).
-//! * Unsupported verbs/options (UD/AH in NP-RDMA mode, multicast, MW, ECE, DM,
+//! * Unsupported verbs/options (UD/AH in NP-RDMA's user-space mode, multicast, MW, ECE, DM,
 //!   MR iova != addr, ODP in pinned mode / other access flags, unknown send flags/opcodes, rate limits,
 //!   alternate paths, rdma_cm multicast and ECE) print `libnprdma: <verb>: …` on stderr and return the
 //!   errno libibverbs would (`EOPNOTSUPP`/`EINVAL`/`EBUSY`).

@@ -749,10 +749,11 @@ pub(crate) unsafe fn create_qp_common(
     }
     // Within what ibv_query_device advertises, or EINVAL (quietly: see Exceeds).
     // SAFETY: our PD's context is ours and open while the PD exists.
-    let d = unsafe { ShimContext::from_ibv(p.pd.context)? }.dev.attr();
+    let dev = &unsafe { ShimContext::from_ibv(p.pd.context)? }.dev;
+    let (d, max_wr) = (dev.attr(), dev.max_qp_wr_of(qp_type));
     for (what, v, max) in [
-        ("max_send_wr", a.cap.max_send_wr, d.max_qp_wr),
-        ("max_recv_wr", a.cap.max_recv_wr, d.max_qp_wr),
+        ("max_send_wr", a.cap.max_send_wr, max_wr),
+        ("max_recv_wr", a.cap.max_recv_wr, max_wr),
         ("max_send_sge", a.cap.max_send_sge, d.max_sge),
         ("max_recv_sge", a.cap.max_recv_sge, d.max_sge),
         ("max_inline_data", a.cap.max_inline_data, d.max_inline_data),

@@ -2,7 +2,8 @@
 //! lists the `ib` memory domain `nprdma0` and its verbs transports on `nprdma0:1`
 //! in both modes — uct_ib finds the device node it stats, opens the device, queries
 //! it and its port, allocates a PD and opens the interfaces (their QPs and CQs);
-//! and `ucx_perftest tag_lat` runs over rc_verbs in pinned mode.
+//! and `ucx_perftest tag_lat` runs over rc_verbs in pinned mode and over ud_verbs
+//! in NP-RDMA mode.
 
 mod common;
 use common::*;
@@ -61,8 +62,41 @@ fn ucx_info_lists_ib_md_with_rc_and_ud_verbs_pinned() {
 }
 
 #[test]
-fn ucx_info_lists_ib_md_with_rc_verbs_nprdma() {
-    ucx_info_lists(&[("NPRDMA_MODE", "nprdma")], &["rc_verbs"]);
+fn ucx_info_lists_ib_md_with_rc_and_ud_verbs_nprdma() {
+    ucx_info_lists(&[("NPRDMA_MODE", "nprdma")], &["rc_verbs", "ud_verbs"]);
+}
+
+/// `ucx_perftest -t tag_lat` over `UCX_TLS=ud_v,self` in NP-RDMA mode: ud_verbs'
+/// 4096 receives and its sends pin their pages only while posted.
+#[test]
+fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
+    let Some(b) = require(&["ucx_perftest"]) else {
+        return;
+    };
+    let port = 18736u16;
+    let p = port.to_string();
+    let env = [
+        ("NPRDMA_MODE", "nprdma"),
+        ("NPRDMA_STATS", "1"),
+        ("UCX_TLS", "ud_v,self"),
+    ];
+    let (s, c) = run_pair(
+        &b[0],
+        port,
+        &["-p", &p],
+        &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000"],
+        &env,
+    );
+    assert!(
+        s.ok() && c.ok(),
+        "server:\n{}\nclient:\n{}",
+        s.all(),
+        c.all()
+    );
+    assert!(c.stdout.contains("Final:"), "{}", c.all());
+    for o in [&s, &c] {
+        assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
+    }
 }
 
 /// `ucx_perftest -t tag_lat` between two processes over `UCX_TLS=rc_v,self` (rc_verbs,

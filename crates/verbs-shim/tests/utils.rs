@@ -99,12 +99,14 @@ fn ibv_uc_pingpong_both_modes() {
     tool_pingpong("ibv_uc_pingpong", 18686, &["-e"], NP);
 }
 
-/// Unreliable datagram QPs (`IBV_QPT_UD`, address handles from the peer's GID 0):
-/// ibv_ud_pingpong with its data check, polling and with completion events, up to
-/// the port MTU, in pinned mode (target-enforced and between trusting processes);
-/// NP-RDMA mode refuses UD QPs with a clear message.
+/// Unreliable datagram QPs (`IBV_QPT_UD`, address handles from the peer's GID 0 or
+/// an IP GID, `-g 1`): ibv_ud_pingpong with its data check, polling and with
+/// completion events, up to the port MTU, in pinned mode (target-enforced and
+/// between trusting processes) and in NP-RDMA mode — there also with a budget
+/// smaller than the buffers (the pages of posted WRs are pinned, the rest swaps:
+/// no DMA reaches a non-resident page, and no pin outlives the run).
 #[test]
-fn ibv_ud_pingpong_pinned_and_refused_in_np_mode() {
+fn ibv_ud_pingpong_both_modes() {
     tool_pingpong("ibv_ud_pingpong", 18691, &[], &[]);
     tool_pingpong("ibv_ud_pingpong", 18692, &["-e", "-s", "4096"], &[]);
     // Between trusting processes the sender delivers directly (process_vm_writev).
@@ -114,17 +116,20 @@ fn ibv_ud_pingpong_pinned_and_refused_in_np_mode() {
         &["-s", "4096"],
         &[("NPRDMA_TRUSTED_PEERS", "1")],
     );
-    let Some(b) = require(&["ibv_ud_pingpong"]) else {
-        return;
-    };
-    let o = run(&b[0], &["-g", "0", "-p", "18693", "localhost"], NP);
-    assert!(!o.ok(), "{}", o.all());
-    assert!(
-        o.stderr
-            .contains("libnprdma: ibv_create_qp: not supported: UD QPs in NP-RDMA mode"),
-        "{}",
-        o.all()
-    );
+    tool_pingpong("ibv_ud_pingpong", 18693, &[], NP);
+    tool_pingpong("ibv_ud_pingpong", 18695, &["-e", "-s", "4096"], NP);
+    tool_pingpong_at("ibv_ud_pingpong", &["-g", "1"], 18696, &["-e"], NP);
+    tool_pingpong_at("ibv_ud_pingpong", &["-g", "1"], 18697, &["-s", "2048"], NP);
+    // 500 receives of 2 pages each (ibv_ud_pingpong's default rx depth) over a
+    // 4-page budget: the posted receives are pinned, the rest of the memory swaps.
+    let mut env = NP.to_vec();
+    env.push(("NPRDMA_BUDGET_PAGES", "4"));
+    if let Some((s, c)) = tool_pingpong("ibv_ud_pingpong", 18698, &["-s", "4096"], &env) {
+        for o in [&s, &c] {
+            assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
+            assert_eq!(stat(o, "ud_pinned_pages"), 0, "{}", o.all());
+        }
+    }
 }
 
 /// Shared receive queues: ibv_srq_pingpong's 16 QPs on one SRQ, polling and with

@@ -11,6 +11,7 @@
 mod np;
 pub mod np_env;
 mod np_sgl;
+mod np_ud;
 mod np_verbs;
 mod pinned;
 pub use pinned::pinned_pages;
@@ -53,6 +54,11 @@ pub trait Device: Send + Sync {
     /// may hold and the SGEs each may have, or `None`.
     fn srq_limits(&self) -> Option<(u32, u32)> {
         None
+    }
+    /// The work requests a queue of a QP of `qp_type` may hold: `ibv_query_device`'s
+    /// `max_qp_wr` unless the backend grants a type more.
+    fn max_qp_wr_of(&self, _qp_type: QpType) -> u32 {
+        self.attr().max_qp_wr
     }
     /// Whether PDs create address handles ([`Pd::create_ah`]) for UD QPs.
     fn address_handles(&self) -> bool {

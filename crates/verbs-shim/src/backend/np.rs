@@ -12,7 +12,8 @@
 
 use super::np_env;
 use super::np_sgl::{self, LkeyTable, MrInfo, Sgl, NP_MAX_BOUNCE, NP_MAX_SGE};
-use super::{Cq, Device, Mr, Pd, Qp, Result};
+use super::np_ud::{self, UdLinks, UdShared};
+use super::{Ah, Cq, Device, Mr, Pd, Qp, Result};
 use crate::error::ShimError;
 use np::nic::Nic;
 use parking_lot::Mutex;
@@ -62,7 +63,10 @@ fn np_host_limits(c: &mut rnic::HostConfig) {
     c.max_cqe = c.max_cqe.max(super::PINNED_MAX_CQE);
     // A QP of full depth: 4 NIC WRs per WR, 16 spare, 64 command slots.
     c.max_wr = c.max_wr.max(4 * NP_MAX_DEPTH + 16 + 64);
-    c.max_mr = c.max_mr.max(3 * app_mrs + 2 * NP_MAX_QP + 4096);
+    // (Plus a UD view per application MR, `np_ud`.)
+    c.max_mr = c.max_mr.max(4 * app_mrs + 2 * NP_MAX_QP + 4096);
+    // A UD QP has a NIC CQ per direction (`np_ud`).
+    c.max_cq = c.max_cq.max(256 + 2 * NP_MAX_QP);
     c.max_tracked_ranges = c.max_tracked_ranges.max(app_mrs + 64);
     c.iova_pages = c.iova_pages.max(2 * pages + (1 << 20));
     c.max_tracked_pages = c.max_tracked_pages.max(pages + (1 << 20));
@@ -119,6 +123,10 @@ pub trait NpFlavor: Send + Sync + Sized + 'static {
     }
     /// The NIC's counters for the stats line (`key=value` pairs).
     fn nic_stats(&self, s: &<Self::Nic as Nic>::Stats) -> String;
+    /// The software NIC UD QPs are made on (`np_ud`), if the device is one.
+    fn ud_host(&self) -> Option<&rnic::Host> {
+        None
+    }
 }
 
 /// The software RNIC of this process (the default device).
@@ -149,6 +157,9 @@ impl NpFlavor for Soft {
     fn lid(&self) -> u16 {
         self.host.lid()
     }
+    fn ud_host(&self) -> Option<&rnic::Host> {
+        Some(&self.host)
+    }
     fn nic_stats(&self, n: &np::engine::NicStats) -> String {
         format!(
             "nonresident_dma={} flush_stalls={} flush_timeouts={}",
@@ -168,6 +179,8 @@ pub struct NpDevice<F: NpFlavor> {
     cqs: Arc<std::sync::atomic::AtomicU32>,
     /// Scatter/gather support (`np_sgl`): registered MRs, mapped QPs, bounce count.
     sg: SgShared<F::Nic>,
+    /// UD QPs and address handles (`np_ud`), on a software NIC.
+    ud: Option<Arc<UdShared>>,
     /// The munmap wrapper waits for this device's pager (`crate::unmap`).
     _following: crate::unmap::Following,
 }
@@ -211,6 +224,11 @@ impl<F: NpFlavor> NpDevice<F> {
             .map_err(|e| ShimError::Nic(rnic::Error::Io(format!("starting the pager: {e}"))))?;
         let ctx = np::Context::with_nic(nic, &pager, ecfg).map_err(np_err)?;
         tracing::info!(budget = ?pager.budget(), mode = F::MODE, "NP-RDMA backend up");
+        let sg = SgShared::default();
+        let ud = flavor
+            .ud_host()
+            .map(|h| UdShared::new(h, &pager, sg.lkeys.clone()))
+            .transpose()?;
         Ok(NpDevice {
             _following: crate::unmap::follow(&pager),
             flavor,
@@ -219,7 +237,8 @@ impl<F: NpFlavor> NpDevice<F> {
             qps: Default::default(),
             mrs: Default::default(),
             cqs: Default::default(),
-            sg: SgShared::default(),
+            sg,
+            ud,
         })
     }
 }
@@ -271,8 +290,18 @@ impl<F: NpFlavor> Device for NpDevice<F> {
     fn lid(&self) -> u16 {
         self.flavor.lid()
     }
+    fn max_qp_wr_of(&self, qp_type: rnic::QpType) -> u32 {
+        match (&self.ud, qp_type) {
+            (Some(_), rnic::QpType::Ud) => np_ud::NP_UD_MAX_WR,
+            _ => self.attr().max_qp_wr,
+        }
+    }
+    fn address_handles(&self) -> bool {
+        self.ud.is_some()
+    }
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>> {
         Ok(Arc::new(NpPd::<F::Nic> {
+            ud: self.ud.clone(),
             ctrl_on_data_qp: F::CTRL_ON_DATA_QP,
             pd: self.ctx.alloc_pd(),
             max_wr: self.attr().max_qp_wr,
@@ -288,6 +317,8 @@ impl<F: NpFlavor> Device for NpDevice<F> {
         Ok(Box::new(NpCq::<F::Nic> {
             cq,
             events,
+            depth,
+            ud: Default::default(),
             mapped: self.sg.mapped.clone(),
             _quota: quota,
         }))
@@ -312,7 +343,7 @@ impl<F: NpFlavor> Device for NpDevice<F> {
              swap_ins={} swap_full={} swap_write_failures={} evict_vetoes={} remap_refusals={} \
              major_faults={} optimistic_ok={} versions_seen={} \
              two_sided={} local_fixups={} served={} reg_cache_hits={} reg_cache_misses={} \
-             leased_ops={} leases_granted={} leases_renewed={} {}",
+             leased_ops={} leases_granted={} leases_renewed={} ud_pinned_pages={} {}",
             F::MODE,
             p.budget_pages.map_or("none".to_string(), |b| b.to_string()),
             p.budget_slack,
@@ -340,6 +371,7 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             e.leased_ops,
             e.leases_granted,
             e.leases_renewed,
+            self.ud.as_ref().map_or(0, |u| u.pinned_pages()),
             self.flavor.nic_stats(&n)
         )
     }
@@ -358,6 +390,7 @@ struct NpPd<N: np::engine::Backend> {
     /// Identifies the PD in [`LkeyTable`].
     id: u64,
     sg: SgShared<N>,
+    ud: Option<Arc<UdShared>>,
 }
 
 /// Receives an NP-RDMA SRQ may hold.
@@ -421,6 +454,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         Ok(Box::new(NpMr::<N> {
             st: Mutex::new(st),
             lkeys: self.sg.lkeys.clone(),
+            ud: self.ud.clone(),
             _quota: quota,
         }))
     }
@@ -448,6 +482,14 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         }
         Ok(())
     }
+    fn create_ah(&self, gid: [u8; 16]) -> Result<Box<dyn Ah>> {
+        match &self.ud {
+            Some(u) => u.create_ah(gid),
+            None => Err(ShimError::Unsupported(
+                "address handles (UD QPs) in NP-RDMA mode over NPRDMA_DEVICE=verbs".into(),
+            )),
+        }
+    }
     fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Box<dyn super::Srq>> {
         // A receive an SRQ hands to any of its QPs carries its one SGE itself (the
         // SGE-list bounce tables are per QP).
@@ -468,9 +510,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         attr: &QpInitAttr,
     ) -> Result<Box<dyn Qp>> {
         if qp_type == rnic::QpType::Ud {
-            return Err(ShimError::Unsupported(
-                "UD QPs in NP-RDMA mode (NPRDMA_MODE=pinned has them)".into(),
-            ));
+            return self.create_ud_qp(send_cq, recv_cq, srq, attr);
         }
         let srq = srq
             .map(|s| super::ours::<NpSrq<N>>(s.as_any(), "SRQ").map(|p| &p.0))
@@ -544,6 +584,44 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
     }
 }
 
+impl<N: np::engine::Backend> NpPd<N> {
+    /// A UD QP (`np_ud`): on a software NIC, without an SRQ.
+    fn create_ud_qp(
+        &self,
+        send_cq: &dyn Cq,
+        recv_cq: &dyn Cq,
+        srq: Option<&dyn super::Srq>,
+        attr: &QpInitAttr,
+    ) -> Result<Box<dyn Qp>> {
+        let Some(ud) = &self.ud else {
+            return Err(ShimError::Unsupported(
+                "UD QPs in NP-RDMA mode over NPRDMA_DEVICE=verbs".into(),
+            ));
+        };
+        if srq.is_some() {
+            return Err(ShimError::Unsupported(
+                "UD QPs on an SRQ in NP-RDMA mode".into(),
+            ));
+        }
+        if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
+            return Err(ShimError::InvalidArgument(format!(
+                "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
+                attr.max_send_sge, attr.max_recv_sge
+            )));
+        }
+        if attr.max_inline_data > MAX_INLINE {
+            return Err(ShimError::InvalidArgument(format!(
+                "max_inline_data {} > {MAX_INLINE}",
+                attr.max_inline_data
+            )));
+        }
+        let s = super::ours::<NpCq<N>>(send_cq.as_any(), "CQ")?;
+        let r = super::ours::<NpCq<N>>(recv_cq.as_any(), "CQ")?;
+        let quota = Quota::take(&self.qps, NP_MAX_QP, "QPs (max_qp)")?;
+        np_ud::create_qp(ud, self.id, s.app_cq(), r.app_cq(), attr, Box::new(quota))
+    }
+}
+
 /// What `ibv_rereg_mr` may change of an NP-RDMA MR.
 struct NpMrState<N: np::engine::Backend> {
     mr: np::Mr<N>,
@@ -569,12 +647,18 @@ impl<N: np::engine::Backend> NpMrState<N> {
 struct NpMr<N: np::engine::Backend> {
     st: Mutex<NpMrState<N>>,
     lkeys: Arc<LkeyTable>,
+    /// UD QPs reach the MR through a view (`np_ud`), revoked with it.
+    ud: Option<Arc<UdShared>>,
     _quota: Quota,
 }
 
 impl<N: np::engine::Backend> Drop for NpMr<N> {
     fn drop(&mut self) {
-        self.lkeys.remove(self.st.get_mut().mr.lkey());
+        let lkey = self.st.get_mut().mr.lkey();
+        self.lkeys.remove(lkey);
+        if let Some(u) = &self.ud {
+            u.revoke(lkey);
+        }
     }
 }
 
@@ -598,6 +682,7 @@ impl<N: np::engine::Backend> Mr for NpMr<N> {
             .map(|p| super::ours::<NpPd<N>>(p.as_any(), "PD"))
             .transpose()?;
         let mut st = self.st.lock();
+        let old_lkey = st.mr.lkey();
         let acc = access.unwrap_or(st.access);
         if let Some((addr, len)) = range {
             let target = new_pd.map_or(&st.pd, |p| &p.pd);
@@ -627,6 +712,10 @@ impl<N: np::engine::Backend> Mr for NpMr<N> {
         }
         st.access = acc;
         self.lkeys.insert(st.mr.lkey(), st.info());
+        if let Some(u) = &self.ud {
+            // UD views of the old range or rights go (new ones are made on use).
+            u.revoke(old_lkey);
+        }
         Ok(())
     }
 }
@@ -634,6 +723,10 @@ impl<N: np::engine::Backend> Mr for NpMr<N> {
 struct NpCq<N: np::engine::Backend> {
     cq: np::Cq<N>,
     events: bool,
+    /// Its size (a UD QP's NIC CQs take it, `np_ud`).
+    depth: u32,
+    /// The UD QPs completing here (`np_ud`).
+    ud: Arc<UdLinks>,
     /// QPs with SGE lists, whose completions are translated back (`np_sgl`).
     mapped: np_sgl::Registry<N>,
     /// Its count against [`NP_MAX_CQ`].
@@ -667,11 +760,38 @@ fn wc_from(c: &np::Completion) -> Wc {
     }
 }
 
+impl<N: np::engine::Backend> NpCq<N> {
+    /// The CQ as a UD QP completing into it sees it.
+    fn app_cq(&self) -> np_ud::AppCq<'_> {
+        let c = self.cq.clone();
+        np_ud::AppCq {
+            signal: Arc::new(move || {
+                // SAFETY: the CQ's own eventfd, open while `c` (a handle of it) lives.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(c.event_fd()) };
+                let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            }),
+            links: &self.ud,
+            events: self.events,
+            depth: self.depth,
+        }
+    }
+}
+
 impl<N: np::engine::Backend> Cq for NpCq<N> {
     fn as_any(&self) -> &dyn Any {
         self
     }
     fn resize(&self, cqe: u32) -> Result<()> {
+        // The UD QPs' completions waiting count too (`np_ud`).
+        let ud = u32::try_from(self.ud.drain()?).unwrap_or(u32::MAX);
+        if ud > 0 {
+            if ud > cqe {
+                return Err(ShimError::InvalidArgument(
+                    "fewer CQ entries than completions waiting".into(),
+                ));
+            }
+            self.cq.resize((cqe - ud).max(1)).map_err(np_err)?;
+        }
         self.cq.resize(cqe).map_err(np_err)
     }
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
@@ -693,6 +813,7 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
                 break;
             }
         }
+        got += self.ud.poll(&mut out[got..])?;
         if got == 0 && self.cq.overflowed() {
             // Overrun: what the CQ held is polled first, then it is in the
             // error state, as the pinned NIC's (the QPs that completed into it
@@ -707,7 +828,7 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
         } else {
             self.cq.req_notify();
         }
-        Ok(())
+        self.ud.arm(solicited_only)
     }
     fn event_fd(&self) -> Option<RawFd> {
         self.events.then(|| self.cq.event_fd())
@@ -718,7 +839,12 @@ impl<N: np::engine::Backend> Cq for NpCq<N> {
         }
         // SAFETY: the CQ's own non-blocking eventfd, open while the CQ lives.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.cq.event_fd()) };
-        rustix::io::read(fd, &mut [0u8; 8]) == Ok(8)
+        let took = rustix::io::read(fd, &mut [0u8; 8]) == Ok(8);
+        if took {
+            // The event is handed out: the CQ is disarmed for its UD QPs too.
+            self.ud.disarm();
+        }
+        took
     }
 }
 

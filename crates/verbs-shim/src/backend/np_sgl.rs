@@ -48,6 +48,10 @@ impl LkeyTable {
     pub fn remove(&self, lkey: u32) {
         self.0.lock().remove(&lkey);
     }
+    /// The MR of `lkey`, if registered.
+    pub fn get(&self, lkey: u32) -> Option<MrInfo> {
+        self.0.lock().get(&lkey).copied()
+    }
     /// Whether `sge` lies inside an MR of `pd` (with LOCAL_WRITE if `write`).
     pub fn covers(&self, pd: u64, sge: &rnic::Sge, write: bool) -> bool {
         let t = self.0.lock();
