@@ -18,7 +18,7 @@ use std::path::Path;
 /// The layers, bottom first, and in each its files, bottom first (paths under `src/`
 /// without `.rs`).
 const ORDER: &[(&str, &[&str])] = &[
-    ("bottom", &["sys", "fault_guard", "verbs", "error", "config"]),
+    ("bottom", &["sys", "fault_guard", "verbs", "error", "config", "subnet"]),
     (
         "hw",
         &[
