@@ -45,6 +45,10 @@
 //! * `cmd_fd` is a real (private memfd) fd; `ibv_fork_init` succeeds and
 //!   `ibv_is_fork_initialized` says IBV_FORK_UNNEEDED (memory is reached by virtual
 //!   address). Pinned mode charges MRs against `RLIMIT_MEMLOCK` like `ib_umem_get`.
+//!   A child made by `fork()` cannot use its parent's contexts (as on any device);
+//!   the first device, CM context or CM reactor it asks for is its own
+//!   (`per_process`), so a forked child (Python's multiprocessing) opens devices and
+//!   connects as a new process does.
 //! * `ibv_import_device` on a dup of a context's `cmd_fd`, `ibv_import_pd` /
 //!   `ibv_import_mr` by handle (any context of the process), `ibv_unimport_*`.
 //! * RC and UC QPs (UC: SEND/WRITE only, nothing acknowledged — what the responder
