@@ -19,12 +19,7 @@ pub unsafe fn ud_dest(ah: *mut ibv_ah, qpn: u32, qkey: u32) -> Result<rnic::UdDe
     let a: &ShimAh = unsafe { shim(ah, "address handle")? };
     let dest = match &a.inner {
         AhRoute::Device(d) => d.dest(),
-        AhRoute::ByQpn(gid) => crate::gid::by_gid_and_qpn(gid, qpn).ok_or_else(|| {
-            ShimError::InvalidArgument(format!(
-                "no device of this host with GID {} has QP {qpn:#x}",
-                crate::netif::ip_of_gid(gid)
-            ))
-        })?,
+        AhRoute::ByQpn(gid) => crate::gid::by_gid_and_qpn(gid, qpn)?,
     };
     Ok(rnic::UdDest {
         dest,

@@ -209,10 +209,17 @@ pub fn in_subnet(s: &ShimContext) -> bool {
 }
 
 /// The device a GID names together with the QP number it is sent to: the device
-/// whose LID owns `qpn`, if `gid` is in its table.
-pub fn by_gid_and_qpn(gid: &[u8; 16], qpn: u32) -> Option<HostAddr> {
-    let e = by_lid(subnet::lid_of_qpn(qpn))?;
-    (e.gids.contains(gid) || e.addr.to_bytes() == *gid).then_some(e.addr)
+/// whose LID owns `qpn`, if `gid` is in its table (EINVAL if none).
+pub fn by_gid_and_qpn(gid: &[u8; 16], qpn: u32) -> Result<HostAddr, ShimError> {
+    by_lid(subnet::lid_of_qpn(qpn))
+        .filter(|e| e.gids.contains(gid) || e.addr.to_bytes() == *gid)
+        .map(|e| e.addr)
+        .ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "no device of this host with GID {} has QP {qpn:#x}",
+                crate::netif::ip_of_gid(gid)
+            ))
+        })
 }
 
 /// What an address vector names (`dest_qpn`: the QP it reaches; none for an AH):
@@ -257,21 +264,14 @@ pub fn resolve(
     if !in_subnet(s) {
         return Ok(Some(HostAddr::from_bytes(&gid)));
     }
-    if let Some(q) = dest_qpn {
-        if let Some(a) = by_gid_and_qpn(&gid, q) {
-            return Ok(Some(a));
-        }
-    }
     // An IPv4-mapped GID is never a device address (whose first bytes are a PID).
     let ip_form = gid[..10] == [0; 10];
     if ip_form || crate::netif::host_gids().contains(&gid) {
-        return match dest_qpn {
-            Some(q) => Err(ShimError::InvalidArgument(format!(
-                "no device of this host with GID {} has QP {q:#x}",
-                crate::netif::ip_of_gid(&gid)
-            ))),
-            None => Ok(None),
-        };
+        return dest_qpn.map(|q| by_gid_and_qpn(&gid, q)).transpose();
+    }
+    // Another namespace's IP GID, else a device address.
+    if let Some(a) = dest_qpn.and_then(|q| by_gid_and_qpn(&gid, q).ok()) {
+        return Ok(Some(a));
     }
     Ok(Some(HostAddr::from_bytes(&gid)))
 }

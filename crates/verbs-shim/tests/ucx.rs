@@ -66,26 +66,17 @@ fn ucx_info_lists_ib_md_with_rc_and_ud_verbs_nprdma() {
     ucx_info_lists(&[("NPRDMA_MODE", "nprdma")], &["rc_verbs", "ud_verbs"]);
 }
 
-/// `ucx_perftest -t tag_lat` over `UCX_TLS=ud_v,self` in NP-RDMA mode: ud_verbs'
-/// 4096 receives and its sends pin their pages only while posted.
-#[test]
-fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
-    let Some(b) = require(&["ucx_perftest"]) else {
-        return;
-    };
-    let port = 18736u16;
+/// `ucx_perftest -t tag_lat` between two processes on `port` with `env`: both exit 0
+/// and the client prints its final figures. The pair's outputs.
+fn tag_lat(port: u16, env: &[(&str, &str)]) -> Option<(Output, Output)> {
+    let b = require(&["ucx_perftest"])?;
     let p = port.to_string();
-    let env = [
-        ("NPRDMA_MODE", "nprdma"),
-        ("NPRDMA_STATS", "1"),
-        ("UCX_TLS", "ud_v,self"),
-    ];
     let (s, c) = run_pair(
         &b[0],
         port,
         &["-p", &p],
         &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000"],
-        &env,
+        env,
     );
     assert!(
         s.ok() && c.ok(),
@@ -94,6 +85,21 @@ fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
         c.all()
     );
     assert!(c.stdout.contains("Final:"), "{}", c.all());
+    Some((s, c))
+}
+
+/// `ucx_perftest -t tag_lat` over `UCX_TLS=ud_v,self` in NP-RDMA mode: ud_verbs'
+/// 4096 receives and its sends pin their pages only while posted.
+#[test]
+fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
+    let env = [
+        ("NPRDMA_MODE", "nprdma"),
+        ("NPRDMA_STATS", "1"),
+        ("UCX_TLS", "ud_v,self"),
+    ];
+    let Some((s, c)) = tag_lat(18736, &env) else {
+        return;
+    };
     for o in [&s, &c] {
         assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
     }
@@ -104,24 +110,8 @@ fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
 /// wire up, on any device), pinned mode: the tag-matching round trips complete.
 #[test]
 fn ucx_perftest_tag_lat_rc_verbs_pinned() {
-    let Some(b) = require(&["ucx_perftest"]) else {
-        return;
-    };
-    let port = 18734u16;
-    let p = port.to_string();
-    let env = [("NPRDMA_MODE", "pinned"), ("UCX_TLS", "rc_v,self")];
-    let (s, c) = run_pair(
-        &b[0],
-        port,
-        &["-p", &p],
-        &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000"],
-        &env,
+    tag_lat(
+        18734,
+        &[("NPRDMA_MODE", "pinned"), ("UCX_TLS", "rc_v,self")],
     );
-    assert!(
-        s.ok() && c.ok(),
-        "server:\n{}\nclient:\n{}",
-        s.all(),
-        c.all()
-    );
-    assert!(c.stdout.contains("Final:"), "{}", c.all());
 }

@@ -325,6 +325,21 @@ fn env_num(name: &str) -> Result<Option<u64>> {
     }
 }
 
+/// Post `wrs` in order with `post`: the first that fails stops the list and is
+/// reported by its index, as `ibv_post_send`'s `bad_wr`.
+pub fn post_each<W>(
+    wrs: &[W],
+    mut post: impl FnMut(&W) -> std::result::Result<(), rnic::Error>,
+) -> std::result::Result<(), PostError> {
+    for (i, w) in wrs.iter().enumerate() {
+        post(w).map_err(|err| PostError {
+            bad_wr_index: i,
+            err,
+        })?;
+    }
+    Ok(())
+}
+
 /// The NIC configuration: rnic defaults, tunable through the environment:
 /// `NPRDMA_TRUSTED_PEERS=1` (the labelled opt-in to the direct path between trusting
 /// processes; default: target-enforced protection), `NPRDMA_RING_MAX` (bytes; the

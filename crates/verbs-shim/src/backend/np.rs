@@ -72,6 +72,23 @@ fn np_host_limits(c: &mut rnic::HostConfig) {
     c.max_tracked_pages = c.max_tracked_pages.max(pages + (1 << 20));
 }
 
+/// A QP's SGE and inline requests within this mode's limits (RC, UC and UD alike).
+fn check_sges_and_inline(attr: &QpInitAttr) -> Result<()> {
+    if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
+        return Err(ShimError::InvalidArgument(format!(
+            "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
+            attr.max_send_sge, attr.max_recv_sge
+        )));
+    }
+    if attr.max_inline_data > MAX_INLINE {
+        return Err(ShimError::InvalidArgument(format!(
+            "max_inline_data {} > {MAX_INLINE}",
+            attr.max_inline_data
+        )));
+    }
+    Ok(())
+}
+
 /// A counted share of an advertised per-process limit; released on drop.
 struct Quota {
     used: Arc<std::sync::atomic::AtomicU32>,
@@ -404,22 +421,16 @@ impl<N: np::engine::Backend> super::Srq for NpSrq<N> {
         self
     }
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
-        for (i, w) in wrs.iter().enumerate() {
-            one_sge(w.sg_list)
-                .and_then(|sge| {
-                    self.0
-                        .post_recv(&[np::RecvWr {
-                            wr_id: w.wr_id,
-                            sge,
-                        }])
-                        .map_err(|(_, e)| post_err(e, QpState::Rts))
-                })
-                .map_err(|err| PostError {
-                    bad_wr_index: i,
-                    err,
-                })?;
-        }
-        Ok(())
+        super::post_each(wrs, |w| {
+            one_sge(w.sg_list).and_then(|sge| {
+                self.0
+                    .post_recv(&[np::RecvWr {
+                        wr_id: w.wr_id,
+                        sge,
+                    }])
+                    .map_err(|(_, e)| post_err(e, QpState::Rts))
+            })
+        })
     }
     fn max_wr(&self) -> u32 {
         self.0.depth()
@@ -515,18 +526,7 @@ impl<N: np::engine::Backend> Pd for NpPd<N> {
         let srq = srq
             .map(|s| super::ours::<NpSrq<N>>(s.as_any(), "SRQ").map(|p| &p.0))
             .transpose()?;
-        if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
-            return Err(ShimError::InvalidArgument(format!(
-                "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
-                attr.max_send_sge, attr.max_recv_sge
-            )));
-        }
-        if attr.max_inline_data > MAX_INLINE {
-            return Err(ShimError::InvalidArgument(format!(
-                "max_inline_data {} > {MAX_INLINE}",
-                attr.max_inline_data
-            )));
-        }
+        check_sges_and_inline(attr)?;
         let depth = attr.max_send_wr.max(attr.max_recv_wr).max(1);
         if depth > self.max_wr {
             return Err(ShimError::InvalidArgument(format!(
@@ -603,18 +603,7 @@ impl<N: np::engine::Backend> NpPd<N> {
                 "UD QPs on an SRQ in NP-RDMA mode".into(),
             ));
         }
-        if attr.max_send_sge > NP_MAX_SGE || attr.max_recv_sge > NP_MAX_SGE {
-            return Err(ShimError::InvalidArgument(format!(
-                "{} send / {} recv SGEs (max_sge {NP_MAX_SGE})",
-                attr.max_send_sge, attr.max_recv_sge
-            )));
-        }
-        if attr.max_inline_data > MAX_INLINE {
-            return Err(ShimError::InvalidArgument(format!(
-                "max_inline_data {} > {MAX_INLINE}",
-                attr.max_inline_data
-            )));
-        }
+        check_sges_and_inline(attr)?;
         let s = super::ours::<NpCq<N>>(send_cq.as_any(), "CQ")?;
         let r = super::ours::<NpCq<N>>(recv_cq.as_any(), "CQ")?;
         let quota = Quota::take(&self.qps, NP_MAX_QP, "QPs (max_qp)")?;
@@ -1261,18 +1250,12 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
         *a
     }
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
-        for (i, w) in wrs.iter().enumerate() {
-            self.post_one(w).map_err(|err| PostError {
-                bad_wr_index: i,
-                err,
-            })?;
-        }
-        Ok(())
+        super::post_each(wrs, |w| self.post_one(w))
     }
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
         let state = self.state();
-        for (i, w) in wrs.iter().enumerate() {
-            let r = if state == QpState::Reset {
+        super::post_each(wrs, |w| {
+            if state == QpState::Reset {
                 Err(rnic::Error::WrongQpState(state))
             } else if let Some(sgl) = &self.sgl {
                 self.post_recv_mapped(sgl, w, state)
@@ -1285,13 +1268,8 @@ impl<N: np::engine::Backend> Qp for NpQp<N> {
                         }])
                         .map_err(|(_, e)| post_err(e, state))
                 })
-            };
-            r.map_err(|err| PostError {
-                bad_wr_index: i,
-                err,
-            })?;
-        }
-        Ok(())
+            }
+        })
     }
 }
 

@@ -639,22 +639,10 @@ impl Qp for UdQp {
         self.qp.query()
     }
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
-        for (i, w) in wrs.iter().enumerate() {
-            self.post_send_one(w).map_err(|err| PostError {
-                bad_wr_index: i,
-                err,
-            })?;
-        }
-        Ok(())
+        super::post_each(wrs, |w| self.post_send_one(w))
     }
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
-        for (i, w) in wrs.iter().enumerate() {
-            self.post_recv_one(w).map_err(|err| PostError {
-                bad_wr_index: i,
-                err,
-            })?;
-        }
-        Ok(())
+        super::post_each(wrs, |w| self.post_recv_one(w))
     }
 }
 
