@@ -2,8 +2,10 @@
 //! lists the `ib` memory domain `nprdma0` and its verbs transports on `nprdma0:1`
 //! in both modes — uct_ib finds the device node it stats, opens the device, queries
 //! it and its port, allocates a PD and opens the interfaces (their QPs and CQs);
-//! and `ucx_perftest tag_lat` runs over rc_verbs in pinned mode and over ud_verbs
-//! in NP-RDMA mode.
+//! and `ucx_perftest`'s UCP and UCT tests (tag matching eager and rendezvous,
+//! stream, put, get, active messages) run over rc_verbs and over ud_verbs in both
+//! modes, with UCX's registration cache and memory hooks on, and once with
+//! `UCX_IB_REG_METHODS=direct`.
 
 mod common;
 use common::*;
@@ -66,52 +68,122 @@ fn ucx_info_lists_ib_md_with_rc_and_ud_verbs_nprdma() {
     ucx_info_lists(&[("NPRDMA_MODE", "nprdma")], &["rc_verbs", "ud_verbs"]);
 }
 
-/// `ucx_perftest -t tag_lat` between two processes on `port` with `env`: both exit 0
-/// and the client prints its final figures. The pair's outputs.
-fn tag_lat(port: u16, env: &[(&str, &str)]) -> Option<(Output, Output)> {
+/// UCT-level tests of `ucx_perftest` (they name a transport and device with `-x`
+/// and `-d`); the others are UCP's, whose transports `UCX_TLS` chooses.
+const UCT_TESTS: &[&str] = &["put_lat", "put_bw", "get", "am_lat", "am_bw"];
+
+/// `ucx_perftest -t test` between two processes on `port`, over transport `tl`
+/// (`rc_verbs` or `ud_verbs`; UCP tests add `self`, and rc_verbs wires up through
+/// ud_verbs, UCX's auxiliary transport: rc_verbs alone cannot wire up on any device),
+/// with `args` and `env`: both exit 0 and the client prints its final figures. The
+/// pair's outputs.
+fn perftest(
+    port: u16,
+    tl: &str,
+    test: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<(Output, Output)> {
     let b = require(&["ucx_perftest"])?;
     let p = port.to_string();
-    let (s, c) = run_pair(
-        &b[0],
-        port,
-        &["-p", &p],
-        &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000"],
-        env,
-    );
+    let dev = "nprdma0:1";
+    let uct = UCT_TESTS.contains(&test);
+    let mut server = vec!["-p", &p];
+    if uct {
+        server.extend(["-x", tl, "-d", dev]);
+    }
+    let mut client = server.clone();
+    client.extend(["127.0.0.1", "-t", test]);
+    client.extend(args);
+    let tls = if tl == "rc_verbs" {
+        "rc_v,self"
+    } else {
+        "ud_v,self"
+    };
+    let mut env = env.to_vec();
+    if !uct {
+        env.push(("UCX_TLS", tls));
+    }
+    let (s, c) = run_pair(&b[0], port, &server, &client, &env);
     assert!(
         s.ok() && c.ok(),
-        "server:\n{}\nclient:\n{}",
+        "{test} over {tl}: server:\n{}\nclient:\n{}",
         s.all(),
         c.all()
     );
-    assert!(c.stdout.contains("Final:"), "{}", c.all());
+    assert!(c.stdout.contains("Final:"), "{test} over {tl}: {}", c.all());
     Some((s, c))
 }
 
-/// `ucx_perftest -t tag_lat` over `UCX_TLS=ud_v,self` in NP-RDMA mode: ud_verbs'
-/// 4096 receives and its sends pin their pages only while posted.
-#[test]
-fn ucx_perftest_tag_lat_ud_verbs_nprdma() {
-    let env = [
-        ("NPRDMA_MODE", "nprdma"),
-        ("NPRDMA_STATS", "1"),
-        ("UCX_TLS", "ud_v,self"),
-    ];
-    let Some((s, c)) = tag_lat(18736, &env) else {
-        return;
-    };
-    for o in [&s, &c] {
-        assert_eq!(stat(o, "nonresident_dma"), 0, "{}", o.all());
+/// Each `(test, args)` of `runs` over `tl` in `mode`, on ports from `port0`, with
+/// UCX's registration cache and memory hooks on (its defaults); in NP-RDMA mode no
+/// DMA of either side met a non-resident page.
+fn suite(port0: u16, mode: &str, tl: &str, runs: &[(&str, &[&str], &[(&str, &str)])]) {
+    for (k, (test, args, extra)) in runs.iter().enumerate() {
+        let mut env = vec![("NPRDMA_MODE", mode), ("NPRDMA_STATS", "1")];
+        env.extend_from_slice(extra);
+        let Some((s, c)) = perftest(port0 + k as u16, tl, test, args, &env) else {
+            return;
+        };
+        if mode == "nprdma" {
+            for o in [&s, &c] {
+                assert_eq!(stat(o, "nonresident_dma"), 0, "{test}: {}", o.all());
+            }
+        }
     }
 }
 
-/// `ucx_perftest -t tag_lat` between two processes over `UCX_TLS=rc_v,self` (rc_verbs,
-/// with ud_verbs as UCX's auxiliary transport for the wireup: rc_verbs alone cannot
-/// wire up, on any device), pinned mode: the tag-matching round trips complete.
+/// Every kind of ucx_perftest run over rc_verbs: UCP tag matching (eager and, at
+/// 1 MiB, rendezvous by RDMA READ, also with `UCX_IB_REG_METHODS=direct`: UCX's
+/// registration cache off), stream, UCP put/get, and UCT put, get (zero-copy, 64 KiB),
+/// active messages.
+const RC_RUNS: &[(&str, &[&str], &[(&str, &str)])] = &[
+    ("tag_lat", &["-n", "1000"], &[]),
+    ("tag_bw", &["-n", "100", "-s", "1048576"], &[]),
+    (
+        "tag_bw",
+        &["-n", "100", "-s", "1048576"],
+        &[("UCX_IB_REG_METHODS", "direct")],
+    ),
+    ("stream_bw", &["-n", "300", "-s", "65536"], &[]),
+    ("ucp_put_bw", &["-n", "300", "-s", "65536"], &[]),
+    ("ucp_get", &["-n", "300", "-s", "65536"], &[]),
+    ("put_lat", &["-n", "1000"], &[]),
+    ("put_bw", &["-n", "300", "-s", "65536", "-D", "zcopy"], &[]),
+    ("get", &["-n", "300", "-s", "65536", "-D", "zcopy"], &[]),
+    ("am_lat", &["-n", "1000"], &[]),
+    ("am_bw", &["-n", "300", "-s", "4096", "-D", "bcopy"], &[]),
+];
+
+/// ucx_perftest over ud_verbs: UCP tag matching (eager, and rendezvous at 1 MiB),
+/// stream, UCT active messages.
+const UD_RUNS: &[(&str, &[&str], &[(&str, &str)])] = &[
+    ("tag_lat", &["-n", "1000"], &[]),
+    ("tag_bw", &["-n", "50", "-s", "1048576"], &[]),
+    ("stream_bw", &["-n", "300", "-s", "65536"], &[]),
+    ("am_lat", &["-n", "1000"], &[]),
+];
+
 #[test]
-fn ucx_perftest_tag_lat_rc_verbs_pinned() {
-    tag_lat(
-        18734,
-        &[("NPRDMA_MODE", "pinned"), ("UCX_TLS", "rc_v,self")],
-    );
+fn ucx_perftest_rc_verbs_pinned() {
+    suite(18740, "pinned", "rc_verbs", RC_RUNS);
+}
+
+/// rc_verbs in NP-RDMA mode: UCX flushes with an RDMA WRITE of no bytes to address
+/// 0, rkey 0, which the target must not check (it failed REM_ACCESS_ERR before).
+#[test]
+fn ucx_perftest_rc_verbs_nprdma() {
+    suite(18760, "nprdma", "rc_verbs", RC_RUNS);
+}
+
+#[test]
+fn ucx_perftest_ud_verbs_pinned() {
+    suite(18780, "pinned", "ud_verbs", UD_RUNS);
+}
+
+/// ud_verbs in NP-RDMA mode: its 4096 receives and its sends pin their pages only
+/// while posted.
+#[test]
+fn ucx_perftest_ud_verbs_nprdma() {
+    suite(18800, "nprdma", "ud_verbs", UD_RUNS);
 }

@@ -74,6 +74,17 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
             return;
         }
     }
+    if op.len == 0 {
+        // A zero-length RDMA operation touches no remote memory: its R_Key and VA
+        // are not validated (IBTA o9-20, rxe's check_rkey). UCX's rc_verbs flushes
+        // with a WRITE of no bytes to address 0, rkey 0.
+        if let AppOp::WriteImm(_) = op.wr.op {
+            start_notify(sh, st, qi, id);
+        } else {
+            finish(st, qi, id, WcStatus::Success, 0);
+        }
+        return;
+    }
     let t = match qp.peer.lookup(op.wr.rkey, op.wr.remote_addr, op.len) {
         Ok(t) => t,
         Err(KeyMapError::UnknownKey(rkey)) if !op.key_answered => {
@@ -114,14 +125,6 @@ pub(super) fn start_op<N: Backend>(sh: &Shared<N>, st: &mut State<N>, qi: usize,
             return;
         }
     };
-    if op.len == 0 {
-        if let AppOp::WriteImm(_) = op.wr.op {
-            start_notify(sh, st, qi, id);
-        } else {
-            finish(st, qi, id, WcStatus::Success, 0);
-        }
-        return;
-    }
     if t.version_rkey == 0 {
         // The peer runs user-space mode (no Version MR, key-only views):
         // nothing of it is reachable one-sided — but what it lent us.

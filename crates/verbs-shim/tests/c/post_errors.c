@@ -2,6 +2,7 @@
  * inline larger than max_inline_data, bad opcode; *bad_wr points at the failing WR
  * and the WRs before it are posted (and complete). */
 #include "common.h"
+#include <endian.h>
 
 #define DEPTH 4
 
@@ -185,6 +186,78 @@ int main(void)
 			CHECK_EQ(wc[i].byte_len, 0);
 		else
 			CHECK_EQ(wc[i].wr_id, 500);
+	}
+
+	/* Zero-length RDMA operations: the responder validates neither R_Key nor VA
+	 * (IBTA o9-20; rxe's check_rkey). UCX's rc_verbs flushes with an inline,
+	 * SGE-less RDMA WRITE to address 0 with rkey 0; a READ and a WRITE_WITH_IMM
+	 * of length 0 are the same rule (the IMM still consumes a receive). */
+	memset(w, 0, sizeof(w));
+	w[0].wr_id = 510;
+	w[0].opcode = IBV_WR_RDMA_WRITE;
+	w[0].send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	CHECK_EQ(ibv_post_send(a, w, &bad), 0);
+	poll_n(cq, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 510);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	CHECK_EQ(wc[0].opcode, IBV_WC_RDMA_WRITE);
+	CHECK_EQ(post_send1(a, 511, IBV_WR_RDMA_WRITE, buf, 0, mr->lkey, 0, 0, IBV_SEND_SIGNALED), 0);
+	poll_n(cq, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 511);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	memset(w, 0, sizeof(w));
+	w[0].wr_id = 512;
+	w[0].opcode = IBV_WR_RDMA_READ;
+	w[0].send_flags = IBV_SEND_SIGNALED;
+	w[0].wr.rdma.remote_addr = 0x1000;
+	w[0].wr.rdma.rkey = 0xdead;
+	CHECK_EQ(ibv_post_send(a, w, &bad), 0);
+	poll_n(cq, wc, 1, 5);
+	CHECK_EQ(wc[0].wr_id, 512);
+	CHECK_EQ(wc[0].status, IBV_WC_SUCCESS);
+	CHECK_EQ(wc[0].opcode, IBV_WC_RDMA_READ);
+	CHECK_EQ(post_recv1(b, 514, buf + 1024, 64, mr->lkey), 0);
+	memset(w, 0, sizeof(w));
+	w[0].wr_id = 513;
+	w[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	w[0].send_flags = IBV_SEND_SIGNALED;
+	w[0].imm_data = htobe32(0x5a5a);
+	CHECK_EQ(ibv_post_send(a, w, &bad), 0);
+	poll_n(cq, wc, 2, 5);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(wc[i].status, IBV_WC_SUCCESS);
+		if (wc[i].wr_id == 514) {
+			CHECK_EQ(wc[i].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+			CHECK_EQ(wc[i].byte_len, 0);
+			CHECK(wc[i].wc_flags & IBV_WC_WITH_IMM);
+			CHECK_EQ(be32toh(wc[i].imm_data), 0x5a5a);
+		} else {
+			CHECK_EQ(wc[i].wr_id, 513);
+			CHECK_EQ(wc[i].opcode, IBV_WC_RDMA_WRITE);
+		}
+	}
+	/* A zero-length WRITE still keeps the QP's order: the SEND posted before it
+	 * completes first (an RC QP completes in order). */
+	CHECK_EQ(post_recv1(b, 516, buf + 1024, 64, mr->lkey), 0);
+	memset(w, 0, sizeof(w));
+	w[0].wr_id = 515;
+	w[0].opcode = IBV_WR_SEND;
+	w[0].sg_list = &(struct ibv_sge){ .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	w[0].num_sge = 1;
+	w[0].send_flags = IBV_SEND_SIGNALED;
+	w[0].next = &w[1];
+	w[1].wr_id = 517;
+	w[1].opcode = IBV_WR_RDMA_WRITE;
+	w[1].send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	CHECK_EQ(ibv_post_send(a, w, &bad), 0);
+	poll_n(cq, wc, 3, 5);
+	int seen_send = 0;
+	for (int i = 0; i < 3; i++) {
+		CHECK_EQ(wc[i].status, IBV_WC_SUCCESS);
+		if (wc[i].wr_id == 515)
+			seen_send = 1;
+		if (wc[i].wr_id == 517)
+			CHECK(seen_send);
 	}
 
 	close_pair(&e, a, b, mr, cq);
