@@ -115,10 +115,17 @@ fn perftest(
     Some((s, c))
 }
 
-/// Each `(test, args)` of `runs` over `tl` in `mode`, on ports from `port0`, with
+/// One ucx_perftest run: the test, its client arguments, extra environment.
+type Run = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+);
+
+/// Each `(test, args, env)` of `runs` over `tl` in `mode`, on ports from `port0`, with
 /// UCX's registration cache and memory hooks on (its defaults); in NP-RDMA mode no
 /// DMA of either side met a non-resident page.
-fn suite(port0: u16, mode: &str, tl: &str, runs: &[(&str, &[&str], &[(&str, &str)])]) {
+fn suite(port0: u16, mode: &str, tl: &str, runs: &[Run]) {
     for (k, (test, args, extra)) in runs.iter().enumerate() {
         let mut env = vec![("NPRDMA_MODE", mode), ("NPRDMA_STATS", "1")];
         env.extend_from_slice(extra);
@@ -137,7 +144,7 @@ fn suite(port0: u16, mode: &str, tl: &str, runs: &[(&str, &[&str], &[(&str, &str
 /// 1 MiB, rendezvous by RDMA READ, also with `UCX_IB_REG_METHODS=direct`: UCX's
 /// registration cache off), stream, UCP put/get, and UCT put, get (zero-copy, 64 KiB),
 /// active messages.
-const RC_RUNS: &[(&str, &[&str], &[(&str, &str)])] = &[
+const RC_RUNS: &[Run] = &[
     ("tag_lat", &["-n", "1000"], &[]),
     ("tag_bw", &["-n", "100", "-s", "1048576"], &[]),
     (
@@ -157,7 +164,7 @@ const RC_RUNS: &[(&str, &[&str], &[(&str, &str)])] = &[
 
 /// ucx_perftest over ud_verbs: UCP tag matching (eager, and rendezvous at 1 MiB),
 /// stream, UCT active messages.
-const UD_RUNS: &[(&str, &[&str], &[(&str, &str)])] = &[
+const UD_RUNS: &[Run] = &[
     ("tag_lat", &["-n", "1000"], &[]),
     ("tag_bw", &["-n", "50", "-s", "1048576"], &[]),
     ("stream_bw", &["-n", "300", "-s", "65536"], &[]),

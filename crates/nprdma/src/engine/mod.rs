@@ -56,7 +56,7 @@ use parking_lot::Mutex;
 pub use self::backend::{Backend, DefaultNic, Device, NicStats};
 pub use self::cq::Cq;
 use self::dev::Dev;
-pub use self::pin::pinned_pages;
+pub use self::pin::{pinned_pages, NicPin};
 use self::qp::QpState;
 pub use self::qp::MAX_QP_DEPTH;
 pub use self::reg::Mr;
@@ -232,6 +232,28 @@ impl<N: Backend> Context<N> {
         s.leases_released = l.released;
         s.leases_expired = l.expired;
         s
+    }
+
+    /// Pin `[addr, addr+len)` of the MR `lkey` for a NIC of this host that
+    /// reaches the memory through a plain NIC MR over it (writing it if
+    /// `write`, which needs LOCAL_WRITE; the caller checks the PD): swapped-out
+    /// pages are brought in, and the pages stay resident for the NIC and
+    /// mapped in the MR's NIC views until the [`NicPin`] is dropped.
+    /// [`Error::Invalid`]: no MR with that key covers the range (or it is not
+    /// writable).
+    pub fn pin_for_nic(
+        &self,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<NicPin<N>, Error> {
+        let for_ = if write {
+            crate::nic::PinFor::Write
+        } else {
+            crate::nic::PinFor::Read
+        };
+        reg::pin_for_nic(&self.sh, lkey, addr, len, for_)
     }
 
     /// Drive progress in the calling thread (what `Cq::poll` does too).

@@ -67,6 +67,21 @@ impl<N: Backend> Drop for EnginePin<N> {
     }
 }
 
+/// A pin of part of an application MR for a NIC of this host that reaches it
+/// through a plain NIC MR over the application's memory (the verbs shim's UD
+/// views): the pages are pinned in the pager, resident in the NIC's frame map
+/// and mapped in the MR's NIC views while it lives, and counted with the
+/// engine's other pins (`engine_pinned_high`). Dropping it releases the pin.
+pub struct NicPin<N: Backend> {
+    _pin: EnginePin<N>,
+}
+
+impl<N: Backend> NicPin<N> {
+    pub(super) fn new(p: EnginePin<N>) -> Self {
+        NicPin { _pin: p }
+    }
+}
+
 /// Pin `[addr, addr+len)` of `mr` (faulting it in on this thread) for what
 /// `for_` says is done with it, and map it into the NIC views.
 pub(super) fn engine_pin<N: Backend>(

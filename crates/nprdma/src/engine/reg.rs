@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use super::backend::{Backend, DefaultNic};
 use super::keysync::{broadcast_keysync, broadcast_revoke};
 use super::mr::{MrEntry, NicMrs};
+use super::pin::{pin_for_peer, NicPin};
 use super::state::{Shared, State};
 use super::types::Error;
 use crate::ctrl::KeyMapping;
@@ -333,4 +334,25 @@ pub(crate) fn fence_mr<N: Backend>(st: &mut State<N>, mr: &Arc<MrEntry<N>>) {
     }
     st.post_answer.retain(|(m, _, _)| !Arc::ptr_eq(m, mr));
     mr.fence();
+}
+
+/// [`super::Context::pin_for_nic`]: the MR of `lkey`, which must cover
+/// `[addr, addr+len)`, pinned there for `for_`.
+pub(super) fn pin_for_nic<N: Backend>(
+    sh: &Shared<N>,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    for_: nic::PinFor,
+) -> Result<NicPin<N>, Error> {
+    let e = sh.st.lock().mrs.get(&lkey).cloned();
+    let e = e
+        .filter(|e| e.contains(addr, len))
+        .ok_or(Error::Invalid("no MR with this lkey covers the range"))?;
+    if for_ == nic::PinFor::Write && !e.access().contains(Access::LOCAL_WRITE) {
+        return Err(Error::Invalid("the MR is not locally writable"));
+    }
+    pin_for_peer(&sh.mm, &e, addr, len, for_)
+        .map(NicPin::new)
+        .map_err(|s| Error::Other(format!("pin failed: {s:?}")))
 }

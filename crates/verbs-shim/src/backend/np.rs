@@ -244,7 +244,14 @@ impl<F: NpFlavor> NpDevice<F> {
         let sg = SgShared::default();
         let ud = flavor
             .ud_host()
-            .map(|h| UdShared::new(h, &pager, sg.lkeys.clone()))
+            .map(|h| {
+                let engine = ctx.clone();
+                let pin: super::np_ud::Pinner = Box::new(move |lkey, addr, len, write| {
+                    let p = engine.pin_for_nic(lkey, addr, len, write)?;
+                    Ok(Box::new(p) as Box<dyn Send + Sync>)
+                });
+                UdShared::new(h, &pager, pin, sg.lkeys.clone())
+            })
             .transpose()?;
         Ok(NpDevice {
             _following: crate::unmap::follow(&pager),

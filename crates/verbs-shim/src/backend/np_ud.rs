@@ -41,6 +41,7 @@ pub const NP_UD_MAX_WR: u32 = 4096;
 pub struct UdShared {
     pd: rnic::Pd,
     pager: vmem::Pager,
+    pin: Pinner,
     lkeys: Arc<LkeyTable>,
     /// NIC view of an application MR (and the MR's range), by the application lkey.
     views: Mutex<HashMap<u32, (rnic::Mr, usize, usize)>>,
@@ -85,22 +86,27 @@ impl Drop for UdShared {
     }
 }
 
+/// How UD WRs pin application memory: the NP-RDMA engine's pin of part of an MR
+/// (by lkey, address, length, for writing), which also keeps the pages resident
+/// for the NIC and mapped in the MR's NIC views, and counts them among the
+/// engine's pins; the pin is released when the returned value drops.
+pub type Pinner = Box<
+    dyn Fn(u32, u64, u64, bool) -> std::result::Result<Box<dyn Send + Sync>, np::Error>
+        + Send
+        + Sync,
+>;
+
 /// A pin of one SGE's pages, released on drop.
 struct Pin {
     lkey: u32,
-    addr: usize,
-    len: usize,
+    pages: usize,
     sh: Arc<UdShared>,
+    _held: Box<dyn Send + Sync>,
 }
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        if let Err(e) = self.sh.pager.unpin(self.addr, self.len) {
-            tracing::debug!(addr = self.addr, len = self.len, "UD unpin: {e}");
-        }
-        self.sh
-            .pinned
-            .fetch_sub(pages(self.addr, self.len), Ordering::Relaxed);
+        self.sh.pinned.fetch_sub(self.pages, Ordering::Relaxed);
     }
 }
 
@@ -110,11 +116,17 @@ fn pages(addr: usize, len: usize) -> usize {
 }
 
 impl UdShared {
-    pub fn new(host: &rnic::Host, pager: &vmem::Pager, lkeys: Arc<LkeyTable>) -> Result<Arc<Self>> {
+    pub fn new(
+        host: &rnic::Host,
+        pager: &vmem::Pager,
+        pin: Pinner,
+        lkeys: Arc<LkeyTable>,
+    ) -> Result<Arc<Self>> {
         let ctx = host.open_context()?;
         let sh = Arc::new(UdShared {
             pd: ctx.alloc_pd()?,
             pager: pager.clone(),
+            pin,
             lkeys,
             views: Mutex::new(HashMap::new()),
             qps: Mutex::new(Vec::new()),
@@ -187,19 +199,15 @@ impl UdShared {
             let key = match key {
                 Some(k) if s.length > 0 => {
                     let (addr, len) = (s.addr as usize, s.length as usize);
-                    let r = if write {
-                        self.pager.pin(addr, len)
-                    } else {
-                        self.pager.pin_read(addr, len)
-                    };
-                    match r {
-                        Ok(()) => {
-                            self.pinned.fetch_add(pages(addr, len), Ordering::Relaxed);
+                    match (self.pin)(s.lkey, s.addr, u64::from(s.length), write) {
+                        Ok(held) => {
+                            let n = pages(addr, len);
+                            self.pinned.fetch_add(n, Ordering::Relaxed);
                             pins.push(Pin {
                                 lkey: s.lkey,
-                                addr,
-                                len,
+                                pages: n,
                                 sh: self.clone(),
+                                _held: held,
                             });
                             k
                         }
