@@ -10,6 +10,14 @@
 mod common;
 use common::*;
 
+/// The tests of this file run one at a time: each keeps both cores busy (UCX
+/// polls), and a survivor's time to notice a dead peer is measured.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The transports `ucx_info -d` lists in memory domain `md`, each with its block of
 /// lines (device, capabilities, or "< failed to open interface >").
 fn transports<'a>(out: &'a str, md: &str) -> Vec<(&'a str, &'a str)> {
@@ -126,6 +134,7 @@ type Run = (
 /// UCX's registration cache and memory hooks on (its defaults); in NP-RDMA mode no
 /// DMA of either side met a non-resident page.
 fn suite(port0: u16, mode: &str, tl: &str, runs: &[Run]) {
+    let _one = one_at_a_time();
     for (k, (test, args, extra)) in runs.iter().enumerate() {
         let mut env = vec![("NPRDMA_MODE", mode), ("NPRDMA_STATS", "1")];
         env.extend_from_slice(extra);
@@ -193,4 +202,54 @@ fn ucx_perftest_ud_verbs_pinned() {
 #[test]
 fn ucx_perftest_ud_verbs_nprdma() {
     suite(18800, "nprdma", "ud_verbs", UD_RUNS);
+}
+
+/// A peer killed mid-run (`SIGKILL` of the server two seconds into a long tag_lat
+/// over rc_verbs): the survivor's UCX gets an error completion (the transport
+/// retry count exceeded) and ucx_perftest exits with it, within seconds, no hang.
+fn peer_killed(port: u16, mode: &str) {
+    let Some(b) = require(&["ucx_perftest"]) else {
+        return;
+    };
+    let _one = one_at_a_time();
+    let env = [("NPRDMA_MODE", mode), ("UCX_TLS", "rc_v,self")];
+    let p = port.to_string();
+    let mut server = spawn(&b[0], &["-p", &p], &env);
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !listening(port) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let client = spawn(
+        &b[0],
+        &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000000000"],
+        &env,
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    server.kill().expect("kill the server");
+    let _ = server.wait();
+    let killed = std::time::Instant::now();
+    let c = finish(client, killed + std::time::Duration::from_secs(30));
+    let took = killed.elapsed();
+    // (ucx_perftest aborts on the error: killed by SIGABRT, no exit code.)
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "the survivor took {took:?}:\n{}",
+        c.all()
+    );
+    assert!(!c.ok(), "the survivor did not notice:\n{}", c.all());
+    assert!(
+        c.all().contains("transport retry counter exceeded"),
+        "{}",
+        c.all()
+    );
+}
+
+#[test]
+fn ucx_peer_killed_pinned() {
+    peer_killed(18820, "pinned");
+}
+
+#[test]
+fn ucx_peer_killed_nprdma() {
+    peer_killed(18821, "nprdma");
 }
