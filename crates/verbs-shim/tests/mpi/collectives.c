@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #define WORDS ((size_t)4 << 20)	/* 32 MiB of uint64_t per buffer */
@@ -74,6 +75,14 @@ int main(int argc, char **argv)
 	if (rank == 0)
 		printf("collectives ok: allreduce and alltoall of %zu MiB on %d ranks\n",
 		       WORDS * 8 >> 20, size);
+	/* Each rank's peak resident memory (scripts/bench-ucx.sh compares the modes). */
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "VmHWM:", 6))
+			fprintf(stderr, "rank %d %s", rank, line);
+	if (f)
+		fclose(f);
 	MPI_Finalize();
 	return 0;
 }
