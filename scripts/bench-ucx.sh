@@ -4,7 +4,9 @@
 # the cross-core round trip printed before and after (two-process figures depend on it):
 #  1. ucx_perftest over rc_verbs: UCT put_bw and get (zero-copy, 64 KiB, MB/s) and UCP
 #     tag_lat (8 B, median µs); the median over rounds of each mode and NP/pinned.
-#  2. Open MPI over UCX (rc_verbs): each rank's peak resident memory (VmHWM) in
+#  2. Open MPI over UCX (rc_verbs): ping-pong latency at 4 KiB and 1 MiB
+#     (tests/mpi/latency.c: median one-way time), pinned and NP-RDMA alternated; and
+#     each rank's peak resident memory (VmHWM) in
 #     tests/mpi/collectives.c (four 32 MiB buffers per rank, mostly never touched),
 #     pinned, NP-RDMA, and NP-RDMA with a 16 MiB budget.
 # Usage: scripts/bench-ucx.sh (after cargo build --release -p verbs-shim -p nprdma-cli;
@@ -48,7 +50,23 @@ for t in tag_lat put_bw get; do
   echo "$t: pinned $p $unit, NP-RDMA $n $unit, NP/pinned $(echo "scale=2; $n / $p" | bc) (medians of $ROUNDS; pinned rounds: ${got[pinned.$t]}; NP: ${got[nprdma.$t]})"
 done
 
-exe=$(mktemp -d)/collectives
+dir=$(mktemp -d)
+mpicc -O2 -o "$dir/latency" crates/verbs-shim/tests/mpi/latency.c
+declare -A lat=()
+for round in $(seq 1 "$ROUNDS"); do
+  for m in pinned nprdma; do
+    out=$(timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
+      -x LD_PRELOAD=$L -x NPRDMA_MODE=$m -x UCX_TLS=rc_v,self "$dir/latency" 2>/dev/null)
+    lat[$m.4k]+="$(echo "$out" | awk '/latency 4096 B/ {print $5}') "
+    lat[$m.1m]+="$(echo "$out" | awk '/latency 1048576 B/ {print $5}') "
+  done
+done
+for s in 4k 1m; do
+  p=$(echo ${lat[pinned.$s]} | tr ' ' '\n' | median)
+  n=$(echo ${lat[nprdma.$s]} | tr ' ' '\n' | median)
+  echo "MPI ping-pong $s one-way: pinned $p us, NP-RDMA $n us, NP/pinned $(echo "scale=2; $n / $p" | bc) (medians of $ROUNDS; pinned: ${lat[pinned.$s]}; NP: ${lat[nprdma.$s]})"
+done
+exe=$dir/collectives
 mpicc -O2 -o "$exe" crates/verbs-shim/tests/mpi/collectives.c
 for run in "pinned" "nprdma" "nprdma NPRDMA_BUDGET_MB=16"; do
   set -- $run
