@@ -5,7 +5,8 @@ use thiserror::Error;
 /// Why a packet (or a header) could not be parsed, or a [`Repr`](crate::packet::Repr)
 /// could not be emitted.
 ///
-/// Parse errors are listed in the order `packet::parse` checks them.
+/// Parse errors are listed in the order `packet::parse` checks them (a [`Error::Truncated`]
+/// can come from each header in turn); the emit-only ones come last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum Error {
     /// The buffer ends before a header (or the length a header declares) does.
@@ -92,9 +93,6 @@ pub enum Error {
         /// Bytes between the extension headers and the ICRC.
         room: usize,
     },
-    /// The payload is larger than the largest path MTU (4096 bytes).
-    #[error("payload of {0} bytes exceeds 4096")]
-    PayloadTooLong(usize),
     /// The opcode carries no payload, but the packet (or emit call) has payload or pad.
     #[error("opcode {opcode:#04x} carries no payload, {len} bytes present")]
     UnexpectedPayload {
@@ -103,6 +101,9 @@ pub enum Error {
         /// Bytes of payload and pad present.
         len: usize,
     },
+    /// The payload is larger than the largest path MTU (4096 bytes).
+    #[error("payload of {0} bytes exceeds 4096")]
+    PayloadTooLong(usize),
     /// Emit: the extension headers given do not match the opcode's.
     #[error("extension headers do not match opcode {0:#04x}")]
     HeadersMismatch(u8),
