@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 # python3-pyverbs ships rdma-core's own verbs test suite, run below against libnprdma.so.
 # libibverbs-dev: <infiniband/verbs.h> for the C programs of crates/verbs-shim/tests/c_programs.rs.
 # openmpi-bin, libopenmpi-dev: mpirun and mpicc for the MPI jobs of crates/verbs-shim/tests/mpi.rs.
-PKGS=(perftest ibverbs-utils binutils python3-pyverbs libibverbs-dev librdmacm-dev rdmacm-utils qperf libfabric-bin iproute2 ucx-utils openmpi-bin libopenmpi-dev)
+# tshark (Wireshark's dissector) and python3-scapy (scapy's RoCE ICRC) check the RoCEv2 bytes
+# of crates/roce/tests/tools.rs.
+PKGS=(perftest ibverbs-utils binutils python3-pyverbs libibverbs-dev librdmacm-dev rdmacm-utils qperf libfabric-bin iproute2 ucx-utils openmpi-bin libopenmpi-dev tshark python3-scapy)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
