@@ -452,6 +452,8 @@ impl<N: Backend> Qp<N> {
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
         let (idx, gen) = self.at();
         let sh = &self.ctx.sh;
+        // Held until the lock below is released (dropped after it).
+        let _pinned = post::prefault(sh, wrs);
         let mut st = sh.st.lock();
         let r = post::post_send(sh, &mut st, idx, gen, wrs);
         post::run_ready(sh, &mut st);

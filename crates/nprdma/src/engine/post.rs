@@ -5,13 +5,14 @@ use super::backend::Backend;
 use super::fast;
 use super::one_sided::{flush_deferred, start_op};
 use super::op::{is_atomic, Op, Retry, Stage, Versions};
-use super::pin::Hold;
+use super::pin::{engine_pin, EnginePin, Hold};
 use super::qp::SrqShared;
 use super::serve::deliver_inbound;
 use super::state::{At, Shared, State};
-use super::types::{Error, RecvWr, SendWr};
-use crate::nic::Access;
+use super::types::{Error, RecvWr, SendWr, PS};
+use crate::check::precheck_local;
 use crate::nic::WcStatus;
+use crate::nic::{Access, PinFor};
 use crate::ordering::{Admit, Range};
 use crate::plan::{order_desc, AppOp};
 use std::sync::Arc;
@@ -216,6 +217,42 @@ pub(crate) fn post_srq_recv<N: Backend>(
         }
     }
     res
+}
+
+/// One-sided WRs of at least this many bytes have their local buffer brought in
+/// before the engine's lock is taken ([`prefault`]).
+pub(super) const PREFAULT_MIN: u64 = 64 * 1024;
+
+/// The local buffers of `wrs`' large one-sided operations (≥ [`PREFAULT_MIN`])
+/// whose pages are not all mapped in the NIC views now, pinned — brought in and
+/// mapped, which may wait for the pager to evict under a budget — *before* the
+/// caller takes the engine's lock, and held until its post returns: the
+/// operation's start then finds them mapped, and the polling thread (which
+/// serves the peers' requests under that lock) is not held up by the pager.
+/// A buffer that cannot be pinned here is left to the operation's own checks.
+pub(super) fn prefault<N: Backend>(sh: &Shared<N>, wrs: &[SendWr]) -> Vec<EnginePin<N>> {
+    let mut pins = Vec::new();
+    for wr in wrs {
+        let Some(sge) = wr.sge else { continue };
+        let len = u64::from(sge.length);
+        if len < PREFAULT_MIN || !matches!(wr.op, AppOp::Read | AppOp::Write | AppOp::WriteImm(_)) {
+            continue;
+        }
+        let Some(m) = sh.st.lock().mrs.get(&sge.lkey).cloned() else {
+            continue;
+        };
+        let for_ = wr.op.local_pin();
+        if !m.contains(sge.addr, len)
+            || (for_ == PinFor::Write && !m.access().contains(Access::LOCAL_WRITE))
+            || precheck_local(sge.addr, len, PS as usize, |p| m.shadow.is_mapped(p)).is_ok()
+        {
+            continue;
+        }
+        if let Ok(p) = engine_pin(&sh.mm, &m, sge.addr, len, for_) {
+            pins.push(p);
+        }
+    }
+    pins
 }
 
 /// Start the operations admitted so far.
