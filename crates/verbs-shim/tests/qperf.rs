@@ -6,18 +6,15 @@
 
 mod common;
 use common::*;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Run `tests` against a fresh server on `port`; the client's output.
 fn qperf(port: u16, mode: &str, cm: bool, tests: &[&str]) -> Option<Output> {
     let b = require(&["qperf"])?;
     let env = [("NPRDMA_MODE", mode)];
     let p = port.to_string();
-    let server = spawn(&b[0], &["-lp", p.as_str()], &env);
     let deadline = Instant::now() + LIMIT;
-    while !listening(port) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = spawn_listening(&b[0], port, &["-lp", p.as_str()], &env);
     let mut args = vec!["-lp", p.as_str(), "-t", "1"];
     if cm {
         args.push("-cm1");

@@ -215,11 +215,7 @@ fn peer_killed(port: u16, mode: &str) {
     let _one = one_at_a_time();
     let env = [("NPRDMA_MODE", mode), ("UCX_TLS", "rc_v,self")];
     let p = port.to_string();
-    let mut server = spawn(&b[0], &["-p", &p], &env);
-    let deadline = std::time::Instant::now() + LIMIT;
-    while !listening(port) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut server = spawn_listening(&b[0], port, &["-p", &p], &env);
     let client = spawn(
         &b[0],
         &["-p", &p, "127.0.0.1", "-t", "tag_lat", "-n", "1000000000"],

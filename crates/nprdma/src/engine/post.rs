@@ -7,12 +7,13 @@ use super::one_sided::{flush_deferred, start_op};
 use super::op::{is_atomic, Op, Retry, Stage, Versions};
 use super::pin::{engine_pin, EnginePin, Hold};
 use super::qp::SrqShared;
+use super::reg::mr_to_pin;
 use super::serve::deliver_inbound;
 use super::state::{At, Shared, State};
 use super::types::{Error, RecvWr, SendWr, PS};
 use crate::check::precheck_local;
+use crate::nic::Access;
 use crate::nic::WcStatus;
-use crate::nic::{Access, PinFor};
 use crate::ordering::{Admit, Range};
 use crate::plan::{order_desc, AppOp};
 use std::sync::Arc;
@@ -238,14 +239,11 @@ pub(super) fn prefault<N: Backend>(sh: &Shared<N>, wrs: &[SendWr]) -> Vec<Engine
         if len < PREFAULT_MIN || !matches!(wr.op, AppOp::Read | AppOp::Write | AppOp::WriteImm(_)) {
             continue;
         }
-        let Some(m) = sh.st.lock().mrs.get(&sge.lkey).cloned() else {
+        let for_ = wr.op.local_pin();
+        let Ok(m) = mr_to_pin(sh, sge.lkey, sge.addr, len, for_) else {
             continue;
         };
-        let for_ = wr.op.local_pin();
-        if !m.contains(sge.addr, len)
-            || (for_ == PinFor::Write && !m.access().contains(Access::LOCAL_WRITE))
-            || precheck_local(sge.addr, len, PS as usize, |p| m.shadow.is_mapped(p)).is_ok()
-        {
+        if precheck_local(sge.addr, len, PS as usize, |p| m.shadow.is_mapped(p)).is_ok() {
             continue;
         }
         if let Ok(p) = engine_pin(&sh.mm, &m, sge.addr, len, for_) {

@@ -336,6 +336,25 @@ pub(crate) fn fence_mr<N: Backend>(st: &mut State<N>, mr: &Arc<MrEntry<N>>) {
     mr.fence();
 }
 
+/// The MR of `lkey` if it covers `[addr, addr+len)` and allows what `for_` does to
+/// it (LOCAL_WRITE for a pin that writes); else what is wrong.
+pub(super) fn mr_to_pin<N: Backend>(
+    sh: &Shared<N>,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    for_: nic::PinFor,
+) -> Result<Arc<MrEntry<N>>, Error> {
+    let e = sh.st.lock().mrs.get(&lkey).cloned();
+    let e = e
+        .filter(|e| e.contains(addr, len))
+        .ok_or(Error::Invalid("no MR with this lkey covers the range"))?;
+    if for_ == nic::PinFor::Write && !e.access().contains(Access::LOCAL_WRITE) {
+        return Err(Error::Invalid("the MR is not locally writable"));
+    }
+    Ok(e)
+}
+
 /// [`super::Context::pin_for_nic`]: the MR of `lkey`, which must cover
 /// `[addr, addr+len)`, pinned there for `for_`.
 pub(super) fn pin_for_nic<N: Backend>(
@@ -345,13 +364,7 @@ pub(super) fn pin_for_nic<N: Backend>(
     len: u64,
     for_: nic::PinFor,
 ) -> Result<NicPin<N>, Error> {
-    let e = sh.st.lock().mrs.get(&lkey).cloned();
-    let e = e
-        .filter(|e| e.contains(addr, len))
-        .ok_or(Error::Invalid("no MR with this lkey covers the range"))?;
-    if for_ == nic::PinFor::Write && !e.access().contains(Access::LOCAL_WRITE) {
-        return Err(Error::Invalid("the MR is not locally writable"));
-    }
+    let e = mr_to_pin(sh, lkey, addr, len, for_)?;
     pin_for_peer(&sh.mm, &e, addr, len, for_)
         .map(NicPin::new)
         .map_err(|s| Error::Other(format!("pin failed: {s:?}")))

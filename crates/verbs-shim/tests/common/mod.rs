@@ -145,6 +145,16 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
+/// [`spawn`] a server, then wait (at most [`LIMIT`]) until it listens on TCP `port`.
+pub fn spawn_listening(bin: &Path, port: u16, args: &[&str], env: &[(&str, &str)]) -> Child {
+    let deadline = Instant::now() + LIMIT;
+    let server = spawn(bin, args, env);
+    while !listening(port) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
 /// Run `bin server_args` and, once it listens on `port`, `bin client_args`; both bounded.
 pub fn run_pair(
     bin: &Path,
@@ -154,10 +164,7 @@ pub fn run_pair(
     env: &[(&str, &str)],
 ) -> (Output, Output) {
     let deadline = Instant::now() + LIMIT;
-    let server = spawn(bin, server_args, env);
-    while !listening(port) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = spawn_listening(bin, port, server_args, env);
     let client = spawn(bin, client_args, env);
     let c = finish(client, deadline);
     // The server normally finishes with the client; give it a few seconds more.
