@@ -23,9 +23,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `tests/mpi/<name>.c` built with `mpicc`, or None (skipped) without Open MPI.
+/// `tests/mpi/<name>.c` built with `mpicc`, or None (skipped) without Open MPI. Each
+/// program is built once per test binary: the tests run in parallel and must not
+/// compile over a program another test is running.
 fn build(name: &str) -> Option<PathBuf> {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let b = require(&["mpicc", "mpirun"])?;
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
+        return Some(exe.clone());
+    }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/mpi/{name}.c"));
     let exe = out_dir().join(format!("mpi-{name}"));
     let out = Command::new(&b[0])
@@ -40,6 +47,7 @@ fn build(name: &str) -> Option<PathBuf> {
         src.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+    built.push((name.to_string(), exe.clone()));
     Some(exe)
 }
 
@@ -92,11 +100,10 @@ fn rank_stats(o: &Output) -> Vec<std::collections::HashMap<String, u64>> {
     o.stderr
         .lines()
         .chain(o.stdout.lines())
-        .filter_map(|l| l.split("nprdma-stats: ").nth(1))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .filter_map(np_stats)
+        .map(|m| {
+            m.into_iter()
+                .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
                 .collect()
         })
         .collect()
