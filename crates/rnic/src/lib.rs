@@ -227,6 +227,7 @@ mod objects;
 pub mod subnet;
 mod sys;
 pub mod verbs;
+mod wire;
 
 pub use hw::{dma, frames, iommu, segment};
 pub use nic::odp;
@@ -243,7 +244,7 @@ pub use config::HostConfig;
 pub use cq::{CompChannel, Cq};
 pub use error::{Error, PostError, Result};
 pub use frames::FrameMap;
-pub use host::{Context, Host, HostAddr, NicStats};
+pub use host::{Context, Host, HostAddr, NicStats, WireStats};
 pub use iommu::{Frame, Iommu, IovaRange};
 pub use mr::{DmaMr, Mr, OwnedMr, Pd};
 pub use odp::OdpFaultHandler;

@@ -48,6 +48,18 @@ const ORDER: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "wire",
+        &[
+            "wire/mod",
+            "wire/socket",
+            "wire/inject",
+            "wire/conn",
+            "wire/tx",
+            "wire/rx",
+            "wire/engine",
+        ],
+    ),
+    (
         "objects",
         &[
             "objects/mod",
@@ -65,7 +77,7 @@ const ORDER: &[(&str, &[&str])] = &[
 ];
 
 /// Directories of the layers (a `crate::<dir>::<file>` path names `<dir>/<file>.rs`).
-const DIRS: &[&str] = &["hw", "nic", "objects"];
+const DIRS: &[&str] = &["hw", "nic", "wire", "objects"];
 
 #[test]
 fn no_file_imports_one_above_it() {

@@ -86,7 +86,57 @@ pub fn parse(buf: &[u8]) -> Result<(Repr, Range<usize>)> {
     let udp_view = Udp::new_checked(&buf[ip_payload])?;
     let udp = UdpRepr::parse(&udp_view, &ip)?;
 
-    let bth_start = udp_start + udp::LEN;
+    transport(buf, ip, udp, udp_start + udp::LEN)
+}
+
+/// Parses a datagram received through a UDP socket (the kernel checked and removed its
+/// IP and UDP headers): `buf` holds headers the receiver rebuilt from what the socket
+/// reported — `ip` (addresses; IPv4 with identification 0 and don't-fragment, as an
+/// unconnected Linux socket sends with `IP_PMTUDISC_DO`) and the UDP source port —
+/// written by [`rebuild_headers`], then the datagram. The ICRC is checked over them,
+/// then the BTH onward as [`parse`] does. The returned range indexes `buf`.
+pub fn parse_rebuilt(buf: &[u8], ip: IpRepr, udp: UdpRepr) -> Result<(Repr, Range<usize>)> {
+    transport(buf, ip, udp, ip.header_len() + udp::LEN)
+}
+
+/// Write the IP and UDP headers of a `datagram_len`-byte UDP payload (BTH through
+/// ICRC) at the start of `buf` (which must hold [`rebuilt_len`] bytes): the headers the
+/// ICRC covers. Checksums are left zero (the ICRC masks them).
+pub fn rebuild_headers(
+    buf: &mut [u8],
+    ip: &IpRepr,
+    udp: &UdpRepr,
+    datagram_len: usize,
+) -> Result<()> {
+    let ip_len = ip.header_len();
+    let n = ip_len + udp::LEN;
+    if buf.len() < n {
+        return Err(Error::BufferTooSmall {
+            needed: n,
+            got: buf.len(),
+        });
+    }
+    ip.emit(&mut buf[..ip_len], udp::LEN + datagram_len)?;
+    udp.emit(
+        &mut Udp::new_unchecked(&mut buf[ip_len..n]),
+        (udp::LEN + datagram_len) as u16,
+    );
+    Ok(())
+}
+
+/// Bytes of the IP and UDP headers [`rebuild_headers`] writes for `ip`.
+pub fn rebuilt_len(ip: &IpRepr) -> usize {
+    ip.header_len() + udp::LEN
+}
+
+/// The transport part of [`parse`]: the ICRC over the whole of `buf`, then the BTH
+/// at `bth_start`, the extension headers, pad and payload.
+fn transport(
+    buf: &[u8],
+    ip: IpRepr,
+    udp: UdpRepr,
+    bth_start: usize,
+) -> Result<(Repr, Range<usize>)> {
     let needed = bth_start + bth::LEN + icrc::LEN;
     if buf.len() < needed {
         return Err(Error::Truncated {

@@ -186,6 +186,16 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     }
 }
 
+/// `NPRDMA_TRANSPORT=udp`: reach peers named by an IP GID over RoCEv2 even when they
+/// share this host's segment directory (to test the wire on one machine, across
+/// network namespaces).
+fn force_wire() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| {
+        std::env::var("NPRDMA_TRANSPORT").is_ok_and(|v| v.eq_ignore_ascii_case("udp"))
+    })
+}
+
 /// The host's subnet registry, opened on first use (`None` if it cannot be).
 fn directory() -> Option<&'static Directory> {
     static DIR: OnceLock<Option<Directory>> = OnceLock::new();
@@ -266,8 +276,29 @@ pub fn resolve(
     }
     // An IPv4-mapped GID is never a device address (whose first bytes are a PID).
     let ip_form = gid[..10] == [0; 10];
-    if ip_form || crate::netif::host_gids().contains(&gid) {
-        return dest_qpn.map(|q| by_gid_and_qpn(&gid, q)).transpose();
+    let ours = crate::netif::host_gids().contains(&gid);
+    if ip_form || ours {
+        let Some(q) = dest_qpn else { return Ok(None) };
+        if !force_wire() || ours {
+            match by_gid_and_qpn(&gid, q) {
+                Ok(a) => return Ok(Some(a)),
+                // One of this host's addresses names a device of this host.
+                Err(e) if ours => return Err(e),
+                Err(_) => {}
+            }
+        }
+        // Another host's address: across the network, from the GID the AV names.
+        let sgid = table(s)
+            .get(av.grh.sgid_index as usize)
+            .copied()
+            .filter(|g| crate::netif::host_gids().contains(g))
+            .or_else(|| crate::netif::host_gids().first().copied())
+            .ok_or_else(|| {
+                ShimError::Unsupported(
+                    "no IP address to reach a peer across the network from".into(),
+                )
+            })?;
+        return s.dev.wire_peer(sgid, gid).map(Some);
     }
     // Another namespace's IP GID, else a device address.
     if let Some(a) = dest_qpn.and_then(|q| by_gid_and_qpn(&gid, q).ok()) {

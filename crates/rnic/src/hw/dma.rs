@@ -188,6 +188,9 @@ pub enum Port {
     Local,
     /// Another process: process_vm_readv / writev.
     Proc(u32),
+    /// A host across the network (RoCEv2): its memory is reached only by the
+    /// packets its own NIC serves, never by a copy of ours.
+    Wire,
 }
 
 /// A contiguous piece of one side: validated MR + address range.
@@ -575,7 +578,8 @@ fn execute(
             }
             Ok(())
         }
-        (Port::Proc(_), Port::Proc(_)) => Err(DmaErr::Io),
+        // Two remote sides, or a peer across the wire (reached only by packets).
+        _ => Err(DmaErr::Io),
     }
 }
 

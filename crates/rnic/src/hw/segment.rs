@@ -429,6 +429,10 @@ pub const RING_F_LAST: u32 = 1 << 9;
 pub const RING_F_IMM: u32 = 1 << 10;
 /// Flag: solicited event.
 pub const RING_F_SOLICITED: u32 = 1 << 11;
+/// A SEND part whose message length is not known at its first part (it arrived over
+/// the network, where only the last packet tells): `swp` is 0, the receive's buffers
+/// bound the message, and its length is what the parts brought.
+pub const RING_F_OPEN: u32 = 1 << 12;
 
 /// Slot statuses beyond `WcStatus` values: receiver not ready (low 16 bits: the
 /// responder's min_rnr_timer); nothing was consumed, retry the whole WR.
@@ -442,6 +446,9 @@ pub const RING_ST_DROPPED: u32 = 0x3_0000;
 /// not ready, and everything behind it is refused until the requester resends from
 /// there (RC's go-back-N: nothing after an RNR-NAKed request executes before it).
 pub const RING_ST_SEQ: u32 = 0x4_0000;
+/// The transport gave the request up (across the network: no answer within the QP's
+/// timeout and retry count): the WR completes RETRY_EXC_ERR now.
+pub const RING_ST_RETRY_EXC: u32 = 0x5_0000;
 /// Bits of a request's `op` above the flags: the requester's rewind generation (it
 /// moves on each time the requester goes back to resend after an RNR).
 pub const RING_GEN_SHIFT: u32 = 16;

@@ -273,7 +273,7 @@ pub(crate) fn finish_ring(q: &QpCtx, sq: &mut Sq, now: u64) -> Option<RingDone> 
             // A target process that is gone answers nothing: its WR fails once the
             // QP's retries would have run out (not later, not sooner).
             if waited > me.cfg.transport_timeout.as_nanos() as u64
-                || (waited > q.retry_budget_ns(&sq.attr) && peer.port != Port::Local && !peer.seg.alive())
+                || (waited > q.retry_budget_ns(&sq.attr) && !peer.alive())
             {
                 outcome = Some(RingDone::Done(WcStatus::RetryExcErr, 0));
             }
@@ -290,6 +290,12 @@ pub(crate) fn finish_ring(q: &QpCtx, sq: &mut Sq, now: u64) -> Option<RingDone> 
             segment::RING_ST_ODP_NAK => {
                 me.seg.stats().odp_faults_remote.fetch_add(1, Ordering::Relaxed);
                 outcome = Some(RingDone::OdpNak);
+                h.state.store(segment::SLOT_FREE, Ordering::Release);
+                sq.entries[0].parts_done += 1;
+                break;
+            }
+            segment::RING_ST_RETRY_EXC => {
+                outcome = Some(RingDone::Done(WcStatus::RetryExcErr, 0));
                 h.state.store(segment::SLOT_FREE, Ordering::Release);
                 sq.entries[0].parts_done += 1;
                 break;
@@ -378,7 +384,10 @@ pub(crate) fn reap_zombies(q: &QpCtx, sq: &mut Sq, now: u64) {
     let timeout = q.nic.cfg.transport_timeout.as_nanos() as u64;
     sq.zombies.retain(|&(slot, since)| {
         let h = peer.seg.slot(tq, slot).0;
-        if h.state.load(Ordering::Acquire) == segment::SLOT_DONE || now.saturating_sub(since) > timeout {
+        // Across the network the link answers every slot it took (at the latest when
+        // its retries ran out): a slot is never freed under it.
+        let expired = now.saturating_sub(since) > timeout && peer.link.is_none();
+        if h.state.load(Ordering::Acquire) == segment::SLOT_DONE || expired {
             h.state.store(segment::SLOT_FREE, Ordering::Release);
             false
         } else {

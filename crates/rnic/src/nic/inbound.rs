@@ -34,6 +34,9 @@ pub(crate) struct Inbound {
     pub next_off: u64,
     pub imm: Option<u32>,
     pub solicited: bool,
+    /// The length was not known at the first part (`segment::RING_F_OPEN`): `total`
+    /// is the receive's capacity, the message ends at its last part.
+    pub open: bool,
 }
 
 /// A receiving QP refusing requests after an RNR NAK: every request of the

@@ -358,6 +358,9 @@ pub(crate) fn reset_ring(h: &Nic, idx: u32, r: &QpRec, fresh: bool) {
 
 impl Drop for QpCtx {
     fn drop(&mut self) {
+        if let Some(l) = self.sq.get_mut().peer.as_ref().and_then(|p| p.link.as_ref()) {
+            l.disconnect(self.qpn);
+        }
         let h = &*self.nic;
         if let Some(r) = h.seg.qp(self.idx) {
             r.state.store(QpState::Reset as u32, Ordering::Release);

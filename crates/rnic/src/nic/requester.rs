@@ -449,7 +449,10 @@ pub(crate) fn issue_ring(q: &QpCtx, sq: &mut Sq, i: usize, now: u64, alone: bool
         sq.bells += 1;
         if sq.bells >= BELL_BATCH {
             sq.bells = 0;
-            peer.seg.wake_for_doorbells();
+            match &peer.link {
+                Some(l) => l.doorbell(),
+                None => peer.seg.wake_for_doorbells(),
+            }
         }
         sq.ring_prod += 1;
         sent += 1;

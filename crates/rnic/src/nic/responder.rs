@@ -785,7 +785,8 @@ fn serve_send(
     let last = q.flags & segment::RING_F_LAST != 0;
     let imm = (q.flags & segment::RING_F_IMM != 0).then_some(q.cmp as u32);
     let solicited = q.flags & segment::RING_F_SOLICITED != 0;
-    let (off, total) = (q.raddr, q.swp);
+    let open = q.flags & segment::RING_F_OPEN != 0;
+    let (off, mut total) = (q.raddr, q.swp);
     let slot = [dma::passthrough(data as u64, q.len)];
     let src = Side {
         seg,
@@ -862,7 +863,10 @@ fn serve_send(
             })
             .filter(|s| s.len > 0)
             .collect();
-        if sges.iter().map(|s| s.len).sum::<u64>() < total {
+        let room = sges.iter().map(|s| s.len).sum::<u64>();
+        if open {
+            total = room;
+        } else if room < total {
             return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, false);
         }
         if take_first {
@@ -881,7 +885,17 @@ fn serve_send(
             next_off: 0,
             imm,
             solicited,
+            open,
         });
+    }
+    if let Some(ib) = cell
+        .as_ref()
+        .filter(|ib| ib.open && ib.next_off == off && off + q.len > ib.total)
+    {
+        // A message of unknown length outgrew its receive.
+        let (wr_id, taken) = (ib.wr_id, ib.taken);
+        *cell = None;
+        return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, taken);
     }
     let Some(ib) = cell.as_mut().filter(|ib| {
         ib.qpn == qpn
@@ -928,9 +942,15 @@ fn serve_send(
     if !last {
         return WcStatus::Success as u32;
     }
-    let Some(ib) = cell.take() else {
+    let Some(mut ib) = cell.take() else {
         return WcStatus::RemInvReqErr as u32;
     };
+    if ib.open {
+        // The last part tells the length, the immediate and the solicited bit.
+        ib.total = ib.next_off;
+        ib.imm = imm;
+        ib.solicited = solicited;
+    }
     if ib.next_off != ib.total {
         return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr, wr_id, taken);
     }

@@ -107,7 +107,11 @@ impl QpCtx {
         // One wake-up of the target's NIC thread for this pass's ring requests.
         if std::mem::take(&mut sq.bells) > 0 {
             if let Some(peer) = &sq.peer {
-                peer.seg.wake_for_doorbells();
+                match &peer.link {
+                    // Across the network: the requests leave as packets now.
+                    Some(l) => l.doorbell(),
+                    None => peer.seg.wake_for_doorbells(),
+                }
             }
         }
         changed
@@ -265,7 +269,7 @@ impl QpCtx {
                 if e.atoms == 0 {
                     e.atoms = now;
                 }
-                let gone = e.ud.as_ref().is_some_and(|t| !t.peer.seg.alive());
+                let gone = e.ud.as_ref().is_some_and(|t| !t.peer.alive());
                 if !gone && now.saturating_sub(e.atoms) < timeout {
                     e.st = EState::Rnr {
                         until: now + UD_FULL_RETRY_NS,

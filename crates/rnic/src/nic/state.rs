@@ -93,6 +93,10 @@ impl Nic {
         if let Some(p) = me.peers.lock().get(&addr.nonce) {
             return Ok(p.clone());
         }
+        if addr.pid == 0 {
+            // A peer across the network is known once `Host::wire_peer` made it.
+            return Err(Error::Unreachable("no such peer across the network".into()));
+        }
         let peer = if let Some(h) = local_nic(addr.nonce) {
             Arc::new(Peer::local(h.seg.clone()))
         } else if addr.pid == std::process::id() {

@@ -51,7 +51,7 @@ fn wake_initiator(h: &Nic, idx: u32) {
 /// false when another thread holds its send queue (its requests' answers may not
 /// be retired yet, so the peer's new requests must wait). A QP starting requests
 /// raises `outstanding` before the first one is visible (`QpCtx::progress_locked`).
-fn retire_answered(qps: &HostQps, idx: u32) -> bool {
+pub(crate) fn retire_answered(qps: &HostQps, idx: u32) -> bool {
     let Some(q) = qps.get(idx) else { return true };
     if q.outstanding.load(Ordering::Acquire) == 0 {
         return true;
@@ -101,24 +101,30 @@ pub(crate) fn serve_doorbells_locked(h: &Nic, qps: &HostQps, srv: &mut crate::ni
                 work = true;
                 continue;
             }
-            let held = cq_ring::Held::new(&h.self_peer);
-            let mut served = false;
-            while responder::serve_one(seg, &h.self_peer, &h.addr, idx, h.cfg.dma_section, srv) {
-                served = true;
-            }
-            if served {
-                work = true;
-                wake_initiator(h, idx);
-            }
-            // Released after the initiator was woken for its answers (this order is
-            // what the ib_send_lat -e test holds to; releasing first hung it).
-            drop(held);
+            work |= serve_qp(h, srv, idx);
         }
     }
     if work {
         h.ring_passes.fetch_add(1, Ordering::Relaxed);
     }
     work
+}
+
+/// Serve the requests waiting in QP `idx`'s ring (the caller holds the ring server
+/// and retired the QP's own answered requests). Returns whether any was served.
+pub(crate) fn serve_qp(h: &Nic, srv: &mut crate::nic::inbound::RingServer, idx: u32) -> bool {
+    let held = cq_ring::Held::new(&h.self_peer);
+    let mut served = false;
+    while responder::serve_one(&h.seg, &h.self_peer, &h.addr, idx, h.cfg.dma_section, srv) {
+        served = true;
+    }
+    if served {
+        wake_initiator(h, idx);
+    }
+    // Released after the initiator was woken for its answers (this order is
+    // what the ib_send_lat -e test holds to; releasing first hung it).
+    drop(held);
+    served
 }
 
 struct Deferred {

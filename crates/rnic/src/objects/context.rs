@@ -76,6 +76,31 @@ pub struct NicStats {
     pub flush_timeouts: u64,
 }
 
+/// The RoCEv2 transport's counters (`Host::wire_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireStats {
+    /// Packets sent (requests, responses, ACKs).
+    pub tx_packets: u64,
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Parts sent again (go-back-N after a sequence NAK or a timeout).
+    pub retransmissions: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// NAKs and RNR NAKs sent.
+    pub naks_sent: u64,
+    /// NAKs and RNR NAKs received.
+    pub naks_received: u64,
+    /// Duplicate requests and responses seen.
+    pub duplicates: u64,
+    /// Dropped: bad ICRC, malformed, oversize, truncated, wrong opcode sequence.
+    pub bad_packets: u64,
+    /// Dropped: for a QP not connected to the sender, or from another address.
+    pub stray_packets: u64,
+    /// Requests dropped ahead of the expected PSN.
+    pub out_of_sequence: u64,
+}
+
 /// What every handle of a host holds: the engines' state, the QPs awaiting the NIC
 /// thread, and the NIC thread itself (stopped when the last holder goes).
 struct HostShared {
@@ -84,10 +109,16 @@ struct HostShared {
     nic: Option<JoinHandle<()>>,
     /// The device's LID, held while the host lives (dropped after the NIC stops).
     _lease: Option<crate::subnet::Lease>,
+    /// The RoCEv2 engine, started by the first peer across the network.
+    wire: std::sync::OnceLock<Arc<crate::wire::engine::Wire>>,
+    wire_start: parking_lot::Mutex<()>,
 }
 
 impl Drop for HostShared {
     fn drop(&mut self) {
+        if let Some(w) = self.wire.get() {
+            w.stop();
+        }
         self.inner.shutdown.store(true, Ordering::SeqCst);
         self.inner.kick_nic();
         sys::futex_wake(&self.inner.seg.mbox().nic_seq);
@@ -184,6 +215,8 @@ impl Host {
                 qps,
                 nic: Some(nic),
                 _lease: lease,
+                wire: std::sync::OnceLock::new(),
+                wire_start: parking_lot::Mutex::new(()),
             }),
         })
     }
@@ -205,6 +238,45 @@ impl Host {
     /// The port's LID (0 when the host is in no subnet: `HostConfig::subnet`).
     pub fn lid(&self) -> u16 {
         self.sh.inner.lid
+    }
+
+    /// The address of a host across the network with GID `remote` (an IPv6 or
+    /// IPv4-mapped address), reached over RoCEv2 from our GID `local`: connect a QP to
+    /// it as to any host (`QpAttr::dest`). The first call starts the host's RoCEv2
+    /// engine (binds UDP port 4791: one such host per network namespace).
+    pub fn wire_peer(&self, local: [u8; 16], remote: [u8; 16]) -> Result<HostAddr> {
+        self.wire()?.peer(local, remote)
+    }
+
+    fn wire(&self) -> Result<&Arc<crate::wire::engine::Wire>> {
+        if let Some(w) = self.sh.wire.get() {
+            return Ok(w);
+        }
+        let _g = self.sh.wire_start.lock();
+        if let Some(w) = self.sh.wire.get() {
+            return Ok(w);
+        }
+        let w = crate::wire::engine::Wire::start(self.inner().clone(), self.sh.qps.clone())?;
+        Ok(self.sh.wire.get_or_init(|| w))
+    }
+
+    /// The RoCEv2 transport's counters (None until a peer across the network was used).
+    pub fn wire_stats(&self) -> Option<WireStats> {
+        let w = self.sh.wire.get()?;
+        let c = &w.counters;
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Some(WireStats {
+            tx_packets: g(&c.tx_packets),
+            rx_packets: g(&c.rx_packets),
+            retransmissions: g(&c.retransmissions),
+            timeouts: g(&c.timeouts),
+            naks_sent: g(&c.naks_sent),
+            naks_received: g(&c.naks_received),
+            duplicates: g(&c.duplicates),
+            bad_packets: g(&c.bad_packets),
+            stray_packets: g(&c.stray_packets),
+            out_of_sequence: g(&c.out_of_sequence),
+        })
     }
 
     /// Open a device context.

@@ -105,7 +105,7 @@ impl Qp {
     /// dead peer only on a request it has outstanding.
     pub fn peer_gone(&self) -> bool {
         let peer = self.inner.sq.lock().peer.clone();
-        peer.is_some_and(|p| p.port != crate::hw::dma::Port::Local && !p.seg.alive())
+        peer.is_some_and(|p| !p.alive())
     }
 
     /// The capacities the QP was created with.
@@ -239,7 +239,11 @@ impl QpCtx {
         if mask.contains(QpAttrMask::AV) {
             let dest = attr.dest.ok_or(Error::InvalidArgument("AV without destination"))?;
             let peer = h.resolve_peer(dest)?;
-            sq.tq = peer.seg.find_qp(attr.dest_qp_num);
+            sq.tq = match &peer.link {
+                // Across the network: the shadow record standing for the peer's QP.
+                Some(l) => l.shadow_qp(attr.dest_qp_num, h.addr.nonce, self.qpn),
+                None => peer.seg.find_qp(attr.dest_qp_num),
+            };
             sq.peer = Some(peer);
             sq.attr.dest = Some(dest);
             sq.attr.dest_qp_num = attr.dest_qp_num;
@@ -277,6 +281,26 @@ impl QpCtx {
         keep!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
         keep!(TIMEOUT, timeout);
         keep!(RETRY_CNT, retry_cnt);
+        if let Some(link) = sq.peer.as_ref().and_then(|p| p.link.clone()) {
+            // A QP connected across the network: its transport follows its state.
+            match new {
+                QpState::Rtr | QpState::Rts if new != cur => link.connect(&crate::hw::peer::LinkConn {
+                    idx: self.idx,
+                    qpn: self.qpn,
+                    dest_qpn: sq.attr.dest_qp_num,
+                    tq: sq.tq,
+                    rts: new == QpState::Rts,
+                    rq_psn: sq.attr.rq_psn,
+                    sq_psn: sq.attr.sq_psn,
+                    mtu: sq.attr.path_mtu,
+                    timeout: sq.attr.timeout,
+                    retry_cnt: sq.attr.retry_cnt,
+                    max_rd_atomic: sq.attr.max_rd_atomic,
+                })?,
+                QpState::Reset | QpState::Err => link.disconnect(self.qpn),
+                _ => {}
+            }
+        }
         match new {
             QpState::Reset => {
                 self.end_inbound();

@@ -41,6 +41,14 @@ pub trait Device: Send + Sync {
     fn lid(&self) -> u16 {
         0
     }
+    /// The address of the host with GID `remote` across the network (RoCEv2),
+    /// reached from our GID `local`.
+    fn wire_peer(&self, _local: [u8; 16], _remote: [u8; 16]) -> Result<rnic::HostAddr> {
+        Err(ShimError::Unsupported(format!(
+            "peers across the network in {} mode",
+            self.mode()
+        )))
+    }
     /// A protection domain.
     fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
     /// A CQ; with `events` it can signal completion events (see [`Cq::event_fd`]).

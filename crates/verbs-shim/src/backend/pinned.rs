@@ -68,6 +68,15 @@ impl Device for PinnedDevice {
     fn gid(&self) -> [u8; 16] {
         self.ctx.host().addr().to_bytes()
     }
+    fn stats(&self) -> String {
+        match self.ctx.host().wire_stats() {
+            Some(w) => format!("mode=pinned roce={w:?}"),
+            None => "mode=pinned".into(),
+        }
+    }
+    fn wire_peer(&self, local: [u8; 16], remote: [u8; 16]) -> Result<rnic::HostAddr> {
+        Ok(self.ctx.host().wire_peer(local, remote)?)
+    }
     fn lid(&self) -> u16 {
         self.ctx.host().lid()
     }

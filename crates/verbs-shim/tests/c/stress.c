@@ -35,6 +35,10 @@
  *   STRESS_SERVER_FORK_EVERY  that thread forks a child every this many page reads
  *                       (default 0: never); the child checks the server's own MiB
  *                       (swapped-out pages included) and reads random pages
+ *   STRESS_GID_INDEX    the GID index peers connect to (default 0)
+ * Two hosts: `stress tcp-server PORT` (its budget from NPRDMA_BUDGET_PAGES) and
+ * `stress tcp-client HOST PORT` (STRESS_CLIENT_IDX for the second of several) exchange
+ * over TCP instead of the orchestrator's pipes.
  * Exit 0 only if every completion succeeded, every byte matched and the server
  * kept the resident bound. */
 #include "common.h"
@@ -46,6 +50,9 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #define MAXQ 16
 #define MAXC 4
@@ -85,6 +92,58 @@ static void connect_rc(struct ibv_qp *qp, union ibv_gid gid, uint32_t dqpn, int 
 	CHECK_EQ(to_init(qp, ALL_ACCESS), 0);
 	CHECK_EQ(to_rtr_rd(qp, gid, dqpn, atom), 0);
 	CHECK_EQ(to_rts_rd(qp, 14, 7, 7, atom), 0);
+}
+
+
+/* STRESS_GID_INDEX: the GID the peers connect to (default 0, the device address):
+ * an IP GID when server and client run on two hosts (the tcp-server / tcp-client
+ * forms below). */
+static void stress_gid(struct env *e)
+{
+	long i = envl("STRESS_GID_INDEX", 0);
+	if (i)
+		CHECK_EQ(ibv_query_gid(e->ctx, 1, (int)i, &e->gid), 0);
+}
+
+/* The two-host forms: the server listens on TCP `port` (IPv4 and IPv6) for its
+ * clients, a client connects to `host` `port`; each exchange then runs over that
+ * stream instead of the orchestrator's pipes. */
+static int tcp_listen_accept(const char *port, int n, int *fds)
+{
+	int l = socket(AF_INET6, SOCK_STREAM, 0), one = 1, zero = 0;
+	CHECK(l >= 0);
+	CHECK_EQ(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+	CHECK_EQ(setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)), 0);
+	struct sockaddr_in6 a = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)atoi(port)) };
+	CHECK_EQ(bind(l, (struct sockaddr *)&a, sizeof(a)), 0);
+	CHECK_EQ(listen(l, n), 0);
+	printf("stress server: listening on %s\n", port);
+	fflush(stdout);
+	for (int c = 0; c < n; c++) {
+		fds[c] = accept(l, NULL, NULL);
+		CHECK(fds[c] >= 0);
+	}
+	close(l);
+	return 0;
+}
+
+static int tcp_connect(const char *host, const char *port)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res;
+	CHECK_EQ(getaddrinfo(host, port, &hints, &res), 0);
+	int fd = -1;
+	for (int tries = 0; tries < 100 && fd < 0; tries++) {
+		fd = socket(res->ai_family, SOCK_STREAM, 0);
+		CHECK(fd >= 0);
+		if (connect(fd, res->ai_addr, res->ai_addrlen)) {
+			close(fd);
+			fd = -1;
+			usleep(50000);
+		}
+	}
+	freeaddrinfo(res);
+	CHECK(fd >= 0);
+	return fd;
 }
 
 /* ---------------------------------------------------------------- server */
@@ -204,6 +263,7 @@ static int server(int nc, int *rfd, int *wfd)
 	int nq = (int)envl("STRESS_QPS", 0);
 	struct env e;
 	env_open(&e);
+	stress_gid(&e);
 	int atom = rd_atom(e.ctx);
 	srv_len = (size_t)envl("STRESS_MR_MB", 256) << 20;
 	srv_bound = envl("STRESS_MAX_RESIDENT", 0);
@@ -543,6 +603,7 @@ static int client(int rfd, int wfd)
 	per_thread_ops = (total + nthreads - 1) / nthreads;
 	struct env e;
 	env_open(&e);
+	stress_gid(&e);
 	int atom = rd_atom(e.ctx);
 	struct ibv_cq *cq[MAXQ];
 	struct ibv_qp *qp[MAXQ];
@@ -745,6 +806,16 @@ int main(int argc, char **argv)
 			w[c] = atoi(argv[4 + 2 * c]);
 		}
 		return server(nc, r, w);
+	}
+	if (argc == 3 && !strcmp(argv[1], "tcp-server")) {
+		int fds[MAXC];
+		tcp_listen_accept(argv[2], nclients, fds);
+		return server(nclients, fds, fds);
+	}
+	if (argc == 4 && !strcmp(argv[1], "tcp-client")) {
+		client_idx = (int)envl("STRESS_CLIENT_IDX", 0);
+		int fd = tcp_connect(argv[2], argv[3]);
+		return client(fd, fd);
 	}
 	if (argc == 5 && !strcmp(argv[1], "client")) {
 		client_idx = atoi(argv[2]);
