@@ -47,6 +47,16 @@ fn table(s: &ShimContext) -> Vec<[u8; 16]> {
     t
 }
 
+/// The index of `gid` in the GID table of `ctx`'s port, if it has it.
+pub fn index_of(ctx: *mut ibv_context, gid: &[u8; 16]) -> Option<u8> {
+    // SAFETY: caller contract (`ctx` is one of our contexts or null).
+    let s = unsafe { ShimContext::from_ibv(ctx).ok()? };
+    table(s)
+        .iter()
+        .position(|g| g == gid)
+        .and_then(|i| u8::try_from(i).ok())
+}
+
 /// Entry `index`: `Ok(Some)` populated, `Ok(None)` empty, `Err` no such port/index.
 fn entry(ctx: *mut ibv_context, port: u8, index: c_int) -> Result<Option<[u8; 16]>, ShimError> {
     check_port(ctx, port)?;

@@ -78,6 +78,25 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// The RoCEv2 transport's counters as `key=value` pairs of the stats line.
+pub(crate) fn roce_stats(w: &rnic::WireStats) -> String {
+    format!(
+        " roce_tx_packets={} roce_rx_packets={} roce_retransmissions={} roce_timeouts={} \
+         roce_naks_sent={} roce_naks_received={} roce_duplicates={} roce_bad_packets={} \
+         roce_stray_packets={} roce_out_of_sequence={}",
+        w.tx_packets,
+        w.rx_packets,
+        w.retransmissions,
+        w.timeouts,
+        w.naks_sent,
+        w.naks_received,
+        w.duplicates,
+        w.bad_packets,
+        w.stray_packets,
+        w.out_of_sequence
+    )
+}
+
 /// `x` (a backend object's `as_any`) as this backend's `T`; an object of another
 /// backend (`what` names it) is an invalid argument.
 pub(crate) fn ours<'a, T: 'static>(x: &'a dyn Any, what: &str) -> Result<&'a T> {

@@ -314,6 +314,14 @@ impl<F: NpFlavor> Device for NpDevice<F> {
     fn lid(&self) -> u16 {
         self.flavor.lid()
     }
+    fn wire_peer(&self, local: [u8; 16], remote: [u8; 16]) -> Result<rnic::HostAddr> {
+        match self.flavor.ud_host() {
+            Some(h) => Ok(h.wire_peer(local, remote)?),
+            None => Err(ShimError::Unsupported(
+                "peers across the network over this device (the software NIC's RoCEv2 only)".into(),
+            )),
+        }
+    }
     fn max_qp_wr_of(&self, qp_type: rnic::QpType) -> u32 {
         match (&self.ud, qp_type) {
             (Some(_), rnic::QpType::Ud) => np_ud::NP_UD_MAX_WR,
@@ -397,7 +405,11 @@ impl<F: NpFlavor> Device for NpDevice<F> {
             e.leases_renewed,
             self.ud.as_ref().map_or(0, |u| u.pinned_pages()),
             self.flavor.nic_stats(&n)
-        )
+        ) + &self
+            .flavor
+            .ud_host()
+            .and_then(|h| h.wire_stats())
+            .map_or(String::new(), |w| super::roce_stats(&w))
     }
 }
 

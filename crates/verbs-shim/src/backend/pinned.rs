@@ -69,10 +69,11 @@ impl Device for PinnedDevice {
         self.ctx.host().addr().to_bytes()
     }
     fn stats(&self) -> String {
-        match self.ctx.host().wire_stats() {
-            Some(w) => format!("mode=pinned roce={w:?}"),
-            None => "mode=pinned".into(),
+        let mut line = String::from("mode=pinned");
+        if let Some(w) = self.ctx.host().wire_stats() {
+            line.push_str(&crate::backend::roce_stats(&w));
         }
+        line
     }
     fn wire_peer(&self, local: [u8; 16], remote: [u8; 16]) -> Result<rnic::HostAddr> {
         Ok(self.ctx.host().wire_peer(local, remote)?)

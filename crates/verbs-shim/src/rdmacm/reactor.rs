@@ -626,7 +626,7 @@ pub fn qp_info(c: &CmId, st: &State, qpn_hint: u32) -> QpInfo {
         unsafe { (*c.id.qp).qp_num }
     };
     QpInfo {
-        gid: verbs::gid0(),
+        gid: verbs::gid_for(st.local.as_ref()).0,
         qpn,
         psn: st.psn,
         responder_resources: st.mine.responder_resources,

@@ -88,6 +88,21 @@ pub fn gid0() -> [u8; 16] {
     }
 }
 
+/// The GID a connection's QPs are addressed by, from its local address `local`: the
+/// IP GID of that address when the port has it (as rdma_cm over RoCE does: the peer
+/// then reaches this host over whatever joins the two — the same-host transport, or
+/// RoCEv2 across the network), else GID 0. With its index in the GID table.
+pub fn gid_for(local: Option<&std::net::SocketAddr>) -> ([u8; 16], u8) {
+    let ctx = context().ok();
+    local
+        .map(|a| crate::netif::gid_of_ip(a.ip()))
+        .and_then(|g| {
+            ctx.and_then(|c| crate::gid::index_of(c, &g))
+                .map(|i| (g, i))
+        })
+        .unwrap_or_else(|| (gid0(), 0))
+}
+
 /// The PD a QP gets when the application names none.
 pub fn default_pd() -> Result<*mut ibv_pd, i32> {
     dev().map(|d| d.pd as *mut ibv_pd)
@@ -284,7 +299,7 @@ pub fn init_attr(c: &CmId, st: &State, state: u32) -> Result<(ibv_qp_attr, i32),
             a.ah_attr.is_global = 1;
             a.ah_attr.port_num = 1;
             a.ah_attr.grh.dgid.raw = r.gid;
-            a.ah_attr.grh.sgid_index = 0;
+            a.ah_attr.grh.sgid_index = gid_for(st.local.as_ref()).1;
             a.ah_attr.grh.hop_limit = 64;
             a.ah_attr.grh.traffic_class = st.opts.tos;
             IBV_QP_STATE
