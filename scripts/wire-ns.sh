@@ -34,6 +34,14 @@ up)
     ip -n "$p-b" addr add "fd77:$o::2/64" dev "$p-vb" nodad
     ip -n "$p-a" link set "$p-va" up
     ip -n "$p-b" link set "$p-vb" up
+    # Static neighbours: no ARP / neighbour discovery to wait for (IPv6's needs the
+    # link-local addresses, tentative for a second or two after the link comes up).
+    ma=$(ip -n "$p-a" -o link show "$p-va" | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')
+    mb=$(ip -n "$p-b" -o link show "$p-vb" | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')
+    ip -n "$p-a" neigh replace "10.77.$o.2" lladdr "$mb" dev "$p-va" nud permanent
+    ip -n "$p-b" neigh replace "10.77.$o.1" lladdr "$ma" dev "$p-vb" nud permanent
+    ip -n "$p-a" neigh replace "fd77:$o::2" lladdr "$mb" dev "$p-va" nud permanent
+    ip -n "$p-b" neigh replace "fd77:$o::1" lladdr "$ma" dev "$p-vb" nud permanent
     echo "10.77.$o.1 10.77.$o.2 fd77:$o::1 fd77:$o::2"
     ;;
 down)

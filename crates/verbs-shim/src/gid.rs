@@ -284,8 +284,14 @@ pub fn resolve(
     if !in_subnet(s) {
         return Ok(Some(HostAddr::from_bytes(&gid)));
     }
-    // An IPv4-mapped GID is never a device address (whose first bytes are a PID).
-    let ip_form = gid[..10] == [0; 10];
+    // An IPv4-mapped GID is never a device address (whose first bytes are a PID);
+    // neither is an IPv6 address with a nonzero byte 3, 6 or 7 (a device address
+    // has a PID below 2^24 there and a descriptor below 2^16) or a link-local one.
+    let ip_form = gid[..10] == [0; 10]
+        || gid[3] != 0
+        || gid[6] != 0
+        || gid[7] != 0
+        || gid[..2] == [0xfe, 0x80];
     let ours = crate::netif::host_gids().contains(&gid);
     if ip_form || ours {
         let Some(q) = dest_qpn else { return Ok(None) };

@@ -179,13 +179,45 @@ thread_local! {
     pub static REFUSE_O_DIRECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn open_swap(path: &Path, direct: bool, truncate: bool) -> io::Result<File> {
+/// A few bits that differ between processes that share a PID (in other PID
+/// namespaces) and a temporary directory: the clock and this process's addresses.
+fn name_salt() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let a = &t as *const u64 as u64;
+    let x = (t ^ a.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 32) as u32
+}
+
+/// How [`open_swap`] opens the file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// Create it; it must not exist.
+    New,
+    /// Create it or empty it.
+    Reset,
+    /// Open it as it is.
+    Again,
+}
+
+/// Open the swap file at `path` (see [`Open`]).
+fn open_swap(path: &Path, direct: bool, how: Open) -> io::Result<File> {
     #[cfg(test)]
     if direct && REFUSE_O_DIRECT.with(|r| r.get()) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let mut oo = OpenOptions::new();
-    oo.read(true).write(true).create(true).truncate(truncate);
+    oo.read(true).write(true);
+    match how {
+        Open::New => {
+            oo.create_new(true);
+        }
+        Open::Reset => {
+            oo.create(true).truncate(true);
+        }
+        Open::Again => {}
+    }
     if direct {
         oo.custom_flags(libc::O_DIRECT);
     }
@@ -237,28 +269,49 @@ impl SwapDevice {
                 "swap_size {size} must be 1 page .. 16 TiB"
             )));
         }
-        let path = match path {
-            Some(p) => p.to_path_buf(),
-            None => std::env::temp_dir().join(format!(
-                "vmem-swap-{}-{}",
-                std::process::id(),
-                SWAP_SEQ.fetch_add(1, Ordering::Relaxed)
-            )),
-        };
         let mut io = if o_direct {
             SwapIo::Direct
         } else {
             SwapIo::Buffered
         };
-        let file = match open_swap(&path, o_direct, true) {
-            Err(e) if o_direct && is_einval(&e) => {
+        let mut open = |path: &Path, how: Open| match open_swap(
+            path,
+            o_direct && io == SwapIo::Direct,
+            how,
+        ) {
+            Err(e) if o_direct && io == SwapIo::Direct && is_einval(&e) => {
                 tracing::warn!(?path, %e, "filesystem refuses O_DIRECT; swap file is buffered (page cache)");
                 io = SwapIo::BufferedFallback;
-                open_swap(&path, false, true)
+                open_swap(path, false, how)
             }
             r => r,
-        }
-        .map_err(Error::SwapIo)?;
+        };
+        let (path, file) = match path {
+            Some(p) => (
+                p.to_path_buf(),
+                open(p, Open::Reset).map_err(Error::SwapIo)?,
+            ),
+            None => {
+                // A name of our own, created exclusively: processes in other PID
+                // namespaces (containers) may share this directory and our PID.
+                let mut tries = 0;
+                loop {
+                    let salt = name_salt();
+                    let p = std::env::temp_dir().join(format!(
+                        "vmem-swap-{}-{}-{salt:08x}",
+                        std::process::id(),
+                        SWAP_SEQ.fetch_add(1, Ordering::Relaxed)
+                    ));
+                    match open(&p, Open::New) {
+                        Ok(f) => break (p, f),
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => {
+                            tries += 1
+                        }
+                        Err(e) => return Err(Error::SwapIo(e)),
+                    }
+                }
+            }
+        };
         file.set_len(slots as u64 * PAGE as u64)
             .map_err(Error::SwapIo)?;
         // Reserve the blocks up front: cheaper writes, and no ENOSPC at
@@ -281,7 +334,7 @@ impl SwapDevice {
                 }
                 tracing::warn!(?path, %e, "filesystem refuses O_DIRECT reads; swap file is buffered (page cache)");
                 io = SwapIo::BufferedFallback;
-                file = open_swap(&path, false, false).map_err(Error::SwapIo)?;
+                file = open_swap(&path, false, Open::Again).map_err(Error::SwapIo)?;
             } else if on_memory_fs(&file) {
                 tracing::warn!(
                     ?path,
