@@ -146,6 +146,21 @@
 //!   with the later WRs it had executed meanwhile (go-back-N). Counters:
 //!   `odp_faults_local`, `odp_faults_remote`, `retransmissions`.
 //!
+//! ## Across the network (RoCEv2, `wire/`)
+//! A QP connected to a host across the network ([`Host::wire_peer`]: a peer GID no device
+//! of this host has) keeps the requester above unchanged: its ring requests go into a
+//! local *shadow* of the peer's tables (a segment of our own standing for the peer), and
+//! the host's RoCEv2 engine sends each part as RoCEv2 packets (`wire::tx`: segmentation
+//! at the path MTU, PSNs, a 1 MiB window, go-back-N on NAKs, response gaps and the QP's
+//! timeout, `retry_cnt` then RETRY_EXC_ERR) and answers the shadow's slots from the
+//! responses, where the completer takes them as a peer's answers over shared memory. On
+//! the target, the engine's receive thread (one per host, blocked on the UDP socket of
+//! port 4791, `recvmmsg` batches) puts each in-order request into the receiving QP's own
+//! ring and serves it there (`wire::rx`), so every check of the shared-memory path holds,
+//! and sends ACKs (one per connection and batch), READ responses (replayed for
+//! duplicates), atomic ACKs (from a replay cache for duplicates), NAKs and RNR NAKs.
+//! `NPRDMA_WIRE_FAULTS` turns on a seeded fault injector (`wire::inject`).
+//!
 //! ## Source layout
 //! Three layers over a few plain files; a file names only files beneath it, in its
 //! own layer or lower (`tests/layers.rs` checks this on every `cargo test`):
@@ -158,6 +173,9 @@
 //!   the ring server), `cq_ring`, `qp_ctx` (the QP context), `responder`, `requester`,
 //!   `completer` (ring answers, NAKs, in-order completion and flush), `sq` (the send
 //!   queue's driver), `thread` (the NIC thread);
+//! * the RoCEv2 transport, `wire/`: `socket` (UDP sockets, batched I/O), `inject` (the
+//!   fault injector), `conn` (PSNs, paths, packet building), `tx` (requester side), `rx`
+//!   (responder side), `engine` (the host's engine and receive thread);
 //! * handles, `objects/`: `context` ([`Host`], [`Context`]), `dma_buffer`, `pd`, `mr`,
 //!   `cq`, `srq`, `qp`, `ah`. The public modules ([`host`], [`cq`], [`mr`], [`qp`], [`pool`],
 //!   [`odp`], [`dma`], [`segment`], ...) re-export them.
@@ -214,8 +232,10 @@
 //! limit events (the crate has no asynchronous events).
 //!
 //! ## Known limits
-//! SQD/SQE states, memory windows, multicast, asynchronous events are not modelled; PSNs are accepted
-//! and ignored (the transports are lossless). Between trusting hosts
+//! SQD/SQE states, memory windows, multicast, asynchronous events are not modelled; on
+//! the same-host transports PSNs are accepted and ignored (they are lossless); across the
+//! network (below) they are the transport's. UD and UC do not cross the network yet.
+//! Between trusting hosts
 //! (`HostConfig::trusted_peers`), a peer performs the target NIC's checks itself.
 
 pub mod config;

@@ -28,6 +28,7 @@
 //!   RethRepr { va, rkey, dma_len }   AethRepr { syndrome: Syndrome, msn }   DethRepr { qkey, src_qp }
 //!   Syndrome::{Ack { credit }, RnrNak { timer }, Nak(NakCode)}   ImmDtRepr { imm }   IethRepr { rkey }
 //!   AtomicEthRepr { va, rkey, swap_add, compare }   AtomicAckEthRepr { orig }
+//! packet::parse_rebuilt(&[u8], IpRepr, UdpRepr)   packet::rebuild_headers(buf, &IpRepr, &UdpRepr, len)
 //! icrc::compute(packet_without_icrc) -> Result<u32>   icrc::to_wire(u32) -> [u8; 4]
 //! views: Ipv4, Ipv6, Udp, Bth, Reth, Aeth, AtomicEth, AtomicAckEth, ImmDt, Deth, Ieth
 //! error::Error — one variant per refusal (Truncated, BadIpVersion, BadIhl, BadIpLength,
@@ -43,12 +44,12 @@
 //! Ethernet: the transport will send UDP datagrams through sockets, and the IP header
 //! is here because the ICRC covers it.
 //!
-//! ## Not here yet (issue 35's remaining items)
+//! ## The transport
 //!
-//! The transport itself: PSN tracking, ACK/NAK generation and handling, retransmission
-//! and RNR timers, segmentation of messages into packets by path MTU, UDP socket I/O on
-//! port 4791, and the integration with `rnic` (its QPs sending and receiving through
-//! this crate). This crate only writes and checks packets.
+//! PSNs, ACK/NAK, retransmission, segmentation and UDP I/O live in `rnic`'s RoCEv2
+//! transport (`crates/rnic/src/wire/`), which builds packets with [`packet::emit`] and
+//! checks received datagrams with [`packet::parse_rebuilt`] (the IP and UDP headers
+//! rebuilt from what the socket reports, [`packet::rebuild_headers`]).
 //!
 //! ## Files, bottom first (`tests/layers.rs` checks each imports only files below it)
 //! `error`, `field` (big-endian access), `checksum` (RFC 1071), `opcode`, `bth`, the
