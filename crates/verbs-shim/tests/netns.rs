@@ -19,28 +19,6 @@ fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns.sh")
 }
 
-/// Whether something in namespace `ns` listens on TCP `port`.
-fn listening_in(ns: &str, port: u16) -> bool {
-    let want = format!(":{port:04X} ");
-    let Ok(o) = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "cat",
-            "/proc/net/tcp",
-            "/proc/net/tcp6",
-        ])
-        .output()
-    else {
-        return false;
-    };
-    String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-        let c: Vec<&str> = l.split_whitespace().collect();
-        c.len() > 3 && format!("{} ", c[1]).ends_with(&want) && c[3] == "0A"
-    })
-}
-
 /// `bin sargs` in A, then once it listens on `port`, `bin cargs` in B.
 fn across(
     ip: &Path,

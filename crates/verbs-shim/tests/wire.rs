@@ -128,28 +128,6 @@ fn spawn_plain(bin: &Path, args: &[&str]) -> Child {
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
-/// Whether something in namespace `ns` listens on TCP `port`.
-fn listening_in(ns: &str, port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    let Ok(o) = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "cat",
-            "/proc/net/tcp",
-            "/proc/net/tcp6",
-        ])
-        .output()
-    else {
-        return false;
-    };
-    String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-        let c: Vec<&str> = l.split_whitespace().collect();
-        c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
-    })
-}
-
 /// The server (`sbin sargs`) on host b, then once it listens on `port`, the client
 /// on host a; both outputs.
 #[allow(clippy::too_many_arguments)]

@@ -132,6 +132,28 @@ pub fn run_release_within(
     finish(spawn_with(&lib, bin, args, env), Instant::now() + limit)
 }
 
+/// Whether something in network namespace `ns` listens on TCP `port`.
+pub fn listening_in(ns: &str, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    let Ok(o) = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "cat",
+            "/proc/net/tcp",
+            "/proc/net/tcp6",
+        ])
+        .output()
+    else {
+        return false;
+    };
+    String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+        let c: Vec<&str> = l.split_whitespace().collect();
+        c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+    })
+}
+
 /// Whether something listens on TCP `port` (IPv4 or IPv6).
 pub fn listening(port: u16) -> bool {
     let want = format!(":{port:04X} ");
