@@ -92,24 +92,14 @@ fn rping_and_perftest_across_namespaces() {
         }
         for (i, tool) in [&b[1], &b[2]].into_iter().enumerate() {
             // perftest's own re-listen race (tests/rdmacm.rs): up to six runs.
-            let mut result = Err(String::new());
-            for _ in 0..6 {
-                port += 1;
+            let result = perftest_cm_tries(&mut port, 200.0, |port| {
                 let p = port.to_string();
                 let size = if i == 0 { "2" } else { "65536" };
                 let args = ["-R", "-p", p.as_str(), "-n", "200", "-s", size];
                 let mut cargs = args.to_vec();
                 cargs.push("10.77.0.1");
-                let (s, c) = across(&b[3], tool, port, &args, &cargs, mode);
-                if s.ok() && c.ok() && result_rows(&c.stdout).iter().any(|r| r[1] == 200.0) {
-                    result = Ok(());
-                    break;
-                }
-                result = Err(format!("{}\n{}", c.all(), s.all()));
-                if !c.stderr.contains("RDMA_CM_EVENT_REJECTED; error: 8.") {
-                    break;
-                }
-            }
+                across(&b[3], tool, port, &args, &cargs, mode)
+            });
             if let Err(e) = result {
                 failures.push(format!("{} {mode}:\n{e}", tool.display()));
             }

@@ -184,7 +184,7 @@ impl RxConn {
             }
             let kept: usize = self.reads.iter().filter_map(|r| r.data.as_ref()).map(Vec::len).sum();
             let keep = kept + reth.dma_len as usize <= READ_REPLAY_BYTES;
-            let data = self.read(nic, qps, psn, reth.va, reth.rkey, reth.dma_len, keep, out, c);
+            let data = self.read_at(nic, qps, psn, 0, reth.va, reth.rkey, reth.dma_len, keep, out, c);
             self.reads.push_back(ReadRec {
                 psn,
                 va: reth.va,
@@ -420,42 +420,9 @@ impl RxConn {
         )
     }
 
-    /// Execute READ `psn` (`len` bytes at `va`) part by part through the ring and send
-    /// its responses.
-    #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
-    fn read(
-        &self,
-        nic: &Nic,
-        qps: &HostQps,
-        psn: u32,
-        va: u64,
-        rkey: u32,
-        len: u32,
-        keep: bool,
-        out: &mut Vec<Vec<u8>>,
-        c: &Counters,
-    ) -> Option<Vec<u8>> {
-        self.read_at(nic, qps, psn, 0, va, rkey, len, keep, out, c)
-    }
-
-    /// Execute READ `psn` again from its response `k` on (not kept).
-    #[allow(clippy::too_many_arguments)]
-    fn read_from(
-        &self,
-        nic: &Nic,
-        qps: &HostQps,
-        psn: u32,
-        k: usize,
-        va: u64,
-        rkey: u32,
-        len: u32,
-        out: &mut Vec<Vec<u8>>,
-        c: &Counters,
-    ) {
-        self.read_at(nic, qps, psn, k, va, rkey, len, false, out, c);
-    }
-
+    /// Execute READ `psn` (`len` bytes at `va`) part by part through the ring from its
+    /// response `k0` on (0: all of it), and send those responses; with `keep`, return
+    /// the bytes read (for duplicates).
     #[allow(clippy::too_many_arguments)]
     fn read_at(
         &self,
@@ -588,7 +555,7 @@ impl RxConn {
                 }
                 None => {
                     let (p0, va, rkey, len) = (r.psn, r.va, r.rkey, r.len);
-                    self.read_from(nic, qps, p0, k, va, rkey, len, out, c);
+                    self.read_at(nic, qps, p0, k, va, rkey, len, false, out, c);
                 }
             }
             return;

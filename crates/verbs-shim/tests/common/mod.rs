@@ -132,6 +132,31 @@ pub fn run_release_within(
     finish(spawn_with(&lib, bin, args, env), Instant::now() + limit)
 }
 
+/// A perftest `-R` pair (`run(port)` gives the server's and the client's outputs),
+/// tried up to six times, each on the next port: perftest's server re-listens between
+/// connections and may reject a client that comes too early (its own race:
+/// RDMA_CM_EVENT_REJECTED, error 8); any other failure ends the tries. Ok once both
+/// succeeded and the client reported `iters` iterations.
+pub fn perftest_cm_tries(
+    port: &mut u16,
+    iters: f64,
+    mut run: impl FnMut(u16) -> (Output, Output),
+) -> Result<(), String> {
+    let mut result = Err(String::new());
+    for _ in 0..6 {
+        *port += 1;
+        let (s, c) = run(*port);
+        if s.ok() && c.ok() && result_rows(&c.stdout).iter().any(|r| r[1] == iters) {
+            return Ok(());
+        }
+        result = Err(format!("{}\n{}", c.all(), s.all()));
+        if !c.stderr.contains("RDMA_CM_EVENT_REJECTED; error: 8.") {
+            break;
+        }
+    }
+    result
+}
+
 /// Whether something in network namespace `ns` listens on TCP `port`.
 pub fn listening_in(ns: &str, port: u16) -> bool {
     let want = format!(":{port:04X}");
